@@ -1,0 +1,31 @@
+"""Distributed, self-expiring concurrency leases for streaming endpoints (SSE, LLM token
+streams, WebSockets) in FastAPI and Starlette, with a Rust core.
+"""
+
+from ._core import Lease, LeaseConfig, __version__
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    LeaseLost,
+    ManagerClosed,
+    StreamLeaseError,
+    StreamLeaseRejected,
+)
+from .handlers import install_exception_handler, stream_lease_exception_handler
+from .manager import LeaseScope, StreamLeaseManager
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailable",
+    "Lease",
+    "LeaseConfig",
+    "LeaseLost",
+    "LeaseScope",
+    "ManagerClosed",
+    "StreamLeaseError",
+    "StreamLeaseManager",
+    "StreamLeaseRejected",
+    "__version__",
+    "install_exception_handler",
+    "stream_lease_exception_handler",
+]

@@ -1,0 +1,135 @@
+"""The exception hierarchy. Every error the library raises at run time is a
+:class:`StreamLeaseError`, so one Starlette exception handler serves a whole app.
+
+Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from starlette.responses import Response
+
+# Problem types of draft-ietf-httpapi-ratelimit-headers (RFC 9457 problem details).
+_QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+_REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+
+
+class StreamLeaseError(Exception):
+    """Base class of every run-time error of fastapi_stream_lease."""
+
+    status_code: ClassVar[int] = 500
+    title: ClassVar[str] = "Stream lease error"
+    problem_type: ClassVar[str] = "about:blank"
+    #: Seconds a client should wait before retrying, when retrying can help.
+    retry_after: int | None = None
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers for the response that reports this error."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(self.retry_after)}
+
+    def body(self) -> dict[str, object]:
+        """The JSON body (RFC 9457 problem details) of the response."""
+        body: dict[str, object] = {
+            "type": self.problem_type,
+            "title": self.title,
+            "status": self.status_code,
+            "detail": str(self),
+        }
+        if self.retry_after is not None:
+            body["retry_after"] = self.retry_after
+        return body
+
+    def as_response(self) -> Response:
+        """A Starlette ``JSONResponse`` with the status, headers and body for this error."""
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(
+            self.body(),
+            status_code=self.status_code,
+            headers=self.headers(),
+            media_type="application/problem+json",
+        )
+
+
+class StreamLeaseRejected(StreamLeaseError):
+    """A pool is full. ``limit`` names it: ``"per_user"`` answers 429 (the client's own quota),
+    ``"global"`` answers 503 (shared capacity is saturated). Both carry ``Retry-After``."""
+
+    def __init__(
+        self, message: str, limit: str, capacity: int, current: int, retry_after: int
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.capacity = capacity
+        self.current = current
+        self.retry_after = retry_after
+
+    @property
+    def status_code(self) -> int:  # type: ignore[override]
+        return 429 if self.limit == "per_user" else 503
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        return "Too many concurrent streams" if self.limit == "per_user" else "Server busy"
+
+    @property
+    def problem_type(self) -> str:  # type: ignore[override]
+        return _QUOTA_EXCEEDED if self.limit == "per_user" else _REDUCED_CAPACITY
+
+    def headers(self) -> dict[str, str]:
+        remaining = max(self.capacity - self.current, 0)
+        return {
+            "Retry-After": str(self.retry_after),
+            "RateLimit-Policy": f'"{self.limit}";q={self.capacity};qu="concurrent-requests"',
+            "RateLimit": f'"{self.limit}";r={remaining};t={self.retry_after}',
+        }
+
+    def body(self) -> dict[str, object]:
+        return {
+            **super().body(),
+            "limit": self.limit,
+            "capacity": self.capacity,
+            "current": self.current,
+        }
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (str(self), self.limit, self.capacity, self.current, self.retry_after),
+        )
+
+
+class BackendError(StreamLeaseError):
+    """The store (Redis) answered with an error: wrong password, a key of another type, a
+    read-only replica. The message says what to fix."""
+
+    status_code: ClassVar[int] = 503
+    title: ClassVar[str] = "Admission control unavailable"
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+
+
+class BackendUnavailable(BackendError):
+    """The store could not be reached, or did not answer within ``redis_timeout``."""
+
+
+class LeaseLost(StreamLeaseError):
+    """A held lease was found gone from the store (it expired during an outage, or was evicted)."""
+
+    status_code: ClassVar[int] = 503
+    title: ClassVar[str] = "Stream lease lost"
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+
+
+class ManagerClosed(StreamLeaseError):
+    """The manager was closed with ``aclose()`` (the app is shutting down)."""
+
+    status_code: ClassVar[int] = 503
+    title: ClassVar[str] = "Shutting down"
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1

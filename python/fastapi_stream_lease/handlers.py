@@ -1,0 +1,22 @@
+"""Turning library errors into HTTP answers in Starlette and FastAPI apps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import StreamLeaseError
+
+
+async def stream_lease_exception_handler(request: Request, exc: Exception) -> Response:
+    """Answers any :class:`StreamLeaseError` with its status, ``Retry-After`` and JSON body."""
+    if not isinstance(exc, StreamLeaseError):
+        raise exc
+    return exc.as_response()
+
+
+def install_exception_handler(app: Any) -> None:
+    """One line for a whole app: 429/503 with ``Retry-After`` for every library error."""
+    app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)

@@ -1,0 +1,160 @@
+"""``StreamLeaseManager``: the API of the seed README, over the Rust core."""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+from . import _core
+from ._core import Lease, LeaseConfig
+from .errors import StreamLeaseError
+
+log = logging.getLogger("fastapi_stream_lease")
+
+
+class StreamLeaseManager:
+    """Hands out leases: slots in capacity-limited pools (per user and global) that expire by
+    themselves if their holder dies, are renewed while held, and are freed when released.
+
+    Pass one of:
+
+    * ``redis=<redis.asyncio.Redis or RedisCluster>``: the core reads the client's connection
+      settings and opens its own multiplexed connection (the client itself is not used);
+    * ``url="redis://host:port/db"``, ``"rediss://..."``, ``"unix:///path"``,
+      ``"redis+cluster://host:port,host:port"``;
+    * ``url="memory://"`` (the default): an embedded store for a single process.
+
+    Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
+    app's lifespan to release what this process holds.
+    """
+
+    def __init__(
+        self,
+        redis: Any = None,
+        config: LeaseConfig | None = None,
+        *,
+        url: str | None = None,
+    ) -> None:
+        if redis is not None and url is not None:
+            raise TypeError("pass either redis=<client> or url=..., not both")
+        if url is None:
+            url = "memory://" if redis is None else url_from_redis_client(redis)
+        elif not isinstance(url, str):
+            raise TypeError(f"url must be a str such as 'redis://localhost:6379/0', got {url!r}")
+        if config is None:
+            config = LeaseConfig()
+        elif not isinstance(config, LeaseConfig):
+            raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
+        self._core = _core.Manager(url, config)
+
+    @property
+    def config(self) -> LeaseConfig:
+        """The limits and timings in force."""
+        return self._core.config
+
+    @property
+    def backend(self) -> str:
+        """Where the leases live (``memory://`` or the Redis URL without its password)."""
+        return self._core.backend
+
+    async def acquire(self, user_id: str, *, weight: int = 1) -> Lease:
+        """Takes a slot for ``user_id`` in its per-user pool and the global pool, atomically.
+
+        Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
+        when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
+        leaves a slot taken.
+        """
+        return await self._core.acquire(user_id, weight)
+
+    def lease(self, user_id: str, *, weight: int = 1) -> LeaseScope:
+        """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
+        return LeaseScope(self, user_id, weight)
+
+    async def get_active_count(self, user_id: str | None = None) -> int:
+        """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
+        return await self._core.count(user_id)
+
+    def stats(self) -> dict[str, int | bool]:
+        """This process's counters: leases held, leases lost, failed renewal rounds."""
+        return self._core.stats()
+
+    async def aclose(self) -> None:
+        """Stops renewal and releases every lease this process holds (one round trip)."""
+        await self._core.aclose()
+
+    async def __aenter__(self) -> StreamLeaseManager:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"StreamLeaseManager(backend={self.backend!r}, config={self.config!r})"
+
+
+class LeaseScope:
+    """The async context manager returned by :meth:`StreamLeaseManager.lease`."""
+
+    def __init__(self, manager: StreamLeaseManager, user_id: str, weight: int) -> None:
+        self._manager = manager
+        self._user_id = user_id
+        self._weight = weight
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._manager.acquire(self._user_id, weight=self._weight)
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            await lease.release()
+        except StreamLeaseError as error:
+            # The lease expires by itself; do not hide the block's own outcome.
+            log.warning("stream lease release failed, it will expire by itself: %s", error)
+
+
+def url_from_redis_client(client: Any) -> str:
+    """The URL of the server a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``) talks to."""
+    nodes_manager = getattr(client, "nodes_manager", None)
+    if nodes_manager is not None:
+        kwargs = client.get_connection_kwargs()
+        nodes = list(nodes_manager.startup_nodes.values()) or client.get_nodes()
+        hosts = ",".join(f"{node.host}:{node.port}" for node in nodes)
+        return f"redis+cluster://{_userinfo(kwargs)}{hosts}"
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        raise TypeError(
+            f"redis= must be a redis.asyncio.Redis or RedisCluster client, got "
+            f"{type(client).__name__}; or pass url='redis://host:port/db'"
+        )
+    kwargs = pool.connection_kwargs
+    db = kwargs.get("db", 0) or 0
+    if kwargs.get("path"):
+        return f"unix://{_userinfo(kwargs)}{kwargs['path']}?db={db}"
+    scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
+    host = kwargs.get("host", "localhost")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{_userinfo(kwargs)}{host}:{kwargs.get('port', 6379)}/{db}"
+
+
+def _userinfo(kwargs: dict[str, Any]) -> str:
+    username, password = kwargs.get("username"), kwargs.get("password")
+    if not username and not password:
+        return ""
+    return f"{quote(username or '', safe='')}:{quote(password or '', safe='')}@"

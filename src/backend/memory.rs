@@ -1,0 +1,263 @@
+//! The embedded store for one process (`memory://`): the same semantics as the Lua scripts,
+//! on a monotonic clock, under one mutex. Nothing in it ever waits.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use super::AcquireOutcome;
+use crate::errors::Rejection;
+use crate::keys::Pool;
+use crate::lease::LeaseRecord;
+
+#[derive(Default)]
+struct MemoryPool {
+    /// (expiry ms, lease id), oldest first, for purging.
+    by_expiry: BTreeSet<(u64, String)>,
+    /// lease id -> (expiry ms, weight)
+    leases: HashMap<String, (u64, u64)>,
+    used: u64,
+}
+
+impl MemoryPool {
+    fn purge(&mut self, now: u64) {
+        while let Some((expiry, _)) = self.by_expiry.first() {
+            if *expiry > now {
+                break;
+            }
+            let (_, id) = self.by_expiry.pop_first().expect("first() was Some");
+            if let Some((_, weight)) = self.leases.remove(&id) {
+                self.used -= weight;
+            }
+        }
+    }
+
+    fn insert(&mut self, id: &str, expiry: u64, weight: u64) {
+        if let Some((old, old_weight)) = self.leases.insert(id.to_owned(), (expiry, weight)) {
+            self.by_expiry.remove(&(old, id.to_owned()));
+            self.used -= old_weight;
+        }
+        self.by_expiry.insert((expiry, id.to_owned()));
+        self.used += weight;
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        match self.leases.remove(id) {
+            Some((expiry, weight)) => {
+                self.by_expiry.remove(&(expiry, id.to_owned()));
+                self.used -= weight;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn expiry_of(&self, id: &str) -> Option<u64> {
+        self.leases.get(id).map(|(expiry, _)| *expiry)
+    }
+}
+
+pub struct MemoryBackend {
+    pools: Mutex<HashMap<String, MemoryPool>>,
+    origin: Instant,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend {
+            pools: Mutex::new(HashMap::new()),
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl MemoryBackend {
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, MemoryPool>> {
+        self.pools.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn acquire(&self, lease: &LeaseRecord, pools: &[Pool], ttl_ms: u64) -> AcquireOutcome {
+        let now = self.now_ms();
+        let weight = u64::from(lease.weight);
+        let mut store = self.pools();
+        let mut used = Vec::with_capacity(pools.len());
+        for pool in pools {
+            let entry = store.entry(pool.key.clone()).or_default();
+            entry.purge(now);
+            if pool.capacity > 0 && entry.used + weight > pool.capacity {
+                let retry_after_ms = entry
+                    .by_expiry
+                    .first()
+                    .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
+                let rejection = Rejection {
+                    limit: pool.name,
+                    capacity: pool.capacity,
+                    current: entry.used,
+                    retry_after_ms,
+                };
+                if entry.leases.is_empty() {
+                    store.remove(&pool.key);
+                }
+                return AcquireOutcome::Rejected(rejection);
+            }
+            used.push(entry.used);
+        }
+        for (pool, used) in pools.iter().zip(used.iter_mut()) {
+            store
+                .get_mut(&pool.key)
+                .expect("checked above")
+                .insert(&lease.id, now + ttl_ms, weight);
+            *used += weight;
+        }
+        AcquireOutcome::Granted(used)
+    }
+
+    pub fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> Vec<usize> {
+        let now = self.now_ms();
+        let mut store = self.pools();
+        let mut lost = Vec::new();
+        for (position, lease) in leases.iter().enumerate() {
+            let held = lease.pool_keys.iter().all(|key| {
+                store
+                    .get(key)
+                    .and_then(|p| p.expiry_of(&lease.id))
+                    .is_some_and(|e| e > now)
+            });
+            for key in &lease.pool_keys {
+                if let Some(pool) = store.get_mut(key) {
+                    if held {
+                        pool.insert(&lease.id, now + ttl_ms, u64::from(lease.weight));
+                    } else {
+                        pool.remove(&lease.id);
+                    }
+                }
+            }
+            if !held {
+                lost.push(position + 1);
+            }
+        }
+        lost
+    }
+
+    pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> u64 {
+        let mut store = self.pools();
+        let mut released = 0;
+        for lease in leases {
+            let mut present = false;
+            for key in &lease.pool_keys {
+                if let Some(pool) = store.get_mut(key) {
+                    present |= pool.remove(&lease.id);
+                    if pool.leases.is_empty() {
+                        store.remove(key);
+                    }
+                }
+            }
+            released += u64::from(present);
+        }
+        released
+    }
+
+    pub fn count(&self, pool_key: &str) -> u64 {
+        let now = self.now_ms();
+        let mut store = self.pools();
+        let Some(pool) = store.get_mut(pool_key) else {
+            return 0;
+        };
+        pool.purge(now);
+        let used = pool.used;
+        if pool.leases.is_empty() {
+            store.remove(pool_key);
+        }
+        used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {
+        vec![
+            Pool {
+                name: "per_user",
+                key: "u".into(),
+                capacity: user_cap,
+            },
+            Pool {
+                name: "global",
+                key: "g".into(),
+                capacity: global_cap,
+            },
+        ]
+    }
+
+    fn lease(weight: u32) -> Arc<LeaseRecord> {
+        Arc::new(LeaseRecord::new(vec!["u".into(), "g".into()], weight))
+    }
+
+    #[test]
+    fn caps_hold_and_all_or_nothing() {
+        let store = MemoryBackend::default();
+        let p = pools(2, 0);
+        assert_eq!(
+            store.acquire(&lease(1), &p, 10_000),
+            AcquireOutcome::Granted(vec![1, 1])
+        );
+        assert_eq!(
+            store.acquire(&lease(1), &p, 10_000),
+            AcquireOutcome::Granted(vec![2, 2])
+        );
+        let AcquireOutcome::Rejected(r) = store.acquire(&lease(1), &p, 10_000) else {
+            panic!()
+        };
+        assert_eq!((r.limit, r.capacity, r.current), ("per_user", 2, 2));
+        // The refused acquire took nothing from the global pool.
+        assert_eq!(store.count("g"), 2);
+    }
+
+    #[test]
+    fn weights_count_in_every_pool() {
+        let store = MemoryBackend::default();
+        let p = pools(5, 4);
+        assert!(matches!(
+            store.acquire(&lease(3), &p, 10_000),
+            AcquireOutcome::Granted(_)
+        ));
+        assert!(matches!(
+            store.acquire(&lease(2), &p, 10_000),
+            AcquireOutcome::Rejected(_)
+        ));
+        assert_eq!(store.count("u"), 3);
+    }
+
+    #[test]
+    fn expired_leases_free_and_renewal_reports_them_lost() {
+        let store = MemoryBackend::default();
+        let p = pools(1, 0);
+        let held = lease(1);
+        assert!(matches!(store.acquire(&held, &p, 0), AcquireOutcome::Granted(_)));
+        assert_eq!(store.count("u"), 0);
+        assert_eq!(store.renew(&[held], 10_000), vec![1]);
+        assert!(matches!(
+            store.acquire(&lease(1), &p, 10_000),
+            AcquireOutcome::Granted(_)
+        ));
+    }
+
+    #[test]
+    fn release_is_idempotent() {
+        let store = MemoryBackend::default();
+        let held = lease(2);
+        assert!(matches!(
+            store.acquire(&held, &pools(0, 0), 10_000),
+            AcquireOutcome::Granted(_)
+        ));
+        assert_eq!(store.release(std::slice::from_ref(&held)), 1);
+        assert_eq!(store.release(&[held]), 0);
+        assert_eq!(store.count("g"), 0);
+    }
+}

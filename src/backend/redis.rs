@@ -1,0 +1,283 @@
+//! Redis, standalone or cluster, behind one connection type so every script runs the same way.
+//! The connection opens lazily (the manager is built at import time, outside any event loop) and
+//! every call, the connect included, is bounded by `redis_timeout`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+use tokio::sync::OnceCell;
+
+use super::{AcquireOutcome, BATCH_SIZE};
+use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::keys::Pool;
+use crate::lease::LeaseRecord;
+use crate::scripts;
+
+enum Endpoint {
+    Standalone(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// A cheap, clonable, multiplexed handle to either kind of deployment.
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+pub struct RedisBackend {
+    endpoint: Endpoint,
+    connection: OnceCell<Connection>,
+    /// The URL without its password, for error messages.
+    target: String,
+    timeout: Duration,
+}
+
+impl RedisBackend {
+    /// Parses `redis://`, `rediss://`, `unix://`, `redis+unix://` and
+    /// `redis+cluster://[user:password@]host:port,host:port`. Nothing is connected yet.
+    pub fn new(url: &str, timeout: Duration) -> CoreResult<Self> {
+        let target = redact(url);
+        let bad_url =
+            |e: redis::RedisError| CoreError::InvalidInput(format!("cannot use Redis URL {target:?}: {e}"));
+        let endpoint = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let (userinfo, hosts) = match rest.rsplit_once('@') {
+                Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+                None => (String::new(), rest),
+            };
+            let nodes: Vec<String> = hosts
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("redis://{userinfo}{h}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(CoreError::InvalidInput(format!(
+                    "Redis Cluster URL {target:?} names no node: use redis+cluster://host:port,host:port"
+                )));
+            }
+            let client = ClusterClient::builder(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(1)
+                .build()
+                .map_err(bad_url)?;
+            Endpoint::Cluster(client)
+        } else {
+            Endpoint::Standalone(redis::Client::open(url).map_err(bad_url)?)
+        };
+        Ok(RedisBackend {
+            endpoint,
+            connection: OnceCell::new(),
+            target,
+            timeout,
+        })
+    }
+
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    async fn connection(&self) -> CoreResult<Connection> {
+        let connect = async {
+            match &self.endpoint {
+                Endpoint::Standalone(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.timeout))
+                        .set_response_timeout(Some(self.timeout))
+                        .set_number_of_retries(1)
+                        .set_max_delay(Duration::from_millis(500));
+                    ConnectionManager::new_with_config(client.clone(), config)
+                        .await
+                        .map(Connection::Standalone)
+                }
+                Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            }
+        };
+        self.connection
+            .get_or_try_init(|| async {
+                tokio::time::timeout(self.timeout, connect)
+                    .await
+                    .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
+                    .map_err(|e| CoreError::from_redis(&e, &self.target))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Runs one script call under the timeout (EVALSHA, SCRIPT LOAD on NOSCRIPT).
+    async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+        let mut connection = self.connection().await?;
+        bounded(
+            self.timeout,
+            &self.target,
+            invocation.invoke_async(&mut connection),
+        )
+        .await
+    }
+
+    pub async fn acquire(
+        &self,
+        lease: &LeaseRecord,
+        pools: &[Pool],
+        ttl_ms: u64,
+    ) -> CoreResult<AcquireOutcome> {
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for pool in pools {
+            invocation.key(&pool.key);
+        }
+        invocation.arg(&lease.id).arg(ttl_ms).arg(lease.weight);
+        for pool in pools {
+            invocation.arg(pool.capacity);
+        }
+        let reply: Vec<u64> = self.run(&invocation).await?;
+        match reply.as_slice() {
+            [1, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
+            [0, index, current, retry_after_ms] => {
+                let pool = pools
+                    .get((*index as usize).wrapping_sub(1))
+                    .ok_or_else(|| bad_reply(&reply))?;
+                Ok(AcquireOutcome::Rejected(Rejection {
+                    limit: pool.name,
+                    capacity: pool.capacity,
+                    current: *current,
+                    retry_after_ms: *retry_after_ms,
+                }))
+            }
+            _ => Err(bad_reply(&reply)),
+        }
+    }
+
+    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Vec<usize>> {
+        let mut lost = Vec::new();
+        // Every key of a manager shares one hash tag, so a batch never spans cluster slots.
+        for (chunk_index, chunk) in leases.chunks(BATCH_SIZE).enumerate() {
+            let invocation = batch_invocation(&scripts::RENEW, chunk, Some(ttl_ms));
+            let positions: Vec<usize> = self.run(&invocation).await?;
+            lost.extend(positions.into_iter().map(|p| p + chunk_index * BATCH_SIZE));
+        }
+        Ok(lost)
+    }
+
+    pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
+        let mut released = 0;
+        for chunk in leases.chunks(BATCH_SIZE) {
+            let invocation = batch_invocation(&scripts::RELEASE, chunk, None);
+            released += self.run::<u64>(&invocation).await?;
+        }
+        Ok(released)
+    }
+
+    pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
+        let mut invocation = scripts::COUNT.prepare_invoke();
+        invocation.key(pool_key);
+        self.run(&invocation).await
+    }
+}
+
+async fn bounded<T>(
+    timeout: Duration,
+    target: &str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> CoreResult<T> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| CoreError::timeout(target, timeout))?
+        .map_err(|e| CoreError::from_redis(&e, target))
+}
+
+/// KEYS: each distinct pool once; ARGV: `lead` (if any), then per lease id, weight, k, k key indexes.
+fn batch_invocation<'a>(
+    script: &'a Script,
+    leases: &[Arc<LeaseRecord>],
+    lead: Option<u64>,
+) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    let mut key_index: HashMap<&str, usize> = HashMap::new();
+    for key in leases.iter().flat_map(|l| &l.pool_keys) {
+        if !key_index.contains_key(key.as_str()) {
+            key_index.insert(key, key_index.len() + 1);
+            invocation.key(key);
+        }
+    }
+    if let Some(lead) = lead {
+        invocation.arg(lead);
+    }
+    for lease in leases {
+        invocation
+            .arg(&lease.id)
+            .arg(lease.weight)
+            .arg(lease.pool_keys.len());
+        for key in &lease.pool_keys {
+            invocation.arg(key_index[key.as_str()]);
+        }
+    }
+    invocation
+}
+
+fn bad_reply(reply: &[u64]) -> CoreError {
+    CoreError::Backend(format!(
+        "unexpected reply {reply:?} from the acquire script; is another version of fastapi_stream_lease using the same key_prefix?"
+    ))
+}
+
+/// `scheme://user:password@host` -> `scheme://user:***@host`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact("redis://u:pw@h:1"), "redis://u:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

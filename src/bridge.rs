@@ -1,0 +1,246 @@
+//! Rust futures to asyncio futures, without a Rust thread ever attaching to the interpreter.
+//!
+//! Each event loop gets a `LoopBridge`: a queue of finished results and a socketpair whose read
+//! end the loop watches with `add_reader`. A tokio task pushes its result and writes one byte (only
+//! if no wake-up is pending); the loop thread then drains the queue and settles many futures per
+//! wake-up. Panics settle the future with an error; a future cancelled before its result arrives
+//! drops the result, whose owned resources (a granted lease) release themselves.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures_util::FutureExt;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyWeakrefMethods, PyWeakrefReference};
+use tokio::task::AbortHandle;
+
+use crate::errors::CoreError;
+use crate::runtime;
+
+/// Turns a finished result into a Python object on the loop thread.
+pub type Delivery = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+pub type Completion = Result<Delivery, CoreError>;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The half of a bridge that tokio tasks touch: plain Rust data only.
+struct Inbox {
+    finished: Mutex<Vec<(u64, Completion)>>,
+    wake_pending: AtomicBool,
+    waker: UnixStream,
+}
+
+impl Inbox {
+    fn deliver(&self, id: u64, completion: Completion) {
+        lock(&self.finished).push((id, completion));
+        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+            // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
+            let _ = (&self.waker).write(&[1]);
+        }
+    }
+}
+
+#[pyclass(frozen, module = "fastapi_stream_lease._core")]
+pub struct LoopBridge {
+    inbox: Arc<Inbox>,
+    wakeup: UnixStream,
+    pending: Mutex<HashMap<u64, Py<PyAny>>>,
+    next_id: AtomicU64,
+}
+
+#[pymethods]
+impl LoopBridge {
+    /// Called by the event loop when the wake-up socket is readable.
+    fn _drain(&self, py: Python<'_>) {
+        let mut sink = [0u8; 512];
+        loop {
+            match (&self.wakeup).read(&mut sink) {
+                Ok(n) if n == sink.len() => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                _ => break,
+            }
+        }
+        // Cleared before taking the queue, so a result pushed after the take writes a new byte.
+        self.inbox.wake_pending.store(false, Ordering::Release);
+        let finished = std::mem::take(&mut *lock(&self.inbox.finished));
+        for (id, completion) in finished {
+            let future = lock(&self.pending).remove(&id);
+            if let Some(future) = future {
+                settle(future.bind(py), completion);
+            }
+        }
+    }
+
+    /// How many futures wait for a result (for tests: it must return to 0).
+    fn _pending(&self) -> usize {
+        lock(&self.pending).len()
+    }
+}
+
+/// Settles `future` unless it was cancelled; a dropped completion cleans up after itself.
+fn settle(future: &Bound<'_, PyAny>, completion: Completion) {
+    let py = future.py();
+    let done = future
+        .call_method0(intern!(py, "done"))
+        .and_then(|d| d.is_truthy())
+        .unwrap_or(true);
+    if done {
+        return;
+    }
+    let outcome = match completion {
+        Ok(deliver) => deliver(py).and_then(|value| future.call_method1(intern!(py, "set_result"), (value,))),
+        Err(error) => {
+            let exc = error.into_pyerr(py).into_value(py);
+            future.call_method1(intern!(py, "set_exception"), (exc,))
+        }
+    };
+    if let Err(err) = outcome {
+        err.write_unraisable(py, Some(future));
+    }
+}
+
+/// Cancels the Rust task behind an abortable future when the Python future is cancelled.
+#[pyclass(frozen)]
+struct AbortOnCancel {
+    task: AbortHandle,
+    bridge: Py<LoopBridge>,
+    id: u64,
+}
+
+#[pymethods]
+impl AbortOnCancel {
+    fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
+            self.task.abort();
+            lock(&self.bridge.get().pending).remove(&self.id);
+        }
+        Ok(())
+    }
+}
+
+/// One bridge per live event loop; entries of dead or closed loops are pruned as loops come.
+static BRIDGES: Mutex<Vec<(Py<PyWeakrefReference>, Py<LoopBridge>)>> = Mutex::new(Vec::new());
+
+fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    GET_RUNNING_LOOP
+        .import(py, "asyncio", "get_running_loop")?
+        .call0()
+        .map_err(|_| {
+            PyRuntimeError::new_err(
+                "fastapi_stream_lease calls must be awaited inside a running asyncio event loop",
+            )
+        })
+}
+
+fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
+    let py = event_loop.py();
+    {
+        let bridges = lock(&BRIDGES);
+        for (loop_ref, bridge) in bridges.iter() {
+            if loop_ref.bind(py).upgrade().is_some_and(|l| l.is(event_loop)) {
+                return Ok(bridge.clone_ref(py));
+            }
+        }
+    }
+    let (waker, wakeup) = UnixStream::pair()?;
+    waker.set_nonblocking(true)?;
+    wakeup.set_nonblocking(true)?;
+    let fd = wakeup.as_raw_fd();
+    let bridge = Py::new(
+        py,
+        LoopBridge {
+            inbox: Arc::new(Inbox {
+                finished: Mutex::new(Vec::new()),
+                wake_pending: AtomicBool::new(false),
+                waker,
+            }),
+            wakeup,
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        },
+    )?;
+    event_loop.call_method1(
+        intern!(py, "add_reader"),
+        (fd, bridge.bind(py).getattr(intern!(py, "_drain"))?),
+    )?;
+
+    let existing: Vec<_> = lock(&BRIDGES)
+        .iter()
+        .map(|(r, b)| (r.clone_ref(py), b.clone_ref(py)))
+        .collect();
+    let mut kept = Vec::with_capacity(existing.len() + 1);
+    for (loop_ref, old) in existing {
+        let alive = match loop_ref.bind(py).upgrade() {
+            Some(l) => !l.call_method0(intern!(py, "is_closed"))?.is_truthy()?,
+            None => false,
+        };
+        if alive {
+            kept.push((loop_ref, old));
+        }
+    }
+    kept.push((
+        PyWeakrefReference::new(event_loop)?.unbind(),
+        bridge.clone_ref(py),
+    ));
+    *lock(&BRIDGES) = kept;
+    Ok(bridge)
+}
+
+/// Runs `op` on the core's runtime and returns an asyncio future for its result.
+/// An `abortable` op is cancelled with its Python future; the others run to completion
+/// (an acquire must finish so it can give back what it took).
+pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    let event_loop = running_loop(py)?;
+    let bridge = bridge_for(&event_loop)?;
+    let future = event_loop.call_method0(intern!(py, "create_future"))?;
+    let shared = bridge.get();
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    lock(&shared.pending).insert(id, future.clone().unbind());
+    let inbox = Arc::clone(&shared.inbox);
+    let task = runtime::handle().spawn(async move {
+        let completion = AssertUnwindSafe(op)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref()))));
+        inbox.deliver(id, completion);
+    });
+    if abortable {
+        let on_cancel = AbortOnCancel {
+            task: task.abort_handle(),
+            bridge,
+            id,
+        };
+        future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
+    }
+    Ok(future)
+}
+
+/// An asyncio future already settled with `completion` (for work that never waits).
+pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
+    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
+    settle(&future, completion);
+    Ok(future)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

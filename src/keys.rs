@@ -1,0 +1,133 @@
+//! Where leases live: identity hashing and the Redis key layout.
+//!
+//! Every key of one manager shares the hash tag `{<key_prefix>}`, so the per-user pool and the
+//! global pool of one acquire sit in one Redis Cluster slot and no script ever raises CROSSSLOT.
+//! Identities are stored only as keyed digests, so `KEYS *` shows no user id.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::config::LeaseConfig;
+
+/// Identities longer than this are rejected: they are bugs (a request body used as a user id).
+pub const MAX_IDENTITY_BYTES: usize = 1024;
+
+/// One capacity-limited pool: a sorted set of lease ids scored by expiry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    /// Name shown to users when this pool refuses: `"per_user"` or `"global"`.
+    pub name: &'static str,
+    pub key: String,
+    /// 0 means unlimited (the pool still counts).
+    pub capacity: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct KeySpace {
+    prefix: String,
+    secret: Vec<u8>,
+    max_per_user: u64,
+    max_global: u64,
+}
+
+impl KeySpace {
+    pub fn new(config: &LeaseConfig) -> Self {
+        KeySpace {
+            prefix: config.key_prefix.clone(),
+            secret: config.identity_secret.clone(),
+            max_per_user: config.max_per_user,
+            max_global: config.max_global,
+        }
+    }
+
+    /// The hash tag shared by every key of this key space (also the cluster routing group).
+    pub fn tag(&self) -> String {
+        format!("{{{}}}", self.prefix)
+    }
+
+    /// HMAC-SHA256 of the identity (keyed with `identity_secret`, empty key without one), 128 bits hex.
+    pub fn identity_digest(&self, identity: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        mac.update(identity.as_bytes());
+        hex::encode(&mac.finalize().into_bytes()[..16])
+    }
+
+    pub fn user_pool(&self, identity: &str) -> Pool {
+        Pool {
+            name: "per_user",
+            key: format!("{}:user:{}", self.tag(), self.identity_digest(identity)),
+            capacity: self.max_per_user,
+        }
+    }
+
+    pub fn global_pool(&self) -> Pool {
+        Pool {
+            name: "global",
+            key: format!("{}:global", self.tag()),
+            capacity: self.max_global,
+        }
+    }
+
+    /// The pools one acquire for `identity` takes atomically. The global pool is kept even when
+    /// unlimited, so `get_active_count()` can always answer.
+    pub fn pools_for(&self, identity: &str) -> Vec<Pool> {
+        vec![self.user_pool(identity), self.global_pool()]
+    }
+}
+
+/// Checks an identity: non-empty, at most `MAX_IDENTITY_BYTES`. Returns why it is bad.
+pub fn check_identity(identity: &str) -> Result<(), String> {
+    if identity.is_empty() {
+        return Err("user_id is empty: pass the id of the authenticated user (or the client IP for anonymous traffic)".into());
+    }
+    if identity.len() > MAX_IDENTITY_BYTES {
+        return Err(format!(
+            "user_id is {} bytes long, more than the {MAX_IDENTITY_BYTES} allowed: pass a short stable id, not a token or request body",
+            identity.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(secret: &[u8]) -> KeySpace {
+        KeySpace {
+            prefix: "app".into(),
+            secret: secret.to_vec(),
+            max_per_user: 2,
+            max_global: 0,
+        }
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag_and_hide_the_identity() {
+        let pools = space(b"").pools_for("alice@example.com");
+        assert!(pools.iter().all(|p| p.key.starts_with("{app}:")));
+        assert!(pools.iter().all(|p| !p.key.contains("alice")));
+        assert_eq!(pools[0].capacity, 2);
+        assert_eq!(pools[1].capacity, 0);
+    }
+
+    #[test]
+    fn the_secret_changes_every_digest() {
+        assert_ne!(
+            space(b"").identity_digest("u1"),
+            space(b"s3cret").identity_digest("u1")
+        );
+        assert_eq!(
+            space(b"k").identity_digest("u1"),
+            space(b"k").identity_digest("u1")
+        );
+        assert_eq!(space(b"k").identity_digest("u1").len(), 32);
+    }
+
+    #[test]
+    fn identities_are_checked() {
+        assert!(check_identity("").is_err());
+        assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES + 1)).is_err());
+        assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES)).is_ok());
+    }
+}

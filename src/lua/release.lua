@@ -1,0 +1,26 @@
+-- Release many leases in one call. Idempotent: releasing a lease that is gone does nothing.
+-- KEYS: every pool named by the leases below (one hash slot in a cluster).
+-- ARGV: per lease: id, weight, pool count k, and k 1-based KEYS indexes.
+-- Returns the number of leases that were still present in at least one pool.
+local released = 0
+local i = 1
+while i <= #ARGV do
+  local id = ARGV[i]
+  local weight = tonumber(ARGV[i + 1])
+  local k = tonumber(ARGV[i + 2])
+  local present = false
+  for j = 1, k do
+    local key = KEYS[tonumber(ARGV[i + 2 + j])]
+    if redis.call('ZREM', key, id) == 1 then
+      present = true
+    end
+    for unit = 2, weight do
+      redis.call('ZREM', key, id .. '#' .. unit)
+    end
+  end
+  if present then
+    released = released + 1
+  end
+  i = i + 3 + k
+end
+return released

@@ -1,0 +1,346 @@
+//! The manager: one backend, the leases this process holds, and the renewal loop that keeps them.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures_util::FutureExt;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{AcquireOutcome, Backend, MemoryBackend, RedisBackend};
+use crate::bridge::{self, Completion};
+use crate::config::LeaseConfig;
+use crate::errors::{CoreError, CoreResult};
+use crate::keys::{check_identity, KeySpace};
+use crate::lease::{self, Lease, LeaseRecord};
+use crate::{renewal, runtime};
+
+const MAX_WEIGHT: u32 = 10_000;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A release already under way: finished (embedded backend) or running on the runtime.
+enum LaunchedRelease {
+    Done(CoreResult<u64>),
+    Running(JoinHandle<CoreResult<u64>>),
+}
+
+pub struct ManagerShared {
+    pub backend: Backend,
+    pub config: LeaseConfig,
+    keys: KeySpace,
+    /// Leases this process holds and renews, by id.
+    held: Mutex<HashMap<String, Arc<LeaseRecord>>>,
+    /// Releases in flight, so `aclose()` can wait for them.
+    releases: TaskTracker,
+    stop: CancellationToken,
+    renewal: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    lost: AtomicU64,
+    renew_failures: AtomicU64,
+}
+
+impl Drop for ManagerShared {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl ManagerShared {
+    pub fn stop_signal(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Runs `op` and hands its result to Python as an awaitable. The embedded backend never
+    /// waits, so its ops finish right here instead of taking a trip through the runtime.
+    fn submit<'py, F>(&self, py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: Future<Output = Completion> + Send + 'static,
+    {
+        if self.backend.is_embedded() {
+            let completion = op.now_or_never().expect("the memory backend never waits");
+            bridge::ready(py, completion)
+        } else {
+            bridge::spawn(py, op, abortable)
+        }
+    }
+
+    /// Marks the lease released, stops renewing it and starts removing it from the store, all
+    /// before returning, so no cancellation can undo it. None if it was already released.
+    fn launch_release(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> Option<LaunchedRelease> {
+        if !record.mark_released() {
+            return None;
+        }
+        lock(&self.held).remove(&record.id);
+        let shared = Arc::clone(self);
+        let record = Arc::clone(record);
+        let release = async move { shared.backend.release(std::slice::from_ref(&record)).await };
+        Some(if self.backend.is_embedded() {
+            LaunchedRelease::Done(release.now_or_never().expect("the memory backend never waits"))
+        } else {
+            LaunchedRelease::Running(runtime::handle().spawn(self.releases.track_future(release)))
+        })
+    }
+
+    pub fn release_in_background(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
+        self.launch_release(record).is_some()
+    }
+
+    pub fn release_awaitable<'py>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        record: &Arc<LeaseRecord>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let launched = self.launch_release(record);
+        self.submit(
+            py,
+            async move {
+                let removed = match launched {
+                    None => 0,
+                    Some(LaunchedRelease::Done(result)) => result?,
+                    Some(LaunchedRelease::Running(task)) => task
+                        .await
+                        .map_err(|e| CoreError::Panic(format!("release task failed: {e}")))??,
+                };
+                Ok(Box::new(move |py: Python<'_>| {
+                    Ok(PyBool::new(py, removed > 0).to_owned().into_any().unbind())
+                }) as bridge::Delivery)
+            },
+            false,
+        )
+    }
+
+    /// One renewal round: every held lease in batched script calls; the gone ones become lost.
+    pub async fn renew_held(&self) {
+        let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
+        if held.is_empty() {
+            return;
+        }
+        match self.backend.renew(&held, self.config.lease_ms()).await {
+            Ok(lost_positions) => {
+                let mut table = lock(&self.held);
+                for position in lost_positions {
+                    let Some(record) = position.checked_sub(1).and_then(|i| held.get(i)) else {
+                        continue;
+                    };
+                    if record.mark_lost() {
+                        table.remove(&record.id);
+                        self.lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Err(_) => {
+                self.renew_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The core behind `StreamLeaseManager`.
+#[pyclass(frozen, module = "fastapi_stream_lease._core")]
+pub struct Manager {
+    shared: Arc<ManagerShared>,
+}
+
+#[pymethods]
+impl Manager {
+    #[new]
+    fn new(url: &str, config: PyRef<'_, LeaseConfig>) -> PyResult<Self> {
+        let config = config.clone();
+        let backend = open_backend(url, &config)?;
+        let shared = Arc::new(ManagerShared {
+            backend,
+            keys: KeySpace::new(&config),
+            config,
+            held: Mutex::new(HashMap::new()),
+            releases: TaskTracker::new(),
+            stop: CancellationToken::new(),
+            renewal: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            lost: AtomicU64::new(0),
+            renew_failures: AtomicU64::new(0),
+        });
+        *lock(&shared.renewal) = Some(renewal::start(&shared));
+        Ok(Manager { shared })
+    }
+
+    #[getter]
+    fn config(&self) -> LeaseConfig {
+        self.shared.config.clone()
+    }
+
+    /// Where the leases live, without any password.
+    #[getter]
+    fn backend(&self) -> String {
+        self.shared.backend.describe()
+    }
+
+    #[pyo3(signature = (user_id, weight = None))]
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        weight: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = identity_arg(user_id)?;
+        let weight = weight_arg(weight)?;
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(CoreError::Closed.into_pyerr(py));
+        }
+        let pools = self.shared.keys.pools_for(&identity);
+        if let Some(pool) = pools
+            .iter()
+            .find(|p| p.capacity > 0 && u64::from(weight) > p.capacity)
+        {
+            return Err(PyValueError::new_err(format!(
+                "weight={weight} is more than the {} capacity of {}: such a lease could never be granted",
+                pool.name, pool.capacity
+            )));
+        }
+        let record = Arc::new(LeaseRecord::new(
+            pools.iter().map(|p| p.key.clone()).collect(),
+            weight,
+        ));
+        let shared = Arc::clone(&self.shared);
+        let op = async move {
+            match shared
+                .backend
+                .acquire(&record, &pools, shared.config.lease_ms())
+                .await
+            {
+                Ok(AcquireOutcome::Granted(_)) => {
+                    lock(&shared.held).insert(record.id.clone(), Arc::clone(&record));
+                    Ok(lease::deliver(Lease::new(record, shared)))
+                }
+                Ok(AcquireOutcome::Rejected(mut rejection)) => {
+                    record.mark_released();
+                    rejection.retry_after_ms = rejection.retry_after_ms.min(shared.config.retry_after_ms());
+                    Err(CoreError::Rejected(rejection))
+                }
+                Err(error) => {
+                    // The script may have run before the error (a timeout): give back what it took.
+                    shared.release_in_background(&record);
+                    Err(error)
+                }
+            }
+        };
+        self.shared.submit(py, op, false)
+    }
+
+    #[pyo3(signature = (user_id = None))]
+    fn count<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pool = match user_id.filter(|u| !u.is_none()) {
+            Some(user_id) => self.shared.keys.user_pool(&identity_arg(user_id)?),
+            None => self.shared.keys.global_pool(),
+        };
+        let shared = Arc::clone(&self.shared);
+        let op = async move {
+            let count = shared.backend.count(&pool.key).await?;
+            Ok(
+                Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
+                    as bridge::Delivery,
+            )
+        };
+        self.shared.submit(py, op, true)
+    }
+
+    /// Stops renewal and releases every lease this process holds, in one round trip.
+    fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let shared = Arc::clone(&self.shared);
+        shared.closed.store(true, Ordering::Release);
+        shared.stop.cancel();
+        let renewal = lock(&shared.renewal).take();
+        let held: Vec<Arc<LeaseRecord>> = lock(&shared.held)
+            .drain()
+            .map(|(_, record)| record)
+            .filter(|record| record.mark_released())
+            .collect();
+        let op = async move {
+            if let Some(renewal) = renewal {
+                let _ = renewal.await;
+            }
+            let released = if held.is_empty() {
+                Ok(0)
+            } else {
+                shared.backend.release(&held).await
+            };
+            shared.releases.close();
+            let _ = tokio::time::timeout(shared.config.redis_timeout(), shared.releases.wait()).await;
+            released?;
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
+        };
+        // Waits for the renewal loop and in-flight releases, so never finishes inline.
+        bridge::spawn(py, op, false)
+    }
+
+    /// Counters for monitoring: leases held by this process, lost so far, failed renewal rounds.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = PyDict::new(py);
+        stats.set_item("held", lock(&self.shared.held).len())?;
+        stats.set_item("lost", self.shared.lost.load(Ordering::Relaxed))?;
+        stats.set_item(
+            "renew_failures",
+            self.shared.renew_failures.load(Ordering::Relaxed),
+        )?;
+        stats.set_item("closed", self.shared.closed.load(Ordering::Relaxed))?;
+        Ok(stats)
+    }
+}
+
+fn open_backend(url: &str, config: &LeaseConfig) -> PyResult<Backend> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    match scheme {
+        Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
+        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster") => RedisBackend::new(url, config.redis_timeout())
+            .map(Backend::Redis)
+            .map_err(|e| PyValueError::new_err(e.to_string())),
+        _ => Err(PyValueError::new_err(format!(
+            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port, unix:///path/to/socket or redis+cluster://host:port,host:port",
+            crate::backend::redis::redact(url)
+        ))),
+    }
+}
+
+fn identity_arg(user_id: &Bound<'_, PyAny>) -> PyResult<String> {
+    let Ok(text) = user_id.cast::<PyString>() else {
+        let kind = user_id.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "user_id must be a str, got {kind} {}: pass str(...) if your ids are numbers",
+            user_id.repr()?
+        )));
+    };
+    let identity = text.to_str()?;
+    check_identity(identity).map_err(PyValueError::new_err)?;
+    Ok(identity.to_owned())
+}
+
+fn weight_arg(weight: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+    let Some(weight) = weight.filter(|w| !w.is_none()) else {
+        return Ok(1);
+    };
+    if weight.is_instance_of::<PyBool>() || !weight.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "weight must be an int, got {}",
+            weight.repr()?
+        )));
+    }
+    match weight.extract::<i64>() {
+        Ok(w) if (1..=i64::from(MAX_WEIGHT)).contains(&w) => Ok(w as u32),
+        _ => Err(PyValueError::new_err(format!(
+            "weight={} is out of range: use 1 to {MAX_WEIGHT} slots",
+            weight.repr()?
+        ))),
+    }
+}
