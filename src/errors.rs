@@ -75,7 +75,12 @@ impl CoreError {
                 "cannot reach Redis at {target} ({err}); check the URL and that the server is running"
             ));
         }
-        let hint = match err.code() {
+        // A failed AUTH during the handshake has a kind but no server code.
+        let code = match err.kind() {
+            redis::ErrorKind::AuthenticationFailed => Some("NOAUTH"),
+            _ => err.code(),
+        };
+        let hint = match code {
             Some("NOAUTH") | Some("WRONGPASS") => {
                 "; put the right user and password in the URL (redis://user:password@host:port)"
             }

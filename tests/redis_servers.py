@@ -1,0 +1,139 @@
+"""Real ``redis-server`` processes started by the tests on free loopback ports (never 6379)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def redis_binary(name: str = "redis-server") -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(
+            f"{name} is not on PATH: run `make test` (it installs Debian's redis-server), "
+            f"or install it with `apt-get install redis-server redis-tools`"
+        )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    assert port != 6379
+    return port
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Polls ``condition`` until it returns a truthy value or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    """One redis-server on 127.0.0.1, in a temporary directory; can be killed and restarted."""
+
+    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.dir = Path(tempfile.mkdtemp(prefix="stream-lease-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = [
+            redis_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir
+        )
+        wait_until(self.ping, what=f"redis-server on port {self.port}")
+        return self
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+        except OSError:
+            return False
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run(
+            [redis_binary("redis-cli"), "-p", str(self.port), *args],
+            check=True, capture_output=True, text=True, timeout=10,
+        ).stdout.strip()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def pause(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisCluster:
+    """Three masters (no replicas) on loopback, created with ``redis-cli --cluster create``."""
+
+    def __init__(self) -> None:
+        self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+                      for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [redis_binary("redis-cli"), "--cluster", "create",
+             *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        wait_until(
+            lambda: all("cluster_state:ok" in n.cli("cluster", "info") for n in self.nodes),
+            timeout=30, what="cluster_state:ok on every node",
+        )
+        return self
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()

@@ -1,0 +1,122 @@
+"""Bad input gets a clear error that says how to fix it, and changes nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fastapi_stream_lease import (
+    BackendUnavailable,
+    LeaseConfig,
+    StreamLeaseError,
+    StreamLeaseManager,
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_per_user": True}, TypeError, "max_per_user must be an int"),
+        ({"max_per_user": 1.5}, TypeError, "max_per_user must be an int"),
+        ({"max_per_user": "2"}, TypeError, "max_per_user must be an int"),
+        ({"max_per_user": -1}, ValueError, "out of range"),
+        ({"max_global": -5}, ValueError, "out of range"),
+        ({"max_global": 10**30}, ValueError, "too large"),
+        ({"lease_seconds": 0}, ValueError, "lease_seconds=0"),
+        ({"lease_seconds": 0.01}, ValueError, "out of range"),
+        ({"lease_seconds": -3}, ValueError, "out of range"),
+        ({"lease_seconds": float("nan")}, ValueError, "finite"),
+        ({"lease_seconds": "30"}, TypeError, "number of seconds"),
+        ({"lease_seconds": True}, TypeError, "number of seconds"),
+        ({"renew_every": 20, "lease_seconds": 30}, ValueError, "at most lease_seconds / 2"),
+        ({"redis_timeout": 0}, ValueError, "redis_timeout"),
+        ({"key_prefix": "{app}"}, ValueError, "braces"),
+        ({"key_prefix": "my app"}, ValueError, "whitespace"),
+        ({"key_prefix": ""}, ValueError, "1 to 128 bytes"),
+        ({"key_prefix": 7}, TypeError, "key_prefix must be a str"),
+        ({"identity_secret": ""}, ValueError, "identity_secret is empty"),
+        ({"identity_secret": 5}, TypeError, "str or bytes"),
+        ({"retry_after": 0}, ValueError, "retry_after"),
+    ],
+)
+def test_bad_config_is_refused_at_construction(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        LeaseConfig(**kwargs)
+
+
+def test_config_defaults_and_repr_hide_the_secret():
+    config = LeaseConfig(identity_secret="s3cret")
+    assert (config.lease_seconds, config.max_per_user, config.max_global) == (30.0, 3, 1000)
+    assert config.renew_every == 10.0
+    assert config.key_prefix == "stream_lease"
+    assert "s3cret" not in repr(config)
+    assert LeaseConfig(max_per_user=2) == LeaseConfig(max_per_user=2)
+
+
+@pytest.mark.parametrize(
+    ("user_id", "error", "message"),
+    [
+        ("", ValueError, "user_id is empty"),
+        (None, TypeError, "user_id must be a str"),
+        (7, TypeError, r"got int 7: pass str\(...\)"),
+        (b"alice", TypeError, "user_id must be a str"),
+        ("x" * 1025, ValueError, "1025 bytes long"),
+    ],
+)
+async def test_bad_identities_are_refused(make_manager, user_id, error, message):
+    manager = make_manager()
+    with pytest.raises(error, match=message):
+        await manager.acquire(user_id)
+    assert await manager.get_active_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("weight", "error"), [(0, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)]
+)
+async def test_bad_weights_are_refused(make_manager, weight, error):
+    manager = make_manager()
+    with pytest.raises(error, match="weight"):
+        await manager.acquire("alice", weight=weight)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://localhost:6379", "unsupported URL"),
+        ("localhost:6379", "unsupported URL"),
+        ("redis+cluster://", "names no node"),
+        ("redis://:hunter2@/x", "cannot use Redis URL"),
+    ],
+)
+def test_bad_urls_are_refused_without_leaking_passwords(url, message):
+    with pytest.raises(ValueError, match=message) as error:
+        StreamLeaseManager(url=url)
+    assert "hunter2" not in str(error.value)
+
+
+def test_wrong_arguments_to_the_manager():
+    with pytest.raises(TypeError, match="either redis=<client> or url"):
+        StreamLeaseManager(redis=object(), url="memory://")
+    with pytest.raises(TypeError, match="must be a redis.asyncio.Redis"):
+        StreamLeaseManager(redis=object())
+    with pytest.raises(TypeError, match="config must be a LeaseConfig"):
+        StreamLeaseManager(config={"max_per_user": 2})  # type: ignore[arg-type]
+
+
+async def test_an_unreachable_redis_fails_fast_with_a_clear_error():
+    from redis_servers import free_port
+
+    manager = StreamLeaseManager(
+        url=f"redis://:hunter2@127.0.0.1:{free_port()}/0", config=LeaseConfig(redis_timeout=0.5)
+    )
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="cannot reach Redis") as error:
+        await manager.acquire("alice")
+    assert time.monotonic() - started < 5, "no seconds of hidden retries"
+    assert "hunter2" not in str(error.value)
+    assert isinstance(error.value, StreamLeaseError)
+    response = error.value.as_response()
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    await manager.aclose()

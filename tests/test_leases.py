@@ -1,0 +1,220 @@
+"""Lease behaviour, run on the embedded backend and on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+
+import pytest
+from helpers import count_is
+
+from fastapi_stream_lease import StreamLeaseRejected
+
+
+async def test_per_user_and_global_caps_hold(make_manager):
+    manager = make_manager(max_per_user=2, max_global=3)
+    # Keep every lease referenced: a lease that is garbage collected releases itself.
+    a1 = await manager.acquire("alice")
+    a2 = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")
+    assert (refused.value.limit, refused.value.capacity, refused.value.current) == ("per_user", 2, 2)
+    assert refused.value.status_code == 429
+    assert 1 <= refused.value.retry_after <= 5
+
+    b1 = await manager.acquire("bob")
+    with pytest.raises(StreamLeaseRejected) as full:
+        await manager.acquire("carol")
+    assert (full.value.limit, full.value.capacity, full.value.current) == ("global", 3, 3)
+    assert full.value.status_code == 503
+    assert await manager.get_active_count("carol") == 0, "a refused acquire takes nothing"
+
+    await a1.release()
+    c1 = await manager.acquire("carol")
+    assert await manager.get_active_count() == 3
+    assert not any(lease.released for lease in (a2, b1, c1))
+    assert await manager.get_active_count("alice") == 1
+
+
+async def test_zero_disables_a_limit(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    leases = [await manager.acquire("alice") for _ in range(50)]
+    assert await manager.get_active_count("alice") == 50
+    assert await manager.get_active_count() == 50
+    for lease in leases:
+        await lease.release()
+    assert await manager.get_active_count() == 0
+
+
+async def test_200_concurrent_acquires_for_capacity_5_admit_exactly_5(make_manager):
+    manager = make_manager(max_per_user=0, max_global=5)
+    results = await asyncio.gather(
+        *(manager.acquire(f"user{i}") for i in range(200)), return_exceptions=True
+    )
+    granted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, StreamLeaseRejected)]
+    assert len(granted) == 5
+    assert len(refused) == 195
+    assert await manager.get_active_count() == 5
+
+
+HOLDER = """
+import asyncio, sys
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+async def main():
+    config = LeaseConfig(max_per_user=1, lease_seconds=2, key_prefix=sys.argv[2])
+    manager = StreamLeaseManager(url=sys.argv[1], config=config)
+    lease = await manager.acquire("alice")
+    print("held", lease.lease_id, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_vanished_holder_frees_its_slot_after_lease_seconds(make_manager, backend_url,
+                                                                    key_prefix):
+    if backend_url == "memory://":
+        pytest.skip("the embedded store lives and dies with its only holder, the process")
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLDER, backend_url, key_prefix, stdout=asyncio.subprocess.PIPE
+    )
+    assert (await asyncio.wait_for(holder.stdout.readline(), 30)).startswith(b"held")
+    holder.kill()  # SIGKILL: nobody releases, nobody renews
+    await holder.wait()
+    manager = make_manager(max_per_user=1, lease_seconds=2)
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("alice")
+    await count_is(manager, 0, "alice")
+    assert await manager.acquire("alice")
+
+
+async def test_a_long_stream_keeps_its_slot(make_manager):
+    manager = make_manager(max_per_user=1, lease_seconds=1)
+    lease = await manager.acquire("alice")
+
+    async def slow_stream():
+        for i in range(6):
+            await asyncio.sleep(0.5)  # the stream lives 3 x lease_seconds
+            yield i
+
+    seen = []
+    async for item in lease.wrap(slow_stream()):
+        assert await manager.get_active_count("alice") == 1
+        with pytest.raises(StreamLeaseRejected):
+            await manager.acquire("alice")
+        seen.append(item)
+    assert seen == list(range(6))
+    assert not lease.lost
+    await count_is(manager, 0, "alice")
+
+
+async def test_release_on_normal_end_exception_and_cancellation(make_manager):
+    manager = make_manager(max_per_user=1)
+
+    async def tokens(fail: bool = False, hang: bool = False):
+        yield "a"
+        if fail:
+            raise RuntimeError("model crashed")
+        if hang:
+            await asyncio.Event().wait()
+        yield "b"
+
+    lease = await manager.acquire("alice")
+    assert [t async for t in lease.wrap(tokens())] == ["a", "b"]
+    assert lease.released
+    await count_is(manager, 0, "alice")
+
+    lease = await manager.acquire("alice")
+    with pytest.raises(RuntimeError, match="model crashed"):
+        async for _ in lease.wrap(tokens(fail=True)):
+            pass
+    await count_is(manager, 0, "alice")
+
+    lease = await manager.acquire("alice")
+
+    async def consume():
+        async for _ in lease.wrap(tokens(hang=True)):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await count_is(manager, 0, "alice")
+
+    # A generator closed early (Starlette does this on disconnect) releases too.
+    lease = await manager.acquire("alice")
+    stream = lease.wrap(tokens(hang=True))
+    assert await stream.__anext__() == "a"
+    await stream.aclose()
+    await count_is(manager, 0, "alice")
+
+
+async def test_sync_iterables_can_be_wrapped(make_manager):
+    manager = make_manager(max_per_user=1)
+    lease = await manager.acquire("alice")
+    assert [x async for x in lease.wrap(["x", "y"])] == ["x", "y"]
+    await count_is(manager, 0, "alice")
+
+
+async def test_release_twice_is_harmless(make_manager):
+    manager = make_manager(max_per_user=1)
+    lease = await manager.acquire("alice")
+    assert await lease.release() is True
+    assert await lease.release() is False
+    assert lease.release_nowait() is False
+    assert lease.released and not lease.lost
+    assert await manager.get_active_count("alice") == 0
+
+
+async def test_a_garbage_collected_lease_is_released(make_manager):
+    manager = make_manager(max_per_user=1)
+    lease = await manager.acquire("alice")
+    del lease
+    gc.collect()
+    await count_is(manager, 0, "alice")
+    assert manager.stats()["held"] == 0
+
+
+async def test_context_manager_releases_on_exit_and_on_error(make_manager):
+    manager = make_manager(max_per_user=1)
+    async with manager.lease("alice") as lease:
+        assert await manager.get_active_count("alice") == 1
+    assert lease.released
+    assert await manager.get_active_count("alice") == 0
+    with pytest.raises(ValueError, match="boom"):
+        async with manager.lease("alice"):
+            raise ValueError("boom")
+    assert await manager.get_active_count("alice") == 0
+
+
+async def test_weighted_leases_take_that_many_slots_everywhere(make_manager):
+    manager = make_manager(max_per_user=5, max_global=4)
+    heavy = await manager.acquire("alice", weight=3)
+    assert heavy.weight == 3
+    assert await manager.get_active_count("alice") == 3
+    assert await manager.get_active_count() == 3
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("bob", weight=2)
+    assert refused.value.limit == "global"
+    light = await manager.acquire("bob")
+    await heavy.release()
+    assert await manager.get_active_count() == 1
+    with pytest.raises(ValueError, match="could never be granted"):
+        await manager.acquire("bob", weight=6)
+    await light.release()
+
+
+async def test_aclose_releases_everything_this_process_holds(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    leases = [await manager.acquire(f"user{i}") for i in range(20)]
+    observer = make_manager(max_per_user=0, max_global=0)
+    await manager.aclose()
+    assert all(lease.released for lease in leases)
+    if manager.backend != "memory://":
+        assert await observer.get_active_count() == 0
+    assert manager.stats() == {"held": 0, "lost": 0, "renew_failures": 0, "closed": True}

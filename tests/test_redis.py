@@ -1,0 +1,182 @@
+"""What only a real Redis can show: key layout, script cache loss, restarts, clients, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as redis_asyncio
+from helpers import count_is, eventually
+
+from fastapi_stream_lease import (
+    BackendError,
+    BackendUnavailable,
+    LeaseConfig,
+    StreamLeaseManager,
+    StreamLeaseRejected,
+)
+
+
+async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, redis_client,
+                                                                key_prefix):
+    manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+    lease = await manager.acquire("alice@example.com")
+    keys = sorted(k.decode() for k in redis_client.keys(f"{{{key_prefix}}}*"))
+    assert len(keys) == 2
+    assert all(k.startswith(f"{{{key_prefix}}}:") for k in keys)
+    assert not any("alice" in k for k in keys)
+    assert all(0 < redis_client.pttl(k) <= 30_000 for k in keys)
+    members = redis_client.zrange(keys[0], 0, -1)
+    assert members == [lease.lease_id.encode()]
+    await manager.aclose()
+    assert redis_client.keys(f"{{{key_prefix}}}*") == [], "released pools leave no empty key"
+
+
+async def test_identity_secret_changes_the_keys(redis_server, redis_client, key_prefix):
+    plain = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+    keyed = StreamLeaseManager(
+        url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix, identity_secret=b"k" * 32)
+    )
+    leases = [await plain.acquire("alice"), await keyed.acquire("alice")]
+    assert len(redis_client.keys(f"{{{key_prefix}}}:user:*")) == 2
+    assert await plain.get_active_count("alice") == 1
+    for lease in leases:
+        await lease.release()
+    await plain.aclose()
+    await keyed.aclose()
+
+
+async def test_script_flush_does_not_break_acquire_renew_or_release(redis_server, redis_client,
+                                                                   key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=2),
+    )
+    first = await manager.acquire("alice")
+    redis_client.script_flush()
+    second = await manager.acquire("alice")  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
+    redis_client.script_flush()
+    await asyncio.sleep(1.5)  # renewals ran across the flush and kept both leases
+    assert await manager.get_active_count("alice") == 2
+    assert not first.lost and not second.lost
+    redis_client.script_flush()
+    assert await first.release() is True
+    assert manager.stats()["renew_failures"] == 0
+    await manager.aclose()
+
+
+async def test_a_redis_restart_is_survived_and_lost_leases_are_reported(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=1),
+    )
+    lease = await manager.acquire("alice")
+    own_redis.restart()  # same port, empty data, empty script cache
+
+    async def lost() -> bool:
+        return lease.lost
+
+    await eventually(lost, what="the renewal loop to report the lease lost")
+    assert manager.stats()["lost"] == 1
+    assert manager.stats()["held"] == 0
+    again = await manager.acquire("alice")  # the connection came back by itself
+    assert await manager.get_active_count("alice") == 1
+    await again.release()
+    await lease.release()  # releasing a lost lease is harmless
+    await manager.aclose()
+
+
+async def test_redis_down_then_back(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.5)
+    )
+    held = await manager.acquire("alice")
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable):
+        await manager.acquire("bob")
+    own_redis.start()
+
+    async def admitted() -> bool:
+        try:
+            lease = await manager.acquire("bob")
+        except BackendUnavailable:
+            return False
+        await lease.release()
+        return True
+
+    await eventually(admitted, what="acquire to work again after Redis came back")
+    await held.release()
+    await manager.aclose()
+
+
+async def test_a_paused_redis_costs_at_most_the_timeout(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.3)
+    )
+    assert await manager.get_active_count() == 0  # connected
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="did not answer"):
+            await manager.acquire("alice")
+        assert time.monotonic() - started < 3
+    finally:
+        own_redis.resume()
+    await manager.aclose()
+    await count_is(StreamLeaseManager(url=own_redis.url, config=manager.config), 0)
+
+
+async def test_a_key_of_another_type_gives_an_actionable_error(redis_server, redis_client,
+                                                             key_prefix):
+    redis_client.set(f"{{{key_prefix}}}:global", "not a sorted set")
+    manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+    with pytest.raises(BackendError, match="choose another LeaseConfig"):
+        await manager.acquire("alice")
+    await manager.aclose()
+
+
+async def test_wrong_password_gives_an_actionable_error(key_prefix):
+    from redis_servers import RedisServer
+
+    server = RedisServer("--requirepass", "right").start()
+    try:
+        manager = StreamLeaseManager(url=f"redis://:wrong@127.0.0.1:{server.port}/0")
+        with pytest.raises(BackendError, match="user and password") as error:
+            await manager.acquire("alice")
+        assert "wrong" not in str(error.value).replace("WRONGPASS", "")
+        good = StreamLeaseManager(url=f"redis://:right@127.0.0.1:{server.port}/0")
+        lease = await good.acquire("alice")
+        await lease.release()
+        await good.aclose()
+        await manager.aclose()
+    finally:
+        server.cleanup()
+
+
+async def test_the_seed_constructor_takes_a_redis_asyncio_client(redis_server, key_prefix):
+    client = redis_asyncio.from_url(redis_server.url)
+    manager = StreamLeaseManager(
+        redis=client, config=LeaseConfig(key_prefix=key_prefix, max_per_user=1)
+    )
+    assert manager.backend == redis_server.url
+    lease = await manager.acquire("alice")
+    assert await client.zcard(f"{{{key_prefix}}}:global") == 1
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("alice")
+    await lease.release()
+    await manager.aclose()
+    await client.aclose()
+
+
+async def test_many_leases_renew_in_batches(redis_server, key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=0, max_global=0),
+    )
+    leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(2500)))
+    await asyncio.sleep(1.5)
+    assert await manager.get_active_count() == 2500
+    assert not any(lease.lost for lease in leases)
+    await manager.aclose()
+    assert await StreamLeaseManager(url=redis_server.url, config=manager.config).get_active_count() == 0
