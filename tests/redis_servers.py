@@ -22,12 +22,14 @@ def redis_binary(name: str = "redis-server") -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    assert port != 6379
-    return port
+def free_port(below: int = 65536) -> int:
+    """A free loopback port (``below`` leaves room for a cluster bus port at port + 10000)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port < below and port != 6379:
+            return port
 
 
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
@@ -46,7 +48,7 @@ class RedisServer:
     """One redis-server on 127.0.0.1, in a temporary directory; can be killed and restarted."""
 
     def __init__(self, *extra_args: str, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or free_port(below=55536 if "--cluster-enabled" in extra_args else 65536)
         self.extra_args = list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix="stream-lease-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -68,8 +70,14 @@ class RedisServer:
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir
         )
-        wait_until(self.ping, what=f"redis-server on port {self.port}")
+        wait_until(self._started, what=f"redis-server on port {self.port}")
         return self
+
+    def _started(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.process.args}")
+        return self.ping()
 
     def ping(self) -> bool:
         try:

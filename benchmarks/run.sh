@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Acquire+release benchmark, end to end: builds the release wheel into benchmarks/.venv, starts a
+# throwaway redis-server on a free loopback port (never 6379), runs acquire_release.py against it
+# and stops the server however the run ends.
+#
+# Usage, from the repository root: bash benchmarks/run.sh [extra acquire_release.py options]
+# e.g.  bash benchmarks/run.sh --duration 5 --repeats 5
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+for tool in python3 redis-server redis-cli redis-benchmark cargo; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "run.sh: $tool is not on PATH" >&2
+        exit 1
+    fi
+done
+
+bash benchmarks/setup_bench_env.sh
+py=benchmarks/.venv/bin/python
+
+workdir="$(mktemp -d)"
+redis_pid=""
+cleanup() {
+    if [[ -n "$redis_pid" ]] && kill -0 "$redis_pid" 2>/dev/null; then
+        kill "$redis_pid"
+        wait "$redis_pid" 2>/dev/null || true
+        echo "==> stopped redis-server (pid $redis_pid)"
+    fi
+    rm -rf "$workdir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+free_port() {
+    "$py" -c 'import socket
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    print(s.getsockname()[1])'
+}
+
+# Another process may grab the port between the probe and the bind: then try another one.
+port=""
+for _attempt in 1 2 3 4 5; do
+    candidate="$(free_port)"
+    [[ "$candidate" == 6379 ]] && continue
+    redis-server --port "$candidate" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$workdir" --logfile "$workdir/redis.log" &
+    redis_pid=$!
+    for _tick in $(seq 50); do
+        if ! kill -0 "$redis_pid" 2>/dev/null; then
+            break
+        fi
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$candidate" ping 2>/dev/null)" == PONG ]]; then
+            port="$candidate"
+            break 2
+        fi
+        sleep 0.1
+    done
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+    redis_pid=""
+done
+if [[ -z "$port" ]]; then
+    echo "run.sh: could not start redis-server on a free port; its last log:" >&2
+    cat "$workdir/redis.log" >&2 || true
+    exit 1
+fi
+echo "==> redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port (pid $redis_pid)"
+
+"$py" benchmarks/acquire_release.py --url "redis://127.0.0.1:$port/0" "$@"

@@ -1,0 +1,42 @@
+"""A real uvicorn server in a subprocess, on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from redis_servers import free_port, wait_until
+
+
+class Uvicorn:
+    def __init__(self, app: str, app_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", app, "--app-dir", str(app_dir),
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            env={**os.environ, **(env or {})},
+        )
+        wait_until(self._up, timeout=30, what="uvicorn to accept connections")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _up(self) -> bool:
+        assert self.process.poll() is None, "uvicorn exited"
+        try:
+            httpx.get(self.base_url + "/openapi.json", timeout=1)
+            return True
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,73 @@
+"""Cancellation never leaks a slot: hundreds of acquires and streams cancelled at random moments,
+then the store must hold nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from helpers import count_is
+
+
+async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    rng = random.Random(2026)
+    kept = []
+
+    async def one(i: int) -> None:
+        task = asyncio.create_task(manager.acquire(f"user{i % 17}"))
+        await asyncio.sleep(rng.random() * 0.003)
+        task.cancel()
+        try:
+            kept.append(await task)  # finished before the cancel landed
+        except asyncio.CancelledError:
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(400)))
+    # Acquires cancelled after their script ran give their slot back as their results land.
+    await count_is(manager, len(kept))
+    for lease in kept:
+        await lease.release()
+    await count_is(manager, 0)
+    assert manager.stats()["held"] == 0
+
+
+async def test_acquires_timed_out_by_wait_for_leave_no_ghost_lease(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    rng = random.Random(7)
+    kept = []
+
+    async def one(i: int) -> None:
+        try:
+            kept.append(await asyncio.wait_for(manager.acquire(f"u{i}"), rng.random() * 0.002))
+        except TimeoutError:
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(300)))
+    for lease in kept:
+        lease.release_nowait()
+    await count_is(manager, 0)
+
+
+async def test_cancelled_streams_release_their_leases(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    rng = random.Random(11)
+
+    async def endless():
+        while True:
+            yield "token"
+            await asyncio.sleep(0)
+
+    async def consume(i: int) -> None:
+        lease = await manager.acquire(f"user{i % 5}")
+        async for _ in lease.wrap(endless()):
+            pass
+
+    tasks = [asyncio.create_task(consume(i)) for i in range(300)]
+    await asyncio.sleep(0.01)
+    for task in rng.sample(tasks, len(tasks)):
+        task.cancel()
+        await asyncio.sleep(rng.random() * 0.001)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await count_is(manager, 0)
+    assert manager.stats()["held"] == 0

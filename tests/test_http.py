@@ -1,0 +1,117 @@
+"""Through a real uvicorn server: the seed README's examples as written, and real clients that
+hang up mid-stream."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+from redis_servers import wait_until
+from servers import Uvicorn
+from websockets.sync.client import connect
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_CONFIG = LeaseConfig(max_per_user=2, max_global=500, lease_seconds=30.0)
+
+
+@pytest.fixture
+def seed_app(own_redis, tmp_path):
+    """examples/seed_quickstart.py, pointed at the test's own Redis instead of port 6379."""
+    code = (ROOT / "examples" / "seed_quickstart.py").read_text()
+    assert code.count("redis://localhost:6379") == 1
+    (tmp_path / "seed_app.py").write_text(code.replace("redis://localhost:6379", own_redis.url))
+    server = Uvicorn("seed_app:app", tmp_path)
+    yield server
+    server.stop()
+
+
+def global_count(redis_server) -> int:
+    return int(redis_server.cli("zcard", "{stream_lease}:global"))
+
+
+def test_seed_quickstart_streams_then_releases(seed_app, own_redis):
+    response = httpx.get(seed_app.base_url + "/api/chat/stream", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text == "".join(
+        f"data: {w}\n\n" for w in ["Hello", "world", "this", "is", "streamed!"]
+    )
+    wait_until(lambda: global_count(own_redis) == 0, what="the stream's lease to be released")
+
+
+async def test_seed_quickstart_refuses_a_third_stream_with_429(seed_app, own_redis):
+    # Two streams of user_123 held by another worker: limits hold across processes.
+    other_worker = StreamLeaseManager(url=own_redis.url, config=SEED_CONFIG)
+    held = [await other_worker.acquire("user_123") for _ in range(2)]
+    async with httpx.AsyncClient(base_url=seed_app.base_url, timeout=10) as client:
+        refused = await client.get("/api/chat/stream")
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["retry-after"]) <= 30
+        assert refused.headers["ratelimit-policy"] == '"per_user";q=2;qu="concurrent-requests"'
+        body = refused.json()
+        assert body["limit"] == "per_user" and body["current"] == 2 and body["capacity"] == 2
+        assert "stream limit reached" in body["detail"]
+
+        other_user = await client.get("/api/chat/stream", params={"user_id": "user_456"})
+        assert other_user.status_code == 200
+
+        await held[0].release()  # stream 1 finishes
+        admitted = await client.get("/api/chat/stream")
+        assert admitted.status_code == 200
+    await other_worker.aclose()
+
+
+def test_seed_websocket_example_holds_a_lease_while_open(seed_app, own_redis):
+    ws_url = seed_app.base_url.replace("http://", "ws://") + "/ws/chat/user_123"
+    with connect(ws_url) as websocket:
+        websocket.send("hi")
+        assert websocket.recv(timeout=10) == "Echo: hi"
+        assert global_count(own_redis) == 1
+    wait_until(lambda: global_count(own_redis) == 0, what="the socket's lease to be released")
+
+
+@pytest.fixture
+def slow_app(backend_url, key_prefix):
+    server = Uvicorn(
+        "slow_stream_app:app",
+        ROOT / "tests" / "apps",
+        env={"STREAM_LEASE_URL": backend_url, "STREAM_LEASE_PREFIX": key_prefix},
+    )
+    yield server
+    server.stop()
+
+
+def open_stream(port: int, user_id: str) -> socket.socket:
+    """A raw HTTP client that reads the first event of an endless stream and keeps it open."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"GET /stream?user_id={user_id} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    received = b""
+    while b"data: tick" not in received:
+        chunk = sock.recv(4096)
+        assert chunk, "server closed the stream"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    return sock
+
+
+@pytest.mark.parametrize("hang_up", ["close", "reset"])
+def test_a_client_hanging_up_mid_stream_frees_the_slot(slow_app, hang_up):
+    def count() -> int:
+        return json.loads(httpx.get(slow_app.base_url + "/count?user_id=alice").text)
+
+    sock = open_stream(slow_app.port, "alice")
+    assert count() == 1
+    refused = httpx.get(slow_app.base_url + "/stream?user_id=alice")
+    assert refused.status_code == 429
+    assert "retry-after" in refused.headers
+
+    if hang_up == "reset":  # an abrupt close: the peer sees a TCP RST, not a FIN
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+    wait_until(lambda: count() == 0, what="the disconnected stream's lease to be released")
+    open_stream(slow_app.port, "alice").close()
