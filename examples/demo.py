@@ -46,19 +46,21 @@ def say(text: str) -> None:
 async def story(base_url: str) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
 
-        async def stream(name: str, words: int) -> None:
+        async def stream(name: str, words: int, admitted: asyncio.Event | None = None) -> None:
             params = {"user_id": "alice", "words": words}
             async with client.stream("GET", "/chat/stream", params=params) as response:
                 say(f"{name}: HTTP {response.status_code}, lease acquired")
+                if admitted is not None:
+                    admitted.set()
                 async for line in response.aiter_lines():
                     if line:
                         say(f"{name}: {line}")
             say(f"{name}: finished, lease released")
 
-        short = asyncio.create_task(stream("stream 1", words=3))
-        long = asyncio.create_task(stream("stream 2", words=8))
-        while await manager.get_active_count("alice") < 2:
-            await asyncio.sleep(0.01)
+        admitted = [asyncio.Event(), asyncio.Event()]
+        short = asyncio.create_task(stream("stream 1", words=3, admitted=admitted[0]))
+        long = asyncio.create_task(stream("stream 2", words=8, admitted=admitted[1]))
+        await asyncio.gather(*(event.wait() for event in admitted))
         say(f"alice holds {await manager.get_active_count('alice')} of 2 streams")
 
         third = await client.get("/chat/stream", params={"user_id": "alice"})
@@ -68,10 +70,8 @@ async def story(base_url: str) -> None:
         )
         assert third.status_code == 429
 
-        await short
-        while await manager.get_active_count("alice") > 1:
-            await asyncio.sleep(0.01)
-        say("stream 3 retries ...")
+        await short  # its lease is released before its last byte is sent
+        say(f"alice holds {await manager.get_active_count('alice')} of 2 streams; stream 3 retries")
         await stream("stream 3", words=2)
         await long
     say(f"alice holds {await manager.get_active_count('alice')} streams; demo done")
@@ -83,7 +83,7 @@ async def main() -> None:
         port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 (uvicorn has no "started" event to await)
         await asyncio.sleep(0.01)
     say(f"app on http://127.0.0.1:{port}, leases in {manager.backend}, max_per_user=2")
     try:

@@ -9,6 +9,7 @@ import pytest
 import redis as redis_py
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
 from redis_servers import RedisCluster, RedisServer
 
 

@@ -76,7 +76,8 @@ class RedisServer:
     def _started(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.process.args}")
+            code, args = self.process.returncode, self.process.args
+            raise RuntimeError(f"redis-server exited with {code}: {args}")
         return self.ping()
 
     def ping(self) -> bool:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+
 from redis_servers import free_port, wait_until
 
 

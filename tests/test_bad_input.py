@@ -98,7 +98,7 @@ def test_bad_urls_are_refused_without_leaking_passwords(url, message):
 def test_wrong_arguments_to_the_manager():
     with pytest.raises(TypeError, match="either redis=<client> or url"):
         StreamLeaseManager(redis=object(), url="memory://")
-    with pytest.raises(TypeError, match="must be a redis.asyncio.Redis"):
+    with pytest.raises(TypeError, match=r"must be a redis\.asyncio\.Redis"):
         StreamLeaseManager(redis=object())
     with pytest.raises(TypeError, match="config must be a LeaseConfig"):
         StreamLeaseManager(config={"max_per_user": 2})  # type: ignore[arg-type]

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from redis_servers import wait_until
-from servers import Uvicorn
 from websockets.sync.client import connect
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+from redis_servers import wait_until
+from servers import Uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_CONFIG = LeaseConfig(max_per_user=2, max_global=500, lease_seconds=30.0)

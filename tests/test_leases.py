@@ -7,9 +7,10 @@ import gc
 import sys
 
 import pytest
-from helpers import count_is
 
 from fastapi_stream_lease import StreamLeaseRejected
+
+from helpers import count_is
 
 
 async def test_per_user_and_global_caps_hold(make_manager):
@@ -19,7 +20,8 @@ async def test_per_user_and_global_caps_hold(make_manager):
     a2 = await manager.acquire("alice")
     with pytest.raises(StreamLeaseRejected) as refused:
         await manager.acquire("alice")
-    assert (refused.value.limit, refused.value.capacity, refused.value.current) == ("per_user", 2, 2)
+    rejection = refused.value
+    assert (rejection.limit, rejection.capacity, rejection.current) == ("per_user", 2, 2)
     assert refused.value.status_code == 429
     assert 1 <= refused.value.retry_after <= 5
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 import redis.asyncio as redis_asyncio
-from helpers import count_is, eventually
 
 from fastapi_stream_lease import (
     BackendError,
@@ -16,6 +15,8 @@ from fastapi_stream_lease import (
     StreamLeaseManager,
     StreamLeaseRejected,
 )
+
+from helpers import count_is, eventually
 
 
 async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, redis_client,
@@ -179,4 +180,5 @@ async def test_many_leases_renew_in_batches(redis_server, key_prefix):
     assert await manager.get_active_count() == 2500
     assert not any(lease.lost for lease in leases)
     await manager.aclose()
-    assert await StreamLeaseManager(url=redis_server.url, config=manager.config).get_active_count() == 0
+    observer = StreamLeaseManager(url=redis_server.url, config=manager.config)
+    assert await observer.get_active_count() == 0
