@@ -10,6 +10,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
+scripts/ensure-redis.sh
 for tool in python3 redis-server redis-cli redis-benchmark cargo; do
     if ! command -v "$tool" >/dev/null; then
         echo "run.sh: $tool is not on PATH" >&2

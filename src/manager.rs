@@ -304,7 +304,7 @@ fn open_backend(url: &str, config: &LeaseConfig) -> PyResult<Backend> {
     match scheme {
         Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
         Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster") => RedisBackend::new(url, config.redis_timeout())
-            .map(Backend::Redis)
+            .map(|redis| Backend::Redis(Box::new(redis)))
             .map_err(|e| PyValueError::new_err(e.to_string())),
         _ => Err(PyValueError::new_err(format!(
             "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port, unix:///path/to/socket or redis+cluster://host:port,host:port",

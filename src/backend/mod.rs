@@ -25,7 +25,7 @@ pub enum AcquireOutcome {
 
 pub enum Backend {
     Memory(MemoryBackend),
-    Redis(RedisBackend),
+    Redis(Box<RedisBackend>),
 }
 
 impl Backend {

@@ -21,7 +21,7 @@ use crate::scripts;
 
 enum Endpoint {
     Standalone(redis::Client),
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 /// A cheap, clonable, multiplexed handle to either kind of deployment.
@@ -96,7 +96,7 @@ impl RedisBackend {
                 .retries(1)
                 .build()
                 .map_err(bad_url)?;
-            Endpoint::Cluster(client)
+            Endpoint::Cluster(Box::new(client))
         } else {
             Endpoint::Standalone(redis::Client::open(url).map_err(bad_url)?)
         };
