@@ -31,6 +31,8 @@ pub enum CoreError {
     InvalidInput(String),
     /// `aclose()` was called on the manager.
     Closed,
+    /// The API was used in a way that cannot work (a manager used across a fork).
+    Misuse(String),
     /// A bug: a Rust panic caught at the bridge so the Python future still settles.
     Panic(String),
 }
@@ -46,7 +48,10 @@ impl fmt::Display for CoreError {
                 r.capacity,
                 retry_after_seconds(r.retry_after_ms)
             ),
-            CoreError::Unavailable(m) | CoreError::Backend(m) | CoreError::InvalidInput(m) => {
+            CoreError::Unavailable(m)
+            | CoreError::Backend(m)
+            | CoreError::InvalidInput(m)
+            | CoreError::Misuse(m) => {
                 f.write_str(m)
             }
             CoreError::Closed => f.write_str(
@@ -117,6 +122,7 @@ impl CoreError {
             CoreError::Backend(m) => class("BackendError").and_then(|c| c.call1((m,))),
             CoreError::InvalidInput(m) => return PyValueError::new_err(m.clone()),
             CoreError::Closed => class("ManagerClosed").and_then(|c| c.call1((self.to_string(),))),
+            CoreError::Misuse(m) => return PyRuntimeError::new_err(m.clone()),
             CoreError::Panic(_) => return PyRuntimeError::new_err(self.to_string()),
         };
         match made {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::FutureExt;
@@ -43,6 +43,9 @@ pub struct ManagerShared {
     releases: TaskTracker,
     stop: CancellationToken,
     renewal: Mutex<Option<JoinHandle<()>>>,
+    /// The process that first used this manager (0 = unused). Its connection and renewal loop
+    /// live in that process's runtime; a forked child must build its own manager.
+    used_in_pid: AtomicU32,
     closed: AtomicBool,
     lost: AtomicU64,
     renew_failures: AtomicU64,
@@ -55,6 +58,22 @@ impl Drop for ManagerShared {
 }
 
 impl ManagerShared {
+    /// Starts the renewal loop on first use, and refuses use in a process forked after it.
+    fn start_here(self: &Arc<Self>) -> CoreResult<()> {
+        let pid = std::process::id();
+        match self.used_in_pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                *lock(&self.renewal) = Some(renewal::start(self));
+                Ok(())
+            }
+            Err(owner) if owner == pid => Ok(()),
+            Err(owner) => Err(CoreError::Misuse(format!(
+                "this StreamLeaseManager was used in process {owner} before it forked into process {pid}; \
+                 build the manager in each worker (for example in the app's lifespan), or do not use it before forking"
+            ))),
+        }
+    }
+
     pub fn stop_signal(&self) -> CancellationToken {
         self.stop.clone()
     }
@@ -164,11 +183,11 @@ impl Manager {
             releases: TaskTracker::new(),
             stop: CancellationToken::new(),
             renewal: Mutex::new(None),
+            used_in_pid: AtomicU32::new(0),
             closed: AtomicBool::new(false),
             lost: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
         });
-        *lock(&shared.renewal) = Some(renewal::start(&shared));
         Ok(Manager { shared })
     }
 
@@ -195,6 +214,7 @@ impl Manager {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(CoreError::Closed.into_pyerr(py));
         }
+        self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
         let pools = self.shared.keys.pools_for(&identity);
         if let Some(pool) = pools
             .iter()
@@ -245,6 +265,7 @@ impl Manager {
             Some(user_id) => self.shared.keys.user_pool(&identity_arg(user_id)?),
             None => self.shared.keys.global_pool(),
         };
+        self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
         let shared = Arc::clone(&self.shared);
         let op = async move {
             let count = shared.backend.count(&pool.key).await?;
@@ -260,6 +281,11 @@ impl Manager {
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let shared = Arc::clone(&self.shared);
         shared.closed.store(true, Ordering::Release);
+        let owner = shared.used_in_pid.load(Ordering::Acquire);
+        if owner != 0 && owner != std::process::id() {
+            // A forked copy: the leases it lists belong to the parent, which still renews them.
+            return bridge::ready(py, Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
+        }
         shared.stop.cancel();
         let renewal = lock(&shared.renewal).take();
         let held: Vec<Arc<LeaseRecord>> = lock(&shared.held)

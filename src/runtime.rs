@@ -1,20 +1,35 @@
-//! The one tokio runtime of the process. Its threads never attach to the Python interpreter,
-//! so nothing they do can race the interpreter's shutdown.
+//! The tokio runtime of the process. Its threads never attach to the Python interpreter, so
+//! nothing they do can race the interpreter's shutdown.
+//!
+//! A forked child (gunicorn `--preload`, multiprocessing) inherits the parent's runtime without
+//! its threads, so each process id gets a runtime of its own; the parent's is left untouched.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
+fn build() -> Runtime {
+    Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("stream-lease")
+        .enable_all()
+        .build()
+        .expect("fastapi_stream_lease could not start its tokio runtime")
+}
+
 pub fn handle() -> &'static Handle {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("stream-lease")
-                .enable_all()
-                .build()
-                .expect("fastapi_stream_lease could not start its tokio runtime")
-        })
+    static FIRST: OnceLock<(u32, Runtime)> = OnceLock::new();
+    static FORKED: Mutex<Option<HashMap<u32, &'static Runtime>>> = Mutex::new(None);
+    let pid = std::process::id();
+    let (first_pid, first) = FIRST.get_or_init(|| (pid, build()));
+    if *first_pid == pid {
+        return first.handle();
+    }
+    let mut forked = FORKED.lock().unwrap_or_else(PoisonError::into_inner);
+    forked
+        .get_or_insert_with(HashMap::new)
+        .entry(pid)
+        .or_insert_with(|| Box::leak(Box::new(build())))
         .handle()
 }
