@@ -182,3 +182,24 @@ async def test_many_leases_renew_in_batches(redis_server, key_prefix):
     await manager.aclose()
     observer = StreamLeaseManager(url=redis_server.url, config=manager.config)
     assert await observer.get_active_count() == 0
+
+
+async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
+    from redis_servers import RedisServer
+
+    socket_path = tmp_path / "redis.sock"
+    server = RedisServer(
+        "--unixsocket", str(socket_path), "--requirepass", "p@ss:word"
+    ).start()
+    try:
+        client = redis_asyncio.Redis(unix_socket_path=str(socket_path), password="p@ss:word", db=2)
+        manager = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
+        assert manager.backend.startswith("unix://")
+        assert "word" not in manager.backend
+        lease = await manager.acquire("alice")
+        assert await client.zcard(f"{{{key_prefix}}}:global") == 1  # same server, same db
+        await lease.release()
+        await manager.aclose()
+        await client.aclose()
+    finally:
+        server.cleanup()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from . import _core
 from ._core import Lease, LeaseConfig
@@ -145,7 +145,8 @@ def url_from_redis_client(client: Any) -> str:
     kwargs = pool.connection_kwargs
     db = kwargs.get("db", 0) or 0
     if kwargs.get("path"):
-        return f"unix://{_userinfo(kwargs)}{kwargs['path']}?db={db}"
+        query = {"db": db, "user": kwargs.get("username"), "pass": kwargs.get("password")}
+        return f"unix://{kwargs['path']}?" + urlencode({k: v for k, v in query.items() if v})
     scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
     host = kwargs.get("host", "localhost")
     if ":" in host:

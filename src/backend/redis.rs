@@ -255,19 +255,38 @@ fn bad_reply(reply: &[u64]) -> CoreError {
     ))
 }
 
-/// `scheme://user:password@host` -> `scheme://user:***@host`.
+/// Hides passwords: `scheme://user:password@host` -> `scheme://user:***@host`, and the `pass=`
+/// query parameter of socket URLs.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
+            format!("{user}:***@{host}")
         }
-        None => url.to_owned(),
-    }
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| {
+                    if pair.starts_with("pass=") {
+                        "pass=***".to_owned()
+                    } else {
+                        pair.to_owned()
+                    }
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 #[cfg(test)]
@@ -279,5 +298,13 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:1/0"), "redis://:***@h:1/0");
         assert_eq!(redact("redis://u:pw@h:1"), "redis://u:***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("unix:///tmp/r.sock?db=2&pass=pw"),
+            "unix:///tmp/r.sock?db=2&pass=***"
+        );
+        assert_eq!(
+            redact("redis+cluster://:pw@a:1,b:2"),
+            "redis+cluster://:***@a:1,b:2"
+        );
     }
 }
