@@ -98,12 +98,12 @@ fn settle(future: &Bound<'_, PyAny>, completion: Completion) {
     if done {
         return;
     }
-    let outcome = match completion {
-        Ok(deliver) => deliver(py).and_then(|value| future.call_method1(intern!(py, "set_result"), (value,))),
-        Err(error) => {
-            let exc = error.into_pyerr(py).into_value(py);
-            future.call_method1(intern!(py, "set_exception"), (exc,))
-        }
+    let outcome = match completion
+        .map_err(|error| error.into_pyerr(py))
+        .and_then(|deliver| deliver(py))
+    {
+        Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),
+        Err(error) => future.call_method1(intern!(py, "set_exception"), (error.into_value(py),)),
     };
     if let Err(err) = outcome {
         err.write_unraisable(py, Some(future));
@@ -176,25 +176,30 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
         (fd, bridge.bind(py).getattr(intern!(py, "_drain"))?),
     )?;
 
-    let existing: Vec<_> = lock(&BRIDGES)
-        .iter()
-        .map(|(r, b)| (r.clone_ref(py), b.clone_ref(py)))
-        .collect();
-    let mut kept = Vec::with_capacity(existing.len() + 1);
-    for (loop_ref, old) in existing {
-        let alive = match loop_ref.bind(py).upgrade() {
-            Some(l) => !l.call_method0(intern!(py, "is_closed"))?.is_truthy()?,
-            None => false,
+    // Prune bridges of dead or closed loops. `is_closed()` runs Python code (other threads may
+    // register their loops meanwhile), so decide outside the lock and remove only those.
+    let known: Vec<Py<PyWeakrefReference>> = lock(&BRIDGES).iter().map(|(r, _)| r.clone_ref(py)).collect();
+    let mut finished = Vec::new();
+    for loop_ref in known {
+        let done = match loop_ref.bind(py).upgrade() {
+            Some(l) => l.call_method0(intern!(py, "is_closed"))?.is_truthy()?,
+            None => true,
         };
-        if alive {
-            kept.push((loop_ref, old));
+        if done {
+            finished.push(loop_ref);
         }
     }
-    kept.push((
-        PyWeakrefReference::new(event_loop)?.unbind(),
-        bridge.clone_ref(py),
-    ));
-    *lock(&BRIDGES) = kept;
+    let loop_ref = PyWeakrefReference::new(event_loop)?.unbind();
+    let removed: Vec<_> = {
+        let mut bridges = lock(&BRIDGES);
+        let (gone, kept) = std::mem::take(&mut *bridges)
+            .into_iter()
+            .partition(|(r, _)| finished.iter().any(|f| f.is(r)));
+        *bridges = kept;
+        bridges.push((loop_ref, bridge.clone_ref(py)));
+        gone
+    };
+    drop(removed); // outside the lock: dropping a bridge may run Python code
     Ok(bridge)
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::bridge;
 use crate::manager::ManagerShared;
 
 const HELD: u8 = 0;
@@ -131,9 +130,4 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.manager.release_in_background(&self.record);
     }
-}
-
-/// Builds the Python `Lease` on the loop thread.
-pub fn deliver(lease: Lease) -> bridge::Delivery {
-    Box::new(move |py| Ok(Py::new(py, lease)?.into_any()))
 }

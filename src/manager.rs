@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use futures_util::future::join_all;
 use futures_util::FutureExt;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -13,15 +14,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{AcquireOutcome, Backend, MemoryBackend, RedisBackend};
-use crate::bridge::{self, Completion};
+use crate::backend::{self, AcquireOutcome, Backend, MemoryBackend, RedisBackend};
+use crate::bridge::{self, Completion, Delivery};
 use crate::config::LeaseConfig;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace};
-use crate::lease::{self, Lease, LeaseRecord};
+use crate::lease::{Lease, LeaseRecord};
 use crate::{renewal, runtime};
 
-const MAX_WEIGHT: u32 = 10_000;
+/// A lease of weight w is w members per pool: keep scripts short.
+const MAX_WEIGHT: u32 = 100;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -137,29 +139,51 @@ impl ManagerShared {
         )
     }
 
-    /// One renewal round: every held lease in batched script calls; the gone ones become lost.
+    /// One renewal round: every held lease, in batched script calls sent together; the ones
+    /// found gone become lost. A failed batch leaves its leases to the next round.
     pub async fn renew_held(&self) {
         let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
-        if held.is_empty() {
-            return;
-        }
-        match self.backend.renew(&held, self.config.lease_ms()).await {
-            Ok(lost_positions) => {
-                let mut table = lock(&self.held);
-                for position in lost_positions {
-                    let Some(record) = position.checked_sub(1).and_then(|i| held.get(i)) else {
-                        continue;
-                    };
-                    if record.mark_lost() {
-                        table.remove(&record.id);
-                        self.lost.fetch_add(1, Ordering::Relaxed);
-                    }
+        let ttl_ms = self.config.lease_ms();
+        let batches = backend::batches(&held);
+        let outcomes = join_all(batches.iter().map(|batch| self.backend.renew(batch, ttl_ms))).await;
+        for (batch, outcome) in batches.iter().zip(outcomes) {
+            let Ok(lost_positions) = outcome else {
+                self.renew_failures.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let mut table = lock(&self.held);
+            for record in lost_positions.iter().filter_map(|p| batch.get(p.wrapping_sub(1))) {
+                if record.mark_lost() {
+                    table.remove(&record.id);
+                    self.lost.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Err(_) => {
-                self.renew_failures.fetch_add(1, Ordering::Relaxed);
-            }
         }
+    }
+
+    /// Releases many leases, in batched script calls sent together.
+    async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
+        let batches = backend::batches(leases);
+        let outcomes = join_all(batches.iter().map(|batch| self.backend.release(batch))).await;
+        outcomes.into_iter().sum()
+    }
+
+    /// Hands a granted lease to Python, on the loop thread: only then is it held and renewed,
+    /// so a result nobody receives (loop gone, future cancelled) is released, not kept alive.
+    fn deliver_granted(self: Arc<Self>, record: Arc<LeaseRecord>) -> Delivery {
+        let lease = Lease::new(Arc::clone(&record), Arc::clone(&self));
+        Box::new(move |py| {
+            {
+                let mut held = lock(&self.held);
+                // Checked under the lock that aclose() drains, so no lease slips past a close.
+                if !self.closed.load(Ordering::Acquire) {
+                    held.insert(record.id.clone(), Arc::clone(&record));
+                    return Ok(Py::new(py, lease)?.into_any());
+                }
+            }
+            drop(lease);
+            Err(CoreError::Closed.into_pyerr(py))
+        })
     }
 }
 
@@ -236,10 +260,7 @@ impl Manager {
                 .acquire(&record, &pools, shared.config.lease_ms())
                 .await
             {
-                Ok(AcquireOutcome::Granted(_)) => {
-                    lock(&shared.held).insert(record.id.clone(), Arc::clone(&record));
-                    Ok(lease::deliver(Lease::new(record, shared)))
-                }
+                Ok(AcquireOutcome::Granted(_)) => Ok(shared.deliver_granted(record)),
                 Ok(AcquireOutcome::Rejected(mut rejection)) => {
                     record.mark_released();
                     rejection.retry_after_ms = rejection.retry_after_ms.min(shared.config.retry_after_ms());
@@ -297,11 +318,7 @@ impl Manager {
             if let Some(renewal) = renewal {
                 let _ = renewal.await;
             }
-            let released = if held.is_empty() {
-                Ok(0)
-            } else {
-                shared.backend.release(&held).await
-            };
+            let released = shared.release_all(&held).await;
             shared.releases.close();
             let _ = tokio::time::timeout(shared.config.redis_timeout(), shared.releases.wait()).await;
             released?;
@@ -329,11 +346,15 @@ fn open_backend(url: &str, config: &LeaseConfig) -> PyResult<Backend> {
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
         Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
-        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster") => RedisBackend::new(url, config.redis_timeout())
+        Some("rediss" | "rediss+cluster") => Err(PyValueError::new_err(
+            "TLS (rediss://) is not built into this version yet: reach Redis over a private network, \
+             or through a local TLS-terminating proxy (stunnel, a sidecar) with redis://",
+        )),
+        Some("redis" | "unix" | "redis+unix" | "redis+cluster") => RedisBackend::new(url, config.redis_timeout())
             .map(|redis| Backend::Redis(Box::new(redis)))
             .map_err(|e| PyValueError::new_err(e.to_string())),
         _ => Err(PyValueError::new_err(format!(
-            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port, unix:///path/to/socket or redis+cluster://host:port,host:port",
+            "unsupported URL {:?}: use memory://, redis://host:port/db, unix:///path/to/socket or redis+cluster://host:port,host:port",
             crate::backend::redis::redact(url)
         ))),
     }

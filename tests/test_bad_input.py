@@ -120,3 +120,23 @@ async def test_an_unreachable_redis_fails_fast_with_a_clear_error():
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     await manager.aclose()
+
+
+def test_clients_that_cannot_be_followed_are_refused_clearly():
+    import redis.asyncio as redis_asyncio
+    from redis.asyncio.sentinel import Sentinel
+
+    with pytest.raises(TypeError, match="TLS clients are not supported yet"):
+        StreamLeaseManager(redis=redis_asyncio.Redis(host="localhost", ssl=True))
+    sentinel = Sentinel([("127.0.0.1", 26379)])
+    with pytest.raises(TypeError, match="Sentinel-managed clients"):
+        StreamLeaseManager(redis=sentinel.master_for("mymaster"))
+    with pytest.raises(ValueError, match=r"TLS \(rediss://\) is not built into this version"):
+        StreamLeaseManager(url="rediss://localhost:6380/0")
+
+
+def test_ipv6_clients_keep_their_brackets():
+    import redis.asyncio as redis_asyncio
+
+    manager = StreamLeaseManager(redis=redis_asyncio.Redis(host="::1", port=7001, db=3))
+    assert manager.backend == "redis://[::1]:7001/3"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseRejected
+from fastapi_stream_lease import Lease, ManagerClosed, StreamLeaseRejected
 
 from helpers import count_is
 
@@ -220,3 +220,18 @@ async def test_aclose_releases_everything_this_process_holds(make_manager):
     if manager.backend != "memory://":
         assert await observer.get_active_count() == 0
     assert manager.stats() == {"held": 0, "lost": 0, "renew_failures": 0, "closed": True}
+
+
+async def test_an_acquire_in_flight_when_the_manager_closes_takes_nothing(make_manager):
+    manager = make_manager(max_per_user=0, max_global=0)
+    observer = make_manager(max_per_user=0, max_global=0)
+    in_flight = [asyncio.ensure_future(manager.acquire(f"user{i}")) for i in range(50)]
+    await asyncio.sleep(0)
+    await manager.aclose()
+    outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
+    assert all(isinstance(o, (ManagerClosed, Lease)) for o in outcomes)
+    for lease in (o for o in outcomes if isinstance(o, Lease)):
+        assert lease.released
+    assert manager.stats()["held"] == 0
+    if manager.backend != "memory://":
+        await count_is(observer, 0)

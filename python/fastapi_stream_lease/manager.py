@@ -129,12 +129,16 @@ class LeaseScope:
 
 
 def url_from_redis_client(client: Any) -> str:
-    """The URL of the server a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``) talks to."""
+    """The URL of the server a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``) talks to.
+
+    Raises ``TypeError`` for clients whose connection cannot be carried over faithfully.
+    """
     nodes_manager = getattr(client, "nodes_manager", None)
     if nodes_manager is not None:
         kwargs = client.get_connection_kwargs()
+        _check_translatable(kwargs, kwargs.get("connection_class"))
         nodes = list(nodes_manager.startup_nodes.values()) or client.get_nodes()
-        hosts = ",".join(f"{node.host}:{node.port}" for node in nodes)
+        hosts = ",".join(f"{_host(node.host)}:{node.port}" for node in nodes)
         return f"redis+cluster://{_userinfo(kwargs)}{hosts}"
     pool = getattr(client, "connection_pool", None)
     if pool is None:
@@ -142,16 +146,36 @@ def url_from_redis_client(client: Any) -> str:
             f"redis= must be a redis.asyncio.Redis or RedisCluster client, got "
             f"{type(client).__name__}; or pass url='redis://host:port/db'"
         )
+    if "Sentinel" in type(pool).__name__:
+        raise TypeError(
+            "Sentinel-managed clients are not supported yet: pass url='redis://...' of the master"
+        )
     kwargs = pool.connection_kwargs
+    _check_translatable(kwargs, pool.connection_class)
     db = kwargs.get("db", 0) or 0
     if kwargs.get("path"):
         query = {"db": db, "user": kwargs.get("username"), "pass": kwargs.get("password")}
-        return f"unix://{kwargs['path']}?" + urlencode({k: v for k, v in query.items() if v})
-    scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
-    host = kwargs.get("host", "localhost")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{_userinfo(kwargs)}{host}:{kwargs.get('port', 6379)}/{db}"
+        path = quote(kwargs["path"], safe="/")
+        return f"unix://{path}?" + urlencode({k: v for k, v in query.items() if v})
+    host = _host(kwargs.get("host", "localhost"))
+    return f"redis://{_userinfo(kwargs)}{host}:{kwargs.get('port', 6379)}/{db}"
+
+
+def _check_translatable(kwargs: dict[str, Any], connection_class: Any) -> None:
+    if connection_class is not None and "SSL" in connection_class.__name__:
+        raise TypeError(
+            "TLS clients are not supported yet: reach Redis over a private network or a local "
+            "TLS-terminating proxy, and pass that client or url='redis://...'"
+        )
+    if kwargs.get("credential_provider") is not None:
+        raise TypeError(
+            "clients with a credential_provider are not supported: pass "
+            "url='redis://user:password@host:port/db'"
+        )
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _userinfo(kwargs: dict[str, Any]) -> str:

@@ -84,32 +84,32 @@ impl MemoryBackend {
         let now = self.now_ms();
         let weight = u64::from(lease.weight);
         let mut store = self.pools();
+        // Check every pool before creating any, so refusals leave nothing behind.
         let mut used = Vec::with_capacity(pools.len());
         for pool in pools {
-            let entry = store.entry(pool.key.clone()).or_default();
+            let Some(entry) = store.get_mut(&pool.key) else {
+                used.push(0);
+                continue;
+            };
             entry.purge(now);
             if pool.capacity > 0 && entry.used + weight > pool.capacity {
                 let retry_after_ms = entry
                     .by_expiry
                     .first()
                     .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
-                let rejection = Rejection {
+                return AcquireOutcome::Rejected(Rejection {
                     limit: pool.name,
                     capacity: pool.capacity,
                     current: entry.used,
                     retry_after_ms,
-                };
-                if entry.leases.is_empty() {
-                    store.remove(&pool.key);
-                }
-                return AcquireOutcome::Rejected(rejection);
+                });
             }
             used.push(entry.used);
         }
         for (pool, used) in pools.iter().zip(used.iter_mut()) {
             store
-                .get_mut(&pool.key)
-                .expect("checked above")
+                .entry(pool.key.clone())
+                .or_default()
                 .insert(&lease.id, now + ttl_ms, weight);
             *used += weight;
         }
@@ -133,6 +133,9 @@ impl MemoryBackend {
                         pool.insert(&lease.id, now + ttl_ms, u64::from(lease.weight));
                     } else {
                         pool.remove(&lease.id);
+                        if pool.leases.is_empty() {
+                            store.remove(key);
+                        }
                     }
                 }
             }
@@ -217,6 +220,24 @@ mod tests {
         assert_eq!((r.limit, r.capacity, r.current), ("per_user", 2, 2));
         // The refused acquire took nothing from the global pool.
         assert_eq!(store.count("g"), 2);
+        // A refusal by a full global pool creates no per-user pool.
+        let other = vec![
+            Pool {
+                name: "per_user",
+                key: "u2".into(),
+                capacity: 2,
+            },
+            Pool {
+                name: "global",
+                key: "g".into(),
+                capacity: 2,
+            },
+        ];
+        assert!(matches!(
+            store.acquire(&lease(1), &other, 10_000),
+            AcquireOutcome::Rejected(_)
+        ));
+        assert!(!store.pools().contains_key("u2"));
     }
 
     #[test]

@@ -13,8 +13,27 @@ use crate::lease::LeaseRecord;
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
 
-/// Leases per renew or release script call: bounds how long one script blocks Redis.
-pub const BATCH_SIZE: usize = 1000;
+/// Members (a lease of weight w is w members per pool) per renew or release script call:
+/// bounds how long one script blocks Redis.
+const BATCH_UNITS: u64 = 1000;
+
+/// Splits leases into script-call batches of at most `BATCH_UNITS` members (at least one lease).
+pub fn batches(leases: &[Arc<LeaseRecord>]) -> Vec<&[Arc<LeaseRecord>]> {
+    let mut batches = Vec::new();
+    let (mut start, mut units) = (0, 0);
+    for (i, lease) in leases.iter().enumerate() {
+        let weight = u64::from(lease.weight);
+        if i > start && units + weight > BATCH_UNITS {
+            batches.push(&leases[start..i]);
+            (start, units) = (i, 0);
+        }
+        units += weight;
+    }
+    if start < leases.len() {
+        batches.push(&leases[start..]);
+    }
+    batches
+}
 
 #[derive(Debug, PartialEq)]
 pub enum AcquireOutcome {
@@ -54,7 +73,8 @@ impl Backend {
         }
     }
 
-    /// Extends every lease to now + `ttl_ms`; returns the positions of those found gone.
+    /// Extends every lease of one batch to now + `ttl_ms`; returns the 1-based positions of
+    /// those found gone.
     pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Vec<usize>> {
         match self {
             Backend::Memory(m) => Ok(m.renew(leases, ttl_ms)),
@@ -62,7 +82,7 @@ impl Backend {
         }
     }
 
-    /// Removes the leases (idempotent); returns how many were still there.
+    /// Removes the leases of one batch (idempotent); returns how many were still there.
     pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
         match self {
             Backend::Memory(m) => Ok(m.release(leases)),
@@ -76,5 +96,22 @@ impl Backend {
             Backend::Memory(m) => Ok(m.count(pool_key)),
             Backend::Redis(r) => r.count(pool_key).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_bound_the_members_per_call() {
+        let lease = |weight| Arc::new(LeaseRecord::new(vec!["k".into()], weight));
+        let leases: Vec<_> = (0..2500).map(|_| lease(1)).collect();
+        let sizes: Vec<usize> = batches(&leases).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![1000, 1000, 500]);
+        let heavy: Vec<_> = (0..25).map(|_| lease(100)).collect();
+        let heavy_sizes: Vec<usize> = batches(&heavy).iter().map(|b| b.len()).collect();
+        assert_eq!(heavy_sizes, vec![10, 10, 5]);
+        assert!(batches(&[]).is_empty());
     }
 }

@@ -3,7 +3,6 @@
 //! every call, the connect included, is bounded by `redis_timeout`.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
-use super::{AcquireOutcome, BATCH_SIZE};
+use super::AcquireOutcome;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::Pool;
 use crate::lease::LeaseRecord;
@@ -112,42 +111,42 @@ impl RedisBackend {
         &self.target
     }
 
+    /// The shared connection, opened on first use (retried on the next call if that failed).
     async fn connection(&self) -> CoreResult<Connection> {
-        let connect = async {
-            match &self.endpoint {
-                Endpoint::Standalone(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(1)
-                        .set_max_delay(Duration::from_millis(500));
-                    ConnectionManager::new_with_config(client.clone(), config)
-                        .await
-                        .map(Connection::Standalone)
-                }
-                Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
-            }
-        };
         self.connection
             .get_or_try_init(|| async {
-                tokio::time::timeout(self.timeout, connect)
-                    .await
-                    .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
-                    .map_err(|e| CoreError::from_redis(&e, &self.target))
+                let opened = match &self.endpoint {
+                    Endpoint::Standalone(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(self.timeout))
+                            .set_response_timeout(Some(self.timeout))
+                            .set_number_of_retries(1)
+                            .set_max_delay(Duration::from_millis(500));
+                        ConnectionManager::new_with_config(client.clone(), config)
+                            .await
+                            .map(Connection::Standalone)
+                    }
+                    Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+                };
+                opened.map_err(|e| CoreError::from_redis(&e, &self.target))
             })
             .await
             .cloned()
     }
 
-    /// Runs one script call under the timeout (EVALSHA, SCRIPT LOAD on NOSCRIPT).
+    /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
+    /// whole of it is bounded by `redis_timeout`.
     async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
-        let mut connection = self.connection().await?;
-        bounded(
-            self.timeout,
-            &self.target,
-            invocation.invoke_async(&mut connection),
-        )
-        .await
+        let call = async {
+            let mut connection = self.connection().await?;
+            invocation
+                .invoke_async(&mut connection)
+                .await
+                .map_err(|e| CoreError::from_redis(&e, &self.target))
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
     }
 
     pub async fn acquire(
@@ -182,24 +181,14 @@ impl RedisBackend {
         }
     }
 
+    // Every key of a manager shares one hash tag, so a batch never spans cluster slots.
     pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Vec<usize>> {
-        let mut lost = Vec::new();
-        // Every key of a manager shares one hash tag, so a batch never spans cluster slots.
-        for (chunk_index, chunk) in leases.chunks(BATCH_SIZE).enumerate() {
-            let invocation = batch_invocation(&scripts::RENEW, chunk, Some(ttl_ms));
-            let positions: Vec<usize> = self.run(&invocation).await?;
-            lost.extend(positions.into_iter().map(|p| p + chunk_index * BATCH_SIZE));
-        }
-        Ok(lost)
+        self.run(&batch_invocation(&scripts::RENEW, leases, Some(ttl_ms)))
+            .await
     }
 
     pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
-        let mut released = 0;
-        for chunk in leases.chunks(BATCH_SIZE) {
-            let invocation = batch_invocation(&scripts::RELEASE, chunk, None);
-            released += self.run::<u64>(&invocation).await?;
-        }
-        Ok(released)
+        self.run(&batch_invocation(&scripts::RELEASE, leases, None)).await
     }
 
     pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
@@ -207,17 +196,6 @@ impl RedisBackend {
         invocation.key(pool_key);
         self.run(&invocation).await
     }
-}
-
-async fn bounded<T>(
-    timeout: Duration,
-    target: &str,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> CoreResult<T> {
-    tokio::time::timeout(timeout, call)
-        .await
-        .map_err(|_| CoreError::timeout(target, timeout))?
-        .map_err(|e| CoreError::from_redis(&e, target))
 }
 
 /// KEYS: each distinct pool once; ARGV: `lead` (if any), then per lease id, weight, k, k key indexes.
