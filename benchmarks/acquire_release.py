@@ -46,12 +46,13 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
-import fastapi_stream_lease
 import hiredis
 import redis
 import redis.asyncio as aioredis
-from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
 from redis.asyncio.connection import DefaultParser
+
+import fastapi_stream_lease
+from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
 
 REPO = Path(__file__).resolve().parent.parent
 LUA_DIR = REPO / "src" / "lua"
