@@ -30,6 +30,10 @@ pub struct LeaseConfig {
     /// Upper bound of the `Retry-After` given with a rejection (sooner if a lease expires sooner).
     #[pyo3(get)]
     pub retry_after: f64,
+    /// What a lost lease does to its stream: `"cancel"` ends it with `LeaseLost`, `"continue"`
+    /// only records it (`lease.lost`).
+    #[pyo3(get)]
+    pub on_lost: String,
     /// Keys the identity hash (HMAC-SHA256); never readable back from Python.
     pub identity_secret: Vec<u8>,
 }
@@ -46,6 +50,7 @@ impl LeaseConfig {
         renew_every = None,
         redis_timeout = None,
         retry_after = None,
+        on_lost = None,
         identity_secret = None,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -57,6 +62,7 @@ impl LeaseConfig {
         renew_every: Option<&Bound<'_, PyAny>>,
         redis_timeout: Option<&Bound<'_, PyAny>>,
         retry_after: Option<&Bound<'_, PyAny>>,
+        on_lost: Option<&Bound<'_, PyAny>>,
         identity_secret: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let lease_seconds = seconds_field("lease_seconds", lease_seconds, 30.0)?;
@@ -92,13 +98,14 @@ impl LeaseConfig {
             renew_every,
             redis_timeout,
             retry_after,
+            on_lost: choice_field("on_lost", on_lost, &["cancel", "continue"])?,
             identity_secret: secret_field(identity_secret)?,
         })
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, identity_secret={})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, identity_secret={})",
             self.lease_seconds,
             self.max_per_user,
             self.max_global,
@@ -106,6 +113,7 @@ impl LeaseConfig {
             self.renew_every,
             self.redis_timeout,
             self.retry_after,
+            self.on_lost,
             if self.identity_secret.is_empty() { "None" } else { "'***'" },
         )
     }
@@ -126,6 +134,10 @@ impl LeaseConfig {
 
     pub fn retry_after_ms(&self) -> u64 {
         (self.retry_after * 1000.0).round() as u64
+    }
+
+    pub fn cancel_on_lost(&self) -> bool {
+        self.on_lost == "cancel"
     }
 
     pub fn lease_ms(&self) -> u64 {
@@ -212,6 +224,20 @@ fn prefix_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
         )));
     }
     Ok(prefix)
+}
+
+/// One of `choices`; the first is the default.
+fn choice_field(name: &str, value: Option<&Bound<'_, PyAny>>, choices: &[&str]) -> PyResult<String> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(choices[0].to_owned());
+    };
+    match value.cast::<PyString>().ok().map(|s| s.to_string()) {
+        Some(choice) if choices.contains(&choice.as_str()) => Ok(choice),
+        _ => Err(PyValueError::new_err(format!(
+            "{name} must be one of {choices:?}, got {}",
+            value.repr()?
+        ))),
+    }
 }
 
 fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {

@@ -1,56 +1,112 @@
 //! A held lease: its record (shared with the renewal loop) and the Python `Lease` handle, which
 //! releases the lease when it is dropped without an explicit release.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use tokio::sync::Notify;
 
+use crate::bridge;
+use crate::keys::Pool;
 use crate::manager::ManagerShared;
 
-const HELD: u8 = 0;
+/// State bits: a lease can be lost and later released; both stay visible.
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
+
+/// Milliseconds on this process's monotonic clock (deadlines never follow wall-clock jumps).
+pub fn monotonic_ms() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// What the backends store and the renewal loop renews.
 #[derive(Debug)]
 pub struct LeaseRecord {
     pub id: String,
-    /// The keys of the pools this lease takes a slot in.
-    pub pool_keys: Vec<String>,
+    /// The pools this lease takes a slot in (keys and capacities, to take it back if lost).
+    pub pools: Vec<Pool>,
     pub weight: u32,
     state: AtomicU8,
+    /// When the store will have expired this lease unless renewed meanwhile (`monotonic_ms`),
+    /// counted from the moment the last successful acquire or renewal was sent.
+    deadline_ms: AtomicU64,
+    /// Woken when the lease becomes lost or released.
+    changed: Notify,
 }
 
 impl LeaseRecord {
-    pub fn new(pool_keys: Vec<String>, weight: u32) -> Self {
+    pub fn new(pools: Vec<Pool>, weight: u32) -> Self {
         LeaseRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
-            pool_keys,
+            pools,
             weight,
-            state: AtomicU8::new(HELD),
+            state: AtomicU8::new(0),
+            deadline_ms: AtomicU64::new(u64::MAX),
+            changed: Notify::new(),
         }
     }
 
     /// Held -> lost; false if it was released (or already lost) meanwhile.
     pub fn mark_lost(&self) -> bool {
-        self.state
-            .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        let lost = self
+            .state
+            .compare_exchange(0, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if lost {
+            self.changed.notify_waiters();
+        }
+        lost
     }
 
     /// Held or lost -> released; true only for the one call that made the change.
     pub fn mark_released(&self) -> bool {
-        self.state.swap(RELEASED, Ordering::AcqRel) != RELEASED
+        let released = self.state.fetch_or(RELEASED, Ordering::AcqRel) & RELEASED == 0;
+        if released {
+            self.changed.notify_waiters();
+        }
+        released
     }
 
     pub fn is_lost(&self) -> bool {
-        self.state.load(Ordering::Acquire) == LOST
+        self.state.load(Ordering::Acquire) & LOST != 0
     }
 
     pub fn is_released(&self) -> bool {
-        self.state.load(Ordering::Acquire) == RELEASED
+        self.state.load(Ordering::Acquire) & RELEASED != 0
+    }
+
+    /// Records that the store extended the lease to `sent_at + ttl_ms` or later.
+    pub fn extend_deadline(&self, sent_at_ms: u64, ttl_ms: u64) {
+        let deadline = sent_at_ms + ttl_ms;
+        let _ = self
+            .deadline_ms
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                (current == u64::MAX || deadline > current).then_some(deadline)
+            });
+    }
+
+    pub fn deadline_ms(&self) -> u64 {
+        self.deadline_ms.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the lease is lost; never if it is released first.
+    pub async fn lost(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            if self.is_released() {
+                std::future::pending::<()>().await;
+            }
+            changed.await;
+        }
     }
 }
 
@@ -104,6 +160,23 @@ impl Lease {
         self.manager.release_in_background(&self.record)
     }
 
+    /// Whether a lost lease ends its stream (`LeaseConfig(on_lost="cancel")`).
+    #[getter]
+    fn _cancel_on_lost(&self) -> bool {
+        self.manager.config.cancel_on_lost()
+    }
+
+    /// An awaitable that resolves when the lease is lost (never, if it is released first).
+    /// Cancelling it stops the wait.
+    fn _wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let record = Arc::clone(&self.record);
+        let wait = async move {
+            record.lost().await;
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
+        };
+        bridge::spawn(py, wait, true)
+    }
+
     /// Wraps a stream (async or sync iterable) in an async generator that releases this lease
     /// when the stream ends, raises, is cancelled or is closed (client disconnect).
     fn wrap<'py>(slf: &Bound<'py, Self>, stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -114,12 +187,11 @@ impl Lease {
     }
 
     fn __repr__(&self) -> String {
-        let state = if self.record.is_released() {
-            "released"
-        } else if self.record.is_lost() {
-            "lost"
-        } else {
-            "held"
+        let state = match (self.record.is_lost(), self.record.is_released()) {
+            (true, true) => "lost, released",
+            (true, false) => "lost",
+            (false, true) => "released",
+            (false, false) => "held",
         };
         format!("<Lease {} weight={} {state}>", self.record.id, self.record.weight)
     }

@@ -19,7 +19,7 @@ use crate::bridge::{self, Completion, Delivery};
 use crate::config::LeaseConfig;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace};
-use crate::lease::{Lease, LeaseRecord};
+use crate::lease::{monotonic_ms, Lease, LeaseRecord};
 use crate::{renewal, runtime};
 
 /// A lease of weight w is w members per pool: keep scripts short.
@@ -50,6 +50,7 @@ pub struct ManagerShared {
     used_in_pid: AtomicU32,
     closed: AtomicBool,
     lost: AtomicU64,
+    reclaimed: AtomicU64,
     renew_failures: AtomicU64,
 }
 
@@ -139,25 +140,52 @@ impl ManagerShared {
         )
     }
 
-    /// One renewal round: every held lease, in batched script calls sent together; the ones
-    /// found gone become lost. A failed batch leaves its leases to the next round.
+    /// One renewal round: every held lease, in batched script calls sent together. Leases
+    /// found gone are taken back where capacity allows, else become lost. A failed batch leaves
+    /// its leases to the next round, and to their deadlines.
     pub async fn renew_held(&self) {
         let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
         let ttl_ms = self.config.lease_ms();
+        let sent_at = monotonic_ms();
         let batches = backend::batches(&held);
         let outcomes = join_all(batches.iter().map(|batch| self.backend.renew(batch, ttl_ms))).await;
         for (batch, outcome) in batches.iter().zip(outcomes) {
-            let Ok(lost_positions) = outcome else {
+            let Ok(renewed) = outcome else {
                 self.renew_failures.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let mut table = lock(&self.held);
-            for record in lost_positions.iter().filter_map(|p| batch.get(p.wrapping_sub(1))) {
-                if record.mark_lost() {
-                    table.remove(&record.id);
-                    self.lost.fetch_add(1, Ordering::Relaxed);
+            self.reclaimed.fetch_add(renewed.reclaimed, Ordering::Relaxed);
+            for (position, record) in (1..).zip(batch.iter()) {
+                if renewed.lost.contains(&position) {
+                    self.lose(record);
+                } else {
+                    record.extend_deadline(sent_at, ttl_ms);
                 }
             }
+        }
+    }
+
+    /// Marks leases whose deadline passed without a successful renewal as lost: the store has
+    /// expired them, whatever sockets and retries are still doing. Returns the next deadline.
+    pub fn expire_overdue(&self) -> Option<u64> {
+        let now = monotonic_ms();
+        let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
+        let mut next = None;
+        for record in held {
+            let deadline = record.deadline_ms();
+            if deadline <= now {
+                self.lose(&record);
+            } else {
+                next = Some(next.map_or(deadline, |n: u64| n.min(deadline)));
+            }
+        }
+        next
+    }
+
+    fn lose(&self, record: &LeaseRecord) {
+        if record.mark_lost() {
+            lock(&self.held).remove(&record.id);
+            self.lost.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -210,6 +238,7 @@ impl Manager {
             used_in_pid: AtomicU32::new(0),
             closed: AtomicBool::new(false),
             lost: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
         });
         Ok(Manager { shared })
@@ -249,18 +278,16 @@ impl Manager {
                 pool.name, pool.capacity
             )));
         }
-        let record = Arc::new(LeaseRecord::new(
-            pools.iter().map(|p| p.key.clone()).collect(),
-            weight,
-        ));
+        let record = Arc::new(LeaseRecord::new(pools, weight));
         let shared = Arc::clone(&self.shared);
         let op = async move {
-            match shared
-                .backend
-                .acquire(&record, &pools, shared.config.lease_ms())
-                .await
-            {
-                Ok(AcquireOutcome::Granted(_)) => Ok(shared.deliver_granted(record)),
+            let ttl_ms = shared.config.lease_ms();
+            let sent_at = monotonic_ms();
+            match shared.backend.acquire(&record, ttl_ms).await {
+                Ok(AcquireOutcome::Granted(_)) => {
+                    record.extend_deadline(sent_at, ttl_ms);
+                    Ok(shared.deliver_granted(record))
+                }
                 Ok(AcquireOutcome::Rejected(mut rejection)) => {
                     record.mark_released();
                     rejection.retry_after_ms = rejection.retry_after_ms.min(shared.config.retry_after_ms());
@@ -333,6 +360,7 @@ impl Manager {
         let stats = PyDict::new(py);
         stats.set_item("held", lock(&self.shared.held).len())?;
         stats.set_item("lost", self.shared.lost.load(Ordering::Relaxed))?;
+        stats.set_item("reclaimed", self.shared.reclaimed.load(Ordering::Relaxed))?;
         stats.set_item(
             "renew_failures",
             self.shared.renew_failures.load(Ordering::Relaxed),

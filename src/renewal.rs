@@ -1,11 +1,16 @@
-//! One renewal loop per manager: every `renew_every` it renews all held leases in batched
-//! script calls. It holds the manager weakly and stops on `aclose()` or when the manager is dropped.
+//! One renewal loop per manager. Every `renew_every` it renews all held leases in batched script
+//! calls; between rounds it wakes at the earliest lease deadline, so a lease whose renewal has
+//! not succeeded by the time the store expires it is reported lost at that moment, even while a
+//! renewal call is still hanging on a dead connection. It holds the manager weakly and stops on
+//! `aclose()` or when the manager is dropped.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::{interval, MissedTickBehavior};
+use tokio::time::{interval, sleep_until, Instant, MissedTickBehavior};
 
+use crate::lease::monotonic_ms;
 use crate::manager::ManagerShared;
 use crate::runtime;
 
@@ -17,16 +22,32 @@ pub fn start(shared: &Arc<ManagerShared>) -> JoinHandle<()> {
         let mut ticker = interval(period);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         ticker.tick().await;
-        loop {
+        // A round runs on its own, so a slow Redis delays neither deadlines nor shutdown.
+        let mut round: Option<JoinHandle<()>> = None;
+        // Held strongly only while working, so dropping the manager ends the loop.
+        while let Some(next_deadline) = manager.upgrade().map(|shared| shared.expire_overdue()) {
+            let next_deadline = next_deadline.map(|deadline| {
+                Instant::now() + Duration::from_millis(deadline.saturating_sub(monotonic_ms()))
+            });
+            let deadline_passes = async {
+                match next_deadline {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = stop.cancelled() => break,
+                _ = deadline_passes => {}
+                _ = ticker.tick() => {
+                    let Some(shared) = manager.upgrade() else { break };
+                    if round.as_ref().is_none_or(JoinHandle::is_finished) {
+                        round = Some(tokio::spawn(async move { shared.renew_held().await }));
+                    }
+                }
             }
-            let Some(shared) = manager.upgrade() else { return };
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = shared.renew_held() => {}
-            }
+        }
+        if let Some(round) = round {
+            round.abort();
         }
     })
 }

@@ -12,6 +12,7 @@ from fastapi_stream_lease import (
     BackendError,
     BackendUnavailable,
     LeaseConfig,
+    LeaseLost,
     StreamLeaseManager,
     StreamLeaseRejected,
 )
@@ -67,7 +68,7 @@ async def test_script_flush_does_not_break_acquire_renew_or_release(redis_server
     await manager.aclose()
 
 
-async def test_a_redis_restart_is_survived_and_lost_leases_are_reported(own_redis, key_prefix):
+async def test_a_redis_restart_is_survived_and_leases_are_taken_back(own_redis, key_prefix):
     manager = StreamLeaseManager(
         url=own_redis.url,
         config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=1),
@@ -75,17 +76,89 @@ async def test_a_redis_restart_is_survived_and_lost_leases_are_reported(own_redi
     lease = await manager.acquire("alice")
     own_redis.restart()  # same port, empty data, empty script cache
 
+    async def taken_back() -> bool:
+        return manager.stats()["reclaimed"] == 1
+
+    await eventually(taken_back, what="the renewal loop to take the lease back")
+    assert not lease.lost
+    assert await manager.get_active_count("alice") == 1
+    await lease.release()
+    await manager.aclose()
+
+
+async def test_a_lease_lost_to_a_restart_ends_its_stream(own_redis, key_prefix):
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=1)
+    manager = StreamLeaseManager(url=own_redis.url, config=config)
+    lease = await manager.acquire("alice")
+
+    async def first_token_never_comes():
+        await asyncio.Event().wait()
+        yield "never"
+
+    async def consume() -> list[str]:
+        return [token async for token in lease.wrap(first_token_never_comes())]
+
+    stream = asyncio.create_task(consume())
+    own_redis.restart()
+    # Another worker takes the freed slot before this one renews (renewal runs every second).
+    other_worker = StreamLeaseManager(url=own_redis.url, config=config)
+    thief = await other_worker.acquire("alice")
+    with pytest.raises(LeaseLost):
+        await asyncio.wait_for(stream, 10)
+    assert lease.lost and manager.stats()["lost"] == 1
+    assert await manager.get_active_count("alice") == 1, "never re-added past the capacity"
+    await lease.release()  # releasing a lost lease is harmless and frees nothing of the thief's
+    assert await other_worker.get_active_count("alice") == 1
+    await thief.release()
+    again = await manager.acquire("alice")  # the connection came back by itself
+    await again.release()
+    await manager.aclose()
+    await other_worker.aclose()
+
+
+async def test_a_lease_knows_its_deadline_when_redis_stops_answering(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, redis_timeout=0.2),
+    )
+    with pytest.raises(LeaseLost):
+        async with manager.lease("alice") as lease:
+            own_redis.pause()  # answers nothing: renewals hang until their timeout
+            try:
+                await asyncio.sleep(20)  # cancelled when the lease's deadline passes
+            finally:
+                own_redis.resume()
+    assert lease.lost
+    assert manager.stats()["lost"] == 1
+    await manager.aclose()
+
+
+async def test_on_lost_continue_only_records_the_loss(own_redis, key_prefix):
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=1,
+                         on_lost="continue")
+    manager = StreamLeaseManager(url=own_redis.url, config=config)
+    lease = await manager.acquire("alice")
+
+    async def ticks():
+        while True:
+            yield "tick"
+            await asyncio.sleep(0.05)
+
+    stream = lease.wrap(ticks())
+    assert await anext(stream) == "tick"
+    own_redis.restart()
+    other_worker = StreamLeaseManager(url=own_redis.url, config=config)
+    thief = await other_worker.acquire("alice")
+
     async def lost() -> bool:
         return lease.lost
 
-    await eventually(lost, what="the renewal loop to report the lease lost")
-    assert manager.stats()["lost"] == 1
-    assert manager.stats()["held"] == 0
-    again = await manager.acquire("alice")  # the connection came back by itself
-    assert await manager.get_active_count("alice") == 1
-    await again.release()
-    await lease.release()  # releasing a lost lease is harmless
+    await eventually(lost, what="the loss to be recorded")
+    assert await anext(stream) == "tick", "the stream goes on"
+    await stream.aclose()
+    await thief.release()
     await manager.aclose()
+    await other_worker.aclose()
 
 
 async def test_redis_down_then_back(own_redis, key_prefix):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from starlette.concurrency import iterate_in_threadpool
 
+from ._lost import LostWatch
 from .errors import StreamLeaseError
 
 if TYPE_CHECKING:
@@ -22,15 +23,25 @@ async def wrap_stream(lease: Lease, stream: AsyncIterable[T] | Iterable[T]) -> A
 
     Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
     away, so the ``finally`` below is the one place release must happen. The release starts
-    synchronously, so a cancellation arriving at the ``await`` cannot undo it.
+    synchronously, so a cancellation arriving at the ``await`` cannot undo it. Under
+    ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`, even while it
+    waits for its next item.
     """
     source: AsyncIterable[T] = (
         stream if isinstance(stream, AsyncIterable) else iterate_in_threadpool(iter(stream))
     )
+    items = aiter(source)
+    watch = LostWatch(lease)
     try:
-        async for item in source:
+        while True:
+            with watch.guarded():
+                try:
+                    item = await anext(items)
+                except StopAsyncIteration:
+                    return
             yield item
     finally:
+        watch.close()
         released = lease.release()
         try:
             await released

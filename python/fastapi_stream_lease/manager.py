@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from . import _core
 from ._core import Lease, LeaseConfig
+from ._lost import LostWatch
 from .errors import StreamLeaseError
 
 log = logging.getLogger("fastapi_stream_lease")
@@ -107,10 +109,16 @@ class LeaseScope:
         self._user_id = user_id
         self._weight = weight
         self._lease: Lease | None = None
+        self._watch: LostWatch | None = None
+        self._guard: AbstractContextManager[None] | None = None
 
     async def __aenter__(self) -> Lease:
-        self._lease = await self._manager.acquire(self._user_id, weight=self._weight)
-        return self._lease
+        lease = await self._manager.acquire(self._user_id, weight=self._weight)
+        self._lease, self._watch = lease, LostWatch(lease)
+        # Under on_lost="cancel", a lost lease cancels the block like asyncio.timeout does.
+        self._guard = self._watch.guarded()
+        self._guard.__enter__()
+        return lease
 
     async def __aexit__(
         self,
@@ -118,14 +126,19 @@ class LeaseScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        if lease is None:
+        lease, watch, guard = self._lease, self._watch, self._guard
+        self._lease = self._watch = self._guard = None
+        if lease is None or watch is None or guard is None:
             return
         try:
-            await lease.release()
-        except StreamLeaseError as error:
-            # The lease expires by itself; do not hide the block's own outcome.
-            log.warning("stream lease release failed, it will expire by itself: %s", error)
+            guard.__exit__(exc_type, exc, tb)  # raises LeaseLost if the loss cancelled the block
+        finally:
+            watch.close()
+            try:
+                await lease.release()
+            except StreamLeaseError as error:
+                # The lease expires by itself; do not hide the block's own outcome.
+                log.warning("stream lease release failed, it will expire by itself: %s", error)
 
 
 def url_from_redis_client(client: Any) -> str:

@@ -5,9 +5,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use super::AcquireOutcome;
+use super::{AcquireOutcome, Renewed};
 use crate::errors::Rejection;
-use crate::keys::Pool;
 use crate::lease::LeaseRecord;
 
 #[derive(Default)]
@@ -80,7 +79,8 @@ impl MemoryBackend {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn acquire(&self, lease: &LeaseRecord, pools: &[Pool], ttl_ms: u64) -> AcquireOutcome {
+    pub fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> AcquireOutcome {
+        let pools = &lease.pools;
         let now = self.now_ms();
         let weight = u64::from(lease.weight);
         let mut store = self.pools();
@@ -116,34 +116,45 @@ impl MemoryBackend {
         AcquireOutcome::Granted(used)
     }
 
-    pub fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> Vec<usize> {
+    pub fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> Renewed {
         let now = self.now_ms();
         let mut store = self.pools();
-        let mut lost = Vec::new();
+        let mut renewed = Renewed::default();
         for (position, lease) in leases.iter().enumerate() {
-            let held = lease.pool_keys.iter().all(|key| {
+            let weight = u64::from(lease.weight);
+            let held = lease.pools.iter().all(|pool| {
                 store
-                    .get(key)
+                    .get(&pool.key)
                     .and_then(|p| p.expiry_of(&lease.id))
                     .is_some_and(|e| e > now)
             });
-            for key in &lease.pool_keys {
-                if let Some(pool) = store.get_mut(key) {
-                    if held {
-                        pool.insert(&lease.id, now + ttl_ms, u64::from(lease.weight));
-                    } else {
-                        pool.remove(&lease.id);
-                        if pool.leases.is_empty() {
-                            store.remove(key);
+            if !held {
+                // Clear what is left, then take it back only where every pool has room.
+                let mut room = true;
+                for pool in &lease.pools {
+                    if let Some(entry) = store.get_mut(&pool.key) {
+                        entry.remove(&lease.id);
+                        entry.purge(now);
+                        room &= pool.capacity == 0 || entry.used + weight <= pool.capacity;
+                        if entry.leases.is_empty() {
+                            store.remove(&pool.key);
                         }
                     }
                 }
+                if !room {
+                    renewed.lost.push(position + 1);
+                    continue;
+                }
+                renewed.reclaimed += 1;
             }
-            if !held {
-                lost.push(position + 1);
+            for pool in &lease.pools {
+                store
+                    .entry(pool.key.clone())
+                    .or_default()
+                    .insert(&lease.id, now + ttl_ms, weight);
             }
         }
-        lost
+        renewed
     }
 
     pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> u64 {
@@ -151,11 +162,11 @@ impl MemoryBackend {
         let mut released = 0;
         for lease in leases {
             let mut present = false;
-            for key in &lease.pool_keys {
-                if let Some(pool) = store.get_mut(key) {
-                    present |= pool.remove(&lease.id);
-                    if pool.leases.is_empty() {
-                        store.remove(key);
+            for pool in &lease.pools {
+                if let Some(entry) = store.get_mut(&pool.key) {
+                    present |= entry.remove(&lease.id);
+                    if entry.leases.is_empty() {
+                        store.remove(&pool.key);
                     }
                 }
             }
@@ -182,6 +193,7 @@ impl MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::Pool;
 
     fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {
         vec![
@@ -198,8 +210,8 @@ mod tests {
         ]
     }
 
-    fn lease(weight: u32) -> Arc<LeaseRecord> {
-        Arc::new(LeaseRecord::new(vec!["u".into(), "g".into()], weight))
+    fn lease_in(pools: &[Pool], weight: u32) -> Arc<LeaseRecord> {
+        Arc::new(LeaseRecord::new(pools.to_vec(), weight))
     }
 
     #[test]
@@ -207,15 +219,15 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(2, 0);
         assert_eq!(
-            store.acquire(&lease(1), &p, 10_000),
+            store.acquire(&lease_in(&p, 1), 10_000),
             AcquireOutcome::Granted(vec![1, 1])
         );
         assert_eq!(
-            store.acquire(&lease(1), &p, 10_000),
+            store.acquire(&lease_in(&p, 1), 10_000),
             AcquireOutcome::Granted(vec![2, 2])
         );
-        let AcquireOutcome::Rejected(r) = store.acquire(&lease(1), &p, 10_000) else {
-            panic!()
+        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000) else {
+            panic!("a third lease must be refused")
         };
         assert_eq!((r.limit, r.capacity, r.current), ("per_user", 2, 2));
         // The refused acquire took nothing from the global pool.
@@ -234,7 +246,7 @@ mod tests {
             },
         ];
         assert!(matches!(
-            store.acquire(&lease(1), &other, 10_000),
+            store.acquire(&lease_in(&other, 1), 10_000),
             AcquireOutcome::Rejected(_)
         ));
         assert!(!store.pools().contains_key("u2"));
@@ -245,38 +257,55 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(5, 4);
         assert!(matches!(
-            store.acquire(&lease(3), &p, 10_000),
+            store.acquire(&lease_in(&p, 3), 10_000),
             AcquireOutcome::Granted(_)
         ));
         assert!(matches!(
-            store.acquire(&lease(2), &p, 10_000),
+            store.acquire(&lease_in(&p, 2), 10_000),
             AcquireOutcome::Rejected(_)
         ));
         assert_eq!(store.count("u"), 3);
     }
 
     #[test]
-    fn expired_leases_free_and_renewal_reports_them_lost() {
+    fn expired_leases_free_and_come_back_only_where_there_is_room() {
         let store = MemoryBackend::default();
         let p = pools(1, 0);
-        let held = lease(1);
-        assert!(matches!(store.acquire(&held, &p, 0), AcquireOutcome::Granted(_)));
+        let held = lease_in(&p, 1);
+        assert!(matches!(store.acquire(&held, 0), AcquireOutcome::Granted(_)));
         assert_eq!(store.count("u"), 0);
-        assert_eq!(store.renew(&[held], 10_000), vec![1]);
+        // Expired but the pool has room: renewal takes it back.
+        let renewed = store.renew(std::slice::from_ref(&held), 10_000);
+        assert_eq!(
+            renewed,
+            Renewed {
+                lost: vec![],
+                reclaimed: 1
+            }
+        );
+        assert_eq!(store.count("u"), 1);
+        // Expired and someone else took the slot: lost, and not re-added.
+        store.release(std::slice::from_ref(&held));
+        assert!(matches!(store.acquire(&held, 0), AcquireOutcome::Granted(_)));
         assert!(matches!(
-            store.acquire(&lease(1), &p, 10_000),
+            store.acquire(&lease_in(&p, 1), 10_000),
             AcquireOutcome::Granted(_)
         ));
+        assert_eq!(
+            store.renew(&[held], 10_000),
+            Renewed {
+                lost: vec![1],
+                reclaimed: 0
+            }
+        );
+        assert_eq!(store.count("u"), 1);
     }
 
     #[test]
     fn release_is_idempotent() {
         let store = MemoryBackend::default();
-        let held = lease(2);
-        assert!(matches!(
-            store.acquire(&held, &pools(0, 0), 10_000),
-            AcquireOutcome::Granted(_)
-        ));
+        let held = lease_in(&pools(0, 0), 2);
+        assert!(matches!(store.acquire(&held, 10_000), AcquireOutcome::Granted(_)));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);
         assert_eq!(store.count("g"), 0);

@@ -7,7 +7,6 @@ pub mod redis;
 use std::sync::Arc;
 
 use crate::errors::{CoreResult, Rejection};
-use crate::keys::Pool;
 use crate::lease::LeaseRecord;
 
 pub use self::memory::MemoryBackend;
@@ -42,6 +41,15 @@ pub enum AcquireOutcome {
     Rejected(Rejection),
 }
 
+/// What one renew call found.
+#[derive(Debug, Default, PartialEq)]
+pub struct Renewed {
+    /// 1-based positions of the leases found gone with no room to take them back.
+    pub lost: Vec<usize>,
+    /// How many leases were found gone and taken back.
+    pub reclaimed: u64,
+}
+
 pub enum Backend {
     Memory(MemoryBackend),
     Redis(Box<RedisBackend>),
@@ -61,21 +69,16 @@ impl Backend {
     }
 
     /// Takes `weight` slots in every pool, all or nothing.
-    pub async fn acquire(
-        &self,
-        lease: &LeaseRecord,
-        pools: &[Pool],
-        ttl_ms: u64,
-    ) -> CoreResult<AcquireOutcome> {
+    pub async fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> CoreResult<AcquireOutcome> {
         match self {
-            Backend::Memory(m) => Ok(m.acquire(lease, pools, ttl_ms)),
-            Backend::Redis(r) => r.acquire(lease, pools, ttl_ms).await,
+            Backend::Memory(m) => Ok(m.acquire(lease, ttl_ms)),
+            Backend::Redis(r) => r.acquire(lease, ttl_ms).await,
         }
     }
 
-    /// Extends every lease of one batch to now + `ttl_ms`; returns the 1-based positions of
-    /// those found gone.
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Vec<usize>> {
+    /// Extends every lease of one batch to now + `ttl_ms`, taking back those found gone where
+    /// capacity allows.
+    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
         match self {
             Backend::Memory(m) => Ok(m.renew(leases, ttl_ms)),
             Backend::Redis(r) => r.renew(leases, ttl_ms).await,
@@ -102,10 +105,16 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::Pool;
 
     #[test]
     fn batches_bound_the_members_per_call() {
-        let lease = |weight| Arc::new(LeaseRecord::new(vec!["k".into()], weight));
+        let pool = Pool {
+            name: "global",
+            key: "k".into(),
+            capacity: 0,
+        };
+        let lease = |weight| Arc::new(LeaseRecord::new(vec![pool.clone()], weight));
         let leases: Vec<_> = (0..2500).map(|_| lease(1)).collect();
         let sizes: Vec<usize> = batches(&leases).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, vec![1000, 1000, 500]);

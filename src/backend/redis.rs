@@ -12,9 +12,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
-use super::AcquireOutcome;
+use super::{AcquireOutcome, Renewed};
 use crate::errors::{CoreError, CoreResult, Rejection};
-use crate::keys::Pool;
 use crate::lease::LeaseRecord;
 use crate::scripts;
 
@@ -149,12 +148,8 @@ impl RedisBackend {
             .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
     }
 
-    pub async fn acquire(
-        &self,
-        lease: &LeaseRecord,
-        pools: &[Pool],
-        ttl_ms: u64,
-    ) -> CoreResult<AcquireOutcome> {
+    pub async fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> CoreResult<AcquireOutcome> {
+        let pools = &lease.pools;
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for pool in pools {
             invocation.key(&pool.key);
@@ -182,9 +177,10 @@ impl RedisBackend {
     }
 
     // Every key of a manager shares one hash tag, so a batch never spans cluster slots.
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Vec<usize>> {
-        self.run(&batch_invocation(&scripts::RENEW, leases, Some(ttl_ms)))
-            .await
+    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
+        let invocation = batch_invocation(&scripts::RENEW, leases, Some(ttl_ms));
+        let (lost, reclaimed) = self.run(&invocation).await?;
+        Ok(Renewed { lost, reclaimed })
     }
 
     pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
@@ -198,30 +194,31 @@ impl RedisBackend {
     }
 }
 
-/// KEYS: each distinct pool once; ARGV: `lead` (if any), then per lease id, weight, k, k key indexes.
+/// KEYS: each distinct pool once; ARGV: `ttl_ms` (renew only), then per lease: id, weight, pool
+/// count k, and k KEYS indexes, each followed by that pool's capacity when renewing.
 fn batch_invocation<'a>(
     script: &'a Script,
     leases: &[Arc<LeaseRecord>],
-    lead: Option<u64>,
+    renew_ttl_ms: Option<u64>,
 ) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     let mut key_index: HashMap<&str, usize> = HashMap::new();
-    for key in leases.iter().flat_map(|l| &l.pool_keys) {
-        if !key_index.contains_key(key.as_str()) {
-            key_index.insert(key, key_index.len() + 1);
-            invocation.key(key);
+    for pool in leases.iter().flat_map(|l| &l.pools) {
+        if !key_index.contains_key(pool.key.as_str()) {
+            key_index.insert(&pool.key, key_index.len() + 1);
+            invocation.key(&pool.key);
         }
     }
-    if let Some(lead) = lead {
-        invocation.arg(lead);
+    if let Some(ttl_ms) = renew_ttl_ms {
+        invocation.arg(ttl_ms);
     }
     for lease in leases {
-        invocation
-            .arg(&lease.id)
-            .arg(lease.weight)
-            .arg(lease.pool_keys.len());
-        for key in &lease.pool_keys {
-            invocation.arg(key_index[key.as_str()]);
+        invocation.arg(&lease.id).arg(lease.weight).arg(lease.pools.len());
+        for pool in &lease.pools {
+            invocation.arg(key_index[pool.key.as_str()]);
+            if renew_ttl_ms.is_some() {
+                invocation.arg(pool.capacity);
+            }
         }
     }
     invocation
