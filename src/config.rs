@@ -6,6 +6,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
+use crate::keys::Pool;
+
 const MIN_LEASE_SECONDS: f64 = 1.0;
 const MAX_LEASE_SECONDS: f64 = 86_400.0;
 const MAX_CAPACITY: i64 = 1_000_000_000;
@@ -34,6 +36,13 @@ pub struct LeaseConfig {
     /// only records it (`lease.lost`).
     #[pyo3(get)]
     pub on_lost: String,
+    /// When Redis is unreachable: `"closed"` refuses new streams (503), `"open"` admits them
+    /// against this process's share of the caps (`fallback_workers`).
+    #[pyo3(get)]
+    pub failure_mode: String,
+    /// Worker processes sharing the caps; under `failure_mode="open"` each enforces its share.
+    #[pyo3(get)]
+    pub fallback_workers: u64,
     /// Keys the identity hash (HMAC-SHA256); never readable back from Python.
     pub identity_secret: Vec<u8>,
 }
@@ -51,6 +60,8 @@ impl LeaseConfig {
         redis_timeout = None,
         retry_after = None,
         on_lost = None,
+        failure_mode = None,
+        fallback_workers = None,
         identity_secret = None,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -63,6 +74,8 @@ impl LeaseConfig {
         redis_timeout: Option<&Bound<'_, PyAny>>,
         retry_after: Option<&Bound<'_, PyAny>>,
         on_lost: Option<&Bound<'_, PyAny>>,
+        failure_mode: Option<&Bound<'_, PyAny>>,
+        fallback_workers: Option<&Bound<'_, PyAny>>,
         identity_secret: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let lease_seconds = seconds_field("lease_seconds", lease_seconds, 30.0)?;
@@ -99,13 +112,18 @@ impl LeaseConfig {
             redis_timeout,
             retry_after,
             on_lost: choice_field("on_lost", on_lost, &["cancel", "continue"])?,
+            failure_mode: choice_field("failure_mode", failure_mode, &["closed", "open"])?,
+            fallback_workers: match capacity_field("fallback_workers", fallback_workers, 1)? {
+                0 => return Err(PyValueError::new_err("fallback_workers must be at least 1")),
+                n => n,
+            },
             identity_secret: secret_field(identity_secret)?,
         })
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, identity_secret={})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
             self.lease_seconds,
             self.max_per_user,
             self.max_global,
@@ -114,6 +132,8 @@ impl LeaseConfig {
             self.redis_timeout,
             self.retry_after,
             self.on_lost,
+            self.failure_mode,
+            self.fallback_workers,
             if self.identity_secret.is_empty() { "None" } else { "'***'" },
         )
     }
@@ -134,6 +154,21 @@ impl LeaseConfig {
 
     pub fn retry_after_ms(&self) -> u64 {
         (self.retry_after * 1000.0).round() as u64
+    }
+
+    pub fn fail_open(&self) -> bool {
+        self.failure_mode == "open"
+    }
+
+    /// This process's share of each cap while Redis is down (unlimited stays unlimited).
+    pub fn local_floor(&self, pools: &[Pool]) -> Vec<Pool> {
+        pools
+            .iter()
+            .map(|pool| Pool {
+                capacity: pool.capacity.div_ceil(self.fallback_workers),
+                ..pool.clone()
+            })
+            .collect()
     }
 
     pub fn cancel_on_lost(&self) -> bool {

@@ -30,6 +30,8 @@ pub struct LeaseRecord {
     /// The pools this lease takes a slot in (keys and capacities, to take it back if lost).
     pub pools: Vec<Pool>,
     pub weight: u32,
+    /// Admitted by this process's local floor while Redis was down (`failure_mode="open"`).
+    pub local: bool,
     state: AtomicU8,
     /// When the store will have expired this lease unless renewed meanwhile (`monotonic_ms`),
     /// counted from the moment the last successful acquire or renewal was sent.
@@ -40,10 +42,19 @@ pub struct LeaseRecord {
 
 impl LeaseRecord {
     pub fn new(pools: Vec<Pool>, weight: u32) -> Self {
+        Self::build(pools, weight, false)
+    }
+
+    pub fn local(pools: Vec<Pool>, weight: u32) -> Self {
+        Self::build(pools, weight, true)
+    }
+
+    fn build(pools: Vec<Pool>, weight: u32, local: bool) -> Self {
         LeaseRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
             pools,
             weight,
+            local,
             state: AtomicU8::new(0),
             deadline_ms: AtomicU64::new(u64::MAX),
             changed: Notify::new(),

@@ -2,6 +2,7 @@
 //! This file is the table of contents; each module holds one concept.
 
 mod backend;
+mod breaker;
 mod bridge;
 mod config;
 mod errors;

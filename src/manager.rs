@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{self, AcquireOutcome, Backend, MemoryBackend, RedisBackend};
+use crate::breaker::{Admission, Breaker};
 use crate::bridge::{self, Completion, Delivery};
 use crate::config::LeaseConfig;
 use crate::errors::{CoreError, CoreResult};
@@ -37,6 +38,9 @@ enum LaunchedRelease {
 
 pub struct ManagerShared {
     pub backend: Backend,
+    /// This process's own floor of protection while Redis is down (`failure_mode="open"`).
+    fallback: Backend,
+    breaker: Breaker,
     pub config: LeaseConfig,
     keys: KeySpace,
     /// Leases this process holds and renews, by id.
@@ -104,12 +108,94 @@ impl ManagerShared {
         lock(&self.held).remove(&record.id);
         let shared = Arc::clone(self);
         let record = Arc::clone(record);
-        let release = async move { shared.backend.release(std::slice::from_ref(&record)).await };
-        Some(if self.backend.is_embedded() {
+        let embedded = self.backend_of(&record).is_embedded();
+        let release = async move {
+            shared
+                .backend_of(&record)
+                .release(std::slice::from_ref(&record))
+                .await
+        };
+        Some(if embedded {
             LaunchedRelease::Done(release.now_or_never().expect("the memory backend never waits"))
         } else {
             LaunchedRelease::Running(runtime::handle().spawn(self.releases.track_future(release)))
         })
+    }
+
+    /// Where a lease lives: Redis (or the embedded store), or the local fallback.
+    fn backend_of(&self, record: &LeaseRecord) -> &Backend {
+        if record.local {
+            &self.fallback
+        } else {
+            &self.backend
+        }
+    }
+
+    /// Feeds the breaker with the outcome of a call to the main backend.
+    fn observe<T>(&self, outcome: &CoreResult<T>) {
+        match outcome {
+            Err(CoreError::Unavailable(_)) => self.breaker.failed(),
+            Ok(_) => self.breaker.succeeded(),
+            Err(_) => {}
+        }
+    }
+
+    /// Takes a lease: from the main backend while it answers; when it does not (or the breaker
+    /// is open), refuses under `failure_mode="closed"`, or admits against this process's local
+    /// floor under `"open"`.
+    async fn acquire(self: Arc<Self>, record: Arc<LeaseRecord>) -> Completion {
+        let ttl_ms = self.config.lease_ms();
+        let sent_at = monotonic_ms();
+        let unavailable = match self.breaker.admit() {
+            Admission::Go => {
+                let outcome = self.backend.acquire(&record, ttl_ms).await;
+                self.observe(&outcome);
+                match outcome {
+                    Ok(outcome) => return self.settle_acquire(record, outcome, sent_at),
+                    Err(error) => {
+                        // The script may have run before the error (a timeout): give back what it took.
+                        self.release_in_background(&record);
+                        match error {
+                            CoreError::Unavailable(_) => error,
+                            other => return Err(other),
+                        }
+                    }
+                }
+            }
+            Admission::Wait(left) => CoreError::Unavailable(format!(
+                "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
+                self.backend.describe(),
+                left.as_millis()
+            )),
+        };
+        if !self.config.fail_open() {
+            return Err(unavailable);
+        }
+        let local = Arc::new(LeaseRecord::local(
+            self.config.local_floor(&record.pools),
+            record.weight,
+        ));
+        let outcome = self.fallback.acquire(&local, ttl_ms).await?;
+        self.settle_acquire(local, outcome, sent_at)
+    }
+
+    fn settle_acquire(
+        self: Arc<Self>,
+        record: Arc<LeaseRecord>,
+        outcome: AcquireOutcome,
+        sent_at: u64,
+    ) -> Completion {
+        match outcome {
+            AcquireOutcome::Granted(_) => {
+                record.extend_deadline(sent_at, self.config.lease_ms());
+                Ok(self.deliver_granted(record))
+            }
+            AcquireOutcome::Rejected(mut rejection) => {
+                record.mark_released();
+                rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
+                Err(CoreError::Rejected(rejection))
+            }
+        }
     }
 
     pub fn release_in_background(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
@@ -144,12 +230,25 @@ impl ManagerShared {
     /// found gone are taken back where capacity allows, else become lost. A failed batch leaves
     /// its leases to the next round, and to their deadlines.
     pub async fn renew_held(&self) {
-        let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
+        let (local, shared): (Vec<_>, Vec<_>) = lock(&self.held)
+            .values()
+            .cloned()
+            .partition(|record| record.local);
         let ttl_ms = self.config.lease_ms();
         let sent_at = monotonic_ms();
-        let batches = backend::batches(&held);
-        let outcomes = join_all(batches.iter().map(|batch| self.backend.renew(batch, ttl_ms))).await;
-        for (batch, outcome) in batches.iter().zip(outcomes) {
+        let (local_batches, shared_batches) = (backend::batches(&local), backend::batches(&shared));
+        let renewals = local_batches
+            .iter()
+            .map(|batch| (batch, &self.fallback))
+            .chain(shared_batches.iter().map(|batch| (batch, &self.backend)))
+            .map(|(batch, backend)| async move {
+                let outcome = backend.renew(batch, ttl_ms).await;
+                if !std::ptr::eq(backend, &self.fallback) {
+                    self.observe(&outcome);
+                }
+                (batch, outcome)
+            });
+        for (batch, outcome) in join_all(renewals).await {
             let Ok(renewed) = outcome else {
                 self.renew_failures.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -191,9 +290,13 @@ impl ManagerShared {
 
     /// Releases many leases, in batched script calls sent together.
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
-        let batches = backend::batches(leases);
-        let outcomes = join_all(batches.iter().map(|batch| self.backend.release(batch))).await;
-        outcomes.into_iter().sum()
+        let (local, shared): (Vec<_>, Vec<_>) = leases.iter().cloned().partition(|record| record.local);
+        let (local_batches, shared_batches) = (backend::batches(&local), backend::batches(&shared));
+        let releases = local_batches
+            .iter()
+            .map(|batch| self.fallback.release(batch))
+            .chain(shared_batches.iter().map(|batch| self.backend.release(batch)));
+        join_all(releases).await.into_iter().sum()
     }
 
     /// Hands a granted lease to Python, on the loop thread: only then is it held and renewed,
@@ -229,6 +332,8 @@ impl Manager {
         let backend = open_backend(url, &config)?;
         let shared = Arc::new(ManagerShared {
             backend,
+            fallback: Backend::Memory(MemoryBackend::default()),
+            breaker: Breaker::default(),
             keys: KeySpace::new(&config),
             config,
             held: Mutex::new(HashMap::new()),
@@ -279,27 +384,7 @@ impl Manager {
             )));
         }
         let record = Arc::new(LeaseRecord::new(pools, weight));
-        let shared = Arc::clone(&self.shared);
-        let op = async move {
-            let ttl_ms = shared.config.lease_ms();
-            let sent_at = monotonic_ms();
-            match shared.backend.acquire(&record, ttl_ms).await {
-                Ok(AcquireOutcome::Granted(_)) => {
-                    record.extend_deadline(sent_at, ttl_ms);
-                    Ok(shared.deliver_granted(record))
-                }
-                Ok(AcquireOutcome::Rejected(mut rejection)) => {
-                    record.mark_released();
-                    rejection.retry_after_ms = rejection.retry_after_ms.min(shared.config.retry_after_ms());
-                    Err(CoreError::Rejected(rejection))
-                }
-                Err(error) => {
-                    // The script may have run before the error (a timeout): give back what it took.
-                    shared.release_in_background(&record);
-                    Err(error)
-                }
-            }
-        };
+        let op = Arc::clone(&self.shared).acquire(record);
         self.shared.submit(py, op, false)
     }
 
@@ -316,7 +401,16 @@ impl Manager {
         self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
         let shared = Arc::clone(&self.shared);
         let op = async move {
-            let count = shared.backend.count(&pool.key).await?;
+            if let Admission::Wait(left) = shared.breaker.admit() {
+                return Err(CoreError::Unavailable(format!(
+                    "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
+                    shared.backend.describe(),
+                    left.as_millis()
+                )));
+            }
+            let count = shared.backend.count(&pool.key).await;
+            shared.observe(&count);
+            let count = count?;
             Ok(
                 Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
                     as bridge::Delivery,
@@ -366,6 +460,7 @@ impl Manager {
             self.shared.renew_failures.load(Ordering::Relaxed),
         )?;
         stats.set_item("closed", self.shared.closed.load(Ordering::Relaxed))?;
+        stats.set_item("breaker_open", self.shared.breaker.is_open())?;
         Ok(stats)
     }
 }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -17,7 +16,7 @@ from fastapi_stream_lease import (
     StreamLeaseRejected,
 )
 
-from helpers import count_is, eventually
+from helpers import eventually
 
 
 async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, redis_client,
@@ -161,44 +160,80 @@ async def test_on_lost_continue_only_records_the_loss(own_redis, key_prefix):
     await other_worker.aclose()
 
 
-async def test_redis_down_then_back(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.5)
-    )
-    held = await manager.acquire("alice")
-    own_redis.stop()
-    with pytest.raises(BackendUnavailable):
-        await manager.acquire("bob")
-    own_redis.start()
-
-    async def admitted() -> bool:
-        try:
-            lease = await manager.acquire("bob")
-        except BackendUnavailable:
-            return False
-        await lease.release()
-        return True
-
-    await eventually(admitted, what="acquire to work again after Redis came back")
-    await held.release()
-    await manager.aclose()
-
-
-async def test_a_paused_redis_costs_at_most_the_timeout(own_redis, key_prefix):
+async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(own_redis, key_prefix):
     manager = StreamLeaseManager(
         url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.3)
     )
     assert await manager.get_active_count() == 0  # connected
     own_redis.pause()
     try:
-        started = time.monotonic()
         with pytest.raises(BackendUnavailable, match="did not answer"):
             await manager.acquire("alice")
-        assert time.monotonic() - started < 3
+        assert manager.stats()["breaker_open"]
+        for _ in range(20):  # no further call waits for the dead server
+            with pytest.raises(BackendUnavailable, match="circuit breaker"):
+                await manager.acquire("alice")
     finally:
         own_redis.resume()
+
+    async def recovered() -> bool:
+        try:
+            await (await manager.acquire("alice")).release()
+        except BackendUnavailable:
+            return False
+        return True
+
+    await eventually(recovered, what="the breaker's probe to close it again")
+    assert not manager.stats()["breaker_open"]
     await manager.aclose()
-    await count_is(StreamLeaseManager(url=own_redis.url, config=manager.config), 0)
+
+
+async def test_fail_open_admits_within_the_local_floor(own_redis, key_prefix):
+    config = LeaseConfig(
+        key_prefix=key_prefix, max_per_user=2, max_global=4, redis_timeout=0.3,
+        failure_mode="open", fallback_workers=2,
+    )
+    manager = StreamLeaseManager(url=own_redis.url, config=config)
+    assert await manager.get_active_count() == 0
+    own_redis.stop()
+    alice = [await manager.acquire("alice")]  # per-user floor: 2 / 2 workers = 1
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")
+    assert (refused.value.limit, refused.value.capacity) == ("per_user", 1)
+    bob = await manager.acquire("bob")  # global floor: 4 / 2 workers = 2
+    with pytest.raises(StreamLeaseRejected, match="global"):
+        await manager.acquire("carol")
+    await bob.release()  # local leases release locally
+    carol = await manager.acquire("carol")
+    own_redis.start()
+    await alice[0].release()
+    await carol.release()
+    assert manager.stats()["held"] == 0
+    await manager.aclose()
+
+
+async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.3)
+    )
+    held = await manager.acquire("alice")
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable) as refused:
+        await manager.acquire("bob")
+    response = refused.value.as_response()
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    own_redis.start()
+
+    async def admitted() -> bool:
+        try:
+            await (await manager.acquire("bob")).release()
+        except BackendUnavailable:
+            return False
+        return True
+
+    await eventually(admitted, what="admissions to resume once Redis is back")
+    await held.release()
+    await manager.aclose()
 
 
 async def test_a_key_of_another_type_gives_an_actionable_error(redis_server, redis_client,

@@ -28,6 +28,10 @@ class LeaseConfig:
     def retry_after(self) -> float: ...
     @property
     def on_lost(self) -> str: ...
+    @property
+    def failure_mode(self) -> str: ...
+    @property
+    def fallback_workers(self) -> int: ...
     def __new__(
         cls,
         lease_seconds: float | None = None,
@@ -39,6 +43,8 @@ class LeaseConfig:
         redis_timeout: float | None = None,
         retry_after: float | None = None,
         on_lost: str | None = None,
+        failure_mode: str | None = None,
+        fallback_workers: int | None = None,
         identity_secret: str | bytes | None = None,
     ) -> LeaseConfig: ...
     def __eq__(self, value: object, /) -> bool: ...

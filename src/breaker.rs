@@ -1,0 +1,115 @@
+//! A circuit breaker in front of Redis: after a failure, calls stop going to a dead server (each
+//! would cost the full timeout) until a cool-down passes; then one probe goes through, and its
+//! outcome closes the breaker or reopens it for twice as long (up to a bound).
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+const FIRST_COOL_DOWN: Duration = Duration::from_millis(500);
+const MAX_COOL_DOWN: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Closed,
+    Open {
+        until: Instant,
+        cool_down: Duration,
+    },
+    /// The cool-down passed and one probe is out; its cool-down doubles if it fails.
+    Probing {
+        cool_down: Duration,
+    },
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    state: Mutex<State>,
+}
+
+/// Whether a call may go to Redis now.
+#[derive(Debug, PartialEq)]
+pub enum Admission {
+    Go,
+    /// The breaker is open: don't call; it closes again in this long at the earliest.
+    Wait(Duration),
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            state: Mutex::new(State::Closed),
+        }
+    }
+}
+
+impl Breaker {
+    pub fn admit(&self) -> Admission {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match *state {
+            State::Closed => Admission::Go,
+            State::Open { until, cool_down } => {
+                let now = Instant::now();
+                if now >= until {
+                    *state = State::Probing { cool_down };
+                    Admission::Go
+                } else {
+                    Admission::Wait(until - now)
+                }
+            }
+            State::Probing { cool_down } => Admission::Wait(cool_down.min(FIRST_COOL_DOWN)),
+        }
+    }
+
+    pub fn succeeded(&self) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = State::Closed;
+    }
+
+    /// Redis was unreachable or too slow: open, for longer each time a probe fails.
+    pub fn failed(&self) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let cool_down = match *state {
+            State::Closed => FIRST_COOL_DOWN,
+            State::Open { cool_down, .. } => cool_down,
+            State::Probing { cool_down } => (cool_down * 2).min(MAX_COOL_DOWN),
+        };
+        *state = State::Open {
+            until: Instant::now() + cool_down,
+            cool_down,
+        };
+    }
+
+    pub fn is_open(&self) -> bool {
+        !matches!(
+            *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+            State::Closed
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_on_failure_probes_once_and_backs_off() {
+        let breaker = Breaker::default();
+        assert_eq!(breaker.admit(), Admission::Go);
+        breaker.failed();
+        assert!(matches!(breaker.admit(), Admission::Wait(_)));
+        // Let the cool-down pass without sleeping.
+        *breaker.state.lock().unwrap() = State::Open {
+            until: Instant::now(),
+            cool_down: FIRST_COOL_DOWN,
+        };
+        assert_eq!(breaker.admit(), Admission::Go, "one probe");
+        assert!(matches!(breaker.admit(), Admission::Wait(_)), "only one");
+        breaker.failed();
+        let State::Open { cool_down, .. } = *breaker.state.lock().unwrap() else {
+            panic!()
+        };
+        assert_eq!(cool_down, FIRST_COOL_DOWN * 2);
+        breaker.succeeded();
+        assert_eq!(breaker.admit(), Admission::Go);
+        assert!(!breaker.is_open());
+    }
+}
