@@ -1,0 +1,71 @@
+"""Several worker processes share one cap; a worker killed with SIGKILL frees its slots by
+expiry without touching the others'; a worker shut down by SIGTERM releases at once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+
+from helpers import count_is
+
+WORKER = """
+import asyncio, signal, sys
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+async def main():
+    config = LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=sys.argv[2])
+    manager = StreamLeaseManager(url=sys.argv[1], config=config)
+    leases = [await manager.acquire(f"{sys.argv[3]}-{i}") for i in range(2)]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("held", *(lease.lease_id for lease in leases), flush=True)
+    await stop.wait()
+    await manager.aclose()  # what an app's lifespan does on shutdown
+    print("closed", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def start_worker(url: str, prefix: str, name: str):
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WORKER, url, prefix, name, stdout=asyncio.subprocess.PIPE
+    )
+    line = await asyncio.wait_for(worker.stdout.readline(), 30)
+    assert line.startswith(b"held"), line
+    return worker, line.split()[1:]
+
+
+async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, redis_client,
+                                                               key_prefix):
+    observer = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
+    )
+    doomed, _ = await start_worker(redis_server.url, key_prefix, "a")
+    survivor, survivor_ids = await start_worker(redis_server.url, key_prefix, "b")
+    assert await observer.get_active_count() == 4
+    with pytest.raises(StreamLeaseRejected):
+        await observer.acquire("c")  # the two workers share one cap
+
+    doomed.send_signal(signal.SIGKILL)
+    await doomed.wait()
+    await count_is(observer, 2)  # within lease_seconds (+ one renewal period)
+    await asyncio.sleep(2.5)  # more than two lease periods: the survivor keeps renewing
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    alive = redis_client.zrangebyscore(f"{{{key_prefix}}}:global", f"({now_ms}", "+inf")
+    assert set(alive) == set(survivor_ids)
+    lease = await observer.acquire("c")
+
+    survivor.send_signal(signal.SIGTERM)  # graceful shutdown: releases in one round trip
+    assert (await asyncio.wait_for(survivor.stdout.readline(), 30)).startswith(b"closed")
+    assert await survivor.wait() == 0
+    assert await observer.get_active_count() == 1
+    await lease.release()
+    await observer.aclose()
