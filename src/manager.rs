@@ -327,9 +327,10 @@ pub struct Manager {
 #[pymethods]
 impl Manager {
     #[new]
-    fn new(url: &str, config: PyRef<'_, LeaseConfig>) -> PyResult<Self> {
+    #[pyo3(signature = (url, config, tls_ca_file = None))]
+    fn new(url: &str, config: PyRef<'_, LeaseConfig>, tls_ca_file: Option<&str>) -> PyResult<Self> {
         let config = config.clone();
-        let backend = open_backend(url, &config)?;
+        let backend = open_backend(url, &config, tls_ca_file)?;
         let shared = Arc::new(ManagerShared {
             backend,
             fallback: Backend::Memory(MemoryBackend::default()),
@@ -465,19 +466,26 @@ impl Manager {
     }
 }
 
-fn open_backend(url: &str, config: &LeaseConfig) -> PyResult<Backend> {
+fn open_backend(url: &str, config: &LeaseConfig, tls_ca_file: Option<&str>) -> PyResult<Backend> {
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
         Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
-        Some("rediss" | "rediss+cluster") => Err(PyValueError::new_err(
-            "TLS (rediss://) is not built into this version yet: reach Redis over a private network, \
-             or through a local TLS-terminating proxy (stunnel, a sidecar) with redis://",
-        )),
-        Some("redis" | "unix" | "redis+unix" | "redis+cluster") => RedisBackend::new(url, config.redis_timeout())
-            .map(|redis| Backend::Redis(Box::new(redis)))
-            .map_err(|e| PyValueError::new_err(e.to_string())),
+        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster") => {
+            let ca_pem = tls_ca_file
+                .map(|path| {
+                    std::fs::read(path).map_err(|e| {
+                        PyValueError::new_err(format!(
+                            "cannot read tls_ca_file {path:?} ({e}): pass the path of the PEM file of the CA that signed Redis' certificate"
+                        ))
+                    })
+                })
+                .transpose()?;
+            RedisBackend::new(url, config.redis_timeout(), ca_pem)
+                .map(|redis| Backend::Redis(Box::new(redis)))
+                .map_err(|e| PyValueError::new_err(e.to_string()))
+        }
         _ => Err(PyValueError::new_err(format!(
-            "unsupported URL {:?}: use memory://, redis://host:port/db, unix:///path/to/socket or redis+cluster://host:port,host:port",
+            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket or redis+cluster://host:port,host:port",
             crate::backend::redis::redact(url)
         ))),
     }

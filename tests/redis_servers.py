@@ -58,9 +58,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        tls = "--tls-port" in self.extra_args
         args = [
             redis_binary(),
-            "--port", str(self.port),
+            "--port", "0" if tls else str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
             "--appendonly", "no",
@@ -81,6 +82,12 @@ class RedisServer:
         return self.ping()
 
     def ping(self) -> bool:
+        if "--tls-port" in self.extra_args:  # TLS only: a TCP connection is all we can check
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
@@ -146,3 +153,34 @@ class RedisCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
+
+
+def make_tls_files(directory: Path) -> dict[str, Path]:
+    """A private CA and a server certificate for 127.0.0.1 and localhost, made with openssl."""
+    files = {name: directory / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key")}
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=stream-lease test CA",
+            "-keyout", str(files["ca-key"]), "-out", str(files["ca"]))
+    extensions = directory / "san.cnf"
+    extensions.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    request = directory / "server.csr"
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", str(files["server-key"]), "-out", str(request))
+    openssl("x509", "-req", "-in", str(request), "-CA", str(files["ca"]),
+            "-CAkey", str(files["ca-key"]), "-CAcreateserial", "-days", "2",
+            "-extfile", str(extensions), "-out", str(files["server"]))
+    return files
+
+
+def tls_server(directory: Path) -> RedisServer:
+    files = make_tls_files(directory)
+    port = free_port()
+    return RedisServer(
+        "--tls-port", str(port), "--tls-cert-file", str(files["server"]),
+        "--tls-key-file", str(files["server-key"]), "--tls-ca-cert-file", str(files["ca"]),
+        "--tls-auth-clients", "no", port=port,
+    )

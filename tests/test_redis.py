@@ -311,3 +311,39 @@ async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
         await client.aclose()
     finally:
         server.cleanup()
+
+
+async def test_tls_with_a_private_ca(key_prefix, tmp_path):
+    from redis_servers import tls_server
+
+    server = tls_server(tmp_path).start()
+    ca_file = str(tmp_path / "ca.pem")
+    url = f"rediss://127.0.0.1:{server.port}/0"
+    try:
+        manager = StreamLeaseManager(
+            url=url, config=LeaseConfig(key_prefix=key_prefix, max_per_user=1),
+            tls_ca_file=ca_file,
+        )
+        lease = await manager.acquire("alice")
+        with pytest.raises(StreamLeaseRejected):
+            await manager.acquire("alice")
+        await lease.release()
+        await manager.aclose()
+
+        client = redis_asyncio.Redis(
+            host="127.0.0.1", port=server.port, ssl=True, ssl_ca_certs=ca_file
+        )
+        followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
+        assert followed.backend == url
+        assert await followed.get_active_count() == 0
+        await followed.aclose()
+        await client.aclose()
+
+        untrusting = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+        with pytest.raises(BackendError):
+            await untrusting.acquire("alice")
+        await untrusting.aclose()
+        with pytest.raises(ValueError, match="cannot read tls_ca_file"):
+            StreamLeaseManager(url=url, tls_ca_file=str(tmp_path / "missing.pem"))
+    finally:
+        server.cleanup()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
@@ -24,12 +25,15 @@ class StreamLeaseManager:
 
     * ``redis=<redis.asyncio.Redis or RedisCluster>``: the core reads the client's connection
       settings and opens its own multiplexed connection (the client itself is not used);
-    * ``url="redis://host:port/db"``, ``"rediss://..."``, ``"unix:///path"``,
-      ``"redis+cluster://host:port,host:port"``;
+    * ``url="redis://host:port/db"``, ``"rediss://..."`` (TLS), ``"unix:///path"``,
+      ``"redis+cluster://host:port,host:port"`` (``rediss+cluster://`` for TLS);
     * ``url="memory://"`` (the default): an embedded store for a single process.
 
     Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
     app's lifespan to release what this process holds.
+
+    ``tls_ca_file`` is the PEM file of a private CA that signed Redis' certificate (the system's
+    trusted roots are used otherwise); a ``redis=`` client's ``ssl_ca_certs`` is taken over.
     """
 
     def __init__(
@@ -38,18 +42,22 @@ class StreamLeaseManager:
         config: LeaseConfig | None = None,
         *,
         url: str | None = None,
+        tls_ca_file: str | None = None,
     ) -> None:
         if redis is not None and url is not None:
             raise TypeError("pass either redis=<client> or url=..., not both")
+        if url is None and redis is not None:
+            url, client_ca_file = connection_of_redis_client(redis)
+            tls_ca_file = tls_ca_file or client_ca_file
         if url is None:
-            url = "memory://" if redis is None else url_from_redis_client(redis)
+            url = "memory://"
         elif not isinstance(url, str):
             raise TypeError(f"url must be a str such as 'redis://localhost:6379/0', got {url!r}")
         if config is None:
             config = LeaseConfig()
         elif not isinstance(config, LeaseConfig):
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
-        self._core = _core.Manager(url, config)
+        self._core = _core.Manager(url, config, tls_ca_file)
 
     @property
     def config(self) -> LeaseConfig:
@@ -141,18 +149,18 @@ class LeaseScope:
                 log.warning("stream lease release failed, it will expire by itself: %s", error)
 
 
-def url_from_redis_client(client: Any) -> str:
-    """The URL of the server a ``redis.asyncio`` client (``Redis`` or ``RedisCluster``) talks to.
+def connection_of_redis_client(client: Any) -> tuple[str, str | None]:
+    """The URL (and CA file, for TLS) of the server a ``redis.asyncio`` client talks to.
 
     Raises ``TypeError`` for clients whose connection cannot be carried over faithfully.
     """
     nodes_manager = getattr(client, "nodes_manager", None)
     if nodes_manager is not None:
         kwargs = client.get_connection_kwargs()
-        _check_translatable(kwargs, kwargs.get("connection_class"))
+        scheme = _scheme(kwargs, kwargs.get("connection_class"))
         nodes = list(nodes_manager.startup_nodes.values()) or client.get_nodes()
         hosts = ",".join(f"{_host(node.host)}:{node.port}" for node in nodes)
-        return f"redis+cluster://{_userinfo(kwargs)}{hosts}"
+        return f"{scheme}+cluster://{_userinfo(kwargs)}{hosts}", kwargs.get("ssl_ca_certs")
     pool = getattr(client, "connection_pool", None)
     if pool is None:
         raise TypeError(
@@ -164,27 +172,32 @@ def url_from_redis_client(client: Any) -> str:
             "Sentinel-managed clients are not supported yet: pass url='redis://...' of the master"
         )
     kwargs = pool.connection_kwargs
-    _check_translatable(kwargs, pool.connection_class)
+    scheme = _scheme(kwargs, pool.connection_class)
     db = kwargs.get("db", 0) or 0
     if kwargs.get("path"):
         query = {"db": db, "user": kwargs.get("username"), "pass": kwargs.get("password")}
         path = quote(kwargs["path"], safe="/")
-        return f"unix://{path}?" + urlencode({k: v for k, v in query.items() if v})
+        return f"unix://{path}?" + urlencode({k: v for k, v in query.items() if v}), None
     host = _host(kwargs.get("host", "localhost"))
-    return f"redis://{_userinfo(kwargs)}{host}:{kwargs.get('port', 6379)}/{db}"
+    url = f"{scheme}://{_userinfo(kwargs)}{host}:{kwargs.get('port', 6379)}/{db}"
+    return url, kwargs.get("ssl_ca_certs")
 
 
-def _check_translatable(kwargs: dict[str, Any], connection_class: Any) -> None:
-    if connection_class is not None and "SSL" in connection_class.__name__:
-        raise TypeError(
-            "TLS clients are not supported yet: reach Redis over a private network or a local "
-            "TLS-terminating proxy, and pass that client or url='redis://...'"
-        )
+def _scheme(kwargs: dict[str, Any], connection_class: Any) -> str:
     if kwargs.get("credential_provider") is not None:
         raise TypeError(
             "clients with a credential_provider are not supported: pass "
             "url='redis://user:password@host:port/db'"
         )
+    tls = kwargs.get("ssl") or (
+        connection_class is not None and "SSL" in connection_class.__name__
+    )
+    if tls and kwargs.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
+        raise TypeError(
+            "TLS clients that skip certificate checks are not followed: pass tls_ca_file= "
+            "with the CA that signed Redis' certificate"
+        )
+    return "rediss" if tls else "redis"
 
 
 def _host(host: str) -> str:

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, TlsCertificates, Value};
 use tokio::sync::OnceCell;
 
 use super::{AcquireOutcome, Renewed};
@@ -67,12 +67,23 @@ pub struct RedisBackend {
 
 impl RedisBackend {
     /// Parses `redis://`, `rediss://`, `unix://`, `redis+unix://` and
-    /// `redis+cluster://[user:password@]host:port,host:port`. Nothing is connected yet.
-    pub fn new(url: &str, timeout: Duration) -> CoreResult<Self> {
+    /// `redis[s]+cluster://[user:password@]host:port,host:port`. `ca_pem` replaces the system's
+    /// trusted roots for TLS (a private CA). Nothing is connected yet.
+    pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
+        // rustls needs one crypto provider per process; a second install is a harmless no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let target = redact(url);
         let bad_url =
             |e: redis::RedisError| CoreError::InvalidInput(format!("cannot use Redis URL {target:?}: {e}"));
-        let endpoint = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        let certificates = ca_pem.map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        });
+        let cluster = url
+            .strip_prefix("redis+cluster://")
+            .map(|rest| ("redis", rest))
+            .or_else(|| url.strip_prefix("rediss+cluster://").map(|rest| ("rediss", rest)));
+        let endpoint = if let Some((scheme, rest)) = cluster {
             let (userinfo, hosts) = match rest.rsplit_once('@') {
                 Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
                 None => (String::new(), rest),
@@ -81,22 +92,27 @@ impl RedisBackend {
                 .trim_end_matches('/')
                 .split(',')
                 .filter(|h| !h.is_empty())
-                .map(|h| format!("redis://{userinfo}{h}"))
+                .map(|h| format!("{scheme}://{userinfo}{h}"))
                 .collect();
             if nodes.is_empty() {
                 return Err(CoreError::InvalidInput(format!(
                     "Redis Cluster URL {target:?} names no node: use redis+cluster://host:port,host:port"
                 )));
             }
-            let client = ClusterClient::builder(nodes)
+            let mut builder = ClusterClient::builder(nodes)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(1)
-                .build()
-                .map_err(bad_url)?;
-            Endpoint::Cluster(Box::new(client))
+                .retries(1);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            Endpoint::Cluster(Box::new(builder.build().map_err(bad_url)?))
         } else {
-            Endpoint::Standalone(redis::Client::open(url).map_err(bad_url)?)
+            let client = match certificates {
+                Some(certificates) => redis::Client::build_with_tls(url, certificates),
+                None => redis::Client::open(url),
+            };
+            Endpoint::Standalone(client.map_err(bad_url)?)
         };
         Ok(RedisBackend {
             endpoint,
