@@ -127,7 +127,8 @@ def test_clients_that_cannot_be_followed_are_refused_clearly():
     from redis.asyncio.sentinel import Sentinel
 
     with pytest.raises(TypeError, match="skip certificate checks"):
-        StreamLeaseManager(redis=redis_asyncio.Redis(host="localhost", ssl=True, ssl_cert_reqs="none"))
+        insecure = redis_asyncio.Redis(host="localhost", ssl=True, ssl_cert_reqs="none")
+        StreamLeaseManager(redis=insecure)
     sentinel = Sentinel([("127.0.0.1", 26379)])
     with pytest.raises(TypeError, match="Sentinel-managed clients"):
         StreamLeaseManager(redis=sentinel.master_for("mymaster"))

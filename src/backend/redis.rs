@@ -18,7 +18,7 @@ use crate::lease::LeaseRecord;
 use crate::scripts;
 
 enum Endpoint {
-    Standalone(redis::Client),
+    Standalone(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
 }
 
@@ -112,7 +112,7 @@ impl RedisBackend {
                 Some(certificates) => redis::Client::build_with_tls(url, certificates),
                 None => redis::Client::open(url),
             };
-            Endpoint::Standalone(client.map_err(bad_url)?)
+            Endpoint::Standalone(Box::new(client.map_err(bad_url)?))
         };
         Ok(RedisBackend {
             endpoint,
@@ -137,7 +137,7 @@ impl RedisBackend {
                             .set_response_timeout(Some(self.timeout))
                             .set_number_of_retries(1)
                             .set_max_delay(Duration::from_millis(500));
-                        ConnectionManager::new_with_config(client.clone(), config)
+                        ConnectionManager::new_with_config(client.as_ref().clone(), config)
                             .await
                             .map(Connection::Standalone)
                     }
