@@ -15,9 +15,11 @@ enum State {
         until: Instant,
         cool_down: Duration,
     },
-    /// The cool-down passed and one probe is out; its cool-down doubles if it fails.
+    /// The cool-down passed and one probe is out; its cool-down doubles if it fails. A probe
+    /// that never reports (cancelled) lets another go after the same cool-down.
     Probing {
         cool_down: Duration,
+        next_probe: Instant,
     },
 }
 
@@ -47,16 +49,25 @@ impl Breaker {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match *state {
             State::Closed => Admission::Go,
-            State::Open { until, cool_down } => {
+            State::Open {
+                until: next_probe,
+                cool_down,
+            }
+            | State::Probing {
+                cool_down,
+                next_probe,
+            } => {
                 let now = Instant::now();
-                if now >= until {
-                    *state = State::Probing { cool_down };
+                if now >= next_probe {
+                    *state = State::Probing {
+                        cool_down,
+                        next_probe: now + cool_down,
+                    };
                     Admission::Go
                 } else {
-                    Admission::Wait(until - now)
+                    Admission::Wait(next_probe - now)
                 }
             }
-            State::Probing { cool_down } => Admission::Wait(cool_down.min(FIRST_COOL_DOWN)),
         }
     }
 
@@ -70,7 +81,7 @@ impl Breaker {
         let cool_down = match *state {
             State::Closed => FIRST_COOL_DOWN,
             State::Open { cool_down, .. } => cool_down,
-            State::Probing { cool_down } => (cool_down * 2).min(MAX_COOL_DOWN),
+            State::Probing { cool_down, .. } => (cool_down * 2).min(MAX_COOL_DOWN),
         };
         *state = State::Open {
             until: Instant::now() + cool_down,

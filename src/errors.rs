@@ -75,6 +75,14 @@ impl CoreError {
                 "Redis at {target} did not answer in time ({err}); check that it is running and not overloaded, or raise LeaseConfig(redis_timeout=...)"
             ));
         }
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::MasterNameNotFoundBySentinel | redis::ErrorKind::NoValidReplicasFoundBySentinel
+        ) {
+            return CoreError::Unavailable(format!(
+                "the sentinels of {target} name no reachable master ({err}); a failover may be under way"
+            ));
+        }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             return CoreError::Unavailable(format!(
                 "cannot reach Redis at {target} ({err}); check the URL and that the server is running"

@@ -131,12 +131,12 @@ impl ManagerShared {
         }
     }
 
-    /// Feeds the breaker with the outcome of a call to the main backend.
+    /// Feeds the breaker with the outcome of a call to the main backend: any answer, even an
+    /// error reply, means the server is there.
     fn observe<T>(&self, outcome: &CoreResult<T>) {
         match outcome {
             Err(CoreError::Unavailable(_)) => self.breaker.failed(),
-            Ok(_) => self.breaker.succeeded(),
-            Err(_) => {}
+            _ => self.breaker.succeeded(),
         }
     }
 
@@ -470,7 +470,7 @@ fn open_backend(url: &str, config: &LeaseConfig, tls_ca_file: Option<&str>) -> P
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
         Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
-        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster") => {
+        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel") => {
             let ca_pem = tls_ca_file
                 .map(|path| {
                     std::fs::read(path).map_err(|e| {
@@ -485,7 +485,7 @@ fn open_backend(url: &str, config: &LeaseConfig, tls_ca_file: Option<&str>) -> P
                 .map_err(|e| PyValueError::new_err(e.to_string()))
         }
         _ => Err(PyValueError::new_err(format!(
-            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket or redis+cluster://host:port,host:port",
+            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port or redis+sentinel://host:port,host:port/master_name",
             crate::backend::redis::redact(url)
         ))),
     }

@@ -184,3 +184,52 @@ def tls_server(directory: Path) -> RedisServer:
         "--tls-key-file", str(files["server-key"]), "--tls-ca-cert-file", str(files["ca"]),
         "--tls-auth-clients", "no", port=port,
     )
+
+
+class SentinelSetup:
+    """A master, a replica and one sentinel watching them (quorum 1), on loopback."""
+
+    def __init__(self, directory: Path) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer()
+        self.sentinel_port = free_port()
+        self.config = directory / "sentinel.conf"
+        self.sentinel: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/lease-master"
+
+    def start(self) -> SentinelSetup:
+        self.master.start()
+        self.replica.extra_args += ["--replicaof", "127.0.0.1", str(self.master.port)]
+        self.replica.start()
+        wait_until(lambda: "master_link_status:up" in self.replica.cli("info", "replication"),
+                   what="the replica to sync")
+        self.config.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\n"
+            f"sentinel monitor lease-master 127.0.0.1 {self.master.port} 1\n"
+            "sentinel down-after-milliseconds lease-master 1000\n"
+            "sentinel failover-timeout lease-master 5000\n"
+        )
+        self.sentinel = subprocess.Popen(
+            [redis_binary(), str(self.config), "--sentinel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: RedisServer(port=self.sentinel_port).ping(), what="the sentinel")
+        return self
+
+    def master_port(self) -> int:
+        reply = subprocess.run(
+            [redis_binary("redis-cli"), "-p", str(self.sentinel_port),
+             "sentinel", "get-master-addr-by-name", "lease-master"],
+            check=True, capture_output=True, text=True, timeout=10,
+        ).stdout.split()
+        return int(reply[1])
+
+    def cleanup(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.kill()
+            self.sentinel.wait(timeout=10)
+        self.master.cleanup()
+        self.replica.cleanup()

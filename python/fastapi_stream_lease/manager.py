@@ -23,10 +23,12 @@ class StreamLeaseManager:
 
     Pass one of:
 
-    * ``redis=<redis.asyncio.Redis or RedisCluster>``: the core reads the client's connection
-      settings and opens its own multiplexed connection (the client itself is not used);
+    * ``redis=<client>``: a ``redis.asyncio`` ``Redis``, ``RedisCluster`` or Sentinel
+      ``master_for()`` client; the core reads its connection settings and opens its own
+      multiplexed connection (the client itself is not used);
     * ``url="redis://host:port/db"``, ``"rediss://..."`` (TLS), ``"unix:///path"``,
-      ``"redis+cluster://host:port,host:port"`` (``rediss+cluster://`` for TLS);
+      ``"redis+cluster://host:port,host:port"`` (``rediss+cluster://`` for TLS),
+      ``"redis+sentinel://host:port,host:port/master_name"`` (following failovers);
     * ``url="memory://"`` (the default): an embedded store for a single process.
 
     Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
@@ -167,11 +169,18 @@ def connection_of_redis_client(client: Any) -> tuple[str, str | None]:
             f"redis= must be a redis.asyncio.Redis or RedisCluster client, got "
             f"{type(client).__name__}; or pass url='redis://host:port/db'"
         )
-    if "Sentinel" in type(pool).__name__:
-        raise TypeError(
-            "Sentinel-managed clients are not supported yet: pass url='redis://...' of the master"
-        )
     kwargs = pool.connection_kwargs
+    sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", None)
+    if sentinels is not None:
+        if _scheme(kwargs, None) != "redis":
+            raise TypeError("TLS behind Sentinel is not supported yet")
+        hosts = ",".join(
+            f"{_host(s.connection_pool.connection_kwargs['host'])}:"
+            f"{s.connection_pool.connection_kwargs['port']}"
+            for s in sentinels
+        )
+        db = kwargs.get("db", 0) or 0
+        return f"redis+sentinel://{_userinfo(kwargs)}{hosts}/{pool.service_name}/{db}", None
     scheme = _scheme(kwargs, pool.connection_class)
     db = kwargs.get("db", 0) or 0
     if kwargs.get("path"):

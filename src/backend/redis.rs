@@ -9,8 +9,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, TlsCertificates, Value};
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 
 use super::{AcquireOutcome, Renewed};
 use crate::errors::{CoreError, CoreResult, Rejection};
@@ -20,6 +21,8 @@ use crate::scripts;
 enum Endpoint {
     Standalone(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
+    /// The sentinels and the name of the master they watch.
+    Sentinel(Box<Mutex<SentinelClient>>),
 }
 
 /// A cheap, clonable, multiplexed handle to either kind of deployment.
@@ -59,7 +62,9 @@ impl ConnectionLike for Connection {
 
 pub struct RedisBackend {
     endpoint: Endpoint,
-    connection: OnceCell<Connection>,
+    /// Opened on first use; behind Sentinel, dropped when the master fails so the next call
+    /// asks the sentinels for the new one.
+    connection: Mutex<Option<Connection>>,
     /// The URL without its password, for error messages.
     target: String,
     timeout: Duration,
@@ -83,7 +88,9 @@ impl RedisBackend {
             .strip_prefix("redis+cluster://")
             .map(|rest| ("redis", rest))
             .or_else(|| url.strip_prefix("rediss+cluster://").map(|rest| ("rediss", rest)));
-        let endpoint = if let Some((scheme, rest)) = cluster {
+        let endpoint = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            Endpoint::Sentinel(Box::new(Mutex::new(sentinel_client(rest, &target)?)))
+        } else if let Some((scheme, rest)) = cluster {
             let (userinfo, hosts) = match rest.rsplit_once('@') {
                 Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
                 None => (String::new(), rest),
@@ -116,7 +123,7 @@ impl RedisBackend {
         };
         Ok(RedisBackend {
             endpoint,
-            connection: OnceCell::new(),
+            connection: Mutex::new(None),
             target,
             timeout,
         })
@@ -128,25 +135,36 @@ impl RedisBackend {
 
     /// The shared connection, opened on first use (retried on the next call if that failed).
     async fn connection(&self) -> CoreResult<Connection> {
-        self.connection
-            .get_or_try_init(|| async {
-                let opened = match &self.endpoint {
-                    Endpoint::Standalone(client) => {
-                        let config = ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(self.timeout))
-                            .set_response_timeout(Some(self.timeout))
-                            .set_number_of_retries(1)
-                            .set_max_delay(Duration::from_millis(500));
-                        ConnectionManager::new_with_config(client.as_ref().clone(), config)
-                            .await
-                            .map(Connection::Standalone)
-                    }
-                    Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
-                };
-                opened.map_err(|e| CoreError::from_redis(&e, &self.target))
-            })
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let opened = match &self.endpoint {
+            Endpoint::Standalone(client) => self.manage(client.as_ref().clone()).await,
+            Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Endpoint::Sentinel(sentinel) => {
+                let master = sentinel.lock().await.async_get_client().await;
+                match master {
+                    Ok(master) => self.manage(master).await,
+                    Err(e) => Err(e),
+                }
+            }
+        }
+        .map_err(|e| CoreError::from_redis(&e, &self.target))?;
+        *slot = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// A multiplexed connection that reconnects by itself, with our timeouts.
+    async fn manage(&self, client: redis::Client) -> redis::RedisResult<Connection> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        ConnectionManager::new_with_config(client, config)
             .await
-            .cloned()
+            .map(Connection::Standalone)
     }
 
     /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
@@ -154,14 +172,27 @@ impl RedisBackend {
     async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
         let call = async {
             let mut connection = self.connection().await?;
-            invocation
-                .invoke_async(&mut connection)
-                .await
-                .map_err(|e| CoreError::from_redis(&e, &self.target))
+            invocation.invoke_async(&mut connection).await.map_err(|e| {
+                // Behind Sentinel a dead or demoted master means asking the sentinels again.
+                if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
+                    self.forget_master();
+                }
+                CoreError::from_redis(&e, &self.target)
+            })
         };
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
+        let outcome = tokio::time::timeout(self.timeout, call).await;
+        if outcome.is_err() {
+            self.forget_master();
+        }
+        outcome.map_err(|_| CoreError::timeout(&self.target, self.timeout))?
+    }
+
+    fn forget_master(&self) {
+        if matches!(self.endpoint, Endpoint::Sentinel(_)) {
+            if let Ok(mut slot) = self.connection.try_lock() {
+                *slot = None;
+            }
+        }
     }
 
     pub async fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> CoreResult<AcquireOutcome> {
@@ -208,6 +239,47 @@ impl RedisBackend {
         invocation.key(pool_key);
         self.run(&invocation).await
     }
+}
+
+/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`.
+fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
+    let bad = |why: String| {
+        CoreError::InvalidInput(format!(
+            "cannot use Sentinel URL {target:?}: {why}; use redis+sentinel://[user:password@]host:port,host:port/master_name[/db]"
+        ))
+    };
+    let (userinfo, rest) = rest.rsplit_once('@').map_or((None, rest), |(u, r)| (Some(u), r));
+    let mut parts = rest.split('/');
+    let hosts = parts.next().unwrap_or_default();
+    let service = parts
+        .next()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad("no master name".into()))?;
+    let db: i64 = match parts.next().filter(|s| !s.is_empty()) {
+        Some(db) => db.parse().map_err(|_| bad(format!("bad db {db:?}")))?,
+        None => 0,
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(bad("no sentinel address".into()));
+    }
+    let mut master = redis::RedisConnectionInfo::default().set_db(db);
+    if let Some(userinfo) = userinfo {
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        if !user.is_empty() {
+            master = master.set_username(user);
+        }
+        if !password.is_empty() {
+            master = master.set_password(password);
+        }
+    }
+    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
+    SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// KEYS: each distinct pool once; ARGV: `ttl_ms` (renew only), then per lease: id, weight, pool
