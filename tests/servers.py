@@ -13,11 +13,14 @@ from redis_servers import free_port, wait_until
 
 
 class Uvicorn:
-    def __init__(self, app: str, app_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str
+    ) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", app, "--app-dir", str(app_dir),
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+             *extra_args],
             env={**os.environ, **(env or {})},
         )
         wait_until(self._up, timeout=30, what="uvicorn to accept connections")

@@ -9,6 +9,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
+from helpers import eventually
+
 
 async def test_caps_hold_on_a_cluster(redis_cluster, key_prefix):
     config = LeaseConfig(key_prefix=key_prefix, max_per_user=2, max_global=5, lease_seconds=1)
@@ -43,3 +45,47 @@ async def test_a_redis_asyncio_cluster_client_is_accepted(redis_cluster, key_pre
     await lease.release()
     await manager.aclose()
     await client.aclose()
+
+
+async def test_a_cluster_node_restart_is_survived(key_prefix, tmp_path):
+    from redis_servers import RedisCluster
+
+    cluster = RedisCluster().start()  # its own: this test restarts a node
+    try:
+        config = LeaseConfig(key_prefix=key_prefix, max_per_user=1, lease_seconds=1,
+                             redis_timeout=0.5)
+        manager = StreamLeaseManager(url=cluster.url, config=config)
+        lease = await manager.acquire("alice")
+        slot = int(cluster.nodes[0].cli("cluster", "keyslot", f"{{{key_prefix}}}"))
+        owner = next(n for n in cluster.nodes if _serves(n, slot))
+        owner.process.kill()  # the shard holding every key of this manager dies ...
+        owner.process.wait()
+        owner.process = None
+        owner.start()  # ... and comes back empty, with its cluster config (nodes.conf) intact
+
+        async def renewed_or_lost() -> bool:
+            try:
+                count = await manager.get_active_count("alice")
+            except Exception:
+                return False
+            return count == 1 or lease.lost
+
+        await eventually(renewed_or_lost, timeout=20, what="the shard to serve again")
+        assert manager.stats()["lost"] + manager.stats()["reclaimed"] <= 1
+        await lease.release()
+        again = await manager.acquire("alice")
+        await again.release()
+        await manager.aclose()
+    finally:
+        cluster.cleanup()
+
+
+def _serves(node, slot: int) -> bool:
+    """Whether ``node`` is the master of ``slot`` (read from its CLUSTER NODES line)."""
+    shards = node.cli("cluster", "nodes").splitlines()
+    me = next(s for s in shards if "myself" in s).split()
+    for spec in me[8:]:
+        start, _, end = spec.partition("-")
+        if int(start) <= slot <= int(end or start):
+            return True
+    return False

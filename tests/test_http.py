@@ -4,6 +4,7 @@ hang up mid-stream."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from pathlib import Path
 
@@ -116,3 +117,21 @@ def test_a_client_hanging_up_mid_stream_frees_the_slot(slow_app, hang_up):
     sock.close()
     wait_until(lambda: count() == 0, what="the disconnected stream's lease to be released")
     open_stream(slow_app.port, "alice").close()
+
+
+def test_sigterm_releases_every_lease_through_the_lifespan(redis_server, key_prefix):
+    server = Uvicorn(
+        "lifespan_app:app", ROOT / "tests" / "apps",
+        {"STREAM_LEASE_URL": redis_server.url, "STREAM_LEASE_PREFIX": key_prefix},
+        "--timeout-graceful-shutdown", "1",
+    )
+    streams = [open_stream(server.port, f"user{i}") for i in range(3)]
+    key = f"{{{key_prefix}}}:global"
+    assert int(redis_server.cli("zcard", key)) == 3
+    server.process.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM to report how it was stopped.
+    assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    # Released by aclose(), not by expiry: the leases had 30 s left.
+    assert int(redis_server.cli("zcard", key)) == 0
+    for sock in streams:
+        sock.close()

@@ -347,3 +347,54 @@ async def test_tls_with_a_private_ca(key_prefix, tmp_path):
             StreamLeaseManager(url=url, tls_ca_file=str(tmp_path / "missing.pem"))
     finally:
         server.cleanup()
+
+
+async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=2, redis_timeout=0.3,
+                         max_per_user=0, max_global=5)
+    manager = StreamLeaseManager(url=own_redis.url, config=config)
+    received = [0, 0, 0]
+
+    async def ticks(n: int):
+        while True:
+            received[n] += 1
+            yield n
+            await asyncio.sleep(0.02)
+
+    async def consume(n: int) -> None:
+        lease = await manager.acquire(f"user{n}")
+        async for _ in lease.wrap(ticks(n)):
+            pass
+
+    streams = [asyncio.create_task(consume(n)) for n in range(3)]
+
+    async def all_flowing() -> bool:
+        return min(received) > 0
+
+    await eventually(all_flowing, what="three streams to flow")
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable):  # closed: new streams are refused at once
+        await manager.acquire("newcomer")
+    own_redis.start()  # back within the lease, empty
+
+    async def converged() -> bool:
+        try:
+            return await manager.get_active_count() == 3
+        except BackendUnavailable:
+            return False
+
+    await eventually(converged, what="the count to converge to the 3 live streams")
+    before = list(received)
+
+    async def still_flowing() -> bool:
+        return all(now > then for now, then in zip(received, before, strict=True))
+
+    await eventually(still_flowing, what="the streams to go on")
+    assert not any(stream.done() for stream in streams)
+
+    # An outage longer than the lease: each stream ends with LeaseLost at its deadline.
+    own_redis.stop()
+    outcomes = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 15)
+    assert all(isinstance(outcome, LeaseLost) for outcome in outcomes)
+    own_redis.start()
+    await manager.aclose()
