@@ -23,6 +23,10 @@ pub struct LeaseConfig {
     pub max_per_user: u64,
     #[pyo3(get)]
     pub max_global: u64,
+    /// Keep a pool across every user (`max_global`, `get_active_count()`). Without it, each
+    /// user's keys get a hash tag of their own and spread across Redis Cluster shards.
+    #[pyo3(get)]
+    pub global_pool: bool,
     #[pyo3(get)]
     pub key_prefix: String,
     #[pyo3(get)]
@@ -56,6 +60,7 @@ impl LeaseConfig {
         max_global = None,
         key_prefix = None,
         *,
+        global_pool = true,
         renew_every = None,
         redis_timeout = None,
         retry_after = None,
@@ -70,6 +75,7 @@ impl LeaseConfig {
         max_per_user: Option<&Bound<'_, PyAny>>,
         max_global: Option<&Bound<'_, PyAny>>,
         key_prefix: Option<&Bound<'_, PyAny>>,
+        global_pool: bool,
         renew_every: Option<&Bound<'_, PyAny>>,
         redis_timeout: Option<&Bound<'_, PyAny>>,
         retry_after: Option<&Bound<'_, PyAny>>,
@@ -106,7 +112,17 @@ impl LeaseConfig {
         Ok(LeaseConfig {
             lease_seconds,
             max_per_user: capacity_field("max_per_user", max_per_user, 3)?,
-            max_global: capacity_field("max_global", max_global, 1000)?,
+            max_global: match (global_pool, capacity_field("max_global", max_global, 1000)?) {
+                (true, limit) => limit,
+                (false, _) if max_global.is_none_or(|v| v.is_none()) => 0,
+                (false, 0) => 0,
+                (false, _) => {
+                    return Err(PyValueError::new_err(
+                        "max_global needs the global pool: drop global_pool=False, or max_global",
+                    ))
+                }
+            },
+            global_pool,
             key_prefix: prefix_field(key_prefix)?,
             renew_every,
             redis_timeout,
@@ -123,10 +139,11 @@ impl LeaseConfig {
 
     fn __repr__(&self) -> String {
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
             self.lease_seconds,
             self.max_per_user,
             self.max_global,
+            if self.global_pool { "True" } else { "False" },
             self.key_prefix,
             self.renew_every,
             self.redis_timeout,

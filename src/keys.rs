@@ -1,7 +1,9 @@
 //! Where leases live: identity hashing and the Redis key layout.
 //!
-//! Every key of one manager shares the hash tag `{<key_prefix>}`, so the per-user pool and the
-//! global pool of one acquire sit in one Redis Cluster slot and no script ever raises CROSSSLOT.
+//! The pools of one acquire share a hash tag, so they sit in one Redis Cluster slot and no script
+//! ever raises CROSSSLOT. With a global pool every key of a manager shares `{<key_prefix>}` (one
+//! shard serves them all); without one, each user's pool has a tag of its own
+//! (`{<key_prefix>:<digest>}`) and users spread across shards.
 //! Identities are stored only as keyed digests, so `KEYS *` shows no user id.
 
 use hmac::{Hmac, Mac};
@@ -28,6 +30,7 @@ pub struct KeySpace {
     secret: Vec<u8>,
     max_per_user: u64,
     max_global: u64,
+    global_pool: bool,
 }
 
 impl KeySpace {
@@ -37,11 +40,12 @@ impl KeySpace {
             secret: config.identity_secret.clone(),
             max_per_user: config.max_per_user,
             max_global: config.max_global,
+            global_pool: config.global_pool,
         }
     }
 
-    /// The hash tag shared by every key of this key space (also the cluster routing group).
-    pub fn tag(&self) -> String {
+    /// The hash tag shared by every key of a manager with a global pool.
+    fn shared_tag(&self) -> String {
         format!("{{{}}}", self.prefix)
     }
 
@@ -53,25 +57,34 @@ impl KeySpace {
     }
 
     pub fn user_pool(&self, identity: &str) -> Pool {
+        let digest = self.identity_digest(identity);
+        let key = if self.global_pool {
+            format!("{}:user:{digest}", self.shared_tag())
+        } else {
+            format!("{{{}:{digest}}}:user", self.prefix)
+        };
         Pool {
             name: "per_user",
-            key: format!("{}:user:{}", self.tag(), self.identity_digest(identity)),
+            key,
             capacity: self.max_per_user,
         }
     }
 
-    pub fn global_pool(&self) -> Pool {
-        Pool {
+    /// None when the manager keeps no global pool (`global_pool=False`).
+    pub fn global_pool(&self) -> Option<Pool> {
+        self.global_pool.then(|| Pool {
             name: "global",
-            key: format!("{}:global", self.tag()),
+            key: format!("{}:global", self.shared_tag()),
             capacity: self.max_global,
-        }
+        })
     }
 
     /// The pools one acquire for `identity` takes atomically. The global pool is kept even when
     /// unlimited, so `get_active_count()` can always answer.
     pub fn pools_for(&self, identity: &str) -> Vec<Pool> {
-        vec![self.user_pool(identity), self.global_pool()]
+        std::iter::once(self.user_pool(identity))
+            .chain(self.global_pool())
+            .collect()
     }
 }
 
@@ -99,7 +112,20 @@ mod tests {
             secret: secret.to_vec(),
             max_per_user: 2,
             max_global: 0,
+            global_pool: true,
         }
+    }
+
+    #[test]
+    fn without_a_global_pool_each_user_has_a_tag_of_its_own() {
+        let space = KeySpace {
+            global_pool: false,
+            ..space(b"")
+        };
+        let pools = space.pools_for("alice");
+        assert_eq!(pools.len(), 1);
+        let digest = space.identity_digest("alice");
+        assert_eq!(pools[0].key, format!("{{app:{digest}}}:user"));
     }
 
     #[test]

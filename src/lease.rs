@@ -61,6 +61,14 @@ impl LeaseRecord {
         }
     }
 
+    /// The `{hash tag}` all this lease's keys share (its Redis Cluster slot).
+    pub fn hash_tag(&self) -> &str {
+        let key = self.pools.first().map_or("", |pool| pool.key.as_str());
+        key.split_once('{')
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map_or(key, |(tag, _)| tag)
+    }
+
     /// Held -> lost; false if it was released (or already lost) meanwhile.
     pub fn mark_lost(&self) -> bool {
         let lost = self

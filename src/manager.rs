@@ -230,18 +230,14 @@ impl ManagerShared {
     /// found gone are taken back where capacity allows, else become lost. A failed batch leaves
     /// its leases to the next round, and to their deadlines.
     pub async fn renew_held(&self) {
-        let (local, shared): (Vec<_>, Vec<_>) = lock(&self.held)
-            .values()
-            .cloned()
-            .partition(|record| record.local);
+        let held: Vec<_> = lock(&self.held).values().cloned().collect();
+        let (local, shared) = self.split_for_batches(held);
         let ttl_ms = self.config.lease_ms();
         let sent_at = monotonic_ms();
-        let (local_batches, shared_batches) = (backend::batches(&local), backend::batches(&shared));
-        let renewals = local_batches
-            .iter()
-            .map(|batch| (batch, &self.fallback))
-            .chain(shared_batches.iter().map(|batch| (batch, &self.backend)))
-            .map(|(batch, backend)| async move {
+        let renewals = self
+            .plan_batches(&local, &shared)
+            .into_iter()
+            .map(|(backend, batch)| async move {
                 let outcome = backend.renew(batch, ttl_ms).await;
                 if !std::ptr::eq(backend, &self.fallback) {
                     self.observe(&outcome);
@@ -288,14 +284,41 @@ impl ManagerShared {
         }
     }
 
+    /// Local leases apart from shared ones; on a cluster, shared ones sorted by hash tag so each
+    /// batch stays within one slot.
+    fn split_for_batches(
+        &self,
+        leases: Vec<Arc<LeaseRecord>>,
+    ) -> (Vec<Arc<LeaseRecord>>, Vec<Arc<LeaseRecord>>) {
+        let (local, mut shared): (Vec<_>, Vec<_>) = leases.into_iter().partition(|record| record.local);
+        if self.backend.is_cluster() {
+            shared.sort_unstable_by(|a, b| a.hash_tag().cmp(b.hash_tag()));
+        }
+        (local, shared)
+    }
+
+    /// Script-call batches and the backend each goes to.
+    fn plan_batches<'a>(
+        &'a self,
+        local: &'a [Arc<LeaseRecord>],
+        shared: &'a [Arc<LeaseRecord>],
+    ) -> Vec<(&'a Backend, &'a [Arc<LeaseRecord>])> {
+        let local = backend::batches(local, false)
+            .into_iter()
+            .map(|batch| (&self.fallback, batch));
+        let shared = backend::batches(shared, self.backend.is_cluster())
+            .into_iter()
+            .map(|batch| (&self.backend, batch));
+        local.chain(shared).collect()
+    }
+
     /// Releases many leases, in batched script calls sent together.
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
-        let (local, shared): (Vec<_>, Vec<_>) = leases.iter().cloned().partition(|record| record.local);
-        let (local_batches, shared_batches) = (backend::batches(&local), backend::batches(&shared));
-        let releases = local_batches
-            .iter()
-            .map(|batch| self.fallback.release(batch))
-            .chain(shared_batches.iter().map(|batch| self.backend.release(batch)));
+        let (local, shared) = self.split_for_batches(leases.to_vec());
+        let releases = self
+            .plan_batches(&local, &shared)
+            .into_iter()
+            .map(|(backend, batch)| backend.release(batch));
         join_all(releases).await.into_iter().sum()
     }
 
@@ -397,7 +420,11 @@ impl Manager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = match user_id.filter(|u| !u.is_none()) {
             Some(user_id) => self.shared.keys.user_pool(&identity_arg(user_id)?),
-            None => self.shared.keys.global_pool(),
+            None => self.shared.keys.global_pool().ok_or_else(|| {
+                PyValueError::new_err(
+                    "this manager keeps no global pool (global_pool=False): count one user's streams with get_active_count(user_id)",
+                )
+            })?,
         };
         self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
         let shared = Arc::clone(&self.shared);

@@ -137,3 +137,9 @@ def test_ipv6_clients_keep_their_brackets():
 
     manager = StreamLeaseManager(redis=redis_asyncio.Redis(host="::1", port=7001, db=3))
     assert manager.backend == "redis://[::1]:7001/3"
+
+
+def test_max_global_needs_the_global_pool():
+    assert LeaseConfig(global_pool=False).max_global == 0
+    with pytest.raises(ValueError, match="max_global needs the global pool"):
+        LeaseConfig(global_pool=False, max_global=10)

@@ -89,3 +89,28 @@ def _serves(node, slot: int) -> bool:
         if int(start) <= slot <= int(end or start):
             return True
     return False
+
+
+async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, key_prefix):
+    config = LeaseConfig(key_prefix=key_prefix, max_per_user=1, global_pool=False,
+                         lease_seconds=1)
+    manager = StreamLeaseManager(url=redis_cluster.url, config=config)
+    leases = [await manager.acquire(f"user{i}") for i in range(60)]
+    keys_per_node = [
+        len(node.cli("--scan", "--pattern", f"{{{key_prefix}:*").split()) for node in
+        redis_cluster.nodes
+    ]
+    assert sum(keys_per_node) == 60
+    assert sum(1 for n in keys_per_node if n > 0) == 3, keys_per_node
+    await asyncio.sleep(1.5)  # renewal batches stay within one slot each: no CROSSSLOT
+    assert manager.stats()["renew_failures"] == 0
+    assert not any(lease.lost for lease in leases)
+    assert await manager.get_active_count("user7") == 1
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("user7")
+    with pytest.raises(ValueError, match="no global pool"):
+        await manager.get_active_count()
+    await manager.aclose()
+    assert all(
+        node.cli("--scan", "--pattern", f"{{{key_prefix}:*") == "" for node in redis_cluster.nodes
+    )

@@ -236,3 +236,15 @@ async def test_an_acquire_in_flight_when_the_manager_closes_takes_nothing(make_m
     assert manager.stats()["held"] == 0
     if manager.backend != "memory://":
         await count_is(observer, 0)
+
+
+async def test_without_a_global_pool_only_per_user_caps_apply(make_manager):
+    manager = make_manager(max_per_user=1, global_pool=False)
+    leases = [await manager.acquire(f"user{i}") for i in range(30)]
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("user3")
+    with pytest.raises(ValueError, match="no global pool"):
+        await manager.get_active_count()
+    for lease in leases:
+        await lease.release()
+    assert await manager.get_active_count("user3") == 0

@@ -19,6 +19,8 @@ class LeaseConfig:
     @property
     def max_global(self) -> int: ...
     @property
+    def global_pool(self) -> bool: ...
+    @property
     def key_prefix(self) -> str: ...
     @property
     def renew_every(self) -> float: ...
@@ -39,6 +41,7 @@ class LeaseConfig:
         max_global: int | None = None,
         key_prefix: str | None = None,
         *,
+        global_pool: bool = True,
         renew_every: float | None = None,
         redis_timeout: float | None = None,
         retry_after: float | None = None,

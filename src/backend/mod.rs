@@ -17,12 +17,15 @@ pub use self::redis::RedisBackend;
 const BATCH_UNITS: u64 = 1000;
 
 /// Splits leases into script-call batches of at most `BATCH_UNITS` members (at least one lease).
-pub fn batches(leases: &[Arc<LeaseRecord>]) -> Vec<&[Arc<LeaseRecord>]> {
+/// With `one_slot`, a batch also never mixes hash tags (Redis Cluster runs a script on one slot
+/// only); the caller sorts the leases by tag first.
+pub fn batches(leases: &[Arc<LeaseRecord>], one_slot: bool) -> Vec<&[Arc<LeaseRecord>]> {
     let mut batches = Vec::new();
     let (mut start, mut units) = (0, 0);
     for (i, lease) in leases.iter().enumerate() {
         let weight = u64::from(lease.weight);
-        if i > start && units + weight > BATCH_UNITS {
+        let new_slot = one_slot && lease.hash_tag() != leases[start].hash_tag();
+        if i > start && (units + weight > BATCH_UNITS || new_slot) {
             batches.push(&leases[start..i]);
             (start, units) = (i, 0);
         }
@@ -56,6 +59,11 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Whether a script call must stay within one cluster slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Backend::Redis(r) if r.is_cluster())
+    }
+
     /// The embedded backend never waits, so its calls can finish on the caller's thread.
     pub fn is_embedded(&self) -> bool {
         matches!(self, Backend::Memory(_))
@@ -116,11 +124,22 @@ mod tests {
         };
         let lease = |weight| Arc::new(LeaseRecord::new(vec![pool.clone()], weight));
         let leases: Vec<_> = (0..2500).map(|_| lease(1)).collect();
-        let sizes: Vec<usize> = batches(&leases).iter().map(|b| b.len()).collect();
+        let sizes: Vec<usize> = batches(&leases, false).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, vec![1000, 1000, 500]);
         let heavy: Vec<_> = (0..25).map(|_| lease(100)).collect();
-        let heavy_sizes: Vec<usize> = batches(&heavy).iter().map(|b| b.len()).collect();
+        let heavy_sizes: Vec<usize> = batches(&heavy, false).iter().map(|b| b.len()).collect();
         assert_eq!(heavy_sizes, vec![10, 10, 5]);
-        assert!(batches(&[]).is_empty());
+        assert!(batches(&[], true).is_empty());
+        let tagged = |tag: &str| {
+            let pool = Pool {
+                name: "per_user",
+                key: format!("{{{tag}}}:user"),
+                capacity: 0,
+            };
+            Arc::new(LeaseRecord::new(vec![pool], 1))
+        };
+        let spread = vec![tagged("a"), tagged("a"), tagged("b")];
+        let sizes: Vec<usize> = batches(&spread, true).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![2, 1]);
     }
 }

@@ -129,6 +129,10 @@ impl RedisBackend {
         })
     }
 
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Cluster(_))
+    }
+
     pub fn target(&self) -> &str {
         &self.target
     }
@@ -223,7 +227,6 @@ impl RedisBackend {
         }
     }
 
-    // Every key of a manager shares one hash tag, so a batch never spans cluster slots.
     pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
         let invocation = batch_invocation(&scripts::RENEW, leases, Some(ttl_ms));
         let (lost, reclaimed) = self.run(&invocation).await?;
