@@ -227,7 +227,7 @@ fn seconds_field(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> 
     Ok(seconds)
 }
 
-fn capacity_field(name: &str, value: Option<&Bound<'_, PyAny>>, default: u64) -> PyResult<u64> {
+pub fn capacity_field(name: &str, value: Option<&Bound<'_, PyAny>>, default: u64) -> PyResult<u64> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(default);
     };

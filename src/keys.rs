@@ -79,8 +79,8 @@ impl KeySpace {
         })
     }
 
-    /// The pools one acquire for `identity` takes atomically. The global pool is kept even when
-    /// unlimited, so `get_active_count()` can always answer.
+    /// The pools one acquire for `identity` takes atomically, the user's first. The global pool
+    /// is kept even when unlimited, so `get_active_count()` can always answer.
     pub fn pools_for(&self, identity: &str) -> Vec<Pool> {
         std::iter::once(self.user_pool(identity))
             .chain(self.global_pool())

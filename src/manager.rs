@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::backend::{self, AcquireOutcome, Backend, MemoryBackend, RedisBackend};
 use crate::breaker::{Admission, Breaker};
 use crate::bridge::{self, Completion, Delivery};
-use crate::config::LeaseConfig;
+use crate::config::{capacity_field, LeaseConfig};
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace};
 use crate::lease::{monotonic_ms, Lease, LeaseRecord};
@@ -384,20 +384,29 @@ impl Manager {
         self.shared.backend.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None))]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
         user_id: &Bound<'py, PyAny>,
         weight: Option<&Bound<'py, PyAny>>,
+        max_per_user: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = identity_arg(user_id)?;
         let weight = weight_arg(weight)?;
+        let max_per_user = max_per_user
+            .filter(|cap| !cap.is_none())
+            .map(|cap| capacity_field("max_per_user", Some(cap), 0))
+            .transpose()?;
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(CoreError::Closed.into_pyerr(py));
         }
         self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
-        let pools = self.shared.keys.pools_for(&identity);
+        let mut pools = self.shared.keys.pools_for(&identity);
+        if let Some(cap) = max_per_user {
+            // A per-call cap (a paid tier, say): the user's pool is the same, only its limit moves.
+            pools[0].capacity = cap;
+        }
         if let Some(pool) = pools
             .iter()
             .find(|p| p.capacity > 0 && u64::from(weight) > p.capacity)

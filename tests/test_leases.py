@@ -248,3 +248,20 @@ async def test_without_a_global_pool_only_per_user_caps_apply(make_manager):
     for lease in leases:
         await lease.release()
     assert await manager.get_active_count("user3") == 0
+
+
+async def test_a_per_call_cap_serves_tiers_from_one_manager(make_manager):
+    manager = make_manager(max_per_user=1)
+    free = await manager.acquire("free-user")
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("free-user")
+    paid = [await manager.acquire("paid-user", max_per_user=3) for _ in range(3)]
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("paid-user", max_per_user=3)
+    assert refused.value.capacity == 3
+    with pytest.raises(ValueError, match="max_per_user=-1 is out of range"):
+        await manager.acquire("paid-user", max_per_user=-1)
+    async with manager.lease("free-user", max_per_user=2):
+        assert await manager.get_active_count("free-user") == 2
+    for lease in [free, *paid]:
+        await lease.release()

@@ -71,18 +71,24 @@ class StreamLeaseManager:
         """Where the leases live (``memory://`` or the Redis URL without its password)."""
         return self._core.backend
 
-    async def acquire(self, user_id: str, *, weight: int = 1) -> Lease:
-        """Takes a slot for ``user_id`` in its per-user pool and the global pool, atomically.
+    async def acquire(
+        self, user_id: str, *, weight: int = 1, max_per_user: int | None = None
+    ) -> Lease:
+        """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool,
+        atomically. ``max_per_user`` overrides the configured per-user cap for this call (a
+        paid tier, say; 0 = no limit).
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken.
         """
-        return await self._core.acquire(user_id, weight)
+        return await self._core.acquire(user_id, weight, max_per_user)
 
-    def lease(self, user_id: str, *, weight: int = 1) -> LeaseScope:
+    def lease(
+        self, user_id: str, *, weight: int = 1, max_per_user: int | None = None
+    ) -> LeaseScope:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
-        return LeaseScope(self, user_id, weight)
+        return LeaseScope(self, user_id, weight, max_per_user)
 
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
@@ -114,16 +120,21 @@ class StreamLeaseManager:
 class LeaseScope:
     """The async context manager returned by :meth:`StreamLeaseManager.lease`."""
 
-    def __init__(self, manager: StreamLeaseManager, user_id: str, weight: int) -> None:
+    def __init__(
+        self, manager: StreamLeaseManager, user_id: str, weight: int, max_per_user: int | None
+    ) -> None:
         self._manager = manager
         self._user_id = user_id
         self._weight = weight
+        self._max_per_user = max_per_user
         self._lease: Lease | None = None
         self._watch: LostWatch | None = None
         self._guard: AbstractContextManager[None] | None = None
 
     async def __aenter__(self) -> Lease:
-        lease = await self._manager.acquire(self._user_id, weight=self._weight)
+        lease = await self._manager.acquire(
+            self._user_id, weight=self._weight, max_per_user=self._max_per_user
+        )
         self._lease, self._watch = lease, LostWatch(lease)
         # Under on_lost="cancel", a lost lease cancels the block like asyncio.timeout does.
         self._guard = self._watch.guarded()
@@ -198,9 +209,7 @@ def _scheme(kwargs: dict[str, Any], connection_class: Any) -> str:
             "clients with a credential_provider are not supported: pass "
             "url='redis://user:password@host:port/db'"
         )
-    tls = kwargs.get("ssl") or (
-        connection_class is not None and "SSL" in connection_class.__name__
-    )
+    tls = kwargs.get("ssl") or (connection_class is not None and "SSL" in connection_class.__name__)
     if tls and kwargs.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
         raise TypeError(
             "TLS clients that skip certificate checks are not followed: pass tls_ca_file= "
