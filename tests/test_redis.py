@@ -19,6 +19,19 @@ from fastapi_stream_lease import (
 from helpers import eventually
 
 
+async def admits_again(manager: StreamLeaseManager, what: str) -> None:
+    """Waits until an acquire (released at once) works again after an outage."""
+
+    async def admitted() -> bool:
+        try:
+            await (await manager.acquire("probe")).release()
+        except BackendUnavailable:
+            return False
+        return True
+
+    await eventually(admitted, what=what)
+
+
 async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, redis_client,
                                                                 key_prefix):
     manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
@@ -176,14 +189,7 @@ async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(own_red
     finally:
         own_redis.resume()
 
-    async def recovered() -> bool:
-        try:
-            await (await manager.acquire("alice")).release()
-        except BackendUnavailable:
-            return False
-        return True
-
-    await eventually(recovered, what="the breaker's probe to close it again")
+    await admits_again(manager, what="the breaker's probe to close it again")
     assert not manager.stats()["breaker_open"]
     await manager.aclose()
 
@@ -224,14 +230,7 @@ async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis, key_p
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     own_redis.start()
 
-    async def admitted() -> bool:
-        try:
-            await (await manager.acquire("bob")).release()
-        except BackendUnavailable:
-            return False
-        return True
-
-    await eventually(admitted, what="admissions to resume once Redis is back")
+    await admits_again(manager, what="admissions to resume once Redis is back")
     await held.release()
     await manager.aclose()
 
