@@ -33,6 +33,9 @@ pub struct LeaseConfig {
     pub renew_every: f64,
     #[pyo3(get)]
     pub redis_timeout: f64,
+    /// How long an acquire waits in line for shared capacity (global) before it is refused.
+    #[pyo3(get)]
+    pub wait_timeout: f64,
     /// Upper bound of the `Retry-After` given with a rejection (sooner if a lease expires sooner).
     #[pyo3(get)]
     pub retry_after: f64,
@@ -63,6 +66,7 @@ impl LeaseConfig {
         global_pool = true,
         renew_every = None,
         redis_timeout = None,
+        wait_timeout = None,
         retry_after = None,
         on_lost = None,
         failure_mode = None,
@@ -78,6 +82,7 @@ impl LeaseConfig {
         global_pool: bool,
         renew_every: Option<&Bound<'_, PyAny>>,
         redis_timeout: Option<&Bound<'_, PyAny>>,
+        wait_timeout: Option<&Bound<'_, PyAny>>,
         retry_after: Option<&Bound<'_, PyAny>>,
         on_lost: Option<&Bound<'_, PyAny>>,
         failure_mode: Option<&Bound<'_, PyAny>>,
@@ -103,6 +108,7 @@ impl LeaseConfig {
                 "redis_timeout={redis_timeout} is out of range: use 0.001 to 60 seconds (it bounds every Redis call)"
             )));
         }
+        let wait_timeout = wait_seconds(wait_timeout, 0.0)?;
         let retry_after = seconds_field("retry_after", retry_after, 5.0)?;
         if !(1.0..=3600.0).contains(&retry_after) {
             return Err(PyValueError::new_err(format!(
@@ -126,6 +132,7 @@ impl LeaseConfig {
             key_prefix: prefix_field(key_prefix)?,
             renew_every,
             redis_timeout,
+            wait_timeout,
             retry_after,
             on_lost: choice_field("on_lost", on_lost, &["cancel", "continue"])?,
             failure_mode: choice_field("failure_mode", failure_mode, &["closed", "open"])?,
@@ -139,7 +146,7 @@ impl LeaseConfig {
 
     fn __repr__(&self) -> String {
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
             self.lease_seconds,
             self.max_per_user,
             self.max_global,
@@ -147,6 +154,7 @@ impl LeaseConfig {
             self.key_prefix,
             self.renew_every,
             self.redis_timeout,
+            self.wait_timeout,
             self.retry_after,
             self.on_lost,
             self.failure_mode,
@@ -222,6 +230,17 @@ fn seconds_field(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> 
     if !seconds.is_finite() {
         return Err(PyValueError::new_err(format!(
             "{name} must be finite, got {seconds}"
+        )));
+    }
+    Ok(seconds)
+}
+
+/// Seconds to wait in line: 0 (refuse at once) to an hour.
+pub fn wait_seconds(value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<f64> {
+    let seconds = seconds_field("wait_timeout", value, default)?;
+    if !(0.0..=3600.0).contains(&seconds) {
+        return Err(PyValueError::new_err(format!(
+            "wait_timeout={seconds} is out of range: use 0 (refuse at once) to 3600 seconds"
         )));
     }
     Ok(seconds)

@@ -9,6 +9,7 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::backend::Line;
 use crate::config::LeaseConfig;
 
 /// Identities longer than this are rejected: they are bugs (a request body used as a user id).
@@ -76,6 +77,19 @@ impl KeySpace {
             name: "global",
             key: format!("{}:global", self.shared_tag()),
             capacity: self.max_global,
+        })
+    }
+
+    /// The waiting line for the shared pools (None without a global pool: nothing to wait for).
+    pub fn line(&self) -> Option<Line> {
+        let tag = self.shared_tag();
+        self.global_pool.then(|| Line {
+            keys: [
+                format!("{tag}:line"),
+                format!("{tag}:line:alive"),
+                format!("{tag}:line:ticket"),
+            ],
+            channel: format!("{tag}:wake"),
         })
     }
 

@@ -4,21 +4,24 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::FutureExt;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, AcquireOutcome, Backend, MemoryBackend, RedisBackend};
+use crate::backend::{self, AcquireOutcome, Backend, InLine, Line, MemoryBackend, RedisBackend, Waiter};
 use crate::breaker::{Admission, Breaker};
 use crate::bridge::{self, Completion, Delivery};
-use crate::config::{capacity_field, LeaseConfig};
-use crate::errors::{CoreError, CoreResult};
+use crate::config::{capacity_field, wait_seconds, LeaseConfig};
+use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, KeySpace};
 use crate::lease::{monotonic_ms, Lease, LeaseRecord};
 use crate::{renewal, runtime};
@@ -28,6 +31,33 @@ const MAX_WEIGHT: u32 = 100;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How often a waiter checks again without a wake-up (a lost one costs at most this).
+const RECHECK_WAITING: Duration = Duration::from_secs(1);
+/// A waiter that has not checked for this long (its process died) leaves the line.
+const WAITER_TTL: Duration = Duration::from_secs(3);
+
+/// Leaves the line and gives back what an acquire may have taken, unless disarmed.
+struct Cleanup<'a> {
+    shared: &'a Arc<ManagerShared>,
+    record: &'a Arc<LeaseRecord>,
+    waiter: Option<&'a Waiter>,
+    armed: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The script may have run before an error or a cancellation: release is idempotent.
+        self.shared.release_in_background(self.record);
+        if let (Some(waiter), Some(line)) = (self.waiter, &self.shared.line) {
+            let (shared, line, id) = (Arc::clone(self.shared), line.clone(), waiter.id.clone());
+            runtime::handle().spawn(async move { shared.backend.leave(&line, &id).await });
+        }
+    }
 }
 
 /// A release already under way: finished (embedded backend) or running on the runtime.
@@ -41,6 +71,13 @@ pub struct ManagerShared {
     /// This process's own floor of protection while Redis is down (`failure_mode="open"`).
     fallback: Backend,
     breaker: Breaker,
+    /// The line of the shared pools (None without a global pool: nothing to wait for).
+    line: Option<Line>,
+    /// Bumped whenever a slot may have freed (a release here, or one published by any process).
+    wakeups: watch::Sender<u64>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    /// Stops the listener when the Python manager goes away (leases may outlive it).
+    listener_stop: CancellationToken,
     pub config: LeaseConfig,
     keys: KeySpace,
     /// Leases this process holds and renews, by id.
@@ -110,10 +147,13 @@ impl ManagerShared {
         let record = Arc::clone(record);
         let embedded = self.backend_of(&record).is_embedded();
         let release = async move {
-            shared
+            let line = if record.local { None } else { shared.line.as_ref() };
+            let released = shared
                 .backend_of(&record)
-                .release(std::slice::from_ref(&record))
-                .await
+                .release(std::slice::from_ref(&record), line)
+                .await;
+            shared.wake_waiters();
+            released
         };
         Some(if embedded {
             LaunchedRelease::Done(release.now_or_never().expect("the memory backend never waits"))
@@ -140,43 +180,123 @@ impl ManagerShared {
         }
     }
 
-    /// Takes a lease: from the main backend while it answers; when it does not (or the breaker
-    /// is open), refuses under `failure_mode="closed"`, or admits against this process's local
-    /// floor under `"open"`.
-    async fn acquire(self: Arc<Self>, record: Arc<LeaseRecord>) -> Completion {
+    /// Takes a lease: from the main backend while it answers, waiting in line up to `wait`
+    /// for shared capacity; when the backend does not answer (or the breaker is open), refuses
+    /// under `failure_mode="closed"`, or admits against this process's local floor under `"open"`.
+    async fn acquire(self: Arc<Self>, record: Arc<LeaseRecord>, wait: Duration) -> Completion {
         let ttl_ms = self.config.lease_ms();
-        let sent_at = monotonic_ms();
-        let unavailable = match self.breaker.admit() {
-            Admission::Go => {
-                let outcome = self.backend.acquire(&record, ttl_ms).await;
-                self.observe(&outcome);
-                match outcome {
-                    Ok(outcome) => return self.settle_acquire(record, outcome, sent_at),
-                    Err(error) => {
-                        // The script may have run before the error (a timeout): give back what it took.
-                        self.release_in_background(&record);
-                        match error {
-                            CoreError::Unavailable(_) => error,
-                            other => return Err(other),
+        let deadline = Instant::now() + wait;
+        let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            ttl_ms: WAITER_TTL.as_millis() as u64,
+        });
+        if waiter.is_some() {
+            self.listen_for_wakeups();
+        }
+        let mut wakeups = self.wakeups.subscribe();
+        // Until disarmed, leaves the line and gives back what a call may have taken, however
+        // this future ends (an error, the wait running out, cancellation).
+        let mut cleanup = Cleanup {
+            shared: &self,
+            record: &record,
+            waiter: waiter.as_ref(),
+            armed: true,
+        };
+        loop {
+            wakeups.borrow_and_update();
+            let sent_at = monotonic_ms();
+            let unavailable = match self.breaker.admit() {
+                Admission::Go => {
+                    let in_line = self.line.as_ref().map(|line| InLine {
+                        line,
+                        waiter: waiter.as_ref(),
+                    });
+                    let outcome = self.backend.acquire(&record, ttl_ms, in_line).await;
+                    self.observe(&outcome);
+                    match outcome {
+                        Ok(AcquireOutcome::Wait) => None,
+                        Ok(outcome) => {
+                            cleanup.armed = false;
+                            if waiter.is_some() {
+                                self.wake_waiters(); // a grant from the line: the next may fit too
+                            }
+                            return Arc::clone(&self).settle_acquire(Arc::clone(&record), outcome, sent_at);
                         }
+                        Err(CoreError::Unavailable(message)) => Some(CoreError::Unavailable(message)),
+                        Err(other) => return Err(other),
                     }
                 }
+                Admission::Wait(left) => Some(CoreError::Unavailable(format!(
+                    "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
+                    self.backend.describe(),
+                    left.as_millis()
+                ))),
+            };
+            if let Some(unavailable) = unavailable {
+                drop(cleanup);
+                if !self.config.fail_open() {
+                    return Err(unavailable);
+                }
+                let local = Arc::new(LeaseRecord::local(
+                    self.config.local_floor(&record.pools),
+                    record.weight,
+                ));
+                let outcome = self.fallback.acquire(&local, ttl_ms, None).await?;
+                return Arc::clone(&self).settle_acquire(local, outcome, sent_at);
             }
-            Admission::Wait(left) => CoreError::Unavailable(format!(
-                "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
-                self.backend.describe(),
-                left.as_millis()
-            )),
-        };
-        if !self.config.fail_open() {
-            return Err(unavailable);
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.waited_too_long(&record, wait));
+            }
+            // A release anywhere wakes us; the periodic check bounds a lost wake-up.
+            tokio::select! {
+                _ = wakeups.changed() => {}
+                _ = tokio::time::sleep(RECHECK_WAITING.min(deadline - now)) => {}
+            }
         }
-        let local = Arc::new(LeaseRecord::local(
-            self.config.local_floor(&record.pools),
-            record.weight,
-        ));
-        let outcome = self.fallback.acquire(&local, ttl_ms).await?;
-        self.settle_acquire(local, outcome, sent_at)
+    }
+
+    /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
+    fn waited_too_long(&self, record: &LeaseRecord, waited: Duration) -> CoreError {
+        let pool = record.pools.get(1).unwrap_or(&record.pools[0]);
+        CoreError::Rejected(Rejection {
+            limit: pool.name,
+            capacity: pool.capacity,
+            current: pool.capacity,
+            retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
+        })
+    }
+
+    fn wake_waiters(&self) {
+        self.wakeups.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Starts (once) the task that turns wake-ups published by any process into local ones.
+    fn listen_for_wakeups(self: &Arc<Self>) {
+        let (Backend::Redis(redis), Some(line)) = (&self.backend, &self.line) else {
+            return; // the embedded store wakes its waiters itself
+        };
+        let mut listener = lock(&self.listener);
+        if listener.is_some() {
+            return;
+        }
+        let _ = redis;
+        let shared = Arc::clone(self);
+        let line = line.clone();
+        *listener = Some(runtime::handle().spawn(async move {
+            let Backend::Redis(redis) = &shared.backend else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = shared.stop.cancelled() => return,
+                    _ = shared.listener_stop.cancelled() => return,
+                    _ = redis.listen(&line, || shared.wake_waiters()) => {}
+                }
+                // The subscription broke (Redis restarted, a failover): subscribe again soon.
+                tokio::time::sleep(RECHECK_WAITING).await;
+            }
+        }));
     }
 
     fn settle_acquire(
@@ -195,6 +315,7 @@ impl ManagerShared {
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
             }
+            AcquireOutcome::Wait => unreachable!("only a waiter is told to wait, and it loops"),
         }
     }
 
@@ -318,7 +439,7 @@ impl ManagerShared {
         let releases = self
             .plan_batches(&local, &shared)
             .into_iter()
-            .map(|(backend, batch)| backend.release(batch));
+            .map(|(backend, batch)| backend.release(batch, self.line.as_ref()));
         join_all(releases).await.into_iter().sum()
     }
 
@@ -354,11 +475,16 @@ impl Manager {
     fn new(url: &str, config: PyRef<'_, LeaseConfig>, tls_ca_file: Option<&str>) -> PyResult<Self> {
         let config = config.clone();
         let backend = open_backend(url, &config, tls_ca_file)?;
+        let keys = KeySpace::new(&config);
         let shared = Arc::new(ManagerShared {
             backend,
             fallback: Backend::Memory(MemoryBackend::default()),
             breaker: Breaker::default(),
-            keys: KeySpace::new(&config),
+            line: keys.line(),
+            wakeups: watch::Sender::new(0),
+            listener: Mutex::new(None),
+            listener_stop: CancellationToken::new(),
+            keys,
             config,
             held: Mutex::new(HashMap::new()),
             releases: TaskTracker::new(),
@@ -384,14 +510,16 @@ impl Manager {
         self.shared.backend.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None))]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
         user_id: &Bound<'py, PyAny>,
         weight: Option<&Bound<'py, PyAny>>,
         max_per_user: Option<&Bound<'py, PyAny>>,
+        wait_timeout: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let wait = Duration::from_secs_f64(wait_seconds(wait_timeout, self.shared.config.wait_timeout)?);
         let identity = identity_arg(user_id)?;
         let weight = weight_arg(weight)?;
         let max_per_user = max_per_user
@@ -417,8 +545,13 @@ impl Manager {
             )));
         }
         let record = Arc::new(LeaseRecord::new(pools, weight));
-        let op = Arc::clone(&self.shared).acquire(record);
-        self.shared.submit(py, op, false)
+        let op = Arc::clone(&self.shared).acquire(record, wait);
+        if wait.is_zero() {
+            self.shared.submit(py, op, false)
+        } else {
+            // A waiter stops waiting when cancelled; its cleanup leaves the line.
+            bridge::spawn(py, op, true)
+        }
     }
 
     #[pyo3(signature = (user_id = None))]

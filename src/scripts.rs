@@ -9,3 +9,4 @@ pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/renew.lua")));
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
 pub static COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/count.lua")));
+pub static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/leave.lua")));

@@ -27,6 +27,8 @@ class LeaseConfig:
     @property
     def redis_timeout(self) -> float: ...
     @property
+    def wait_timeout(self) -> float: ...
+    @property
     def retry_after(self) -> float: ...
     @property
     def on_lost(self) -> str: ...
@@ -44,6 +46,7 @@ class LeaseConfig:
         global_pool: bool = True,
         renew_every: float | None = None,
         redis_timeout: float | None = None,
+        wait_timeout: float | None = None,
         retry_after: float | None = None,
         on_lost: str | None = None,
         failure_mode: str | None = None,
@@ -81,7 +84,11 @@ class Manager:
     @property
     def backend(self) -> str: ...
     def acquire(
-        self, user_id: str, weight: int | None = None, max_per_user: int | None = None
+        self,
+        user_id: str,
+        weight: int | None = None,
+        max_per_user: int | None = None,
+        wait_timeout: float | None = None,
     ) -> Awaitable[Lease]: ...
     def count(self, user_id: str | None = None) -> Awaitable[int]: ...
     def aclose(self) -> Awaitable[None]: ...

@@ -72,23 +72,35 @@ class StreamLeaseManager:
         return self._core.backend
 
     async def acquire(
-        self, user_id: str, *, weight: int = 1, max_per_user: int | None = None
+        self,
+        user_id: str,
+        *,
+        weight: int = 1,
+        max_per_user: int | None = None,
+        wait_timeout: float | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool,
         atomically. ``max_per_user`` overrides the configured per-user cap for this call (a
-        paid tier, say; 0 = no limit).
+        paid tier, say; 0 = no limit). When the global pool is full, waits in line (first come,
+        first served, across every worker) up to ``wait_timeout`` seconds (default:
+        ``LeaseConfig.wait_timeout``); a user over their own cap is refused at once.
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
-        leaves a slot taken.
+        leaves a slot taken, nor a place in line.
         """
-        return await self._core.acquire(user_id, weight, max_per_user)
+        return await self._core.acquire(user_id, weight, max_per_user, wait_timeout)
 
     def lease(
-        self, user_id: str, *, weight: int = 1, max_per_user: int | None = None
+        self,
+        user_id: str,
+        *,
+        weight: int = 1,
+        max_per_user: int | None = None,
+        wait_timeout: float | None = None,
     ) -> LeaseScope:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
-        return LeaseScope(self, user_id, weight, max_per_user)
+        return LeaseScope(self, user_id, weight, max_per_user, wait_timeout)
 
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
@@ -121,19 +133,28 @@ class LeaseScope:
     """The async context manager returned by :meth:`StreamLeaseManager.lease`."""
 
     def __init__(
-        self, manager: StreamLeaseManager, user_id: str, weight: int, max_per_user: int | None
+        self,
+        manager: StreamLeaseManager,
+        user_id: str,
+        weight: int,
+        max_per_user: int | None,
+        wait_timeout: float | None,
     ) -> None:
         self._manager = manager
         self._user_id = user_id
         self._weight = weight
         self._max_per_user = max_per_user
+        self._wait_timeout = wait_timeout
         self._lease: Lease | None = None
         self._watch: LostWatch | None = None
         self._guard: AbstractContextManager[None] | None = None
 
     async def __aenter__(self) -> Lease:
         lease = await self._manager.acquire(
-            self._user_id, weight=self._weight, max_per_user=self._max_per_user
+            self._user_id,
+            weight=self._weight,
+            max_per_user=self._max_per_user,
+            wait_timeout=self._wait_timeout,
         )
         self._lease, self._watch = lease, LostWatch(lease)
         # Under on_lost="cancel", a lost lease cancels the block like asyncio.timeout does.

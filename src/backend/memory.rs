@@ -1,13 +1,28 @@
 //! The embedded store for one process (`memory://`): the same semantics as the Lua scripts,
 //! on a monotonic clock, under one mutex. Nothing in it ever waits.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use super::{AcquireOutcome, Renewed};
+use super::{AcquireOutcome, InLine, Renewed, Waiter};
 use crate::errors::Rejection;
+use crate::keys::Pool;
 use crate::lease::LeaseRecord;
+
+/// Why `pool` refuses: what it holds, and when its earliest lease would expire.
+fn refusal(pool: &Pool, entry: &MemoryPool, now: u64, ttl_ms: u64) -> Rejection {
+    let retry_after_ms = entry
+        .by_expiry
+        .first()
+        .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
+    Rejection {
+        limit: pool.name,
+        capacity: pool.capacity,
+        current: entry.used,
+        retry_after_ms,
+    }
+}
 
 #[derive(Default)]
 struct MemoryPool {
@@ -56,8 +71,53 @@ impl MemoryPool {
     }
 }
 
+/// The waiting line: waiter ids by ticket, first come first served.
+#[derive(Default)]
+struct MemoryLine {
+    by_ticket: BTreeMap<u64, String>,
+    /// waiter id -> (ticket, alive until ms)
+    waiters: HashMap<String, (u64, u64)>,
+    next_ticket: u64,
+}
+
+impl MemoryLine {
+    fn purge(&mut self, now: u64) {
+        let dead: Vec<String> = self
+            .waiters
+            .iter()
+            .filter(|(_, (_, alive))| *alive <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in dead {
+            self.leave(&id);
+        }
+    }
+
+    /// Enters (or refreshes) a waiter; returns how many wait before it.
+    fn enter(&mut self, waiter: &Waiter, now: u64) -> usize {
+        let next_ticket = &mut self.next_ticket;
+        let by_ticket = &mut self.by_ticket;
+        let (ticket, alive) = self.waiters.entry(waiter.id.clone()).or_insert_with(|| {
+            *next_ticket += 1;
+            by_ticket.insert(*next_ticket, waiter.id.clone());
+            (*next_ticket, 0)
+        });
+        *alive = now + waiter.ttl_ms;
+        let ticket = *ticket;
+        self.by_ticket.range(..ticket).count()
+    }
+
+    fn leave(&mut self, id: &str) -> bool {
+        match self.waiters.remove(id) {
+            Some((ticket, _)) => self.by_ticket.remove(&ticket).is_some(),
+            None => false,
+        }
+    }
+}
+
 pub struct MemoryBackend {
     pools: Mutex<HashMap<String, MemoryPool>>,
+    line: Mutex<MemoryLine>,
     origin: Instant,
 }
 
@@ -65,6 +125,7 @@ impl Default for MemoryBackend {
     fn default() -> Self {
         MemoryBackend {
             pools: Mutex::new(HashMap::new()),
+            line: Mutex::new(MemoryLine::default()),
             origin: Instant::now(),
         }
     }
@@ -79,32 +140,56 @@ impl MemoryBackend {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> AcquireOutcome {
-        let pools = &lease.pools;
+    /// The same decisions as `acquire.lua`: own quota refuses at once, shared pools make a
+    /// waiter wait, and nobody passes an earlier waiter.
+    pub fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64, in_line: Option<InLine<'_>>) -> AcquireOutcome {
         let now = self.now_ms();
         let weight = u64::from(lease.weight);
+        let pools = &lease.pools;
+        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
+        let waiter = in_line.and_then(|l| l.waiter);
+        let ahead = match in_line {
+            Some(_) => {
+                line.purge(now);
+                waiter.map_or(line.by_ticket.len(), |w| line.enter(w, now))
+            }
+            None => 0,
+        };
         let mut store = self.pools();
         // Check every pool before creating any, so refusals leave nothing behind.
         let mut used = Vec::with_capacity(pools.len());
-        for pool in pools {
+        for (i, pool) in pools.iter().enumerate() {
             let Some(entry) = store.get_mut(&pool.key) else {
                 used.push(0);
                 continue;
             };
             entry.purge(now);
             if pool.capacity > 0 && entry.used + weight > pool.capacity {
-                let retry_after_ms = entry
-                    .by_expiry
-                    .first()
-                    .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
-                return AcquireOutcome::Rejected(Rejection {
-                    limit: pool.name,
-                    capacity: pool.capacity,
-                    current: entry.used,
-                    retry_after_ms,
-                });
+                if i > 0 && waiter.is_some() {
+                    return AcquireOutcome::Wait;
+                }
+                if let Some(waiter) = waiter {
+                    line.leave(&waiter.id);
+                }
+                return AcquireOutcome::Rejected(refusal(pool, entry, now, ttl_ms));
             }
             used.push(entry.used);
+        }
+        if ahead > 0 {
+            if waiter.is_some() {
+                return AcquireOutcome::Wait;
+            }
+            let shared = pools.len().min(2) - 1;
+            let rejection = match store.get(&pools[shared].key) {
+                Some(entry) => refusal(&pools[shared], entry, now, ttl_ms),
+                None => Rejection {
+                    limit: pools[shared].name,
+                    capacity: pools[shared].capacity,
+                    current: 0,
+                    retry_after_ms: ttl_ms,
+                },
+            };
+            return AcquireOutcome::Rejected(rejection);
         }
         for (pool, used) in pools.iter().zip(used.iter_mut()) {
             store
@@ -113,7 +198,17 @@ impl MemoryBackend {
                 .insert(&lease.id, now + ttl_ms, weight);
             *used += weight;
         }
+        if let Some(waiter) = waiter {
+            line.leave(&waiter.id);
+        }
         AcquireOutcome::Granted(used)
+    }
+
+    pub fn leave(&self, waiter_id: &str) {
+        self.line
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leave(waiter_id);
     }
 
     pub fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> Renewed {
@@ -193,7 +288,6 @@ impl MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Pool;
 
     fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {
         vec![
@@ -219,14 +313,14 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(2, 0);
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), 10_000),
+            store.acquire(&lease_in(&p, 1), 10_000, None),
             AcquireOutcome::Granted(vec![1, 1])
         );
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), 10_000),
+            store.acquire(&lease_in(&p, 1), 10_000, None),
             AcquireOutcome::Granted(vec![2, 2])
         );
-        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000) else {
+        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000, None) else {
             panic!("a third lease must be refused")
         };
         assert_eq!((r.limit, r.capacity, r.current), ("per_user", 2, 2));
@@ -246,7 +340,7 @@ mod tests {
             },
         ];
         assert!(matches!(
-            store.acquire(&lease_in(&other, 1), 10_000),
+            store.acquire(&lease_in(&other, 1), 10_000, None),
             AcquireOutcome::Rejected(_)
         ));
         assert!(!store.pools().contains_key("u2"));
@@ -257,11 +351,11 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(5, 4);
         assert!(matches!(
-            store.acquire(&lease_in(&p, 3), 10_000),
+            store.acquire(&lease_in(&p, 3), 10_000, None),
             AcquireOutcome::Granted(_)
         ));
         assert!(matches!(
-            store.acquire(&lease_in(&p, 2), 10_000),
+            store.acquire(&lease_in(&p, 2), 10_000, None),
             AcquireOutcome::Rejected(_)
         ));
         assert_eq!(store.count("u"), 3);
@@ -272,7 +366,10 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(1, 0);
         let held = lease_in(&p, 1);
-        assert!(matches!(store.acquire(&held, 0), AcquireOutcome::Granted(_)));
+        assert!(matches!(
+            store.acquire(&held, 0, None),
+            AcquireOutcome::Granted(_)
+        ));
         assert_eq!(store.count("u"), 0);
         // Expired but the pool has room: renewal takes it back.
         let renewed = store.renew(std::slice::from_ref(&held), 10_000);
@@ -286,9 +383,12 @@ mod tests {
         assert_eq!(store.count("u"), 1);
         // Expired and someone else took the slot: lost, and not re-added.
         store.release(std::slice::from_ref(&held));
-        assert!(matches!(store.acquire(&held, 0), AcquireOutcome::Granted(_)));
         assert!(matches!(
-            store.acquire(&lease_in(&p, 1), 10_000),
+            store.acquire(&held, 0, None),
+            AcquireOutcome::Granted(_)
+        ));
+        assert!(matches!(
+            store.acquire(&lease_in(&p, 1), 10_000, None),
             AcquireOutcome::Granted(_)
         ));
         assert_eq!(
@@ -305,7 +405,10 @@ mod tests {
     fn release_is_idempotent() {
         let store = MemoryBackend::default();
         let held = lease_in(&pools(0, 0), 2);
-        assert!(matches!(store.acquire(&held, 10_000), AcquireOutcome::Granted(_)));
+        assert!(matches!(
+            store.acquire(&held, 10_000, None),
+            AcquireOutcome::Granted(_)
+        ));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);
         assert_eq!(store.count("g"), 0);

@@ -42,6 +42,31 @@ pub enum AcquireOutcome {
     /// Slots in use in each pool after the grant, in pool order.
     Granted(Vec<u64>),
     Rejected(Rejection),
+    /// The caller is in line: try again when woken.
+    Wait,
+}
+
+/// The first-come-first-served line of a manager's shared pools, and the channel on which a
+/// release wakes the waiters of every process.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// The line (waiter ids by ticket), the waiters' liveness (by expiry), the ticket counter.
+    pub keys: [String; 3],
+    pub channel: String,
+}
+
+/// One caller waiting in line; it must call again within `ttl_ms` or be dropped from the line.
+#[derive(Debug)]
+pub struct Waiter {
+    pub id: String,
+    pub ttl_ms: u64,
+}
+
+/// How an acquire stands to the line: a waiter in it, or a newcomer who must not jump it.
+#[derive(Debug, Clone, Copy)]
+pub struct InLine<'a> {
+    pub line: &'a Line,
+    pub waiter: Option<&'a Waiter>,
 }
 
 /// What one renew call found.
@@ -77,10 +102,26 @@ impl Backend {
     }
 
     /// Takes `weight` slots in every pool, all or nothing.
-    pub async fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> CoreResult<AcquireOutcome> {
+    pub async fn acquire(
+        &self,
+        lease: &LeaseRecord,
+        ttl_ms: u64,
+        in_line: Option<InLine<'_>>,
+    ) -> CoreResult<AcquireOutcome> {
         match self {
-            Backend::Memory(m) => Ok(m.acquire(lease, ttl_ms)),
-            Backend::Redis(r) => r.acquire(lease, ttl_ms).await,
+            Backend::Memory(m) => Ok(m.acquire(lease, ttl_ms, in_line)),
+            Backend::Redis(r) => r.acquire(lease, ttl_ms, in_line).await,
+        }
+    }
+
+    /// Takes a waiter out of the line (idempotent).
+    pub async fn leave(&self, line: &Line, waiter_id: &str) -> CoreResult<()> {
+        match self {
+            Backend::Memory(m) => {
+                m.leave(waiter_id);
+                Ok(())
+            }
+            Backend::Redis(r) => r.leave(line, waiter_id).await,
         }
     }
 
@@ -93,11 +134,12 @@ impl Backend {
         }
     }
 
-    /// Removes the leases of one batch (idempotent); returns how many were still there.
-    pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
+    /// Removes the leases of one batch (idempotent) and wakes the line's waiters in every
+    /// process; returns how many leases were still there.
+    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&Line>) -> CoreResult<u64> {
         match self {
             Backend::Memory(m) => Ok(m.release(leases)),
-            Backend::Redis(r) => r.release(leases).await,
+            Backend::Redis(r) => r.release(leases, line).await,
         }
     }
 

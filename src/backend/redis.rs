@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -13,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, TlsCertificates, Value};
 use tokio::sync::Mutex;
 
-use super::{AcquireOutcome, Renewed};
+use super::{AcquireOutcome, InLine, Line, Renewed};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::lease::LeaseRecord;
 use crate::scripts;
@@ -199,19 +200,38 @@ impl RedisBackend {
         }
     }
 
-    pub async fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64) -> CoreResult<AcquireOutcome> {
+    pub async fn acquire(
+        &self,
+        lease: &LeaseRecord,
+        ttl_ms: u64,
+        in_line: Option<InLine<'_>>,
+    ) -> CoreResult<AcquireOutcome> {
         let pools = &lease.pools;
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for pool in pools {
             invocation.key(&pool.key);
         }
-        invocation.arg(&lease.id).arg(ttl_ms).arg(lease.weight);
+        let waiter = in_line.and_then(|l| l.waiter);
+        invocation
+            .arg(&lease.id)
+            .arg(ttl_ms)
+            .arg(lease.weight)
+            .arg(waiter.map_or("", |w| w.id.as_str()))
+            .arg(waiter.map_or(0, |w| w.ttl_ms))
+            .arg(u8::from(in_line.is_some()))
+            .arg(in_line.map_or("", |l| l.line.channel.as_str()));
+        if let Some(in_line) = in_line {
+            for key in &in_line.line.keys {
+                invocation.key(key);
+            }
+        }
         for pool in pools {
             invocation.arg(pool.capacity);
         }
         let reply: Vec<u64> = self.run(&invocation).await?;
         match reply.as_slice() {
             [1, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
+            [2, _ahead] => Ok(AcquireOutcome::Wait),
             [0, index, current, retry_after_ms] => {
                 let pool = pools
                     .get((*index as usize).wrapping_sub(1))
@@ -227,14 +247,55 @@ impl RedisBackend {
         }
     }
 
+    pub async fn leave(&self, line: &Line, waiter_id: &str) -> CoreResult<()> {
+        let mut invocation = scripts::LEAVE.prepare_invoke();
+        invocation.key(&line.keys[0]).key(&line.keys[1]).arg(waiter_id);
+        self.run::<u64>(&invocation).await.map(drop)
+    }
+
     pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
-        let invocation = batch_invocation(&scripts::RENEW, leases, Some(ttl_ms));
+        let invocation = batch_invocation(&scripts::RENEW, leases, Batch::Renew { ttl_ms });
         let (lost, reclaimed) = self.run(&invocation).await?;
         Ok(Renewed { lost, reclaimed })
     }
 
-    pub async fn release(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
-        self.run(&batch_invocation(&scripts::RELEASE, leases, None)).await
+    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&Line>) -> CoreResult<u64> {
+        self.run(&batch_invocation(
+            &scripts::RELEASE,
+            leases,
+            Batch::Release { line },
+        ))
+        .await
+    }
+
+    /// Calls `woken` for every wake-up published on the line's channel, until the subscription
+    /// breaks (the caller subscribes again). A cluster has no single node to subscribe to, so
+    /// its waiters rely on their periodic check.
+    pub async fn listen(&self, line: &Line, woken: impl Fn()) -> CoreResult<()> {
+        let client = match &self.endpoint {
+            Endpoint::Standalone(client) => client.as_ref().clone(),
+            Endpoint::Sentinel(sentinel) => sentinel
+                .lock()
+                .await
+                .async_get_client()
+                .await
+                .map_err(|e| CoreError::from_redis(&e, &self.target))?,
+            Endpoint::Cluster(_) => return std::future::pending().await,
+        };
+        let subscribe = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&line.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let mut pubsub = tokio::time::timeout(self.timeout, subscribe)
+            .await
+            .map_err(|_| CoreError::timeout(&self.target, self.timeout))?
+            .map_err(|e| CoreError::from_redis(&e, &self.target))?;
+        let mut messages = pubsub.on_message();
+        while messages.next().await.is_some() {
+            woken();
+        }
+        Ok(())
     }
 
     pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
@@ -285,12 +346,20 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
         .map_err(|e| bad(e.to_string()))
 }
 
-/// KEYS: each distinct pool once; ARGV: `ttl_ms` (renew only), then per lease: id, weight, pool
-/// count k, and k KEYS indexes, each followed by that pool's capacity when renewing.
+/// What a batched script call does, and the arguments that go before the leases.
+enum Batch<'a> {
+    /// ARGV starts with the lease duration; each pool index is followed by its capacity.
+    Renew { ttl_ms: u64 },
+    /// ARGV starts with the wake-up channel ('' without a line); the line is the last key.
+    Release { line: Option<&'a Line> },
+}
+
+/// KEYS: each distinct pool once (then the line, for a release); ARGV: the batch's lead argument,
+/// then per lease: id, weight, pool count k, and k KEYS indexes (with capacities, for a renew).
 fn batch_invocation<'a>(
     script: &'a Script,
     leases: &[Arc<LeaseRecord>],
-    renew_ttl_ms: Option<u64>,
+    batch: Batch<'_>,
 ) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     let mut key_index: HashMap<&str, usize> = HashMap::new();
@@ -300,14 +369,25 @@ fn batch_invocation<'a>(
             invocation.key(&pool.key);
         }
     }
-    if let Some(ttl_ms) = renew_ttl_ms {
-        invocation.arg(ttl_ms);
-    }
+    let with_capacity = match batch {
+        Batch::Renew { ttl_ms } => {
+            invocation.arg(ttl_ms);
+            true
+        }
+        Batch::Release { line: Some(line) } => {
+            invocation.key(&line.keys[0]).arg(&line.channel);
+            false
+        }
+        Batch::Release { line: None } => {
+            invocation.arg("");
+            false
+        }
+    };
     for lease in leases {
         invocation.arg(&lease.id).arg(lease.weight).arg(lease.pools.len());
         for pool in &lease.pools {
             invocation.arg(key_index[pool.key.as_str()]);
-            if renew_ttl_ms.is_some() {
+            if with_capacity {
                 invocation.arg(pool.capacity);
             }
         }

@@ -1,34 +1,85 @@
--- Acquire one lease in every pool of KEYS at once, all or nothing.
--- KEYS: the pools (sorted sets: member = lease id, score = expiry in ms), all in one hash slot.
+-- Acquire one lease in every pool at once, all or nothing, first come first served.
+-- KEYS[1..n]: the pools (sorted sets: member = lease id, score = expiry in ms), all in one hash
+-- slot; KEYS[1] is the caller's own quota (a full one refuses at once, never makes it wait).
+-- With a waiting line (ARGV[6] = 1), KEYS[n+1..n+3]: the line (sorted set: waiter id by ticket),
+-- the waiters' liveness (sorted set: waiter id by expiry in ms) and the ticket counter.
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
--- ARGV[3 + i]: capacity of KEYS[i] (0 = unlimited).
+-- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: waiter liveness in ms;
+-- ARGV[6]: 1 if the line's keys follow the pools, else 0; ARGV[7]: the channel to PUBLISH on
+-- when a grant leaves others in line (they may fit too); ARGV[7 + i]: capacity of KEYS[i]
+-- (0 = unlimited).
 -- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
--- Returns {1, used_1, ..., used_n} (slots in use after the grant), or {0, i, used_i, retry_ms}
--- when KEYS[i] has no room: retry_ms is the time until its earliest lease would expire.
+-- Returns {1, used_1, ..., used_n} (slots in use after the grant); {0, i, used_i, retry_ms}
+-- when KEYS[i] refuses (retry_ms: time until its earliest lease would expire); {2, ahead} when
+-- the caller is in line and should wait (ahead: waiters before it).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
+local waiter = ARGV[4]
+local queued = ARGV[6] == '1'
+local pools = queued and #KEYS - 3 or #KEYS
+
+local function refusal(i, used)
+  local retry = ttl
+  local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  if first[2] then
+    retry = math.max(tonumber(first[2]) - now, 1)
+  end
+  return {0, i, used, retry}
+end
+
+local ahead = 0
+if queued then
+  local line, alive, tickets = KEYS[pools + 1], KEYS[pools + 2], KEYS[pools + 3]
+  -- Waiters whose process stopped refreshing them leave the line.
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 1000)
+  for _, gone in ipairs(dead) do
+    redis.call('ZREM', line, gone)
+    redis.call('ZREM', alive, gone)
+  end
+  if waiter ~= '' then
+    if not redis.call('ZSCORE', line, waiter) then
+      redis.call('ZADD', line, redis.call('INCR', tickets), waiter)
+    end
+    redis.call('ZADD', alive, now + tonumber(ARGV[5]), waiter)
+    for _, key in ipairs({line, alive, tickets}) do
+      redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
+    end
+    ahead = redis.call('ZRANK', line, waiter)
+  else
+    ahead = redis.call('ZCARD', line)
+  end
+end
 
 local used = {}
-for i = 1, #KEYS do
+for i = 1, pools do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   used[i] = redis.call('ZCARD', KEYS[i])
-  local capacity = tonumber(ARGV[3 + i])
+  local capacity = tonumber(ARGV[7 + i])
   if capacity > 0 and used[i] + weight > capacity then
-    local retry = ttl
-    local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
-    if first[2] then
-      retry = math.max(tonumber(first[2]) - now, 1)
+    if i == 1 or waiter == '' then
+      if queued and waiter ~= '' then
+        redis.call('ZREM', KEYS[pools + 1], waiter)
+        redis.call('ZREM', KEYS[pools + 2], waiter)
+      end
+      return refusal(i, used[i])
     end
-    return {0, i, used[i], retry}
+    return {2, ahead}
   end
+end
+-- Room for this lease, but earlier arrivals go first.
+if ahead > 0 then
+  if waiter == '' then
+    return refusal(math.min(2, pools), used[math.min(2, pools)])
+  end
+  return {2, ahead}
 end
 
 local expiry = now + ttl
 local granted = {1}
-for i = 1, #KEYS do
+for i = 1, pools do
   redis.call('ZADD', KEYS[i], expiry, id)
   for unit = 2, weight do
     redis.call('ZADD', KEYS[i], expiry, id .. '#' .. unit)
@@ -38,5 +89,12 @@ for i = 1, #KEYS do
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
   granted[i + 1] = used[i] + weight
+end
+if queued and waiter ~= '' then
+  redis.call('ZREM', KEYS[pools + 1], waiter)
+  redis.call('ZREM', KEYS[pools + 2], waiter)
+  if redis.call('ZCARD', KEYS[pools + 1]) > 0 then
+    redis.call('PUBLISH', ARGV[7], 0)
+  end
 end
 return granted

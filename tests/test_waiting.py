@@ -1,0 +1,170 @@
+"""Waiting in line for shared capacity: first come, first served, across workers, with no
+polling; waiters that give up, are cancelled or die leave the line."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+
+from fastapi_stream_lease import StreamLeaseRejected
+
+from helpers import count_is, eventually
+
+
+async def test_a_waiter_is_admitted_when_a_slot_frees(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("alice")
+    waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=10))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 5)
+    assert await manager.get_active_count() == 1
+    await lease.release()
+
+
+async def test_a_wait_that_runs_out_is_refused_with_503(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1, wait_timeout=0.3)
+    holder = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("bob")
+    assert refused.value.limit == "global" and refused.value.status_code == 503
+    assert refused.value.retry_after >= 1
+    await holder.release()
+    late = await manager.acquire("bob")  # the timed-out waiter left the line
+    await late.release()
+
+
+async def test_own_quota_is_refused_at_once_even_with_a_wait(make_manager):
+    manager = make_manager(max_per_user=1, max_global=10, wait_timeout=30)
+    lease = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await asyncio.wait_for(manager.acquire("alice"), 5)
+    assert refused.value.status_code == 429
+    await lease.release()
+
+
+async def test_waiters_are_served_in_arrival_order(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("first")
+    order: list[str] = []
+
+    async def wait_then_hold(name: str) -> None:
+        lease = await manager.acquire(name, wait_timeout=20)
+        order.append(name)
+        await asyncio.sleep(0.05)
+        await lease.release()
+
+    names = [f"w{i}" for i in range(8)]
+    tasks = []
+    for name in names:
+        tasks.append(asyncio.create_task(wait_then_hold(name)))
+        await asyncio.sleep(0.05)  # a known arrival order
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert order == names
+
+
+async def test_newcomers_do_not_jump_the_line(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("alice")
+    waiter = asyncio.create_task(manager.acquire("bob", wait_timeout=10))
+    await asyncio.sleep(0.1)
+    await holder.release()
+    # bob is woken; a newcomer that will not wait does not take bob's slot meanwhile
+    results = await asyncio.gather(manager.acquire("carol"), waiter, return_exceptions=True)
+    granted = [r for r in results if not isinstance(r, BaseException)]
+    assert len(granted) == 1
+    for lease in granted:
+        await lease.release()
+
+
+async def test_cancelled_waiters_leave_the_line(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("alice")
+    early = asyncio.create_task(manager.acquire("early", wait_timeout=30))
+    await asyncio.sleep(0.1)
+    late = asyncio.create_task(manager.acquire("late", wait_timeout=30))
+    await asyncio.sleep(0.1)
+    early.cancel()  # the first in line gives up (its client went away)
+    with pytest.raises(asyncio.CancelledError):
+        await early
+    await holder.release()
+    lease = await asyncio.wait_for(late, 5)  # not blocked behind the cancelled waiter
+    await lease.release()
+    await count_is(manager, 0)
+
+
+async def test_capacity_3_and_300_waiters_never_more_than_3(make_manager):
+    manager = make_manager(max_per_user=0, max_global=3)
+    peak = 0
+    inside = 0
+
+    async def one(i: int) -> None:
+        nonlocal peak, inside
+        lease = await manager.acquire(f"user{i}", wait_timeout=60)
+        inside += 1
+        peak = max(peak, inside)
+        await asyncio.sleep(0.005)
+        inside -= 1
+        await lease.release()
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(300))), 120)
+    assert peak == 3
+    await count_is(manager, 0)
+
+
+WAITER = """
+import asyncio, sys
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+async def main():
+    config = LeaseConfig(max_per_user=0, max_global=1, key_prefix=sys.argv[2])
+    manager = StreamLeaseManager(url=sys.argv[1], config=config)
+    print("waiting", flush=True)
+    lease = await manager.acquire(sys.argv[3], wait_timeout=60)
+    print("admitted", flush=True)
+    await asyncio.sleep(float(sys.argv[4]))
+    await lease.release()
+    await manager.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def start_waiter(url: str, prefix: str, name: str, hold: float):
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WAITER, url, prefix, name, str(hold),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert await asyncio.wait_for(process.stdout.readline(), 30) == b"waiting\n"
+    return process
+
+
+async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, key_prefix,
+                                                              make_manager, backend_url):
+    if backend_url == "memory://":
+        pytest.skip("the embedded store serves one process")
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("holder")
+    first = await start_waiter(redis_server.url, key_prefix, "first", 0.2)
+    await asyncio.sleep(0.3)  # in line before the next one
+    doomed = await start_waiter(redis_server.url, key_prefix, "doomed", 0.2)
+    await asyncio.sleep(0.3)
+    last = await start_waiter(redis_server.url, key_prefix, "last", 0.2)
+    await asyncio.sleep(0.3)
+    doomed.send_signal(signal.SIGKILL)  # dies in line
+    await doomed.wait()
+    await holder.release()
+    assert await asyncio.wait_for(first.stdout.readline(), 10) == b"admitted\n"
+    # "last" is admitted after "first" without waiting for anything of the dead waiter's
+    assert await asyncio.wait_for(last.stdout.readline(), 10) == b"admitted\n"
+    assert await first.wait() == 0 and await last.wait() == 0
+
+    async def empty() -> bool:
+        return await manager.get_active_count() == 0
+
+    await eventually(empty, what="every slot to be free")
