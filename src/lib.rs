@@ -12,6 +12,7 @@ mod manager;
 mod renewal;
 mod runtime;
 mod scripts;
+mod waiting;
 
 use pyo3::prelude::*;
 

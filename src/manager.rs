@@ -24,6 +24,7 @@ use crate::config::{capacity_field, wait_seconds, LeaseConfig};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, KeySpace};
 use crate::lease::{monotonic_ms, Lease, LeaseRecord};
+use crate::waiting::{LocalLine, LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use crate::{renewal, runtime};
 
 /// A lease of weight w is w members per pool: keep scripts short.
@@ -32,11 +33,6 @@ const MAX_WEIGHT: u32 = 100;
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
-
-/// How often a waiter checks again without a wake-up (a lost one costs at most this).
-const RECHECK_WAITING: Duration = Duration::from_secs(1);
-/// A waiter that has not checked for this long (its process died) leaves the line.
-const WAITER_TTL: Duration = Duration::from_secs(3);
 
 /// Leaves the line and gives back what an acquire may have taken, unless disarmed.
 struct Cleanup<'a> {
@@ -78,6 +74,8 @@ pub struct ManagerShared {
     listener: Mutex<Option<JoinHandle<()>>>,
     /// Stops the listener when the Python manager goes away (leases may outlive it).
     listener_stop: CancellationToken,
+    /// This process's waiters, in arrival order.
+    local_line: LocalLine,
     pub config: LeaseConfig,
     keys: KeySpace,
     /// Leases this process holds and renews, by id.
@@ -202,7 +200,18 @@ impl ManagerShared {
             waiter: waiter.as_ref(),
             armed: true,
         };
+        // Set once in line: this process's earliest waiter speaks for all of its waiters.
+        let mut local_turn: Option<LocalTurn<'_>> = None;
         loop {
+            if let Some(turn) = local_turn
+                .as_ref()
+                .filter(|t| !self.local_line.is_first(t.ticket))
+            {
+                tokio::select! {
+                    _ = turn.turn.notified() => continue,
+                    _ = tokio::time::sleep_until(deadline) => return Err(self.waited_too_long(&record, wait)),
+                }
+            }
             wakeups.borrow_and_update();
             let sent_at = monotonic_ms();
             let unavailable = match self.breaker.admit() {
@@ -214,7 +223,17 @@ impl ManagerShared {
                     let outcome = self.backend.acquire(&record, ttl_ms, in_line).await;
                     self.observe(&outcome);
                     match outcome {
-                        Ok(AcquireOutcome::Wait) => None,
+                        Ok(AcquireOutcome::Wait(ticket)) => {
+                            if let (None, Some(waiter)) = (&local_turn, &waiter) {
+                                let turn = self.local_line.join(ticket, &waiter.id);
+                                local_turn = Some(LocalTurn {
+                                    line: &self.local_line,
+                                    ticket,
+                                    turn,
+                                });
+                            }
+                            None
+                        }
                         Ok(outcome) => {
                             cleanup.armed = false;
                             if waiter.is_some() {
@@ -248,7 +267,15 @@ impl ManagerShared {
             if now >= deadline {
                 return Err(self.waited_too_long(&record, wait));
             }
-            // A release anywhere wakes us; the periodic check bounds a lost wake-up.
+            // A release anywhere wakes us; the periodic check bounds a lost wake-up and keeps this
+            // process's waiters alive in the shared line.
+            if let (Some(line), true) = (&self.line, self.local_line.heartbeat_due()) {
+                let ids = self.local_line.ids();
+                let _ = self
+                    .backend
+                    .heartbeat(line, &ids, WAITER_TTL.as_millis() as u64)
+                    .await;
+            }
             tokio::select! {
                 _ = wakeups.changed() => {}
                 _ = tokio::time::sleep(RECHECK_WAITING.min(deadline - now)) => {}
@@ -315,7 +342,7 @@ impl ManagerShared {
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
             }
-            AcquireOutcome::Wait => unreachable!("only a waiter is told to wait, and it loops"),
+            AcquireOutcome::Wait(_) => unreachable!("only a waiter is told to wait, and it loops"),
         }
     }
 
@@ -468,6 +495,13 @@ pub struct Manager {
     shared: Arc<ManagerShared>,
 }
 
+impl Drop for Manager {
+    /// Nobody can wait any more; leases still held keep their renewal.
+    fn drop(&mut self) {
+        self.shared.listener_stop.cancel();
+    }
+}
+
 #[pymethods]
 impl Manager {
     #[new]
@@ -484,6 +518,7 @@ impl Manager {
             wakeups: watch::Sender::new(0),
             listener: Mutex::new(None),
             listener_stop: CancellationToken::new(),
+            local_line: LocalLine::default(),
             keys,
             config,
             held: Mutex::new(HashMap::new()),

@@ -10,3 +10,4 @@ pub static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
 pub static COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/count.lua")));
 pub static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/leave.lua")));
+pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/heartbeat.lua")));

@@ -168,3 +168,46 @@ async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, ke
         return await manager.get_active_count() == 0
 
     await eventually(empty, what="every slot to be free")
+
+
+CROWD = """
+import asyncio, sys
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+async def main():
+    config = LeaseConfig(max_per_user=0, max_global=3, key_prefix=sys.argv[2])
+    manager = StreamLeaseManager(url=sys.argv[1], config=config)
+
+    async def one(i):
+        lease = await manager.acquire(f"{sys.argv[3]}-{i}", wait_timeout=120)
+        await asyncio.sleep(0.005)
+        await lease.release()
+
+    await asyncio.gather(*(one(i) for i in range(100)))
+    print("done", flush=True)
+    await manager.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server, redis_client,
+                                                                   key_prefix):
+    crowd = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CROWD, redis_server.url, key_prefix, f"p{n}",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for n in range(3)
+    ]
+    key = f"{{{key_prefix}}}:global"
+    peak = 0
+    while any(process.returncode is None for process in crowd):
+        seconds, micros = redis_client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        peak = max(peak, redis_client.zcount(key, f"({now_ms}", "+inf"))
+        await asyncio.sleep(0.002)
+    assert peak <= 3
+    for process in crowd:
+        assert await process.stdout.read() == b"done\n"
+        assert process.returncode == 0

@@ -93,8 +93,8 @@ impl MemoryLine {
         }
     }
 
-    /// Enters (or refreshes) a waiter; returns how many wait before it.
-    fn enter(&mut self, waiter: &Waiter, now: u64) -> usize {
+    /// Enters (or refreshes) a waiter; returns how many wait before it, and its ticket.
+    fn enter(&mut self, waiter: &Waiter, now: u64) -> (usize, u64) {
         let next_ticket = &mut self.next_ticket;
         let by_ticket = &mut self.by_ticket;
         let (ticket, alive) = self.waiters.entry(waiter.id.clone()).or_insert_with(|| {
@@ -104,7 +104,7 @@ impl MemoryLine {
         });
         *alive = now + waiter.ttl_ms;
         let ticket = *ticket;
-        self.by_ticket.range(..ticket).count()
+        (self.by_ticket.range(..ticket).count(), ticket)
     }
 
     fn leave(&mut self, id: &str) -> bool {
@@ -148,12 +148,12 @@ impl MemoryBackend {
         let pools = &lease.pools;
         let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
         let waiter = in_line.and_then(|l| l.waiter);
-        let ahead = match in_line {
+        let (ahead, ticket) = match in_line {
             Some(_) => {
                 line.purge(now);
-                waiter.map_or(line.by_ticket.len(), |w| line.enter(w, now))
+                waiter.map_or((line.by_ticket.len(), 0), |w| line.enter(w, now))
             }
-            None => 0,
+            None => (0, 0),
         };
         let mut store = self.pools();
         // Check every pool before creating any, so refusals leave nothing behind.
@@ -166,7 +166,7 @@ impl MemoryBackend {
             entry.purge(now);
             if pool.capacity > 0 && entry.used + weight > pool.capacity {
                 if i > 0 && waiter.is_some() {
-                    return AcquireOutcome::Wait;
+                    return AcquireOutcome::Wait(ticket);
                 }
                 if let Some(waiter) = waiter {
                     line.leave(&waiter.id);
@@ -177,7 +177,7 @@ impl MemoryBackend {
         }
         if ahead > 0 {
             if waiter.is_some() {
-                return AcquireOutcome::Wait;
+                return AcquireOutcome::Wait(ticket);
             }
             let shared = pools.len().min(2) - 1;
             let rejection = match store.get(&pools[shared].key) {
@@ -202,6 +202,16 @@ impl MemoryBackend {
             line.leave(&waiter.id);
         }
         AcquireOutcome::Granted(used)
+    }
+
+    pub fn heartbeat(&self, waiter_ids: &[String], ttl_ms: u64) {
+        let alive_until = self.now_ms() + ttl_ms;
+        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in waiter_ids {
+            if let Some((_, alive)) = line.waiters.get_mut(id) {
+                *alive = alive_until;
+            }
+        }
     }
 
     pub fn leave(&self, waiter_id: &str) {

@@ -42,8 +42,8 @@ pub enum AcquireOutcome {
     /// Slots in use in each pool after the grant, in pool order.
     Granted(Vec<u64>),
     Rejected(Rejection),
-    /// The caller is in line: try again when woken.
-    Wait,
+    /// The caller is in line with this ticket (lower is earlier): try again when woken.
+    Wait(u64),
 }
 
 /// The first-come-first-served line of a manager's shared pools, and the channel on which a
@@ -111,6 +111,17 @@ impl Backend {
         match self {
             Backend::Memory(m) => Ok(m.acquire(lease, ttl_ms, in_line)),
             Backend::Redis(r) => r.acquire(lease, ttl_ms, in_line).await,
+        }
+    }
+
+    /// Keeps this process's waiters alive in the line.
+    pub async fn heartbeat(&self, line: &Line, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+        match self {
+            Backend::Memory(m) => {
+                m.heartbeat(waiter_ids, ttl_ms);
+                Ok(())
+            }
+            Backend::Redis(r) => r.heartbeat(line, waiter_ids, ttl_ms).await,
         }
     }
 

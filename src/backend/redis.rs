@@ -231,7 +231,7 @@ impl RedisBackend {
         let reply: Vec<u64> = self.run(&invocation).await?;
         match reply.as_slice() {
             [1, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
-            [2, _ahead] => Ok(AcquireOutcome::Wait),
+            [2, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
             [0, index, current, retry_after_ms] => {
                 let pool = pools
                     .get((*index as usize).wrapping_sub(1))
@@ -250,6 +250,12 @@ impl RedisBackend {
     pub async fn leave(&self, line: &Line, waiter_id: &str) -> CoreResult<()> {
         let mut invocation = scripts::LEAVE.prepare_invoke();
         invocation.key(&line.keys[0]).key(&line.keys[1]).arg(waiter_id);
+        self.run::<u64>(&invocation).await.map(drop)
+    }
+
+    pub async fn heartbeat(&self, line: &Line, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+        let mut invocation = scripts::HEARTBEAT.prepare_invoke();
+        invocation.key(&line.keys[1]).arg(ttl_ms).arg(waiter_ids);
         self.run::<u64>(&invocation).await.map(drop)
     }
 

@@ -10,8 +10,8 @@
 -- (0 = unlimited).
 -- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
 -- Returns {1, used_1, ..., used_n} (slots in use after the grant); {0, i, used_i, retry_ms}
--- when KEYS[i] refuses (retry_ms: time until its earliest lease would expire); {2, ahead} when
--- the caller is in line and should wait (ahead: waiters before it).
+-- when KEYS[i] refuses (retry_ms: time until its earliest lease would expire); {2, ticket} when
+-- the caller is in line and should wait (ticket: its place, lower is earlier).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
@@ -30,7 +30,7 @@ local function refusal(i, used)
   return {0, i, used, retry}
 end
 
-local ahead = 0
+local ahead, ticket = 0, 0
 if queued then
   local line, alive, tickets = KEYS[pools + 1], KEYS[pools + 2], KEYS[pools + 3]
   -- Waiters whose process stopped refreshing them leave the line.
@@ -40,8 +40,10 @@ if queued then
     redis.call('ZREM', alive, gone)
   end
   if waiter ~= '' then
-    if not redis.call('ZSCORE', line, waiter) then
-      redis.call('ZADD', line, redis.call('INCR', tickets), waiter)
+    ticket = tonumber(redis.call('ZSCORE', line, waiter))
+    if not ticket then
+      ticket = redis.call('INCR', tickets)
+      redis.call('ZADD', line, ticket, waiter)
     end
     redis.call('ZADD', alive, now + tonumber(ARGV[5]), waiter)
     for _, key in ipairs({line, alive, tickets}) do
@@ -66,7 +68,7 @@ for i = 1, pools do
       end
       return refusal(i, used[i])
     end
-    return {2, ahead}
+    return {2, ticket}
   end
 end
 -- Room for this lease, but earlier arrivals go first.
@@ -74,7 +76,7 @@ if ahead > 0 then
   if waiter == '' then
     return refusal(math.min(2, pools), used[math.min(2, pools)])
   end
-  return {2, ahead}
+  return {2, ticket}
 end
 
 local expiry = now + ttl

@@ -1,0 +1,98 @@
+//! This process's side of the waiting line. Waiters line up here by the ticket the shared line
+//! gave them; only the earliest one talks to Redis (when woken by a release, at a periodic check, and to keep every
+//! local waiter alive in the shared line). The others sleep until their turn, so the Redis work of
+//! waiting grows with releases and processes, not with the number of waiters.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// How often the earliest waiter checks again without a wake-up (a lost one costs at most this).
+pub const RECHECK_WAITING: Duration = Duration::from_secs(1);
+/// A waiter not refreshed for this long (its process died) leaves the shared line.
+pub const WAITER_TTL: Duration = Duration::from_secs(3);
+
+#[derive(Default)]
+pub struct LocalLine {
+    /// ticket -> (waiter id, fired when it becomes the earliest)
+    waiters: Mutex<BTreeMap<u64, (String, Arc<Notify>)>>,
+    last_heartbeat: Mutex<Option<Instant>>,
+}
+
+impl LocalLine {
+    fn waiters(&self) -> MutexGuard<'_, BTreeMap<u64, (String, Arc<Notify>)>> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lines up a waiter by its ticket; the returned `Notify` fires when it becomes the earliest.
+    pub fn join(&self, ticket: u64, id: &str) -> Arc<Notify> {
+        let turn = Arc::new(Notify::new());
+        self.waiters().insert(ticket, (id.to_owned(), Arc::clone(&turn)));
+        turn
+    }
+
+    pub fn is_first(&self, ticket: u64) -> bool {
+        self.waiters().keys().next() == Some(&ticket)
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.waiters().values().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Removes a waiter; if it was the earliest, the next one's turn comes.
+    pub fn leave(&self, ticket: u64) {
+        let mut waiters = self.waiters();
+        let was_first = waiters.keys().next() == Some(&ticket);
+        waiters.remove(&ticket);
+        if was_first {
+            if let Some((_, next)) = waiters.values().next() {
+                next.notify_one();
+            }
+        }
+    }
+
+    /// True at most once per `RECHECK_WAITING`: time to refresh every local waiter's liveness.
+    pub fn heartbeat_due(&self) -> bool {
+        let mut last = self.last_heartbeat.lock().unwrap_or_else(PoisonError::into_inner);
+        let due = last.is_none_or(|at| at.elapsed() >= RECHECK_WAITING);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    }
+}
+
+/// Leaves the local line however the waiter's acquire ends.
+pub struct LocalTurn<'a> {
+    pub line: &'a LocalLine,
+    pub ticket: u64,
+    pub turn: Arc<Notify>,
+}
+
+impl Drop for LocalTurn<'_> {
+    fn drop(&mut self) {
+        self.line.leave(self.ticket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lowest_ticket_has_the_turn_and_passes_it_on() {
+        let line = LocalLine::default();
+        line.join(7, "b");
+        line.join(3, "a"); // an earlier ticket that answered later
+        line.join(9, "c");
+        assert!(line.is_first(3) && !line.is_first(7));
+        line.leave(7); // a later waiter leaving changes nobody's turn
+        assert!(line.is_first(3));
+        line.leave(3);
+        assert!(line.is_first(9));
+        assert_eq!(line.ids(), vec!["c".to_owned()]);
+        assert!(line.heartbeat_due() && !line.heartbeat_due());
+    }
+}
