@@ -2,6 +2,7 @@
 //! (defined in `fastapi_stream_lease/errors.py`, all under `StreamLeaseError`).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -12,8 +13,8 @@ use pyo3::types::PyType;
 /// Which pool refused an acquire, with what it saw.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejection {
-    /// Pool name as users see it: `"per_user"` or `"global"`.
-    pub limit: &'static str,
+    /// Pool name as users see it: `"per_user"`, `"global"` or a resource's name.
+    pub limit: Arc<str>,
     pub capacity: u64,
     pub current: u64,
     pub retry_after_ms: u64,
@@ -120,7 +121,7 @@ impl CoreError {
             CoreError::Rejected(r) => class("StreamLeaseRejected").and_then(|cls| {
                 cls.call1((
                     self.to_string(),
-                    r.limit,
+                    &*r.limit,
                     r.capacity,
                     r.current,
                     retry_after_seconds(r.retry_after_ms),

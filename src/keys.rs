@@ -6,11 +6,16 @@
 //! (`{<key_prefix>:<digest>}`) and users spread across shards.
 //! Identities are stored only as keyed digests, so `KEYS *` shows no user id.
 
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::backend::Line;
 use crate::config::LeaseConfig;
+
+/// The name of every user's own pool: a full one refuses at once, never makes anyone wait.
+pub const PER_USER: &str = "per_user";
 
 /// Identities longer than this are rejected: they are bugs (a request body used as a user id).
 pub const MAX_IDENTITY_BYTES: usize = 1024;
@@ -18,8 +23,8 @@ pub const MAX_IDENTITY_BYTES: usize = 1024;
 /// One capacity-limited pool: a sorted set of lease ids scored by expiry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pool {
-    /// Name shown to users when this pool refuses: `"per_user"` or `"global"`.
-    pub name: &'static str,
+    /// Name shown to users when this pool refuses: `"per_user"`, `"global"` or a resource's.
+    pub name: Arc<str>,
     pub key: String,
     /// 0 means unlimited (the pool still counts).
     pub capacity: u64,
@@ -65,7 +70,7 @@ impl KeySpace {
             format!("{{{}:{digest}}}:user", self.prefix)
         };
         Pool {
-            name: "per_user",
+            name: "per_user".into(),
             key,
             capacity: self.max_per_user,
         }
@@ -74,7 +79,7 @@ impl KeySpace {
     /// None when the manager keeps no global pool (`global_pool=False`).
     pub fn global_pool(&self) -> Option<Pool> {
         self.global_pool.then(|| Pool {
-            name: "global",
+            name: "global".into(),
             key: format!("{}:global", self.shared_tag()),
             capacity: self.max_global,
         })
@@ -93,11 +98,30 @@ impl KeySpace {
         })
     }
 
-    /// The pools one acquire for `identity` takes atomically, the user's first. The global pool
-    /// is kept even when unlimited, so `get_active_count()` can always answer.
-    pub fn pools_for(&self, identity: &str) -> Vec<Pool> {
-        std::iter::once(self.user_pool(identity))
-            .chain(self.global_pool())
+    /// A named shared resource (a database, a GPU model) with its capacity.
+    pub fn resource_pool(&self, name: &str, capacity: u64) -> Pool {
+        Pool {
+            name: name.into(),
+            key: format!("{}:resource:{name}", self.shared_tag()),
+            capacity,
+        }
+    }
+
+    /// The pools one acquire takes atomically, the user's own first: a stream of `identity`
+    /// takes its user pool and the global pool (kept even when unlimited, so
+    /// `get_active_count()` can always answer); `resources` add theirs. Without an identity
+    /// (resources only), neither user nor global pool is taken.
+    pub fn pools_for(&self, identity: Option<&str>, resources: &[(String, u64)]) -> Vec<Pool> {
+        let stream =
+            identity.map(|identity| std::iter::once(self.user_pool(identity)).chain(self.global_pool()));
+        stream
+            .into_iter()
+            .flatten()
+            .chain(
+                resources
+                    .iter()
+                    .map(|(name, capacity)| self.resource_pool(name, *capacity)),
+            )
             .collect()
     }
 }
@@ -112,6 +136,24 @@ pub fn check_identity(identity: &str) -> Result<(), String> {
             "user_id is {} bytes long, more than the {MAX_IDENTITY_BYTES} allowed: pass a short stable id, not a token or request body",
             identity.len()
         ));
+    }
+    Ok(())
+}
+
+/// Checks a resource: a short name of letters, digits and `_-.:`, a capacity of at least 1.
+pub fn check_resource(name: &str, capacity: u64) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if !valid {
+        return Err(format!(
+            "resource name {name:?} is not valid: use 1 to 64 letters, digits, '_', '-', '.' or ':'"
+        ));
+    }
+    if capacity == 0 {
+        return Err(format!("resource {name:?} has capacity 0: give it at least 1"));
     }
     Ok(())
 }
@@ -136,7 +178,7 @@ mod tests {
             global_pool: false,
             ..space(b"")
         };
-        let pools = space.pools_for("alice");
+        let pools = space.pools_for(Some("alice"), &[]);
         assert_eq!(pools.len(), 1);
         let digest = space.identity_digest("alice");
         assert_eq!(pools[0].key, format!("{{app:{digest}}}:user"));
@@ -144,11 +186,25 @@ mod tests {
 
     #[test]
     fn keys_share_one_hash_tag_and_hide_the_identity() {
-        let pools = space(b"").pools_for("alice@example.com");
+        let pools = space(b"").pools_for(Some("alice@example.com"), &[]);
         assert!(pools.iter().all(|p| p.key.starts_with("{app}:")));
         assert!(pools.iter().all(|p| !p.key.contains("alice")));
         assert_eq!(pools[0].capacity, 2);
         assert_eq!(pools[1].capacity, 0);
+    }
+
+    #[test]
+    fn resources_share_the_tag_and_need_no_identity() {
+        let pools = space(b"").pools_for(None, &[("db".into(), 5)]);
+        let db = Pool {
+            name: "db".into(),
+            key: "{app}:resource:db".into(),
+            capacity: 5,
+        };
+        assert_eq!(pools, vec![db]);
+        assert_eq!(space(b"").pools_for(Some("u"), &[("db".into(), 5)]).len(), 3);
+        assert!(check_resource("db", 5).is_ok());
+        assert!(check_resource("a b", 5).is_err() && check_resource("db", 0).is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use pyo3::sync::PyOnceLock;
 use tokio::sync::Notify;
 
 use crate::bridge;
-use crate::keys::Pool;
+use crate::keys::{Pool, PER_USER};
 use crate::manager::ManagerShared;
 
 /// State bits: a lease can be lost and later released; both stay visible.
@@ -29,6 +29,8 @@ pub struct LeaseRecord {
     pub id: String,
     /// The pools this lease takes a slot in (keys and capacities, to take it back if lost).
     pub pools: Vec<Pool>,
+    /// How many of the first pools are the holder's own quota (refuse at once, never wait).
+    pub own_pools: usize,
     pub weight: u32,
     /// Admitted by this process's local floor while Redis was down (`failure_mode="open"`).
     pub local: bool,
@@ -52,6 +54,7 @@ impl LeaseRecord {
     fn build(pools: Vec<Pool>, weight: u32, local: bool) -> Self {
         LeaseRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
+            own_pools: usize::from(pools.first().is_some_and(|p| &*p.name == PER_USER)),
             pools,
             weight,
             local,

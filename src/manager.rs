@@ -22,7 +22,7 @@ use crate::breaker::{Admission, Breaker};
 use crate::bridge::{self, Completion, Delivery};
 use crate::config::{capacity_field, wait_seconds, LeaseConfig};
 use crate::errors::{CoreError, CoreResult, Rejection};
-use crate::keys::{check_identity, KeySpace};
+use crate::keys::{check_identity, check_resource, KeySpace};
 use crate::lease::{monotonic_ms, Lease, LeaseRecord};
 use crate::waiting::{LocalLine, LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use crate::{renewal, runtime};
@@ -285,9 +285,9 @@ impl ManagerShared {
 
     /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
     fn waited_too_long(&self, record: &LeaseRecord, waited: Duration) -> CoreError {
-        let pool = record.pools.get(1).unwrap_or(&record.pools[0]);
+        let pool = record.pools.get(record.own_pools).unwrap_or(&record.pools[0]);
         CoreError::Rejected(Rejection {
-            limit: pool.name,
+            limit: pool.name.clone(),
             capacity: pool.capacity,
             current: pool.capacity,
             retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
@@ -545,17 +545,32 @@ impl Manager {
         self.shared.backend.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None))]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
-        user_id: &Bound<'py, PyAny>,
+        user_id: Option<&Bound<'py, PyAny>>,
         weight: Option<&Bound<'py, PyAny>>,
         max_per_user: Option<&Bound<'py, PyAny>>,
         wait_timeout: Option<&Bound<'py, PyAny>>,
+        resources: Option<Vec<(String, u64)>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let wait = Duration::from_secs_f64(wait_seconds(wait_timeout, self.shared.config.wait_timeout)?);
-        let identity = identity_arg(user_id)?;
+        let identity = user_id.filter(|u| !u.is_none()).map(identity_arg).transpose()?;
+        let resources = resources.unwrap_or_default();
+        for (name, capacity) in &resources {
+            check_resource(name, *capacity).map_err(PyValueError::new_err)?;
+        }
+        if identity.is_none() && resources.is_empty() {
+            return Err(PyTypeError::new_err(
+                "pass a user_id (a stream) or resources (shared capacity), or both",
+            ));
+        }
+        if identity.is_some() && !resources.is_empty() && !self.shared.config.global_pool {
+            return Err(PyValueError::new_err(
+                "resources and a user_id in one acquire need the global pool's shared hash tag: drop global_pool=False",
+            ));
+        }
         let weight = weight_arg(weight)?;
         let max_per_user = max_per_user
             .filter(|cap| !cap.is_none())
@@ -565,8 +580,8 @@ impl Manager {
             return Err(CoreError::Closed.into_pyerr(py));
         }
         self.shared.start_here().map_err(|e| e.into_pyerr(py))?;
-        let mut pools = self.shared.keys.pools_for(&identity);
-        if let Some(cap) = max_per_user {
+        let mut pools = self.shared.keys.pools_for(identity.as_deref(), &resources);
+        if let (Some(cap), Some(_)) = (max_per_user, &identity) {
             // A per-call cap (a paid tier, say): the user's pool is the same, only its limit moves.
             pools[0].capacity = cap;
         }

@@ -58,7 +58,7 @@ def test_config_defaults_and_repr_hide_the_secret():
     ("user_id", "error", "message"),
     [
         ("", ValueError, "user_id is empty"),
-        (None, TypeError, "user_id must be a str"),
+        (None, TypeError, "pass a user_id"),
         (7, TypeError, r"got int 7: pass str\(...\)"),
         (b"alice", TypeError, "user_id must be a str"),
         ("x" * 1025, ValueError, "1025 bytes long"),

@@ -12,7 +12,9 @@ from .errors import (
     StreamLeaseRejected,
 )
 from .handlers import install_exception_handler, stream_lease_exception_handler
+from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
+from .resources import Resource
 
 __all__ = [
     "BackendError",
@@ -21,7 +23,9 @@ __all__ = [
     "LeaseConfig",
     "LeaseLost",
     "LeaseScope",
+    "Limiter",
     "ManagerClosed",
+    "Resource",
     "StreamLeaseError",
     "StreamLeaseManager",
     "StreamLeaseRejected",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
@@ -13,6 +14,7 @@ from . import _core
 from ._core import Lease, LeaseConfig
 from ._lost import LostWatch
 from .errors import StreamLeaseError
+from .resources import Resource
 
 log = logging.getLogger("fastapi_stream_lease")
 
@@ -73,34 +75,47 @@ class StreamLeaseManager:
 
     async def acquire(
         self,
-        user_id: str,
+        user_id: str | None,
         *,
         weight: int = 1,
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
+        resources: Sequence[Resource] = (),
     ) -> Lease:
-        """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool,
-        atomically. ``max_per_user`` overrides the configured per-user cap for this call (a
-        paid tier, say; 0 = no limit). When the global pool is full, waits in line (first come,
-        first served, across every worker) up to ``wait_timeout`` seconds (default:
-        ``LeaseConfig.wait_timeout``); a user over their own cap is refused at once.
+        """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
+        each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
+        ``user_id=None`` takes the resources only. ``max_per_user`` overrides the configured
+        per-user cap for this call (a paid tier, say; 0 = no limit). When shared capacity (the
+        global pool, a resource) is full, waits in line (first come, first served, across every
+        worker) up to ``wait_timeout`` seconds (default: ``LeaseConfig.wait_timeout``); a user
+        over their own cap is refused at once.
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
-        return await self._core.acquire(user_id, weight, max_per_user, wait_timeout)
+        pools = [(resource.name, resource.capacity) for resource in resources] or None
+        return await self._core.acquire(user_id, weight, max_per_user, wait_timeout, pools)
 
     def lease(
         self,
-        user_id: str,
+        user_id: str | None,
         *,
         weight: int = 1,
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
+        resources: Sequence[Resource] = (),
     ) -> LeaseScope:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
-        return LeaseScope(self, user_id, weight, max_per_user, wait_timeout)
+        return LeaseScope(
+            lambda: self.acquire(
+                user_id,
+                weight=weight,
+                max_per_user=max_per_user,
+                wait_timeout=wait_timeout,
+                resources=resources,
+            )
+        )
 
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
@@ -132,30 +147,14 @@ class StreamLeaseManager:
 class LeaseScope:
     """The async context manager returned by :meth:`StreamLeaseManager.lease`."""
 
-    def __init__(
-        self,
-        manager: StreamLeaseManager,
-        user_id: str,
-        weight: int,
-        max_per_user: int | None,
-        wait_timeout: float | None,
-    ) -> None:
-        self._manager = manager
-        self._user_id = user_id
-        self._weight = weight
-        self._max_per_user = max_per_user
-        self._wait_timeout = wait_timeout
+    def __init__(self, acquire: Callable[[], Awaitable[Lease]]) -> None:
+        self._acquire = acquire
         self._lease: Lease | None = None
         self._watch: LostWatch | None = None
         self._guard: AbstractContextManager[None] | None = None
 
     async def __aenter__(self) -> Lease:
-        lease = await self._manager.acquire(
-            self._user_id,
-            weight=self._weight,
-            max_per_user=self._max_per_user,
-            wait_timeout=self._wait_timeout,
-        )
+        lease = await self._acquire()
         self._lease, self._watch = lease, LostWatch(lease)
         # Under on_lost="cancel", a lost lease cancels the block like asyncio.timeout does.
         self._guard = self._watch.guarded()

@@ -17,7 +17,7 @@ fn refusal(pool: &Pool, entry: &MemoryPool, now: u64, ttl_ms: u64) -> Rejection 
         .first()
         .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
     Rejection {
-        limit: pool.name,
+        limit: pool.name.clone(),
         capacity: pool.capacity,
         current: entry.used,
         retry_after_ms,
@@ -165,7 +165,7 @@ impl MemoryBackend {
             };
             entry.purge(now);
             if pool.capacity > 0 && entry.used + weight > pool.capacity {
-                if i > 0 && waiter.is_some() {
+                if i >= lease.own_pools && waiter.is_some() {
                     return AcquireOutcome::Wait(ticket);
                 }
                 if let Some(waiter) = waiter {
@@ -179,11 +179,11 @@ impl MemoryBackend {
             if waiter.is_some() {
                 return AcquireOutcome::Wait(ticket);
             }
-            let shared = pools.len().min(2) - 1;
+            let shared = lease.own_pools.min(pools.len() - 1);
             let rejection = match store.get(&pools[shared].key) {
                 Some(entry) => refusal(&pools[shared], entry, now, ttl_ms),
                 None => Rejection {
-                    limit: pools[shared].name,
+                    limit: pools[shared].name.clone(),
                     capacity: pools[shared].capacity,
                     current: 0,
                     retry_after_ms: ttl_ms,
@@ -302,12 +302,12 @@ mod tests {
     fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {
         vec![
             Pool {
-                name: "per_user",
+                name: "per_user".into(),
                 key: "u".into(),
                 capacity: user_cap,
             },
             Pool {
-                name: "global",
+                name: "global".into(),
                 key: "g".into(),
                 capacity: global_cap,
             },
@@ -333,18 +333,18 @@ mod tests {
         let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000, None) else {
             panic!("a third lease must be refused")
         };
-        assert_eq!((r.limit, r.capacity, r.current), ("per_user", 2, 2));
+        assert_eq!((&*r.limit, r.capacity, r.current), ("per_user", 2, 2));
         // The refused acquire took nothing from the global pool.
         assert_eq!(store.count("g"), 2);
         // A refusal by a full global pool creates no per-user pool.
         let other = vec![
             Pool {
-                name: "per_user",
+                name: "per_user".into(),
                 key: "u2".into(),
                 capacity: 2,
             },
             Pool {
-                name: "global",
+                name: "global".into(),
                 key: "g".into(),
                 capacity: 2,
             },

@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn batches_bound_the_members_per_call() {
         let pool = Pool {
-            name: "global",
+            name: "global".into(),
             key: "k".into(),
             capacity: 0,
         };
@@ -185,7 +185,7 @@ mod tests {
         assert!(batches(&[], true).is_empty());
         let tagged = |tag: &str| {
             let pool = Pool {
-                name: "per_user",
+                name: "per_user".into(),
                 key: format!("{{{tag}}}:user"),
                 capacity: 0,
             };

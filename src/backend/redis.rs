@@ -219,7 +219,8 @@ impl RedisBackend {
             .arg(waiter.map_or("", |w| w.id.as_str()))
             .arg(waiter.map_or(0, |w| w.ttl_ms))
             .arg(u8::from(in_line.is_some()))
-            .arg(in_line.map_or("", |l| l.line.channel.as_str()));
+            .arg(in_line.map_or("", |l| l.line.channel.as_str()))
+            .arg(lease.own_pools);
         if let Some(in_line) = in_line {
             for key in &in_line.line.keys {
                 invocation.key(key);
@@ -237,7 +238,7 @@ impl RedisBackend {
                     .get((*index as usize).wrapping_sub(1))
                     .ok_or_else(|| bad_reply(&reply))?;
                 Ok(AcquireOutcome::Rejected(Rejection {
-                    limit: pool.name,
+                    limit: pool.name.clone(),
                     capacity: pool.capacity,
                     current: *current,
                     retry_after_ms: *retry_after_ms,

@@ -1,13 +1,14 @@
 -- Acquire one lease in every pool at once, all or nothing, first come first served.
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = expiry in ms), all in one hash
--- slot; KEYS[1] is the caller's own quota (a full one refuses at once, never makes it wait).
+-- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
+-- makes it wait), the others shared capacity.
 -- With a waiting line (ARGV[6] = 1), KEYS[n+1..n+3]: the line (sorted set: waiter id by ticket),
 -- the waiters' liveness (sorted set: waiter id by expiry in ms) and the ticket counter.
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: waiter liveness in ms;
 -- ARGV[6]: 1 if the line's keys follow the pools, else 0; ARGV[7]: the channel to PUBLISH on
--- when a grant leaves others in line (they may fit too); ARGV[7 + i]: capacity of KEYS[i]
--- (0 = unlimited).
+-- when a grant leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's
+-- own quota (0 or 1); ARGV[8 + i]: capacity of KEYS[i] (0 = unlimited).
 -- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
 -- Returns {1, used_1, ..., used_n} (slots in use after the grant); {0, i, used_i, retry_ms}
 -- when KEYS[i] refuses (retry_ms: time until its earliest lease would expire); {2, ticket} when
@@ -20,6 +21,7 @@ local weight = tonumber(ARGV[3])
 local waiter = ARGV[4]
 local queued = ARGV[6] == '1'
 local pools = queued and #KEYS - 3 or #KEYS
+local own = tonumber(ARGV[8])
 
 local function refusal(i, used)
   local retry = ttl
@@ -59,9 +61,9 @@ local used = {}
 for i = 1, pools do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   used[i] = redis.call('ZCARD', KEYS[i])
-  local capacity = tonumber(ARGV[7 + i])
+  local capacity = tonumber(ARGV[8 + i])
   if capacity > 0 and used[i] + weight > capacity then
-    if i == 1 or waiter == '' then
+    if i <= own or waiter == '' then
       if queued and waiter ~= '' then
         redis.call('ZREM', KEYS[pools + 1], waiter)
         redis.call('ZREM', KEYS[pools + 2], waiter)
@@ -74,7 +76,8 @@ end
 -- Room for this lease, but earlier arrivals go first.
 if ahead > 0 then
   if waiter == '' then
-    return refusal(math.min(2, pools), used[math.min(2, pools)])
+    local shared = math.min(own + 1, pools)
+    return refusal(shared, used[shared])
   end
   return {2, ticket}
 end
