@@ -30,7 +30,7 @@ def load_block(index: int, redis_url: str, tmp_path: Path):
 
 
 def test_readme_has_the_blocks_these_tests_expect():
-    assert len(BLOCKS) == 5
+    assert len(BLOCKS) == 7
     assert "lease.wrap(token_generator())" in BLOCKS[0]
     assert "websocket_chat" in BLOCKS[1]
 
@@ -43,6 +43,13 @@ def test_readme_quickstart(redis_server, tmp_path):
         assert "data: streamed!" in response.text
 
 
+def test_readme_limiter(redis_server, tmp_path):
+    module = load_block(3, redis_server.url, tmp_path)
+    with TestClient(module.app) as client:
+        assert client.get("/messages").json() == []
+        assert client.get("/both").json() == "ok"
+
+
 def test_readme_websocket(redis_server, tmp_path):
     module = load_block(1, redis_server.url, tmp_path)
     with TestClient(module.app) as client:
@@ -52,7 +59,7 @@ def test_readme_websocket(redis_server, tmp_path):
             assert ws.receive_text() == "Echo: hi"
 
 
-@pytest.mark.parametrize("index", [2, 3, 4])
+@pytest.mark.parametrize("index", [2, 4, 5, 6])
 def test_readme_snippets_run(redis_server, tmp_path, index):
     load_block(index, redis_server.url, tmp_path)
 
