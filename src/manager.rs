@@ -669,7 +669,8 @@ impl Manager {
         bridge::spawn(py, op, false)
     }
 
-    /// Counters for monitoring: leases held by this process, lost so far, failed renewal rounds.
+    /// Counters for monitoring: leases held by this process, lost and taken back so far, failed
+    /// renewal rounds, whether the breaker is open, and this process's waiters in line.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = PyDict::new(py);
         stats.set_item("held", lock(&self.shared.held).len())?;
@@ -681,6 +682,7 @@ impl Manager {
         )?;
         stats.set_item("closed", self.shared.closed.load(Ordering::Relaxed))?;
         stats.set_item("breaker_open", self.shared.breaker.is_open())?;
+        stats.set_item("waiting", self.shared.local_line.len())?;
         Ok(stats)
     }
 }

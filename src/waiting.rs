@@ -37,6 +37,10 @@ impl LocalLine {
         self.waiters().keys().next() == Some(&ticket)
     }
 
+    pub fn len(&self) -> usize {
+        self.waiters().len()
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.waiters().values().map(|(id, _)| id.clone()).collect()
     }

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi_stream_lease import Limiter, Resource
 
 
-def build_app() -> tuple[FastAPI, threading.Event]:
+def build_app() -> tuple[FastAPI, threading.Event, Limiter]:
     release = threading.Event()
     app = FastAPI()
 
@@ -39,4 +39,4 @@ def build_app() -> tuple[FastAPI, threading.Event]:
     async def read_file_and_messages():
         return "both"
 
-    return app, release
+    return app, release, limiter

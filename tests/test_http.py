@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -77,21 +78,35 @@ def test_seed_websocket_example_holds_a_lease_while_open(seed_app, own_redis):
     wait_until(lambda: global_count(own_redis) == 0, what="the socket's lease to be released")
 
 
-@pytest.fixture
-def slow_app(backend_url, key_prefix):
-    server = Uvicorn(
+def start_slow_app(backend_url: str, key_prefix: str, max_global: int = 1000) -> Uvicorn:
+    return Uvicorn(
         "slow_stream_app:app",
         ROOT / "tests" / "apps",
-        env={"STREAM_LEASE_URL": backend_url, "STREAM_LEASE_PREFIX": key_prefix},
+        env={
+            "STREAM_LEASE_URL": backend_url,
+            "STREAM_LEASE_PREFIX": key_prefix,
+            "STREAM_LEASE_MAX_GLOBAL": str(max_global),
+        },
     )
+
+
+@pytest.fixture
+def slow_app(backend_url, key_prefix):
+    server = start_slow_app(backend_url, key_prefix)
     yield server
     server.stop()
 
 
-def open_stream(port: int, user_id: str) -> socket.socket:
-    """A raw HTTP client that reads the first event of an endless stream and keeps it open."""
+def request_stream(port: int, user_id: str, wait: float = 0) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(f"GET /stream?user_id={user_id} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    path = f"/stream?user_id={user_id}&wait={wait}"
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    return sock
+
+
+def open_stream(port: int, user_id: str, wait: float = 0) -> socket.socket:
+    """A raw HTTP client that reads the first event of an endless stream and keeps it open."""
+    sock = request_stream(port, user_id, wait)
     received = b""
     while b"data: tick" not in received:
         chunk = sock.recv(4096)
@@ -135,3 +150,25 @@ def test_sigterm_releases_every_lease_through_the_lifespan(redis_server, key_pre
     assert int(redis_server.cli("zcard", key)) == 0
     for sock in streams:
         sock.close()
+
+
+def test_a_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_prefix):
+    server = start_slow_app(backend_url, key_prefix, max_global=1)
+    try:
+        holder = open_stream(server.port, "holder")
+        quitter = request_stream(server.port, "quitter", wait=30)  # first in line ...
+
+        def waiting() -> int:
+            return httpx.get(server.base_url + "/stats").json()["waiting"]
+
+        wait_until(lambda: waiting() == 1, what="the quitter to wait in line")
+        quitter.close()  # ... and gone
+        wait_until(lambda: waiting() == 0, what="the departed client to leave the line")
+        patient = request_stream(server.port, "patient", wait=30)
+        time.sleep(0.3)
+        holder.close()  # frees the slot: the next in line is "patient", not the departed one
+        patient.settimeout(10)
+        assert patient.recv(4096).startswith(b"HTTP/1.1 200")
+        patient.close()
+    finally:
+        server.stop()

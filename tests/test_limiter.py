@@ -11,11 +11,13 @@ from starlette.testclient import TestClient
 
 from fastapi_stream_lease import Limiter, Resource, StreamLeaseManager, StreamLeaseRejected
 
+from redis_servers import wait_until
+
 
 def test_the_seed_readme_example_as_written():
     from fastapi_concurrency_limiter_seed import build_app
 
-    app, release = build_app()
+    app, release, limiter = build_app()
     with TestClient(app) as client:
         results: list[int] = []
         threads = [
@@ -24,18 +26,16 @@ def test_the_seed_readme_example_as_written():
         ]
         for thread in threads:
             thread.start()
-        busy = None
-        for _ in range(200):  # the two slots are taken once both handlers block
-            response = client.get("/messages")
-            if response.status_code == 503:
-                busy = response
-                break
-        assert busy is not None
+        # Two handlers hold the database (capacity 2); the third request waits, then gets 503.
+        wait_until(lambda: limiter.manager.stats()["held"] == 2, what="both slots to be taken")
+        busy = client.get("/messages")
+        assert busy.status_code == 503
         assert busy.json() == {"detail": "Server busy, please retry later"}
         assert "retry-after" in busy.headers
         release.set()
         for thread in threads:
             thread.join(10)
+        assert sorted(results) == [200, 200, 503]
         assert client.get("/file").status_code == 200
         assert client.get("/messages-and-file").status_code == 200
         assert client.get("/file-and-messages").status_code == 200  # any order: atomic

@@ -6,6 +6,7 @@ from ._core import Lease, LeaseConfig, __version__
 from .errors import (
     BackendError,
     BackendUnavailable,
+    ClientDisconnected,
     LeaseLost,
     ManagerClosed,
     StreamLeaseError,
@@ -19,6 +20,7 @@ from .resources import Resource
 __all__ = [
     "BackendError",
     "BackendUnavailable",
+    "ClientDisconnected",
     "Lease",
     "LeaseConfig",
     "LeaseLost",

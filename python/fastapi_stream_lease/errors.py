@@ -126,6 +126,14 @@ class LeaseLost(StreamLeaseError):
     retry_after = 1
 
 
+class ClientDisconnected(StreamLeaseError):
+    """The client went away while its request waited in line; it left the line. Nobody is
+    left to read an answer, so the status (499, nginx's "client closed request") is moot."""
+
+    status_code: ClassVar[int] = 499
+    title: ClassVar[str] = "Client closed request"
+
+
 class ManagerClosed(StreamLeaseError):
     """The manager was closed with ``aclose()`` (the app is shutting down)."""
 

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
 from .errors import StreamLeaseError
 from .manager import StreamLeaseManager
@@ -63,15 +64,21 @@ class Limiter:
         return [self._registered[id(r)] for r in resources]
 
     @asynccontextmanager
-    async def hold(self, *resources: Resource) -> AsyncIterator[None]:
+    async def hold(
+        self, *resources: Resource, request: Request | None = None
+    ) -> AsyncIterator[None]:
         """Holds ``resources`` for the block; raises 503 (``HTTPException``) if the wait runs
-        out or the store is unreachable."""
+        out or the store is unreachable. With the ``request``, a client that goes away while
+        waiting leaves the line."""
         from fastapi import HTTPException
 
         named = self._resolve(resources)
         entered = False
+        lease = self.manager.lease(
+            None, resources=named, wait_timeout=self.timeout, request=request
+        )
         try:
-            async with self.manager.lease(None, resources=named, wait_timeout=self.timeout):
+            async with lease:
                 entered = True
                 yield
         except StreamLeaseError as error:
@@ -104,13 +111,14 @@ class Limiter:
 
         return decorate
 
-    def depends(self, *resources: Resource) -> Callable[[], AsyncIterator[None]]:
-        """For ``Depends(limiter.depends(db, fs))``: holds the resources for the request."""
+    def depends(self, *resources: Resource) -> Callable[[Request], AsyncIterator[None]]:
+        """For ``Depends(limiter.depends(db, fs))``: holds the resources for the request (and
+        leaves the line if its client goes away while waiting)."""
         named = list(resources)
         self._resolve(named)
 
-        async def dependency() -> AsyncIterator[None]:
-            async with self.hold(*named):
+        async def dependency(request: Request) -> AsyncIterator[None]:
+            async with self.hold(*named, request=request):
                 yield
 
         return dependency

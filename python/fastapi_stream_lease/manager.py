@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from . import _core
 from ._core import Lease, LeaseConfig
 from ._lost import LostWatch
-from .errors import StreamLeaseError
+from .errors import ClientDisconnected, StreamLeaseError
 from .resources import Resource
 
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
 log = logging.getLogger("fastapi_stream_lease")
+# How often a waiting request checks that its client is still there (no Redis involved).
+DISCONNECT_CHECK_SECONDS = 0.2
 
 
 class StreamLeaseManager:
@@ -81,6 +87,7 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
+        request: Request | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -88,14 +95,18 @@ class StreamLeaseManager:
         per-user cap for this call (a paid tier, say; 0 = no limit). When shared capacity (the
         global pool, a resource) is full, waits in line (first come, first served, across every
         worker) up to ``wait_timeout`` seconds (default: ``LeaseConfig.wait_timeout``); a user
-        over their own cap is refused at once.
+        over their own cap is refused at once. Pass the ``request`` so that a client that goes
+        away while waiting leaves the line at once (:class:`ClientDisconnected`).
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
         pools = [(resource.name, resource.capacity) for resource in resources] or None
-        return await self._core.acquire(user_id, weight, max_per_user, wait_timeout, pools)
+        acquired = self._core.acquire(user_id, weight, max_per_user, wait_timeout, pools)
+        if request is None:
+            return await acquired
+        return await _unless_disconnected(request, acquired)
 
     def lease(
         self,
@@ -105,6 +116,7 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
+        request: Request | None = None,
     ) -> LeaseScope:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
         return LeaseScope(
@@ -114,6 +126,7 @@ class StreamLeaseManager:
                 max_per_user=max_per_user,
                 wait_timeout=wait_timeout,
                 resources=resources,
+                request=request,
             )
         )
 
@@ -180,6 +193,19 @@ class LeaseScope:
             except StreamLeaseError as error:
                 # The lease expires by itself; do not hide the block's own outcome.
                 log.warning("stream lease release failed, it will expire by itself: %s", error)
+
+
+async def _unless_disconnected(request: Request, acquired: Awaitable[Lease]) -> Lease:
+    """Awaits ``acquired`` while the client is there; cancels it (leaving the line) if not."""
+    waiting = asyncio.ensure_future(acquired)
+    await request.body()  # cached, so watching for a disconnect consumes none of it
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_CHECK_SECONDS)
+        if done:
+            return waiting.result()
+        if await request.is_disconnected():
+            waiting.cancel()
+            raise ClientDisconnected("the client went away while waiting in line")
 
 
 def connection_of_redis_client(client: Any) -> tuple[str, str | None]:

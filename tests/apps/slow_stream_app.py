@@ -3,7 +3,7 @@
 import asyncio
 import os
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_exception_handler
@@ -11,14 +11,18 @@ from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_except
 app = FastAPI()
 manager = StreamLeaseManager(
     url=os.environ["STREAM_LEASE_URL"],
-    config=LeaseConfig(max_per_user=1, key_prefix=os.environ["STREAM_LEASE_PREFIX"]),
+    config=LeaseConfig(
+        max_per_user=1,
+        max_global=int(os.environ.get("STREAM_LEASE_MAX_GLOBAL", "1000")),
+        key_prefix=os.environ["STREAM_LEASE_PREFIX"],
+    ),
 )
 install_exception_handler(app)
 
 
 @app.get("/stream")
-async def stream(user_id: str):
-    lease = await manager.acquire(user_id)
+async def stream(request: Request, user_id: str, wait: float = 0):
+    lease = await manager.acquire(user_id, wait_timeout=wait, request=request)
 
     async def ticks():
         n = 0
@@ -33,3 +37,8 @@ async def stream(user_id: str):
 @app.get("/count")
 async def count(user_id: str | None = None) -> int:
     return await manager.get_active_count(user_id)
+
+
+@app.get("/stats")
+async def stats() -> dict[str, int | bool]:
+    return manager.stats()
