@@ -1,24 +1,35 @@
-"""Acquire+release cycles per second and acquire latency: fastapi_stream_lease vs. plain redis-py.
+"""Acquire+release cycles per second and acquire latency: this project vs. the pure-Python peer
+vs. plain redis-py running this project's scripts, at several concurrencies.
 
 Measured against one Redis server, in one run:
 
 * ``fastapi_stream_lease``: ``lease = await manager.acquire(user_id); await lease.release()`` on
   a ``StreamLeaseManager`` with unlimited pools (``max_per_user=0, max_global=0``);
-* ``redis-py``: ``redis.asyncio`` (hiredis parser, pool of 64 connections) running the project's
-  own ``src/lua/acquire.lua`` and ``src/lua/release.lua`` by EVALSHA, with the KEYS and ARGV the
-  Rust core sends (same keys, same identity digest, same lease duration);
+* ``redis-py``: ``redis.asyncio`` (hiredis parser, blocking pool of 64 connections) replaying
+  the Rust core's own EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua``: read once
+  with ``redis-cli MONITOR`` while the core acquires and releases one lease, then sent with
+  another user's pool key and a fresh lease id (same scripts, KEYS and ARGV, whatever their
+  layout);
+* the peer, PyPI ``fastapi-stream-lease==0.6.3`` (pure Python, same import name), in its own
+  virtualenv and process (``peer.py``), with the same kind of redis-py client:
+  ``lease = await manager.acquire(user_id); await lease.release()``, ``max_per_user=0`` and a
+  global cap too large to reach (with ``max_global=0`` it would keep no global pool at all);
 * the ceiling: ``redis-benchmark -c 50 -n 200000 EVALSHA <sha of 'return 1'> 0``, the server's
   rate of script calls with next to no client cost. A cycle is two script calls, so half of it
   is the cycles/s ceiling.
 
-Scenarios: one coroutine cycling back to back, and 64 coroutines (one user id each). A run warms
-up, then counts the cycles that complete within a fixed window and the latency of the acquires
-that complete within it. Runs are repeated, alternating the two implementations so that noise
-hits both; the table gives the medians of the runs and the ratio project / redis-py.
+Concurrency levels (``--concurrency``, default 1, 4, 16, 64, 256): that many coroutines cycling
+back to back, one user id each. A run warms up, then counts the cycles that complete within a
+fixed window and the latency of the acquires that complete within it. At 1 and 64 coroutines
+each implementation runs ``--repeats`` times (3), elsewhere ``--sweep-repeats`` times (1); the
+implementations take turns going first so that noise hits all of them. The table gives the
+medians of the runs and the ratios to redis-py and to the peer; ``plot.py`` draws the sweep.
 
 Run it from the repository root with ``bash benchmarks/run.sh``: that builds a release wheel
-into ``benchmarks/.venv`` and starts a throwaway ``redis-server``. Against a server of your own
-(it writes keys under ``{bench}:`` and needs ``redis-cli`` and ``redis-benchmark`` on PATH)::
+into ``benchmarks/.venv``, the peer's ``benchmarks/.venv-peer``, and starts a throwaway
+``redis-server``. Against a server of your own (it writes keys under ``{bench}:`` and
+``{bench-peer}:``, briefly runs MONITOR, and needs ``redis-cli`` and ``redis-benchmark`` on
+PATH)::
 
     benchmarks/.venv/bin/python benchmarks/acquire_release.py --url redis://127.0.0.1:6380/0
 
@@ -31,255 +42,277 @@ import argparse
 import asyncio
 import hashlib
 import hmac
-import json
-import math
-import os
-import platform
 import re
 import statistics
 import subprocess
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import hiredis
 import redis
 import redis.asyncio as aioredis
+from common import (
+    BENCH_DIR,
+    PEER,
+    PEER_PYTHON,
+    PROJECT,
+    REDIS_PY_POOL_SIZE,
+    RESULTS_DIR,
+    Child,
+    Implementation,
+    RunResult,
+    machine_info,
+    print_table,
+    redis_py_client,
+    scenario_name,
+    timed_run,
+    without_password,
+    write_json,
+)
 from redis.asyncio.connection import DefaultParser
 
 import fastapi_stream_lease
 from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
 
-REPO = Path(__file__).resolve().parent.parent
-LUA_DIR = REPO / "src" / "lua"
-DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "acquire_release.json"
+DEFAULT_OUTPUT = RESULTS_DIR / "acquire_release.json"
+LUA_DIR = BENCH_DIR.parent / "src" / "lua"
 KEY_PREFIX = "bench"
-SCENARIOS = (1, 64)
-PROJECT = "fastapi_stream_lease"
-REDIS_PY = f"redis-py {redis.__version__}"
+PROBE_USER = "bench-probe"
+DEFAULT_CONCURRENCY = (1, 4, 16, 64, 256)
+HEADLINE = (1, 64)
+REDIS_PY = f"redis-py {redis.__version__}, same scripts"
 CEILING_CLIENTS = 50
 CEILING_REQUESTS = 200_000
 SUBPROCESS_TIMEOUT_S = 120.0
 
-H = TypeVar("H")
+Runner = Callable[[int, int], Awaitable[RunResult]]
 
 
 @dataclass(frozen=True)
-class Implementation(Generic[H]):
-    """One way to take a lease and give it back: ``await release(await acquire(user_id))``."""
+class CoreCalls:
+    """What the Rust core sent for one acquire and one release of ``PROBE_USER``."""
 
-    name: str
-    acquire: Callable[[str], Awaitable[H]]
-    release: Callable[[H], Awaitable[bool]]
+    acquire: list[str]  # EVALSHA's words after the command name: sha, numkeys, KEYS, ARGV
+    release: list[str]
+    lease_id: str
+
+
+async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls:
+    """The EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua`` that the Rust core makes
+    for one acquire and one release, read with ``redis-cli MONITOR``."""
+    sha_of = {
+        hashlib.sha1((LUA_DIR / f"{name}.lua").read_bytes()).hexdigest(): name
+        for name in ("acquire", "release")
+    }
+    monitor = await asyncio.create_subprocess_exec(
+        "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE
+    )
+    assert monitor.stdout is not None
+    try:
+        await asyncio.wait_for(monitor.stdout.readline(), 10.0)  # OK: monitoring from now on
+        lease = await manager.acquire(PROBE_USER)
+        await lease.release()
+        calls: dict[str, list[str]] = {}
+        for _line in range(1000):
+            line = await asyncio.wait_for(monitor.stdout.readline(), 10.0)
+            words = re.findall(r'"((?:[^"\\]|\\.)*)"', line.decode())
+            if words[:1] == ["EVALSHA"] and words[1] in sha_of and lease.lease_id in words:
+                calls[sha_of[words[1]]] = words[1:]
+                if len(calls) == 2:
+                    return CoreCalls(calls["acquire"], calls["release"], lease.lease_id)
+        raise RuntimeError("MONITOR did not show the core's acquire and release")
+    except asyncio.TimeoutError:
+        raise RuntimeError(
+            "the core called no script of src/lua/acquire.lua and release.lua as they are now:"
+            " rebuild with bash benchmarks/setup_bench_env.sh"
+        ) from None
+    finally:
+        monitor.terminate()
+        await monitor.wait()
+
+
+class ScriptCall:
+    """One EVALSHA call of the core, replayed with another user's pool and another lease id."""
+
+    def __init__(self, words: Sequence[str], probe_user_key: str, probe_lease_id: str) -> None:
+        self.sha, numkeys = words[0], int(words[1])
+        self.keys, self.args = list(words[2 : 2 + numkeys]), list(words[2 + numkeys :])
+        if probe_user_key not in self.keys or probe_lease_id not in self.args:
+            raise RuntimeError(
+                f"the core's script call {list(words)[:8]}... does not name the pool key"
+                f" {probe_user_key!r}: update RedisPyLeases.user_key to the core's key layout"
+            )
+        self._probe_user_key, self._probe_lease_id = probe_user_key, probe_lease_id
+
+    async def send(self, client: aioredis.Redis, user_key: str, lease_id: str) -> Any:
+        """EVALSHA with the probe's user key and lease id replaced by these."""
+        swap = {self._probe_user_key: user_key, self._probe_lease_id: lease_id}
+        words = [swap.get(word, word) for word in self.keys + self.args]
+        return await client.evalsha(self.sha, len(self.keys), *words)
 
 
 class RedisPyLeases:
-    """The project's Lua scripts called straight from redis-py, shaped as the Rust core calls them.
+    """The Rust core's own acquire and release script calls, replayed from redis-py.
 
-    acquire: KEYS = [user pool, global pool], ARGV = [lease id, ttl ms, weight 1, 0, 0 (no caps)];
-    release: same KEYS, ARGV = [lease id, weight 1, 2 pools, KEYS index 1, KEYS index 2].
+    The calls are read once with MONITOR (:func:`capture_core_calls`): same script SHA, same
+    KEYS and ARGV, with the per-user pool key and the lease id replaced. So redis-py makes
+    Redis do exactly the core's work, whatever the scripts' argument layout is.
     """
 
-    def __init__(self, client: aioredis.Redis, key_prefix: str, ttl_ms: int) -> None:
-        self._acquire = client.register_script((LUA_DIR / "acquire.lua").read_text())
-        self._release = client.register_script((LUA_DIR / "release.lua").read_text())
+    def __init__(self, client: aioredis.Redis, key_prefix: str, captured: CoreCalls) -> None:
+        self._client = client
         self._tag = f"{{{key_prefix}}}"
-        self._ttl_ms = ttl_ms
+        probe_key = self.user_key(PROBE_USER)
+        self._acquire = ScriptCall(captured.acquire, probe_key, captured.lease_id)
+        self._release = ScriptCall(captured.release, probe_key, captured.lease_id)
 
-    @property
-    def global_key(self) -> str:
-        return f"{self._tag}:global"
-
-    def pool_keys(self, user_id: str) -> list[str]:
-        """The per-user and global pool keys (HMAC-SHA256 with an empty key, 128 bits in hex)."""
+    def user_key(self, user_id: str) -> str:
+        """The per-user pool key (HMAC-SHA256 with an empty key, 128 bits in hex)."""
         digest = hmac.new(b"", user_id.encode(), hashlib.sha256).hexdigest()[:32]
-        return [f"{self._tag}:user:{digest}", self.global_key]
+        return f"{self._tag}:user:{digest}"
 
-    async def acquire(self, user_id: str) -> tuple[str, list[str]]:
-        keys = self.pool_keys(user_id)
-        lease_id = uuid.uuid4().hex
-        reply = await self._acquire(keys=keys, args=[lease_id, self._ttl_ms, 1, 0, 0])
+    async def acquire(self, user_id: str) -> tuple[str, str]:
+        lease = (self.user_key(user_id), uuid.uuid4().hex)
+        reply = await self._acquire.send(self._client, *lease)
         if reply[0] != 1:
             raise RuntimeError(f"acquire.lua refused a lease in unlimited pools: {reply!r}")
-        return lease_id, keys
+        return lease
 
-    async def release(self, lease: tuple[str, list[str]]) -> bool:
-        lease_id, keys = lease
-        return bool(await self._release(keys=keys, args=[lease_id, 1, 2, 1, 2]) == 1)
+    async def release(self, lease: tuple[str, str]) -> bool:
+        return bool(await self._release.send(self._client, *lease))
 
-
-@dataclass
-class WorkerTally:
-    """What one coroutine did during a run."""
-
-    cycles_in_window: int = 0
-    failed_releases: int = 0
-    acquire_latencies_s: list[float] = field(default_factory=list)
+    async def left_in_global_pool(self) -> int:
+        return int(await self._client.zcard(f"{self._tag}:global"))
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """One timed run of one implementation in one scenario."""
+class PeerRuns:
+    """The peer's runs, made by ``peer.py cycles`` in the peer's virtualenv."""
 
-    scenario: str
-    implementation: str
-    repeat: int
-    coroutines: int
-    window_s: float
-    cycles: int
-    cycles_per_s: float
-    p50_ms: float
-    p99_ms: float
-    acquires_timed: int
-    failed_releases: int
-    left_in_global_pool: int
+    def __init__(self, child: Child, hello: dict[str, Any]) -> None:
+        self._child = child
+        self.hello = hello
+
+    @classmethod
+    async def start(cls, url: str) -> PeerRuns:
+        argv = [str(PEER_PYTHON), str(BENCH_DIR / "peer.py"), "cycles", "--url", url]
+        child = await Child.start(argv, PEER)
+        return cls(child, await child.receive())
+
+    async def run(
+        self, coroutines: int, repeat: int, warmup_s: float, window_s: float
+    ) -> RunResult:
+        await self._child.send(
+            {"coroutines": coroutines, "repeat": repeat, "warmup_s": warmup_s, "window_s": window_s}
+        )
+        answer = await self._child.receive(warmup_s + window_s + 60.0)
+        answer.pop("kind")
+        return RunResult(**answer)
+
+    async def stop(self) -> None:
+        await self._child.stop()
 
 
 @dataclass(frozen=True)
 class Summary:
-    """Medians over the repeats of one implementation in one scenario."""
+    """Medians over the repeats of one implementation at one concurrency."""
 
     scenario: str
+    coroutines: int
     implementation: str
+    runs: int
     cycles_per_s: float
     p50_ms: float
     p99_ms: float
     ratio_vs_redis_py: float
-
-
-def scenario_name(coroutines: int) -> str:
-    return "1 coroutine" if coroutines == 1 else f"{coroutines} coroutines"
-
-
-def percentile_ms(sorted_s: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of sorted durations in seconds, in milliseconds."""
-    index = min(len(sorted_s) - 1, max(0, math.ceil(fraction * len(sorted_s)) - 1))
-    return sorted_s[index] * 1000.0
-
-
-async def cycle_until(
-    impl: Implementation[Any], user_id: str, window_start: float, window_end: float
-) -> WorkerTally:
-    """Acquire+release back to back until ``window_end``; tallies what falls in the window."""
-    tally = WorkerTally()
-    while time.perf_counter() < window_end:
-        started = time.perf_counter()
-        handle = await impl.acquire(user_id)
-        acquired = time.perf_counter()
-        released = await impl.release(handle)
-        finished = time.perf_counter()
-        if not released:
-            tally.failed_releases += 1
-        if window_start <= acquired <= window_end:
-            tally.acquire_latencies_s.append(acquired - started)
-        if window_start <= finished <= window_end:
-            tally.cycles_in_window += 1
-    return tally
-
-
-async def timed_run(
-    impl: Implementation[Any],
-    coroutines: int,
-    repeat: int,
-    warmup_s: float,
-    window_s: float,
-    client: aioredis.Redis,
-    global_key: str,
-) -> RunResult:
-    """Runs ``coroutines`` workers (one user id each) through the warm-up and the window."""
-    window_start = time.perf_counter() + warmup_s
-    window_end = window_start + window_s
-    workers = (
-        cycle_until(impl, f"bench-user-{n}", window_start, window_end) for n in range(coroutines)
-    )
-    # Every call is bounded (redis_timeout, socket_timeout); this bounds the run as a whole.
-    tallies = await asyncio.wait_for(asyncio.gather(*workers), warmup_s + window_s + 15.0)
-    latencies = sorted(s for t in tallies for s in t.acquire_latencies_s)
-    if not latencies:
-        raise RuntimeError(f"{impl.name}: no acquire completed within the {window_s} s window")
-    cycles = sum(t.cycles_in_window for t in tallies)
-    return RunResult(
-        scenario=scenario_name(coroutines),
-        implementation=impl.name,
-        repeat=repeat,
-        coroutines=coroutines,
-        window_s=window_s,
-        cycles=cycles,
-        cycles_per_s=cycles / window_s,
-        p50_ms=percentile_ms(latencies, 0.50),
-        p99_ms=percentile_ms(latencies, 0.99),
-        acquires_timed=len(latencies),
-        failed_releases=sum(t.failed_releases for t in tallies),
-        left_in_global_pool=int(await client.zcard(global_key)),
-    )
+    ratio_vs_peer: float
 
 
 async def compare(
-    url: str, warmup_s: float, window_s: float, repeats: int
-) -> tuple[list[RunResult], str]:
-    """Every scenario, ``repeats`` times, alternating which implementation goes first.
+    url: str, levels: Sequence[int], repeats: Callable[[int], int], warmup_s: float, window_s: float
+) -> tuple[list[RunResult], str, dict[str, Any]]:
+    """Every level, ``repeats(level)`` times, the implementations taking turns going first.
 
-    Returns the runs and the server's version.
+    Returns the runs, the server's version and the peer's versions.
     """
     config = LeaseConfig(max_per_user=0, max_global=0, key_prefix=KEY_PREFIX)
     manager = StreamLeaseManager(url=url, config=config)
-    client = aioredis.Redis.from_url(url, max_connections=max(SCENARIOS), socket_timeout=5.0)
+    client = redis_py_client(url)
+    peer = await PeerRuns.start(url)
     try:
         server_version = str((await client.info("server"))["redis_version"])
-        redis_py = RedisPyLeases(client, config.key_prefix, round(config.lease_seconds * 1000))
+        captured = await capture_core_calls(url, manager)
+        redis_py = RedisPyLeases(client, config.key_prefix, captured)
         project_impl: Implementation[Lease] = Implementation(
             PROJECT, manager.acquire, Lease.release
         )
-        redis_py_impl: Implementation[tuple[str, list[str]]] = Implementation(
+        redis_py_impl: Implementation[tuple[str, str]] = Implementation(
             REDIS_PY, redis_py.acquire, redis_py.release
         )
+
+        def local(impl: Implementation[Any], count_left: Callable[[], Awaitable[int]]) -> Runner:
+            return lambda coroutines, repeat: timed_run(
+                impl, coroutines, repeat, warmup_s, window_s, count_left
+            )
+
+        async def project_left() -> int:
+            left = await manager.get_active_count()
+            if left:
+                print(f"  {PROJECT} left {left} lease(s) in the pool; stats {manager.stats()}")
+            return left
+
+        runners: list[Runner] = [
+            local(project_impl, project_left),
+            local(redis_py_impl, redis_py.left_in_global_pool),
+            lambda coroutines, repeat: peer.run(coroutines, repeat, warmup_s, window_s),
+        ]
         runs: list[RunResult] = []
-        for coroutines in SCENARIOS:
-            for repeat in range(1, repeats + 1):
-                order: list[Implementation[Any]] = [project_impl, redis_py_impl]
-                if repeat % 2 == 0:
-                    order.reverse()
-                for impl in order:
-                    run = await timed_run(
-                        impl, coroutines, repeat, warmup_s, window_s, client, redis_py.global_key
-                    )
+        for coroutines in levels:
+            for repeat in range(1, repeats(coroutines) + 1):
+                turn = (repeat - 1) % len(runners)
+                for runner in runners[turn:] + runners[:turn]:
+                    run = await runner(coroutines, repeat)
                     runs.append(run)
                     print(
-                        f"  {run.scenario:<14} #{repeat} {run.implementation:<22}"
+                        f"  {run.scenario:<14} #{repeat} {run.implementation:<32}"
                         f" {run.cycles_per_s:>10,.0f} cycles/s"
                         f"  p50 {run.p50_ms:.3f} ms  p99 {run.p99_ms:.3f} ms",
                         flush=True,
                     )
-        return runs, server_version
+        return runs, server_version, peer.hello
     finally:
+        await peer.stop()
         await manager.aclose()
         await client.aclose()
 
 
 def summarize(runs: Sequence[RunResult]) -> list[Summary]:
-    """Medians per scenario and implementation, with the project / redis-py cycles/s ratio."""
-    medians: dict[tuple[str, str], tuple[float, float, float]] = {}
-    for key in dict.fromkeys((r.scenario, r.implementation) for r in runs):
-        mine = [r for r in runs if (r.scenario, r.implementation) == key]
+    """Medians per level and implementation, with the cycles/s ratios to redis-py and the peer."""
+    medians: dict[tuple[int, str], tuple[int, float, float, float]] = {}
+    for key in dict.fromkeys((r.coroutines, r.implementation) for r in runs):
+        mine = [r for r in runs if (r.coroutines, r.implementation) == key]
         medians[key] = (
+            len(mine),
             statistics.median(r.cycles_per_s for r in mine),
             statistics.median(r.p50_ms for r in mine),
             statistics.median(r.p99_ms for r in mine),
         )
     return [
         Summary(
-            scenario=scenario,
+            scenario=scenario_name(coroutines),
+            coroutines=coroutines,
             implementation=impl,
+            runs=count,
             cycles_per_s=rate,
             p50_ms=p50,
             p99_ms=p99,
-            ratio_vs_redis_py=rate / medians[(scenario, REDIS_PY)][0],
+            ratio_vs_redis_py=rate / medians[(coroutines, REDIS_PY)][1],
+            ratio_vs_peer=rate / medians[(coroutines, PEER)][1],
         )
-        for (scenario, impl), (rate, p50, p99) in medians.items()
+        for (coroutines, impl), (count, rate, p50, p99) in medians.items()
     ]
 
 
@@ -322,117 +355,119 @@ def ceiling(url: str) -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str:
-    try:
-        with Path("/proc/cpuinfo").open(encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info(server_version: str) -> dict[str, Any]:
-    return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu": cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "event_loop": "asyncio (default loop, no uvloop)",
-        "redis_server": server_version,
-        "redis_py": redis.__version__,
-        "hiredis": hiredis.__version__,
-        "redis_py_parser": DefaultParser.__name__,
-        "fastapi_stream_lease": fastapi_stream_lease.__version__,
-        "fastapi_stream_lease_installed_at": str(Path(fastapi_stream_lease.__file__).parent),
-    }
-
-
-def print_table(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
-    header = (
-        f"{'scenario':<16}{'implementation':<34}{'cycles/s':>12}"
-        f"{'p50 ms':>10}{'p99 ms':>10}{'ratio':>9}"
+def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
+    rows = [
+        [
+            s.scenario,
+            s.implementation,
+            f"{s.runs}",
+            f"{s.cycles_per_s:,.0f}",
+            f"{s.p50_ms:.3f}",
+            f"{s.p99_ms:.3f}",
+            f"{s.ratio_vs_redis_py:.2f}x",
+            f"{s.ratio_vs_peer:.2f}x",
+        ]
+        for s in summaries
+    ]
+    p50 = "" if top["p50_ms"] is None else f"{top['p50_ms']:.3f}"
+    rows.append(
+        [
+            "ceiling",
+            f"redis-benchmark -c {CEILING_CLIENTS} (/2)",
+            "1",
+            f"{top['cycles_per_s_ceiling']:,.0f}",
+            p50,
+            "",
+            "",
+            "",
+        ]
     )
-    print()
-    print(header)
-    print("-" * len(header))
-    for s in summaries:
-        print(
-            f"{s.scenario:<16}{s.implementation:<34}{s.cycles_per_s:>12,.0f}"
-            f"{s.p50_ms:>10.3f}{s.p99_ms:>10.3f}{s.ratio_vs_redis_py:>8.2f}x"
-        )
-    p50 = "" if top["p50_ms"] is None else f"{top['p50_ms']:>10.3f}"
+    header = ["scenario", "implementation", "runs", "cycles/s", "p50 ms", "p99 ms"]
+    print_table([*header, "vs redis-py", "vs peer"], rows)
     print(
-        f"{'ceiling':<16}{f'redis-benchmark -c {CEILING_CLIENTS} (/2)':<34}"
-        f"{top['cycles_per_s_ceiling']:>12,.0f}{p50}"
-    )
-    print("-" * len(header))
-    print(
-        "ratio = cycles/s / redis-py's in the same scenario; medians of the runs; p50/p99 are of"
-        " acquire alone.\n"
-        f"ceiling: EVALSHA 'return 1' at {top['requests_per_s']:,.0f} requests/s"
-        f" = {top['cycles_per_s_ceiling']:,.0f} cycles/s ceiling (2 script calls per cycle)."
+        "vs redis-py / vs peer = cycles/s over theirs at the same concurrency; medians of the"
+        " runs; p50/p99 are of\nacquire alone."
+        f" ceiling: EVALSHA 'return 1' at {top['requests_per_s']:,.0f} requests/s"
+        f" = {top['cycles_per_s_ceiling']:,.0f} cycles/s (2 script calls per cycle)."
     )
 
 
-def without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}:{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
-
-
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    partial.replace(path)
+def levels_list(text: str) -> list[int]:
+    levels = [int(part) for part in text.split(",") if part.strip()]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("give coroutine counts >= 1, e.g. 1,4,16,64,256")
+    return levels
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description="Acquire+release cycles/s and acquire latency: project vs. redis-py."
+        description="Acquire+release cycles/s and acquire latency: project vs. peer vs. redis-py."
     )
     parser.add_argument("--url", required=True, help="Redis URL, e.g. redis://127.0.0.1:6380/0")
+    parser.add_argument(
+        "--concurrency",
+        type=levels_list,
+        default=list(DEFAULT_CONCURRENCY),
+        help="comma-separated coroutine counts (default 1,4,16,64,256)",
+    )
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each window")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of each window")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per scenario and library")
+    parser.add_argument("--repeats", type=int, default=3, help="runs at 1 and 64 coroutines")
+    parser.add_argument("--sweep-repeats", type=int, default=1, help="runs at other levels")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args()
-    if args.duration <= 0 or args.warmup < 0 or args.repeats < 1:
-        parser.error("--duration must be > 0, --warmup >= 0 and --repeats >= 1")
+    if args.duration <= 0 or args.warmup < 0 or min(args.repeats, args.sweep_repeats) < 1:
+        parser.error("--duration must be > 0, --warmup >= 0 and the repeats >= 1")
+    if not PEER_PYTHON.exists():
+        parser.error(f"{PEER_PYTHON} is missing: run bash benchmarks/setup_bench_env.sh")
+
+    def repeats(coroutines: int) -> int:
+        return int(args.repeats if coroutines in HEADLINE else args.sweep_repeats)
 
     print(
-        f"acquire+release against {args.url}: {args.warmup} s warm-up + {args.duration} s window,"
-        f" {args.repeats} runs per scenario and implementation"
+        f"acquire+release against {args.url}: {args.warmup} s warm-up + {args.duration} s window;"
+        f" {args.repeats} runs at {' and '.join(map(str, HEADLINE))} coroutines,"
+        f" {args.sweep_repeats} at the other levels"
     )
-    runs, server_version = asyncio.run(compare(args.url, args.warmup, args.duration, args.repeats))
+    runs, server_version, peer_versions = asyncio.run(
+        compare(args.url, args.concurrency, repeats, args.warmup, args.duration)
+    )
     summaries = summarize(runs)
     print(f"  ceiling: redis-benchmark -c {CEILING_CLIENTS} -n {CEILING_REQUESTS} ...", flush=True)
     top = ceiling(args.url)
-    print_table(summaries, top)
+    print_results(summaries, top)
 
-    anomalies = [r for r in runs if r.failed_releases or r.left_in_global_pool]
-    for r in anomalies:
-        print(
-            f"WARNING {r.scenario} #{r.repeat} {r.implementation}: {r.failed_releases} releases"
-            f" found no lease, {r.left_in_global_pool} leases left in the global pool"
-        )
+    for r in runs:
+        if r.failed_releases or r.left_in_global_pool:
+            print(
+                f"WARNING {r.scenario} #{r.repeat} {r.implementation}: {r.failed_releases}"
+                f" releases found no lease, {r.left_in_global_pool} leases left in the global pool"
+            )
 
+    peer_versions.pop("kind")
     write_json(
         args.output,
         {
-            "machine": machine_info(server_version),
+            "machine": {
+                **machine_info(),
+                "redis_server": server_version,
+                "redis_py": redis.__version__,
+                "hiredis": hiredis.__version__,
+                "redis_py_parser": DefaultParser.__name__,
+                "fastapi_stream_lease": fastapi_stream_lease.__version__,
+                "fastapi_stream_lease_installed_at": str(
+                    Path(fastapi_stream_lease.__file__).parent
+                ),
+                "peer": peer_versions,
+            },
             "settings": {
                 "url": without_password(args.url),
+                "concurrency": args.concurrency,
                 "warmup_s": args.warmup,
                 "window_s": args.duration,
-                "repeats": args.repeats,
+                "repeats_at": {str(level): repeats(level) for level in args.concurrency},
                 "key_prefix": KEY_PREFIX,
-                "redis_py_max_connections": max(SCENARIOS),
+                "redis_py_max_connections": REDIS_PY_POOL_SIZE,
             },
             "summary": [asdict(s) for s in summaries],
             "ceiling": top,

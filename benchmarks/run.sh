@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Acquire+release benchmark, end to end: builds the release wheel into benchmarks/.venv, starts a
-# throwaway redis-server on a free loopback port (never 6379), runs acquire_release.py against it
-# and stops the server however the run ends.
+# Every benchmark, end to end: sets up benchmarks/.venv (release wheel, matplotlib, FastAPI,
+# uvicorn) and benchmarks/.venv-peer (the PyPI peer), starts a throwaway redis-server on a free
+# loopback port (never 6379), runs acquire_release.py, plot.py, holding.py and end_to_end.py
+# against it, and stops the server however the run ends. About 6 minutes on 2 cores once built
+# (the first build of the release wheel adds a few).
 #
 # Usage, from the repository root: bash benchmarks/run.sh [extra acquire_release.py options]
 # e.g.  bash benchmarks/run.sh --duration 5 --repeats 5
 set -euo pipefail
+started=$SECONDS
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -71,4 +74,16 @@ if [[ -z "$port" ]]; then
 fi
 echo "==> redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port (pid $redis_pid)"
 
-"$py" benchmarks/acquire_release.py --url "redis://127.0.0.1:$port/0" "$@"
+url="redis://127.0.0.1:$port/0"
+echo
+echo "==> acquire_release.py"
+"$py" benchmarks/acquire_release.py --url "$url" "$@"
+"$py" benchmarks/plot.py
+echo
+echo "==> holding.py"
+"$py" benchmarks/holding.py --url "$url"
+echo
+echo "==> end_to_end.py"
+"$py" benchmarks/end_to_end.py --url "$url"
+echo
+echo "==> every benchmark ran in $((SECONDS - started)) s (set-up and build included)"

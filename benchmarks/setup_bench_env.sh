@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Builds fastapi-stream-lease in RELEASE mode into the benchmark's own virtualenv
-# (benchmarks/.venv), leaving the developer's .venv and debug build alone.
+# Sets up the benchmarks' two virtualenvs, leaving the developer's .venv and debug build alone:
+#
+# * benchmarks/.venv: fastapi-stream-lease built in RELEASE mode, plus what the benchmarks use
+#   (redis-py + hiredis, FastAPI + uvicorn for end_to_end.py, matplotlib for plot.py);
+# * benchmarks/.venv-peer: the pure-Python peer, PyPI fastapi-stream-lease==0.6.3, which has the
+#   same import name and so lives in its own virtualenv (driven by benchmarks/peer.py).
 #
 # Usage (from anywhere): bash benchmarks/setup_bench_env.sh
 # Cargo output goes to target/bench, the wheel to target/bench/wheels.
@@ -8,6 +12,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+
+redis_py=(redis==8.1.0 hiredis==3.5.0)
 
 venv=benchmarks/.venv
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -17,7 +23,8 @@ fi
 
 echo "==> installing benchmark dependencies into $venv"
 "$venv/bin/pip" install --quiet \
-    maturin==1.16.0 redis==8.1.0 hiredis==3.5.0 starlette==1.10.0
+    maturin==1.16.0 "${redis_py[@]}" starlette==1.10.0 \
+    fastapi==0.165.0 uvicorn==0.54.0 matplotlib==3.11.2
 
 echo "==> building the release wheel (CARGO_TARGET_DIR=target/bench)"
 rm -rf target/bench/wheels
@@ -26,3 +33,12 @@ CARGO_TARGET_DIR=target/bench "$venv/bin/maturin" build --release --locked \
 
 echo "==> installing the wheel into $venv"
 "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/bench/wheels/*.whl
+
+peer=benchmarks/.venv-peer
+if [[ ! -x "$peer/bin/python" ]]; then
+    echo "==> creating $peer"
+    python3 -m venv "$peer"
+fi
+echo "==> installing the peer (PyPI fastapi-stream-lease==0.6.3) into $peer"
+# Starlette brings anyio, which the peer uses when present, as it is in any FastAPI app.
+"$peer/bin/pip" install --quiet fastapi-stream-lease==0.6.3 "${redis_py[@]}" starlette==1.10.0

@@ -1,0 +1,436 @@
+"""Helpers shared by the benchmark scripts.
+
+This module imports only the standard library and redis-py, because it also runs inside the
+peer's virtualenv (``benchmarks/.venv-peer``, PyPI ``fastapi-stream-lease==0.6.3``), whose
+package has the same import name as this project's. It holds:
+
+* the timed acquire+release loop (:func:`timed_run`) that every implementation goes through;
+* the JSON-lines protocol between a benchmark and its helper subprocesses (:class:`Child` on
+  the parent's side, :func:`reply` and :func:`requests` on the child's);
+* the lease-holding child (:func:`serve_holder`) that ``holding.py`` drives for both libraries;
+* readers of a process's CPU time and resident memory (``/proc``), and the report helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+PEER_PYTHON = BENCH_DIR / ".venv-peer" / "bin" / "python"
+PEER = "peer fastapi-stream-lease 0.6.3"
+PROJECT = "fastapi_stream_lease"
+# Every redis-py client here (the same-scripts baseline and the peer's) has this many
+# connections; a caller beyond it waits for a free one instead of failing.
+REDIS_PY_POOL_SIZE = 64
+# How long a helper process may stay silent before the benchmark gives up on it.
+CHILD_TIMEOUT_S = 120.0
+
+H = TypeVar("H")
+
+
+# ---------------------------------------------------------------------------------------------
+# The acquire+release loop
+
+
+@dataclass(frozen=True)
+class Implementation(Generic[H]):
+    """One way to take a lease and give it back: ``await release(await acquire(user_id))``."""
+
+    name: str
+    acquire: Callable[[str], Awaitable[H]]
+    release: Callable[[H], Awaitable[bool]]
+
+
+@dataclass
+class WorkerTally:
+    """What one coroutine did during a run."""
+
+    cycles_in_window: int = 0
+    failed_releases: int = 0
+    acquire_latencies_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One timed run of one implementation at one concurrency."""
+
+    scenario: str
+    implementation: str
+    repeat: int
+    coroutines: int
+    window_s: float
+    cycles: int
+    cycles_per_s: float
+    p50_ms: float
+    p99_ms: float
+    acquires_timed: int
+    failed_releases: int
+    left_in_global_pool: int
+
+
+def scenario_name(coroutines: int) -> str:
+    return "1 coroutine" if coroutines == 1 else f"{coroutines} coroutines"
+
+
+def percentile_ms(sorted_s: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of sorted durations in seconds, in milliseconds."""
+    index = min(len(sorted_s) - 1, max(0, math.ceil(fraction * len(sorted_s)) - 1))
+    return sorted_s[index] * 1000.0
+
+
+async def cycle_until(
+    impl: Implementation[Any], user_id: str, window_start: float, window_end: float
+) -> WorkerTally:
+    """Acquire+release back to back until ``window_end``; tallies what falls in the window."""
+    tally = WorkerTally()
+    while time.perf_counter() < window_end:
+        started = time.perf_counter()
+        handle = await impl.acquire(user_id)
+        acquired = time.perf_counter()
+        released = await impl.release(handle)
+        finished = time.perf_counter()
+        if not released:
+            tally.failed_releases += 1
+        if window_start <= acquired <= window_end:
+            tally.acquire_latencies_s.append(acquired - started)
+        if window_start <= finished <= window_end:
+            tally.cycles_in_window += 1
+    return tally
+
+
+async def timed_run(
+    impl: Implementation[Any],
+    coroutines: int,
+    repeat: int,
+    warmup_s: float,
+    window_s: float,
+    count_left: Callable[[], Awaitable[int]],
+) -> RunResult:
+    """Runs ``coroutines`` workers (one user id each) through the warm-up and the window.
+
+    ``count_left`` tells, after the run, how many leases are still in the global pool.
+    """
+    window_start = time.perf_counter() + warmup_s
+    window_end = window_start + window_s
+    workers = (
+        cycle_until(impl, f"bench-user-{n}", window_start, window_end) for n in range(coroutines)
+    )
+    # Every call is bounded (redis_timeout, socket_timeout); this bounds the run as a whole.
+    tallies = await asyncio.wait_for(asyncio.gather(*workers), warmup_s + window_s + 15.0)
+    latencies = sorted(s for t in tallies for s in t.acquire_latencies_s)
+    if not latencies:
+        raise RuntimeError(f"{impl.name}: no acquire completed within the {window_s} s window")
+    cycles = sum(t.cycles_in_window for t in tallies)
+    return RunResult(
+        scenario=scenario_name(coroutines),
+        implementation=impl.name,
+        repeat=repeat,
+        coroutines=coroutines,
+        window_s=window_s,
+        cycles=cycles,
+        cycles_per_s=cycles / window_s,
+        p50_ms=percentile_ms(latencies, 0.50),
+        p99_ms=percentile_ms(latencies, 0.99),
+        acquires_timed=len(latencies),
+        failed_releases=sum(t.failed_releases for t in tallies),
+        left_in_global_pool=await count_left(),
+    )
+
+
+SCRIPT_COMMANDS = frozenset(
+    f"cmdstat_{name}" for name in ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+)
+
+
+async def command_calls(client: aioredis.Redis) -> tuple[int, int]:
+    """(all commands, script calls) the server has run so far (``INFO commandstats``)."""
+    stats = await client.info("commandstats")
+    commands = sum(int(v["calls"]) for v in stats.values())
+    scripts = sum(int(v["calls"]) for k, v in stats.items() if k in SCRIPT_COMMANDS)
+    return commands, scripts
+
+
+def redis_py_client(url: str) -> aioredis.Redis:
+    """A redis.asyncio client (hiredis parser when installed) with a blocking pool of
+    :data:`REDIS_PY_POOL_SIZE` connections: the baseline's and the peer's client."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_PY_POOL_SIZE, timeout=10.0, socket_timeout=5.0
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helper subprocesses: one JSON object per line, requests on stdin, replies on stdout
+
+
+class Child:
+    """The parent's side of a helper subprocess (its stderr goes to the parent's stderr)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, label: str) -> None:
+        self._process = process
+        self.label = label
+
+    @classmethod
+    async def start(cls, argv: Sequence[str], label: str) -> Child:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 24,
+        )
+        return cls(process, label)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(message).encode() + b"\n")
+        await self._process.stdin.drain()
+
+    async def receive(self, timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
+        """The child's next reply; raises if it exits or stays silent for ``timeout_s``."""
+        assert self._process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._process.stdout.readline(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.label}: no reply within {timeout_s:.0f} s") from None
+        if not line:
+            code = await asyncio.wait_for(self._process.wait(), 10.0)
+            raise RuntimeError(f"{self.label} exited with status {code} (its stderr is above)")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def stop(self, timeout_s: float = 60.0) -> int:
+        """Closes its stdin (the signal to finish), waits for it, kills it if it lingers."""
+        if self._process.stdin is not None and not self._process.stdin.is_closing():
+            self._process.stdin.close()
+        try:
+            return await asyncio.wait_for(self._process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            self._process.kill()
+            return await self._process.wait()
+
+    def kill(self) -> None:
+        if self._process.returncode is None:
+            self._process.kill()
+
+
+def reply(message: dict[str, Any]) -> None:
+    """Child side: sends one reply to the parent."""
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+async def requests() -> AsyncIterator[dict[str, Any]]:
+    """Child side: the parent's requests, until it closes our stdin."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        request: dict[str, Any] = json.loads(line)
+        yield request
+
+
+# ---------------------------------------------------------------------------------------------
+# Holding many leases at once (holding.py runs this in a fresh child per size and library)
+
+
+class Holder(Protocol):
+    """One library's way of holding leases, each in its own task as a stream would."""
+
+    renew_every_s: float
+
+    async def warm_up(self) -> None:
+        """Connects and loads the scripts (one acquire + release)."""
+
+    async def hold(
+        self,
+        user_id: str,
+        gate: asyncio.Semaphore,
+        on_acquired: Callable[[], None],
+        stop: asyncio.Event,
+    ) -> None:
+        """Acquires under ``gate``, calls ``on_acquired``, holds the lease until ``stop``."""
+
+    def lost(self) -> int:
+        """Leases this process has found lost so far."""
+
+    def reclaimed(self) -> int:
+        """Leases found expired in Redis by a renewal and taken back (so not counted lost)."""
+
+    async def active_count(self) -> int:
+        """Unexpired leases in the global pool, by the library's own count."""
+
+    async def close(self) -> None:
+        """Releases what is still held."""
+
+
+async def serve_holder(holder: Holder, leases: int, acquire_concurrency: int) -> None:
+    """The holding child: ``leases`` tasks each acquire a lease (at most ``acquire_concurrency``
+    acquires in flight) and hold it until the parent asks to stop.
+
+    Replies ``held`` once every acquire has settled (with the resident memory before and
+    after: "before" already counts the parked tasks, so the difference is the leases' own
+    cost), then, on the parent's ``stop`` request, ``done`` with the lost and active counts.
+    """
+    await holder.warm_up()
+    start, stop, settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    gate = asyncio.Semaphore(acquire_concurrency)
+    tally = {"acquired": 0, "failed": 0}
+    first_error: list[str] = []
+
+    def count(outcome: str) -> None:
+        tally[outcome] += 1
+        if tally["acquired"] + tally["failed"] >= leases:
+            settled.set()
+
+    async def one(n: int) -> None:
+        await start.wait()
+        try:
+            await holder.hold(f"hold-user-{n}", gate, lambda: count("acquired"), stop)
+        except Exception as error:
+            first_error.append(repr(error))
+            count("failed")
+
+    tasks = [asyncio.create_task(one(n)) for n in range(leases)]
+    await asyncio.sleep(0.1)  # every task parked on `start`
+    rss_before = rss_bytes(os.getpid())
+    started = time.perf_counter()
+    start.set()
+    await settled.wait()
+    acquire_s = time.perf_counter() - started
+    reply(
+        {
+            "kind": "held",
+            "renew_every_s": holder.renew_every_s,
+            "acquired": tally["acquired"],
+            "failed": tally["failed"],
+            "first_error": first_error[0] if first_error else None,
+            "acquire_s": acquire_s,
+            "rss_before": rss_before,
+            "rss_after": rss_bytes(os.getpid()),
+        }
+    )
+    async for request in requests():
+        if request["kind"] == "stop":
+            active = await holder.active_count()
+            reply(
+                {
+                    "kind": "done",
+                    "lost": holder.lost(),
+                    "reclaimed": holder.reclaimed(),
+                    "active": active,
+                }
+            )
+            break
+    await holder.close()
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes and sockets
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid``, from ``/proc/<pid>/status``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now (never Redis's 6379)."""
+    for _attempt in range(10):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if port != 6379:
+            return port
+    raise RuntimeError("no free loopback port found")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def cpu_model() -> str:
+    try:
+        with Path("/proc/cpuinfo").open(encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu_model(),
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "event_loop": "asyncio (default loop, no uvloop)",
+    }
+
+
+def without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 2) -> None:
+    """Prints a table; the first ``left`` columns are left-aligned, the others right-aligned."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if n < left else cell.rjust(width)
+            for n, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    print()
+    print(line(header))
+    print("-" * len(line(header)))
+    for row in rows:
+        print(line(row))
+    print("-" * len(line(header)))

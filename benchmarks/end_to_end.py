@@ -1,0 +1,521 @@
+"""End to end: what a lease costs a real SSE endpoint served by uvicorn.
+
+Two uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log) serve
+the README quickstart's endpoint, ``GET /api/chat/stream?user_id=...``, which streams 5 short
+``data:`` events:
+
+* ``lease``: as in the quickstart, ``lease = await lease_manager.acquire(user_id)`` and
+  ``StreamingResponse(lease.wrap(token_generator()))``, the manager built from a
+  ``redis.asyncio`` client (``max_per_user=2, max_global=500, lease_seconds=30``) on the Redis
+  at ``--url``;
+* ``none``: the same endpoint without any limiter.
+
+A load generator in its own process (raw asyncio sockets, HTTP/1.1 keep-alive, chunked bodies
+parsed by hand so that the client stays cheap) runs N clients (1, then 32), each opening,
+reading and finishing one stream after another, one user id per client, for a warm-up and a
+fixed window. It counts the admitted streams (200 with all 5 events) completed in the window
+and times each stream's first byte (request sent -> status line received: the acquire happens
+before it) and its last byte (the release happens before it). It also reads the server
+process's CPU time (``/proc/<pid>/stat``, all threads, the Rust core's included) over the
+window, hence the server CPU per stream. The variants take turns, ``--repeats`` times each; the
+table gives the medians and the lease's overhead per stream: the difference in time to first
+byte (p50, p99), in time to last byte, and in server CPU per stream. At the end every lease must
+be back: the global pool is checked to be empty.
+
+Run it from the repository root with ``bash benchmarks/run.sh``, or against a Redis of your own
+(keys under ``{e2e}:``)::
+
+    benchmarks/.venv/bin/python benchmarks/end_to_end.py --url redis://127.0.0.1:6380/0
+
+The table is printed; the raw figures go to ``benchmarks/results/end_to_end.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import uvicorn
+from common import (
+    RESULTS_DIR,
+    Child,
+    cpu_seconds,
+    free_port,
+    machine_info,
+    percentile_ms,
+    print_table,
+    reply,
+    requests,
+    without_password,
+    write_json,
+)
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+
+SCRIPT = Path(__file__).resolve()
+DEFAULT_OUTPUT = RESULTS_DIR / "end_to_end.json"
+VARIANTS = ("lease", "none")
+CLIENT_LEVELS = (1, 32)
+EVENTS = ("Hello", "world", "this", "is", "streamed!")
+KEY_PREFIX = "e2e"
+STREAM_TIMEOUT_S = 10.0
+MAX_CHUNKS = 100
+
+
+# ---------------------------------------------------------------------------------------------
+# The server (serve mode)
+
+
+async def token_generator() -> AsyncIterator[str]:
+    for word in EVENTS:
+        yield f"data: {word}\n\n"
+
+
+def build_app(variant: str, url: str) -> FastAPI:
+    """The quickstart's app (``lease``) or the same endpoint with no limiter (``none``)."""
+    app = FastAPI()
+    if variant == "none":
+
+        @app.get("/api/chat/stream")
+        async def unlimited_stream(user_id: str = "user_123") -> StreamingResponse:
+            return StreamingResponse(token_generator(), media_type="text/event-stream")
+
+        return app
+
+    lease_manager = StreamLeaseManager(
+        redis=aioredis.from_url(url),
+        config=LeaseConfig(
+            max_per_user=2, max_global=500, lease_seconds=30.0, key_prefix=KEY_PREFIX
+        ),
+    )
+
+    @app.exception_handler(StreamLeaseRejected)
+    async def lease_rejected_handler(request: Request, exc: StreamLeaseRejected) -> Response:
+        return exc.as_response()
+
+    @app.get("/api/chat/stream")
+    async def chat_stream(user_id: str = "user_123") -> StreamingResponse:
+        lease = await lease_manager.acquire(user_id)
+        return StreamingResponse(lease.wrap(token_generator()), media_type="text/event-stream")
+
+    return app
+
+
+def serve(variant: str, url: str, port: int) -> None:
+    uvicorn.run(
+        build_app(variant, url),
+        host="127.0.0.1",
+        port=port,
+        loop="asyncio",
+        http="h11",
+        log_level="warning",
+        access_log=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The load generator (load mode)
+
+
+@dataclass
+class Tally:
+    """What the clients of one run saw within the window."""
+
+    admitted: int = 0
+    refused: int = 0
+    dropped_connections: int = 0
+    ttfb_s: list[float] = field(default_factory=list)
+    ttlb_s: list[float] = field(default_factory=list)
+
+
+async def read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    if "content-length" in headers:
+        return await reader.readexactly(int(headers["content-length"]))
+    body = bytearray()
+    for _chunk in range(MAX_CHUNKS):
+        size = int((await reader.readline()).split(b";")[0], 16)
+        if size == 0:
+            await reader.readline()
+            return bytes(body)
+        body += await reader.readexactly(size)
+        await reader.readline()
+    raise RuntimeError(f"more than {MAX_CHUNKS} chunks in one response")
+
+
+async def one_stream(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[bool, float, float, bool]:
+    """Sends ``request``, reads the whole response: (admitted, ttfb s, ttlb s, keep-alive)."""
+    started = time.perf_counter()
+    writer.write(request)
+    status_line = await reader.readline()
+    first_byte = time.perf_counter()
+    if not status_line:
+        raise ConnectionResetError("the server closed the connection")
+    headers: dict[str, str] = {}
+    for _header in range(100):
+        line = (await reader.readline()).decode("latin-1").strip()
+        if not line:
+            break
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await read_body(reader, headers)
+    last_byte = time.perf_counter()
+    admitted = status_line.split()[1:2] == [b"200"] and body.count(b"data: ") == len(EVENTS)
+    keep_alive = headers.get("connection", "").lower() != "close"
+    return admitted, first_byte - started, last_byte - started, keep_alive
+
+
+async def client_loop(
+    port: int, user_id: str, window_start: float, window_end: float, tally: Tally
+) -> None:
+    request = (
+        f"GET /api/chat/stream?user_id={user_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Accept: text/event-stream\r\n\r\n"
+    ).encode()
+    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    try:
+        while time.perf_counter() < window_end:
+            if connection is None:
+                connection = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                admitted, ttfb, ttlb, keep_alive = await asyncio.wait_for(
+                    one_stream(*connection, request), STREAM_TIMEOUT_S
+                )
+            except (ConnectionError, asyncio.IncompleteReadError):
+                tally.dropped_connections += 1
+                connection[1].close()
+                connection = None
+                continue
+            if not keep_alive:
+                connection[1].close()
+                connection = None
+            finished = time.perf_counter()
+            if not window_start <= finished <= window_end:
+                continue
+            if not admitted:
+                tally.refused += 1
+                continue
+            tally.admitted += 1
+            tally.ttfb_s.append(ttfb)
+            tally.ttlb_s.append(ttlb)
+    finally:
+        if connection is not None:
+            connection[1].close()
+
+
+async def load_run(request: dict[str, Any]) -> dict[str, Any]:
+    """One run: ``clients`` client loops through the warm-up and the window."""
+    port, clients, server_pid = request["port"], request["clients"], request["server_pid"]
+    window_start = time.perf_counter() + request["warmup_s"]
+    window_end = window_start + request["window_s"]
+    tally = Tally()
+
+    async def cpu_at(moment: float) -> tuple[float, float, float]:
+        await asyncio.sleep(max(0.0, moment - time.perf_counter()))
+        return time.perf_counter(), cpu_seconds(server_pid), cpu_seconds(os.getpid())
+
+    loops = [
+        client_loop(port, f"e2e-user-{n}", window_start, window_end, tally) for n in range(clients)
+    ]
+    (first, last), _ = await asyncio.wait_for(
+        asyncio.gather(
+            asyncio.gather(cpu_at(window_start), cpu_at(window_end)), asyncio.gather(*loops)
+        ),
+        request["warmup_s"] + request["window_s"] + STREAM_TIMEOUT_S + 5.0,
+    )
+    elapsed = last[0] - first[0]
+    ttfb, ttlb = sorted(tally.ttfb_s), sorted(tally.ttlb_s)
+    if not ttfb:
+        raise RuntimeError(f"no stream admitted within the window on port {port}")
+    server_cpu_s = last[1] - first[1]
+    return {
+        "kind": "run",
+        "window_s": elapsed,
+        "admitted": tally.admitted,
+        "refused": tally.refused,
+        "dropped_connections": tally.dropped_connections,
+        "streams_per_s": tally.admitted / elapsed,
+        "ttfb_p50_ms": percentile_ms(ttfb, 0.50),
+        "ttfb_p99_ms": percentile_ms(ttfb, 0.99),
+        "ttlb_p50_ms": percentile_ms(ttlb, 0.50),
+        "ttlb_p99_ms": percentile_ms(ttlb, 0.99),
+        "server_cpu_pct": 100.0 * server_cpu_s / elapsed,
+        "server_cpu_ms_per_stream": 1000.0 * server_cpu_s / tally.admitted,
+        "load_cpu_pct": 100.0 * (last[2] - first[2]) / elapsed,
+    }
+
+
+async def load_generator() -> None:
+    async for request in requests():
+        reply(await load_run(request))
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark (parent)
+
+
+@dataclass(frozen=True)
+class E2ERun:
+    variant: str
+    clients: int
+    repeat: int
+    window_s: float
+    admitted: int
+    refused: int
+    dropped_connections: int
+    streams_per_s: float
+    ttfb_p50_ms: float
+    ttfb_p99_ms: float
+    ttlb_p50_ms: float
+    ttlb_p99_ms: float
+    server_cpu_pct: float
+    server_cpu_ms_per_stream: float
+    load_cpu_pct: float
+
+
+class Server:
+    """One uvicorn process serving one variant on a free port."""
+
+    def __init__(self, variant: str, process: asyncio.subprocess.Process, port: int) -> None:
+        self.variant = variant
+        self.process = process
+        self.port = port
+
+    @classmethod
+    async def start(cls, variant: str, url: str) -> Server:
+        port = free_port()
+        argv = [sys.executable, str(SCRIPT), "--serve", variant]
+        process = await asyncio.create_subprocess_exec(
+            *argv, "--url", url, "--port", str(port), stdin=asyncio.subprocess.DEVNULL
+        )
+        server = cls(variant, process, port)
+        await server.wait_ready()
+        return server
+
+    async def wait_ready(self) -> None:
+        """Bounded: 100 tries over about 20 s, each a real stream."""
+        request = f"GET /api/chat/stream HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n".encode()
+        for _try in range(100):
+            if self.process.returncode is not None:
+                break
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                admitted, *_ = await asyncio.wait_for(
+                    one_stream(reader, writer, request), STREAM_TIMEOUT_S
+                )
+            finally:
+                writer.close()
+            if admitted:
+                return
+            raise RuntimeError(f"the {self.variant} server answered its first stream wrongly")
+        raise RuntimeError(f"the {self.variant} server did not come up on port {self.port}")
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 15.0)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+async def measure(
+    url: str, repeats: int, warmup_s: float, window_s: float
+) -> tuple[list[E2ERun], int]:
+    """Every client level, the two variants taking turns; returns the runs and the leases
+    left in the global pool at the end (must be 0)."""
+    servers: list[Server] = []
+    load = await Child.start([sys.executable, str(SCRIPT), "--load"], "load")
+    client = aioredis.Redis.from_url(url, socket_timeout=10.0)
+    runs: list[E2ERun] = []
+    try:
+        for variant in VARIANTS:
+            servers.append(await Server.start(variant, url))
+        for clients in CLIENT_LEVELS:
+            for repeat in range(1, repeats + 1):
+                order = servers if repeat % 2 else servers[::-1]
+                for server in order:
+                    await load.send(
+                        {
+                            "port": server.port,
+                            "server_pid": server.process.pid,
+                            "clients": clients,
+                            "warmup_s": warmup_s,
+                            "window_s": window_s,
+                        }
+                    )
+                    answer = await load.receive(warmup_s + window_s + 60.0)
+                    answer.pop("kind")
+                    run = E2ERun(variant=server.variant, clients=clients, repeat=repeat, **answer)
+                    runs.append(run)
+                    print(
+                        f"  {clients:>2} clients #{repeat} {run.variant:<6}"
+                        f" {run.streams_per_s:>7,.0f} streams/s"
+                        f"  TTFB p50 {run.ttfb_p50_ms:.3f} ms p99 {run.ttfb_p99_ms:.3f} ms"
+                        f"  server CPU {run.server_cpu_ms_per_stream:.3f} ms/stream",
+                        flush=True,
+                    )
+        left = int(await client.zcard(f"{{{KEY_PREFIX}}}:global"))
+    finally:
+        await load.stop()
+        for server in servers:
+            await server.stop()
+        await client.aclose()
+    return runs, left
+
+
+def summarize(runs: Sequence[E2ERun]) -> list[dict[str, Any]]:
+    """Medians per client level and variant, then the lease's overhead per stream."""
+    figures = [
+        "streams_per_s",
+        "ttfb_p50_ms",
+        "ttfb_p99_ms",
+        "ttlb_p50_ms",
+        "ttlb_p99_ms",
+        "server_cpu_ms_per_stream",
+        "server_cpu_pct",
+        "load_cpu_pct",
+    ]
+    summary: list[dict[str, Any]] = []
+    for clients in CLIENT_LEVELS:
+        medians = {
+            variant: {
+                name: statistics.median(
+                    getattr(r, name) for r in runs if (r.clients, r.variant) == (clients, variant)
+                )
+                for name in figures
+            }
+            for variant in VARIANTS
+        }
+        refused = sum(r.refused + r.dropped_connections for r in runs if r.clients == clients)
+        for variant in VARIANTS:
+            summary.append({"clients": clients, "variant": variant, **medians[variant]})
+        summary.append(
+            {
+                "clients": clients,
+                "variant": "overhead",
+                "streams_per_s_ratio": medians["lease"]["streams_per_s"]
+                / medians["none"]["streams_per_s"],
+                **{
+                    f"{name}_delta": medians["lease"][name] - medians["none"][name]
+                    for name in figures[1:6]
+                },
+                "refused": refused,
+            }
+        )
+    return summary
+
+
+def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
+    rows: list[list[str]] = []
+    for s in summary:
+        if s["variant"] == "overhead":
+            rows.append(
+                [
+                    f"{s['clients']}",
+                    "lease overhead",
+                    f"{s['streams_per_s_ratio']:.2f}x",
+                    f"{s['ttfb_p50_ms_delta']:+.3f}",
+                    f"{s['ttfb_p99_ms_delta']:+.3f}",
+                    f"{s['ttlb_p50_ms_delta']:+.3f}",
+                    f"{s['ttlb_p99_ms_delta']:+.3f}",
+                    f"{s['server_cpu_ms_per_stream_delta']:+.3f}",
+                    "",
+                ]
+            )
+            continue
+        rows.append(
+            [
+                f"{s['clients']}",
+                "quickstart (lease, Redis)" if s["variant"] == "lease" else "no limiter",
+                f"{s['streams_per_s']:,.0f}",
+                f"{s['ttfb_p50_ms']:.3f}",
+                f"{s['ttfb_p99_ms']:.3f}",
+                f"{s['ttlb_p50_ms']:.3f}",
+                f"{s['ttlb_p99_ms']:.3f}",
+                f"{s['server_cpu_ms_per_stream']:.3f}",
+                f"{s['server_cpu_pct']:.0f}% / {s['load_cpu_pct']:.0f}%",
+            ]
+        )
+    header = ["clients", "endpoint", "streams/s", "TTFB p50", "TTFB p99", "TTLB p50", "TTLB p99"]
+    print_table([*header, "server CPU/stream", "CPU server/load"], rows)
+    refused = sum(s.get("refused", 0) for s in summary)
+    print(
+        "times in ms, medians of the runs; TTFB = request sent -> status line, TTLB = -> last"
+        " byte; server CPU/stream\n= the uvicorn process's CPU ms (all threads) per admitted"
+        " stream; overhead rows = lease - no limiter.\n"
+        f"streams refused or cut: {refused}; leases left in the global pool at the end: {left}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="SSE endpoint under uvicorn: lease vs. none.")
+    parser.add_argument("--url", help="Redis URL, e.g. redis://127.0.0.1:6380/0")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per variant and level")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each window")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds of each window")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
+    internal = parser.add_argument_group("internal modes (started by this script)")
+    internal.add_argument("--serve", choices=VARIANTS, help="run a server for this variant")
+    internal.add_argument("--port", type=int, help="--serve: port to listen on")
+    internal.add_argument("--load", action="store_true", help="be the load generator")
+    args = parser.parse_args()
+
+    if args.load:
+        asyncio.run(load_generator())
+        return
+    if args.url is None:
+        parser.error("--url is required")
+    if args.serve:
+        serve(args.serve, args.url, args.port)
+        return
+    if args.duration <= 0 or args.warmup < 0 or args.repeats < 1:
+        parser.error("--duration must be > 0, --warmup >= 0 and --repeats >= 1")
+
+    print(
+        f"end to end against {args.url}: {args.warmup} s warm-up + {args.duration} s window,"
+        f" {args.repeats} runs per variant at {' and '.join(map(str, CLIENT_LEVELS))} clients"
+    )
+    runs, left = asyncio.run(measure(args.url, args.repeats, args.warmup, args.duration))
+    summary = summarize(runs)
+    print_results(summary, left)
+    write_json(
+        args.output,
+        {
+            "machine": {**machine_info(), "uvicorn": uvicorn.__version__, "http": "h11"},
+            "settings": {
+                "url": without_password(args.url),
+                "client_levels": list(CLIENT_LEVELS),
+                "repeats": args.repeats,
+                "warmup_s": args.warmup,
+                "window_s": args.duration,
+                "events_per_stream": len(EVENTS),
+            },
+            "summary": summary,
+            "leases_left_in_global_pool": left,
+            "runs": [asdict(r) for r in runs],
+        },
+    )
+    print(f"raw figures: {args.output}")
+
+
+if __name__ == "__main__":
+    main()

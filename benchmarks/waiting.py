@@ -1,0 +1,174 @@
+"""Waiting for a full pool: what 200 waiters cost Redis, and how fast a release admits the next.
+
+Against one Redis server, in one run:
+
+* ``fastapi_stream_lease``: a pool of capacity 1 held by one lease, 200 coroutines waiting in
+  line (``acquire(..., wait_timeout=60)``); the line lives in Redis, a release ``PUBLISH``es a
+  wake-up and only the process's earliest waiter talks to Redis;
+* the baseline a user would otherwise write: 200 coroutines each retrying the same acquire
+  script through redis-py every 50 ms until it succeeds (polling).
+
+Measured: Redis commands per second while the 200 wait and nobody releases (``INFO
+commandstats`` deltas over a fixed window), then the delay from a ``release()`` to the next
+waiter's admission, over a chain of hand-overs (p50 and p99).
+
+Run it with ``bash benchmarks/run.sh`` (which builds a release wheel and starts its own Redis),
+or against a server of yours: ``benchmarks/.venv/bin/python benchmarks/waiting.py --url URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from common import (
+    RESULTS_DIR,
+    command_calls,
+    machine_info,
+    percentile_ms,
+    print_table,
+    redis_py_client,
+    without_password,
+    write_json,
+)
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+WAITERS = 200
+HAND_OVERS = 100
+POLL_EVERY_S = 0.05
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def commands_per_second(client: aioredis.Redis, window_s: float) -> float:
+    before, _ = await command_calls(client)
+    await asyncio.sleep(window_s)
+    after, _ = await command_calls(client)
+    return (after - before - 2) / window_s  # the two INFO calls themselves
+
+
+async def project(url: str, client: aioredis.Redis, window_s: float) -> dict[str, float]:
+    config = LeaseConfig(max_per_user=0, max_global=1, key_prefix=f"wait-{uuid.uuid4().hex[:8]}")
+    manager = StreamLeaseManager(url=url, config=config)
+    holder = await manager.acquire("holder")
+    admitted: asyncio.Queue[tuple[float, object]] = asyncio.Queue()
+
+    async def wait(n: int) -> None:
+        lease = await manager.acquire(f"waiter{n}", wait_timeout=60)
+        await admitted.put((time.perf_counter(), lease))
+
+    waiters = [asyncio.create_task(wait(n)) for n in range(WAITERS)]
+    while manager.stats()["waiting"] < WAITERS:
+        await asyncio.sleep(0.01)
+    idle = await commands_per_second(client, window_s)
+
+    delays = []
+    current = holder
+    for _ in range(HAND_OVERS):
+        released_at = time.perf_counter()
+        await current.release()
+        at, current = await admitted.get()
+        delays.append(at - released_at)
+    await current.release()
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    await manager.aclose()
+    return summary(idle, delays)
+
+
+async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str, float]:
+    """The same acquire and release scripts, retried every 50 ms by each waiter."""
+    acquire = client.register_script((REPO / "src/lua/acquire.lua").read_text())
+    release = client.register_script((REPO / "src/lua/release.lua").read_text())
+    pool = f"{{poll-{uuid.uuid4().hex[:8]}}}:global"
+    stop = asyncio.Event()
+    admitted: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
+
+    async def take(lease_id: str) -> bool:
+        # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0, cap 1
+        reply = await acquire(keys=[pool], args=[lease_id, 30_000, 1, "", 0, 0, "", 0, 1])
+        return bool(reply[0] == 1)
+
+    async def give_back(lease_id: str) -> None:
+        await release(keys=[pool], args=["", lease_id, 1, 1, 1])
+
+    async def wait() -> None:
+        lease_id = uuid.uuid4().hex
+        while not stop.is_set():
+            if await take(lease_id):
+                await admitted.put((time.perf_counter(), lease_id))
+                return
+            await asyncio.sleep(POLL_EVERY_S)
+
+    holder = uuid.uuid4().hex
+    assert await take(holder)
+    waiters = [asyncio.create_task(wait()) for _ in range(WAITERS)]
+    await asyncio.sleep(POLL_EVERY_S * 2)
+    idle = await commands_per_second(client, window_s)
+    delays = []
+    current = holder
+    for _ in range(HAND_OVERS):
+        released_at = time.perf_counter()
+        await give_back(current)
+        at, current = await admitted.get()
+        delays.append(at - released_at)
+    stop.set()
+    await give_back(current)
+    await asyncio.gather(*waiters, return_exceptions=True)
+    await client.unlink(pool)
+    return summary(idle, delays)
+
+
+def summary(idle_commands_per_s: float, delays: list[float]) -> dict[str, float]:
+    ordered = sorted(delays)
+    return {
+        "idle_commands_per_s": idle_commands_per_s,
+        "hand_over_p50_ms": percentile_ms(ordered, 0.5),
+        "hand_over_p99_ms": percentile_ms(ordered, 0.99),
+        "hand_over_mean_ms": statistics.mean(ordered) * 1000,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--window", type=float, default=5.0, help="seconds of idle waiting")
+    args = parser.parse_args()
+    client = redis_py_client(args.url)
+    results = {
+        "fastapi_stream_lease": await project(args.url, client, args.window),
+        f"redis-py polling every {POLL_EVERY_S * 1000:.0f} ms": await polling(
+            args.url, client, args.window
+        ),
+    }
+    rows = [
+        [
+            name,
+            f"{WAITERS}",
+            f"{r['idle_commands_per_s']:,.0f}",
+            f"{r['hand_over_p50_ms']:.2f}",
+            f"{r['hand_over_p99_ms']:.2f}",
+        ]
+        for name, r in results.items()
+    ]
+    print_table(
+        ["waiters for a full pool", "waiters", "Redis commands/s", "release->admit p50 ms",
+         "p99 ms"],
+        rows,
+        left=1,
+    )
+    write_json(
+        RESULTS_DIR / "waiting.json",
+        {"machine": machine_info(), "url": without_password(args.url), "results": results},
+    )
+    await client.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
