@@ -83,6 +83,9 @@ echo
 echo "==> holding.py"
 "$py" benchmarks/holding.py --url "$url"
 echo
+echo "==> waiting.py"
+"$py" benchmarks/waiting.py --url "$url"
+
 echo "==> end_to_end.py"
 "$py" benchmarks/end_to_end.py --url "$url"
 echo

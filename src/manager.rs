@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::FutureExt;
+use futures_util::{stream, StreamExt};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
@@ -55,6 +56,9 @@ impl Drop for Cleanup<'_> {
         }
     }
 }
+
+/// Renew script calls of one round in flight at once (each covers up to 1,000 leases).
+const RENEW_CALLS_IN_FLIGHT: usize = 2;
 
 /// A release already under way: finished (embedded backend) or running on the runtime.
 enum LaunchedRelease {
@@ -382,7 +386,7 @@ impl ManagerShared {
         let (local, shared) = self.split_for_batches(held);
         let ttl_ms = self.config.lease_ms();
         let sent_at = monotonic_ms();
-        let renewals = self
+        let calls: Vec<_> = self
             .plan_batches(&local, &shared)
             .into_iter()
             .map(|(backend, batch)| async move {
@@ -391,8 +395,14 @@ impl ManagerShared {
                     self.observe(&outcome);
                 }
                 (batch, outcome)
-            });
-        for (batch, outcome) in join_all(renewals).await {
+            })
+            .collect();
+        // A few calls at a time, so acquires are not queued behind a whole round.
+        let renewals: Vec<_> = stream::iter(calls)
+            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (batch, outcome) in renewals {
             let Ok(renewed) = outcome else {
                 self.renew_failures.fetch_add(1, Ordering::Relaxed);
                 continue;

@@ -13,7 +13,8 @@ local ttl = tonumber(ARGV[1])
 local expiry = now + ttl
 local lost = {}
 local reclaimed = 0
-local touched = {}
+-- Renewed members per pool, written with one ZADD per pool at the end.
+local renewals = {}
 local position = 0
 
 local function members(id, weight)
@@ -67,16 +68,26 @@ while i <= #ARGV do
 
   if held then
     for j = 1, k do
-      for _, member in ipairs(mine) do
-        redis.call('ZADD', keys[j], expiry, member)
+      local pending = renewals[keys[j]]
+      if not pending then
+        pending = {}
+        renewals[keys[j]] = pending
       end
-      touched[keys[j]] = true
+      for _, member in ipairs(mine) do
+        pending[#pending + 1] = expiry
+        pending[#pending + 1] = member
+      end
     end
   end
   i = i + 3 + 2 * k
 end
 
-for key in pairs(touched) do
+-- At most 1,000 leases' members per call (the batch bound), in slices well under Lua's
+-- argument limit.
+for key, pending in pairs(renewals) do
+  for first = 1, #pending, 4000 do
+    redis.call('ZADD', key, unpack(pending, first, math.min(first + 3999, #pending)))
+  end
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
