@@ -86,6 +86,9 @@ echo
 echo "==> waiting.py"
 "$py" benchmarks/waiting.py --url "$url"
 
+echo "==> cluster_spread.py (its own 3-master cluster)"
+"$py" benchmarks/cluster_spread.py
+
 echo "==> end_to_end.py"
 "$py" benchmarks/end_to_end.py --url "$url"
 echo
