@@ -51,4 +51,4 @@ bench: ## Run the benchmarks (release build, own Redis) and print the table
 	bash benchmarks/run.sh
 
 clean: ## Remove build outputs and the virtualenvs
-	rm -rf target $(VENV) benchmarks/.venv
+	rm -rf target $(VENV) benchmarks/.venv benchmarks/.venv-peer
