@@ -402,12 +402,25 @@ impl ManagerShared {
             .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
             .collect()
             .await;
+        // A lease released after this round's snapshot but before its script ran was found gone
+        // and, with room, taken back: give it back again.
+        let mut released_meanwhile = Vec::new();
         for (batch, outcome) in renewals {
             let Ok(renewed) = outcome else {
                 self.renew_failures.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            self.reclaimed.fetch_add(renewed.reclaimed, Ordering::Relaxed);
+            for record in renewed
+                .reclaimed
+                .iter()
+                .filter_map(|p| batch.get(p.wrapping_sub(1)))
+            {
+                if record.is_released() {
+                    released_meanwhile.push(Arc::clone(record));
+                } else {
+                    self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             for (position, record) in (1..).zip(batch.iter()) {
                 if renewed.lost.contains(&position) {
                     self.lose(record);
@@ -415,6 +428,9 @@ impl ManagerShared {
                     record.extend_deadline(sent_at, ttl_ms);
                 }
             }
+        }
+        if !released_meanwhile.is_empty() {
+            let _ = self.release_all(&released_meanwhile).await;
         }
     }
 

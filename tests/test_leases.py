@@ -265,3 +265,21 @@ async def test_a_per_call_cap_serves_tiers_from_one_manager(make_manager):
         assert await manager.get_active_count("free-user") == 2
     for lease in [free, *paid]:
         await lease.release()
+
+
+async def test_releases_racing_renewals_leave_nothing_behind(make_manager):
+    # Renewal every 50 ms while leases come and go: a lease released between a renewal round's
+    # snapshot and its script must not be taken back and left behind for 30 s.
+    manager = make_manager(max_per_user=0, max_global=0, lease_seconds=30, renew_every=0.05)
+
+    async def churn(n: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.5
+        while loop.time() < deadline:
+            lease = await manager.acquire(f"user{n}")
+            await asyncio.sleep(0.001)
+            await lease.release()
+
+    await asyncio.gather(*(churn(n) for n in range(32)))
+    await count_is(manager, 0)
+    assert manager.stats()["held"] == 0

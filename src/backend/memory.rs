@@ -250,7 +250,7 @@ impl MemoryBackend {
                     renewed.lost.push(position + 1);
                     continue;
                 }
-                renewed.reclaimed += 1;
+                renewed.reclaimed.push(position + 1);
             }
             for pool in &lease.pools {
                 store
@@ -387,7 +387,7 @@ mod tests {
             renewed,
             Renewed {
                 lost: vec![],
-                reclaimed: 1
+                reclaimed: vec![1]
             }
         );
         assert_eq!(store.count("u"), 1);
@@ -405,7 +405,7 @@ mod tests {
             store.renew(&[held], 10_000),
             Renewed {
                 lost: vec![1],
-                reclaimed: 0
+                reclaimed: vec![]
             }
         );
         assert_eq!(store.count("u"), 1);

@@ -74,8 +74,8 @@ pub struct InLine<'a> {
 pub struct Renewed {
     /// 1-based positions of the leases found gone with no room to take them back.
     pub lost: Vec<usize>,
-    /// How many leases were found gone and taken back.
-    pub reclaimed: u64,
+    /// 1-based positions of the leases found gone and taken back.
+    pub reclaimed: Vec<usize>,
 }
 
 pub enum Backend {

@@ -6,13 +6,13 @@
 -- A lease is held only if it is unexpired in all its pools. A lease of weight w is stored as
 -- members id, id#2, ..., id#w.
 -- Returns {lost, reclaimed}: the 1-based positions (in ARGV order) of the leases found gone with
--- no room to take them back (now removed everywhere), and how many were taken back.
+-- no room to take them back (now removed everywhere), and of those taken back.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[1])
 local expiry = now + ttl
 local lost = {}
-local reclaimed = 0
+local reclaimed = {}
 -- Renewed members per pool, written with one ZADD per pool at the end.
 local renewals = {}
 local position = 0
@@ -59,7 +59,7 @@ while i <= #ARGV do
       end
     end
     if room then
-      reclaimed = reclaimed + 1
+      reclaimed[#reclaimed + 1] = position
     else
       lost[#lost + 1] = position
     end
