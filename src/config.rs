@@ -252,7 +252,7 @@ pub fn capacity_field(name: &str, value: Option<&Bound<'_, PyAny>>, default: u64
     };
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
-            "{name} must be an int (0 disables the limit), got {} {}",
+            "{name} must be an int, got {} {}",
             type_name(value),
             value.repr()?
         )));

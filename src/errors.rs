@@ -108,6 +108,14 @@ impl CoreError {
         CoreError::Backend(format!("Redis at {target} answered with an error: {err}{hint}"))
     }
 
+    /// Refused without calling Redis: it failed moments ago and the breaker is open.
+    pub fn breaker_open(target: &str, left: Duration) -> Self {
+        CoreError::Unavailable(format!(
+            "Redis at {target} failed moments ago; not calling it again for {} ms (circuit breaker)",
+            left.as_millis()
+        ))
+    }
+
     pub fn timeout(target: &str, after: Duration) -> Self {
         CoreError::Unavailable(format!(
             "Redis at {target} did not answer within {:.3} s; check that it is running and reachable, or raise LeaseConfig(redis_timeout=...)",

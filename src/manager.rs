@@ -249,11 +249,7 @@ impl ManagerShared {
                         Err(other) => return Err(other),
                     }
                 }
-                Admission::Wait(left) => Some(CoreError::Unavailable(format!(
-                    "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
-                    self.backend.describe(),
-                    left.as_millis()
-                ))),
+                Admission::Wait(left) => Some(CoreError::breaker_open(&self.backend.describe(), left)),
             };
             if let Some(unavailable) = unavailable {
                 drop(cleanup);
@@ -304,14 +300,13 @@ impl ManagerShared {
 
     /// Starts (once) the task that turns wake-ups published by any process into local ones.
     fn listen_for_wakeups(self: &Arc<Self>) {
-        let (Backend::Redis(redis), Some(line)) = (&self.backend, &self.line) else {
+        let (Backend::Redis(_), Some(line)) = (&self.backend, &self.line) else {
             return; // the embedded store wakes its waiters itself
         };
         let mut listener = lock(&self.listener);
         if listener.is_some() {
             return;
         }
-        let _ = redis;
         let shared = Arc::clone(self);
         let line = line.clone();
         *listener = Some(runtime::handle().spawn(async move {
@@ -421,8 +416,14 @@ impl ManagerShared {
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            for (position, record) in (1..).zip(batch.iter()) {
-                if renewed.lost.contains(&position) {
+            let mut lost = vec![false; batch.len()];
+            for position in &renewed.lost {
+                if let Some(flag) = lost.get_mut(position.wrapping_sub(1)) {
+                    *flag = true;
+                }
+            }
+            for (record, lost) in batch.iter().zip(lost) {
+                if lost {
                     self.lose(record);
                 } else {
                     record.extend_deadline(sent_at, ttl_ms);
@@ -648,11 +649,7 @@ impl Manager {
         let shared = Arc::clone(&self.shared);
         let op = async move {
             if let Admission::Wait(left) = shared.breaker.admit() {
-                return Err(CoreError::Unavailable(format!(
-                    "Redis at {} failed moments ago; not calling it again for {} ms (circuit breaker)",
-                    shared.backend.describe(),
-                    left.as_millis()
-                )));
+                return Err(CoreError::breaker_open(&shared.backend.describe(), left));
             }
             let count = shared.backend.count(&pool.key).await;
             shared.observe(&count);
