@@ -126,6 +126,19 @@ impl KeySpace {
     }
 }
 
+/// The `{hash tag}` of a key (its Redis Cluster slot): what is inside the first braces.
+pub fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map_or(key, |(tag, _)| tag)
+}
+
+/// The sorted set of the holders (managers) with leases in the pools of `pool_key`'s hash tag;
+/// `<holders>:<holder id>` lists the pools where one holder has members.
+pub fn holders_key(pool_key: &str) -> String {
+    format!("{{{}}}:holders", hash_tag(pool_key))
+}
+
 /// Checks an identity: non-empty, at most `MAX_IDENTITY_BYTES`. Returns why it is bad.
 pub fn check_identity(identity: &str) -> Result<(), String> {
     if identity.is_empty() {
@@ -218,6 +231,13 @@ mod tests {
             space(b"k").identity_digest("u1")
         );
         assert_eq!(space(b"k").identity_digest("u1").len(), 32);
+    }
+
+    #[test]
+    fn holders_share_the_tag_of_their_pools() {
+        assert_eq!(holders_key("{app}:user:ab"), "{app}:holders");
+        assert_eq!(holders_key("{app:ab}:user"), "{app:ab}:holders");
+        assert_eq!(hash_tag("plain"), "plain");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use pyo3::sync::PyOnceLock;
 use tokio::sync::Notify;
 
 use crate::bridge;
-use crate::keys::{Pool, PER_USER};
+use crate::keys::{self, Pool, PER_USER};
 use crate::manager::ManagerShared;
 
 /// State bits: a lease can be lost and later released; both stay visible.
@@ -29,6 +29,8 @@ pub struct LeaseRecord {
     pub id: String,
     /// The pools this lease takes a slot in (keys and capacities, to take it back if lost).
     pub pools: Vec<Pool>,
+    /// The holders key of the pools' hash tag (they all share one).
+    pub holders: String,
     /// How many of the first pools are the holder's own quota (refuse at once, never wait).
     pub own_pools: usize,
     pub weight: u32,
@@ -54,6 +56,7 @@ impl LeaseRecord {
     fn build(pools: Vec<Pool>, weight: u32, local: bool) -> Self {
         LeaseRecord {
             id: uuid::Uuid::new_v4().simple().to_string(),
+            holders: keys::holders_key(pools.first().map_or("", |pool| pool.key.as_str())),
             own_pools: usize::from(pools.first().is_some_and(|p| &*p.name == PER_USER)),
             pools,
             weight,
@@ -66,10 +69,7 @@ impl LeaseRecord {
 
     /// The `{hash tag}` all this lease's keys share (its Redis Cluster slot).
     pub fn hash_tag(&self) -> &str {
-        let key = self.pools.first().map_or("", |pool| pool.key.as_str());
-        key.split_once('{')
-            .and_then(|(_, rest)| rest.split_once('}'))
-            .map_or(key, |(tag, _)| tag)
+        keys::hash_tag(&self.holders)
     }
 
     /// Held -> lost; false if it was released (or already lost) meanwhile.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::FutureExt;
-use futures_util::{stream, StreamExt};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
@@ -57,8 +56,44 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-/// Renew script calls of one round in flight at once (each covers up to 1,000 leases).
-const RENEW_CALLS_IN_FLIGHT: usize = 2;
+/// The leases this process holds and renews, by id, and how many share each holders key.
+#[derive(Default)]
+struct Held {
+    by_id: HashMap<String, Arc<LeaseRecord>>,
+    per_tag: HashMap<String, usize>,
+}
+
+impl Held {
+    fn insert(&mut self, record: Arc<LeaseRecord>) {
+        *self.per_tag.entry(record.holders.clone()).or_default() += 1;
+        self.by_id.insert(record.id.clone(), record);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Arc<LeaseRecord>> {
+        let record = self.by_id.remove(id)?;
+        if let Some(count) = self.per_tag.get_mut(&record.holders) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tag.remove(&record.holders);
+            }
+        }
+        Some(record)
+    }
+
+    /// How many held leases live in the hash tag of `holders`.
+    fn in_tag(&self, holders: &str) -> usize {
+        self.per_tag.get(holders).copied().unwrap_or(0)
+    }
+
+    fn snapshot(&self) -> Vec<Arc<LeaseRecord>> {
+        self.by_id.values().cloned().collect()
+    }
+
+    fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
+        self.per_tag.clear();
+        self.by_id.drain().map(|(_, record)| record).collect()
+    }
+}
 
 /// A release already under way: finished (embedded backend) or running on the runtime.
 enum LaunchedRelease {
@@ -82,8 +117,11 @@ pub struct ManagerShared {
     local_line: LocalLine,
     pub config: LeaseConfig,
     keys: KeySpace,
-    /// Leases this process holds and renews, by id.
-    held: Mutex<HashMap<String, Arc<LeaseRecord>>>,
+    /// Leases this process holds and renews.
+    held: Mutex<Held>,
+    /// Leases to take out of the store again: their release failed, or they were lost (a holder
+    /// that comes back would otherwise keep their members alive). Retried every round.
+    unremoved: Mutex<Vec<Arc<LeaseRecord>>>,
     /// Releases in flight, so `aclose()` can wait for them.
     releases: TaskTracker,
     stop: CancellationToken,
@@ -154,6 +192,9 @@ impl ManagerShared {
                 .backend_of(&record)
                 .release(std::slice::from_ref(&record), line)
                 .await;
+            if released.is_err() {
+                lock(&shared.unremoved).push(Arc::clone(&record));
+            }
             shared.wake_waiters();
             released
         };
@@ -332,7 +373,10 @@ impl ManagerShared {
         sent_at: u64,
     ) -> Completion {
         match outcome {
-            AcquireOutcome::Granted(_) => {
+            AcquireOutcome::Granted { fresh_holder, .. } => {
+                if fresh_holder && lock(&self.held).in_tag(&record.holders) > 0 {
+                    self.backend.suspect(&record.holders);
+                }
                 record.extend_deadline(sent_at, self.config.lease_ms());
                 Ok(self.deliver_granted(record))
             }
@@ -373,61 +417,50 @@ impl ManagerShared {
         )
     }
 
-    /// One renewal round: every held lease, in batched script calls sent together. Leases
-    /// found gone are taken back where capacity allows, else become lost. A failed batch leaves
-    /// its leases to the next round, and to their deadlines.
+    /// One renewal round: leases whose removal failed are removed again, then every held lease
+    /// is kept alive (Redis: one keep-alive per hash tag). Leases found gone are taken back
+    /// where capacity allows, else become lost. A failed call leaves its leases to the next
+    /// round, and to their deadlines.
     pub async fn renew_held(&self) {
-        let held: Vec<_> = lock(&self.held).values().cloned().collect();
-        let (local, shared) = self.split_for_batches(held);
-        let ttl_ms = self.config.lease_ms();
-        let sent_at = monotonic_ms();
-        let calls: Vec<_> = self
-            .plan_batches(&local, &shared)
+        let unremoved = std::mem::take(&mut *lock(&self.unremoved));
+        if !unremoved.is_empty() && self.release_all(&unremoved).await.is_err() {
+            lock(&self.unremoved).extend(unremoved);
+        }
+        let (local, shared): (Vec<_>, Vec<_>) = lock(&self.held)
+            .snapshot()
             .into_iter()
-            .map(|(backend, batch)| async move {
-                let outcome = backend.renew(batch, ttl_ms).await;
-                if !std::ptr::eq(backend, &self.fallback) {
-                    self.observe(&outcome);
-                }
-                (batch, outcome)
-            })
-            .collect();
-        // A few calls at a time, so acquires are not queued behind a whole round.
-        let renewals: Vec<_> = stream::iter(calls)
-            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
-            .collect()
-            .await;
-        // A lease released after this round's snapshot but before its script ran was found gone
+            .partition(|record| record.local);
+        let ttl_ms = self.config.lease_ms();
+        let period_ms = self.config.renew_period().as_millis() as u64;
+        let sent_at = monotonic_ms();
+        let (local, shared) = tokio::join!(
+            self.fallback.renew(&local, ttl_ms, period_ms),
+            self.backend.renew(&shared, ttl_ms, period_ms)
+        );
+        for failure in shared.failures.iter().take(1) {
+            self.observe::<()>(&Err(failure.clone()));
+        }
+        if shared.answered {
+            self.observe(&Ok(()));
+        }
+        // A lease released after this round's snapshot but before its check was found gone
         // and, with room, taken back: give it back again.
         let mut released_meanwhile = Vec::new();
-        for (batch, outcome) in renewals {
-            let Ok(renewed) = outcome else {
-                self.renew_failures.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            for record in renewed
-                .reclaimed
-                .iter()
-                .filter_map(|p| batch.get(p.wrapping_sub(1)))
-            {
+        for round in [local, shared] {
+            let failures = round.failures.len() as u64;
+            self.renew_failures.fetch_add(failures, Ordering::Relaxed);
+            for record in &round.reclaimed {
                 if record.is_released() {
                     released_meanwhile.push(Arc::clone(record));
                 } else {
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let mut lost = vec![false; batch.len()];
-            for position in &renewed.lost {
-                if let Some(flag) = lost.get_mut(position.wrapping_sub(1)) {
-                    *flag = true;
-                }
+            for record in &round.lost {
+                self.lose(record);
             }
-            for (record, lost) in batch.iter().zip(lost) {
-                if lost {
-                    self.lose(record);
-                } else {
-                    record.extend_deadline(sent_at, ttl_ms);
-                }
+            for record in &round.renewed {
+                record.extend_deadline(sent_at, ttl_ms);
             }
         }
         if !released_meanwhile.is_empty() {
@@ -439,7 +472,7 @@ impl ManagerShared {
     /// expired them, whatever sockets and retries are still doing. Returns the next deadline.
     pub fn expire_overdue(&self) -> Option<u64> {
         let now = monotonic_ms();
-        let held: Vec<Arc<LeaseRecord>> = lock(&self.held).values().cloned().collect();
+        let held = lock(&self.held).snapshot();
         let mut next = None;
         for record in held {
             let deadline = record.deadline_ms();
@@ -452,9 +485,10 @@ impl ManagerShared {
         next
     }
 
-    fn lose(&self, record: &LeaseRecord) {
+    fn lose(&self, record: &Arc<LeaseRecord>) {
         if record.mark_lost() {
             lock(&self.held).remove(&record.id);
+            lock(&self.unremoved).push(Arc::clone(record));
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -506,7 +540,7 @@ impl ManagerShared {
                 let mut held = lock(&self.held);
                 // Checked under the lock that aclose() drains, so no lease slips past a close.
                 if !self.closed.load(Ordering::Acquire) {
-                    held.insert(record.id.clone(), Arc::clone(&record));
+                    held.insert(Arc::clone(&record));
                     return Ok(Py::new(py, lease)?.into_any());
                 }
             }
@@ -548,7 +582,8 @@ impl Manager {
             local_line: LocalLine::default(),
             keys,
             config,
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(Held::default()),
+            unremoved: Mutex::new(Vec::new()),
             releases: TaskTracker::new(),
             stop: CancellationToken::new(),
             renewal: Mutex::new(None),
@@ -675,7 +710,7 @@ impl Manager {
         let renewal = lock(&shared.renewal).take();
         let held: Vec<Arc<LeaseRecord>> = lock(&shared.held)
             .drain()
-            .map(|(_, record)| record)
+            .into_iter()
             .filter(|record| record.mark_released())
             .collect();
         let op = async move {
@@ -696,7 +731,7 @@ impl Manager {
     /// renewal rounds, whether the breaker is open, and this process's waiters in line.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = PyDict::new(py);
-        stats.set_item("held", lock(&self.shared.held).len())?;
+        stats.set_item("held", lock(&self.shared.held).by_id.len())?;
         stats.set_item("lost", self.shared.lost.load(Ordering::Relaxed))?;
         stats.set_item("reclaimed", self.shared.reclaimed.load(Ordering::Relaxed))?;
         stats.set_item(

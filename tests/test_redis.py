@@ -37,12 +37,19 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, 
     manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
     lease = await manager.acquire("alice@example.com")
     keys = sorted(k.decode() for k in redis_client.keys(f"{{{key_prefix}}}*"))
-    assert len(keys) == 2
+    # Two pools, the tag's holders and this manager's list of its pools there.
+    assert [k.split(":")[1] for k in keys] == ["global", "holders", "holders", "user"]
     assert all(k.startswith(f"{{{key_prefix}}}:") for k in keys)
     assert not any("alice" in k for k in keys)
-    assert all(0 < redis_client.pttl(k) <= 30_000 for k in keys)
-    members = redis_client.zrange(keys[0], 0, -1)
-    assert members == [lease.lease_id.encode()]
+    assert all(0 < redis_client.pttl(k) <= 3_600_000 for k in keys), "idle keys expire"
+    (holder, expiry), = redis_client.zrange(keys[1], 0, -1, withscores=True)
+    assert keys[2].endswith(f":{holder.decode()}")
+    expires_in_ms = expiry - 1000 * redis_client.time()[0]
+    assert 0 < expires_in_ms <= 31_000, "the holder expires in lease_seconds"
+    for pool in (keys[0], keys[3]):
+        assert redis_client.zrange(pool, 0, -1, withscores=True) == [
+            (lease.lease_id.encode(), float(holder))
+        ], "members are scored by their holder"
     await manager.aclose()
     assert redis_client.keys(f"{{{key_prefix}}}*") == [], "released pools leave no empty key"
 

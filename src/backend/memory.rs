@@ -201,7 +201,10 @@ impl MemoryBackend {
         if let Some(waiter) = waiter {
             line.leave(&waiter.id);
         }
-        AcquireOutcome::Granted(used)
+        AcquireOutcome::Granted {
+            used,
+            fresh_holder: false,
+        }
     }
 
     pub fn heartbeat(&self, waiter_ids: &[String], ttl_ms: u64) {
@@ -324,11 +327,17 @@ mod tests {
         let p = pools(2, 0);
         assert_eq!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted(vec![1, 1])
+            AcquireOutcome::Granted {
+                used: vec![1, 1],
+                fresh_holder: false
+            }
         );
         assert_eq!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted(vec![2, 2])
+            AcquireOutcome::Granted {
+                used: vec![2, 2],
+                fresh_holder: false
+            }
         );
         let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000, None) else {
             panic!("a third lease must be refused")
@@ -362,7 +371,7 @@ mod tests {
         let p = pools(5, 4);
         assert!(matches!(
             store.acquire(&lease_in(&p, 3), 10_000, None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert!(matches!(
             store.acquire(&lease_in(&p, 2), 10_000, None),
@@ -378,7 +387,7 @@ mod tests {
         let held = lease_in(&p, 1);
         assert!(matches!(
             store.acquire(&held, 0, None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert_eq!(store.count("u"), 0);
         // Expired but the pool has room: renewal takes it back.
@@ -395,11 +404,11 @@ mod tests {
         store.release(std::slice::from_ref(&held));
         assert!(matches!(
             store.acquire(&held, 0, None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert!(matches!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert_eq!(
             store.renew(&[held], 10_000),
@@ -417,7 +426,7 @@ mod tests {
         let held = lease_in(&pools(0, 0), 2);
         assert!(matches!(
             store.acquire(&held, 10_000, None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);

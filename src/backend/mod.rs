@@ -6,7 +6,7 @@ pub mod redis;
 
 use std::sync::Arc;
 
-use crate::errors::{CoreResult, Rejection};
+use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::lease::LeaseRecord;
 
 pub use self::memory::MemoryBackend;
@@ -39,8 +39,13 @@ pub fn batches(leases: &[Arc<LeaseRecord>], one_slot: bool) -> Vec<&[Arc<LeaseRe
 
 #[derive(Debug, PartialEq)]
 pub enum AcquireOutcome {
-    /// Slots in use in each pool after the grant, in pool order.
-    Granted(Vec<u64>),
+    Granted {
+        /// Slots in use in each pool after the grant, in pool order.
+        used: Vec<u64>,
+        /// This process's holder entry in the lease's hash tag was missing or expired (Redis):
+        /// leases it held there before may have been reaped.
+        fresh_holder: bool,
+    },
     Rejected(Rejection),
     /// The caller is in line with this ticket (lower is earlier): try again when woken.
     Wait(u64),
@@ -69,13 +74,53 @@ pub struct InLine<'a> {
     pub waiter: Option<&'a Waiter>,
 }
 
-/// What one renew call found.
+/// What one check of leases, one by one, found (positions in the batch).
 #[derive(Debug, Default, PartialEq)]
 pub struct Renewed {
     /// 1-based positions of the leases found gone with no room to take them back.
     pub lost: Vec<usize>,
     /// 1-based positions of the leases found gone and taken back.
     pub reclaimed: Vec<usize>,
+}
+
+/// What a renewal round found, lease by lease. Leases of failed calls are in no list: their
+/// deadlines decide.
+#[derive(Default)]
+pub struct RenewRound {
+    /// Still held and extended (reclaimed ones included).
+    pub renewed: Vec<Arc<LeaseRecord>>,
+    /// Found gone and taken back.
+    pub reclaimed: Vec<Arc<LeaseRecord>>,
+    /// Found gone with no room to take them back (now removed everywhere).
+    pub lost: Vec<Arc<LeaseRecord>>,
+    pub failures: Vec<CoreError>,
+    /// Whether any call got an answer (for the circuit breaker).
+    pub answered: bool,
+}
+
+impl RenewRound {
+    /// Files the leases of one checked batch under what the store said about them.
+    pub fn record(&mut self, batch: &[Arc<LeaseRecord>], checked: &Renewed) {
+        self.answered = true;
+        let mut lost = vec![false; batch.len()];
+        for position in &checked.lost {
+            if let Some(flag) = lost.get_mut(position.wrapping_sub(1)) {
+                *flag = true;
+            }
+        }
+        for position in &checked.reclaimed {
+            if let Some(lease) = batch.get(position.wrapping_sub(1)) {
+                self.reclaimed.push(Arc::clone(lease));
+            }
+        }
+        for (lease, lost) in batch.iter().zip(lost) {
+            if lost {
+                self.lost.push(Arc::clone(lease));
+            } else {
+                self.renewed.push(Arc::clone(lease));
+            }
+        }
+    }
 }
 
 pub enum Backend {
@@ -136,12 +181,24 @@ impl Backend {
         }
     }
 
-    /// Extends every lease of one batch to now + `ttl_ms`, taking back those found gone where
-    /// capacity allows.
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
+    /// Keeps every lease alive for `ttl_ms` more (the embedded store lease by lease, Redis with
+    /// one keep-alive per hash tag), taking back those found gone where capacity allows.
+    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64, period_ms: u64) -> RenewRound {
         match self {
-            Backend::Memory(m) => Ok(m.renew(leases, ttl_ms)),
-            Backend::Redis(r) => r.renew(leases, ttl_ms).await,
+            Backend::Memory(m) => {
+                let mut round = RenewRound::default();
+                round.record(leases, &m.renew(leases, ttl_ms));
+                round
+            }
+            Backend::Redis(r) => r.renew(leases, ttl_ms, period_ms).await,
+        }
+    }
+
+    /// Asks the next renewal round to check this hash tag's leases one by one: an acquire found
+    /// this process's holder entry gone while it held leases there.
+    pub fn suspect(&self, holders: &str) {
+        if let Backend::Redis(r) = self {
+            r.suspect(holders);
         }
     }
 

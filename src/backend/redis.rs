@@ -2,11 +2,11 @@
 //! The connection opens lazily (the manager is built at import time, outside any event loop) and
 //! every call, the connect included, is bounded by `redis_timeout`.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{stream, StreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -14,8 +14,9 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, TlsCertificates, Value};
 use tokio::sync::Mutex;
 
-use super::{AcquireOutcome, InLine, Line, Renewed};
+use super::{batches, AcquireOutcome, InLine, Line, RenewRound, Renewed};
 use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::keys;
 use crate::lease::LeaseRecord;
 use crate::scripts;
 
@@ -61,8 +62,28 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// Hash tags kept alive per keep-alive call (standalone; a cluster takes one per call).
+const TAGS_PER_KEEPALIVE: usize = 1000;
+
+/// Script calls of one renewal round in flight at once, so acquires are not queued behind it.
+const RENEW_CALLS_IN_FLIGHT: usize = 2;
+
+/// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
+const HOLDER_IDS: u64 = 1 << 48;
+
+fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 pub struct RedisBackend {
     endpoint: Endpoint,
+    /// This manager's holder id: it scores its leases in every pool and keeps them alive with
+    /// one entry per hash tag (see `lua/holders.lua`).
+    holder: u64,
+    /// Where each tag's keep-alive goes on refreshing the holder's pools (absent: from the start).
+    cursors: StdMutex<HashMap<String, String>>,
+    /// Holders keys whose leases the next round checks one by one.
+    suspects: StdMutex<HashSet<String>>,
     /// Opened on first use; behind Sentinel, dropped when the master fails so the next call
     /// asks the sentinels for the new one.
     connection: Mutex<Option<Connection>>,
@@ -124,6 +145,10 @@ impl RedisBackend {
         };
         Ok(RedisBackend {
             endpoint,
+            holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
+                % (HOLDER_IDS - 1),
+            cursors: StdMutex::new(HashMap::new()),
+            suspects: StdMutex::new(HashSet::new()),
             connection: Mutex::new(None),
             target,
             timeout,
@@ -211,6 +236,7 @@ impl RedisBackend {
         for pool in pools {
             invocation.key(&pool.key);
         }
+        invocation.key(&lease.holders);
         let waiter = in_line.and_then(|l| l.waiter);
         invocation
             .arg(&lease.id)
@@ -220,7 +246,8 @@ impl RedisBackend {
             .arg(waiter.map_or(0, |w| w.ttl_ms))
             .arg(u8::from(in_line.is_some()))
             .arg(in_line.map_or("", |l| l.line.channel.as_str()))
-            .arg(lease.own_pools);
+            .arg(lease.own_pools)
+            .arg(self.holder);
         if let Some(in_line) = in_line {
             for key in &in_line.line.keys {
                 invocation.key(key);
@@ -231,7 +258,10 @@ impl RedisBackend {
         }
         let reply: Vec<u64> = self.run(&invocation).await?;
         match reply.as_slice() {
-            [1, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
+            [1, fresh, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted {
+                used: used.to_vec(),
+                fresh_holder: *fresh == 1,
+            }),
             [2, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
             [0, index, current, retry_after_ms] => {
                 let pool = pools
@@ -260,17 +290,127 @@ impl RedisBackend {
         self.run::<u64>(&invocation).await.map(drop)
     }
 
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> CoreResult<Renewed> {
-        let invocation = batch_invocation(&scripts::RENEW, leases, Batch::Renew { ttl_ms });
-        let (lost, reclaimed) = self.run(&invocation).await?;
-        Ok(Renewed { lost, reclaimed })
+    pub fn suspect(&self, holders: &str) {
+        lock(&self.suspects).insert(holders.to_owned());
+    }
+
+    /// One renewal round: a keep-alive per hash tag (many tags per call); the leases of tags
+    /// where the holder's entry had expired or vanished, or that an acquire made suspect, are
+    /// then checked one by one and taken back where capacity allows.
+    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64, period_ms: u64) -> RenewRound {
+        let mut by_tag: HashMap<&str, Vec<&Arc<LeaseRecord>>> = HashMap::new();
+        for lease in leases {
+            by_tag.entry(lease.holders.as_str()).or_default().push(lease);
+        }
+        let suspects = std::mem::take(&mut *lock(&self.suspects));
+        let tags: Vec<&str> = by_tag.keys().copied().collect();
+        let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
+        // Futures built first, then streamed: a closure inside the stream would not be `Send`.
+        let keepalives: Vec<_> = tags
+            .chunks(per_call)
+            .map(|tags| async move { (tags, self.keepalive(tags, ttl_ms, period_ms).await) })
+            .collect();
+        let keepalives: Vec<_> = stream::iter(keepalives)
+            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut round = RenewRound::default();
+        let mut check: Vec<Arc<LeaseRecord>> = Vec::new();
+        for (tags, outcome) in keepalives {
+            let alive = match outcome {
+                Ok(alive) => alive,
+                Err(e) => {
+                    round.failures.push(e);
+                    self.suspect_again(tags.iter().copied().filter(|t| suspects.contains(*t)));
+                    continue;
+                }
+            };
+            round.answered = true;
+            for (tag, alive) in tags.iter().zip(alive) {
+                let leases = by_tag[tag].iter().map(|lease| Arc::clone(lease));
+                if alive && !suspects.contains(*tag) {
+                    round.renewed.extend(leases);
+                } else {
+                    check.extend(leases.filter(|lease| !lease.is_released()));
+                }
+            }
+        }
+        if self.is_cluster() {
+            check.sort_unstable_by(|a, b| a.holders.cmp(&b.holders));
+        }
+        let checks: Vec<_> = batches(&check, self.is_cluster())
+            .into_iter()
+            .map(|batch| async move {
+                let reclaim = Batch::Reclaim {
+                    holder: self.holder,
+                    ttl_ms,
+                };
+                let invocation = batch_invocation(&scripts::RECLAIM, batch, reclaim);
+                (batch, self.run::<(Vec<usize>, Vec<usize>)>(&invocation).await)
+            })
+            .collect();
+        let checks: Vec<_> = stream::iter(checks)
+            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (batch, outcome) in checks {
+            match outcome {
+                Ok((lost, reclaimed)) => round.record(batch, &Renewed { lost, reclaimed }),
+                Err(e) => {
+                    round.failures.push(e);
+                    self.suspect_again(batch.iter().map(|lease| lease.holders.as_str()));
+                }
+            }
+        }
+        round
+    }
+
+    fn suspect_again<'a>(&self, holders: impl Iterator<Item = &'a str>) {
+        lock(&self.suspects).extend(holders.map(str::to_owned));
+    }
+
+    /// Extends this holder's entry in each tag; false for a tag where it had expired or vanished.
+    async fn keepalive(&self, tags: &[&str], ttl_ms: u64, period_ms: u64) -> CoreResult<Vec<bool>> {
+        let mut invocation = scripts::KEEPALIVE.prepare_invoke();
+        invocation.arg(self.holder).arg(ttl_ms).arg(period_ms);
+        {
+            let cursors = lock(&self.cursors);
+            for tag in tags {
+                invocation.key(*tag);
+                invocation.arg(cursors.get(*tag).map_or("0", String::as_str));
+            }
+        }
+        let reply: Vec<String> = self.run(&invocation).await?;
+        if reply.len() != 2 * tags.len() {
+            return Err(CoreError::Backend(format!(
+                "unexpected reply of {} items from the keep-alive script for {} tags; is another version of fastapi_stream_lease using the same key_prefix?",
+                reply.len(),
+                tags.len()
+            )));
+        }
+        let mut cursors = lock(&self.cursors);
+        Ok(tags
+            .iter()
+            .zip(reply.chunks(2))
+            .map(|(tag, pair)| {
+                if pair[1] == "0" {
+                    cursors.remove(*tag);
+                } else {
+                    cursors.insert((*tag).to_owned(), pair[1].clone());
+                }
+                pair[0] == "1"
+            })
+            .collect())
     }
 
     pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&Line>) -> CoreResult<u64> {
         self.run(&batch_invocation(
             &scripts::RELEASE,
             leases,
-            Batch::Release { line },
+            Batch::Release {
+                holder: self.holder,
+                line,
+            },
         ))
         .await
     }
@@ -307,7 +447,7 @@ impl RedisBackend {
 
     pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
         let mut invocation = scripts::COUNT.prepare_invoke();
-        invocation.key(pool_key);
+        invocation.key(pool_key).key(keys::holders_key(pool_key));
         self.run(&invocation).await
     }
 }
@@ -355,14 +495,17 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
 
 /// What a batched script call does, and the arguments that go before the leases.
 enum Batch<'a> {
-    /// ARGV starts with the lease duration; each pool index is followed by its capacity.
-    Renew { ttl_ms: u64 },
-    /// ARGV starts with the wake-up channel ('' without a line); the line is the last key.
-    Release { line: Option<&'a Line> },
+    /// ARGV starts with the holder id and the lease duration; each pool index is followed by
+    /// its capacity.
+    Reclaim { holder: u64, ttl_ms: u64 },
+    /// ARGV starts with the wake-up channel ('' without a line) and the holder id; the line is
+    /// the last key.
+    Release { holder: u64, line: Option<&'a Line> },
 }
 
-/// KEYS: each distinct pool once (then the line, for a release); ARGV: the batch's lead argument,
-/// then per lease: id, weight, pool count k, and k KEYS indexes (with capacities, for a renew).
+/// KEYS: each distinct pool and holders key once (then the line, for a release); ARGV: the
+/// batch's lead arguments, then per lease: id, weight, the KEYS index of its holders, pool count
+/// k, and k KEYS indexes (with capacities, for a reclaim).
 fn batch_invocation<'a>(
     script: &'a Script,
     leases: &[Arc<LeaseRecord>],
@@ -370,28 +513,35 @@ fn batch_invocation<'a>(
 ) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     let mut key_index: HashMap<&str, usize> = HashMap::new();
-    for pool in leases.iter().flat_map(|l| &l.pools) {
-        if !key_index.contains_key(pool.key.as_str()) {
-            key_index.insert(&pool.key, key_index.len() + 1);
-            invocation.key(&pool.key);
+    let keys = leases
+        .iter()
+        .flat_map(|l| l.pools.iter().map(|p| p.key.as_str()).chain([l.holders.as_str()]));
+    for key in keys {
+        if !key_index.contains_key(key) {
+            key_index.insert(key, key_index.len() + 1);
+            invocation.key(key);
         }
     }
     let with_capacity = match batch {
-        Batch::Renew { ttl_ms } => {
-            invocation.arg(ttl_ms);
+        Batch::Reclaim { holder, ttl_ms } => {
+            invocation.arg(holder).arg(ttl_ms);
             true
         }
-        Batch::Release { line: Some(line) } => {
-            invocation.key(&line.keys[0]).arg(&line.channel);
-            false
-        }
-        Batch::Release { line: None } => {
-            invocation.arg("");
+        Batch::Release { holder, line } => {
+            match line {
+                Some(line) => invocation.key(&line.keys[0]).arg(&line.channel),
+                None => invocation.arg(""),
+            };
+            invocation.arg(holder);
             false
         }
     };
     for lease in leases {
-        invocation.arg(&lease.id).arg(lease.weight).arg(lease.pools.len());
+        invocation
+            .arg(&lease.id)
+            .arg(lease.weight)
+            .arg(key_index[lease.holders.as_str()])
+            .arg(lease.pools.len());
         for pool in &lease.pools {
             invocation.arg(key_index[pool.key.as_str()]);
             if with_capacity {

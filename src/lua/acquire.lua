@@ -1,40 +1,39 @@
 -- Acquire one lease in every pool at once, all or nothing, first come first served.
--- KEYS[1..n]: the pools (sorted sets: member = lease id, score = expiry in ms), all in one hash
+-- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
--- makes it wait), the others shared capacity.
--- With a waiting line (ARGV[6] = 1), KEYS[n+1..n+3]: the line (sorted set: waiter id by ticket),
--- the waiters' liveness (sorted set: waiter id by expiry in ms) and the ticket counter.
+-- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
+-- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line (sorted set: waiter id by
+-- ticket), the waiters' liveness (sorted set: waiter id by expiry in ms) and the ticket counter.
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: waiter liveness in ms;
--- ARGV[6]: 1 if the line's keys follow the pools, else 0; ARGV[7]: the channel to PUBLISH on
--- when a grant leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's
--- own quota (0 or 1); ARGV[8 + i]: capacity of KEYS[i] (0 = unlimited).
+-- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
+-- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
+-- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
 -- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
--- Returns {1, used_1, ..., used_n} (slots in use after the grant); {0, i, used_i, retry_ms}
--- when KEYS[i] refuses (retry_ms: time until its earliest lease would expire); {2, ticket} when
--- the caller is in line and should wait (ticket: its place, lower is earlier).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Returns {1, fresh, used_1, ..., used_n} (slots in use after the grant; fresh = 1 when the
+-- holder's entry was missing or expired: leases it held before may have been reaped);
+-- {0, i, used_i, retry_ms} when KEYS[i] refuses; {2, ticket} when the caller is in line and
+-- should wait (ticket: its place, lower is earlier).
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
 local waiter = ARGV[4]
 local queued = ARGV[6] == '1'
-local pools = queued and #KEYS - 3 or #KEYS
+local pools = queued and #KEYS - 4 or #KEYS - 1
+local holders = KEYS[pools + 1]
 local own = tonumber(ARGV[8])
+local holder = holder_name(ARGV[9])
 
+-- A slot frees when a lease is released or, at the latest, when a dead holder expires.
 local function refusal(i, used)
-  local retry = ttl
-  local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
-  if first[2] then
-    retry = math.max(tonumber(first[2]) - now, 1)
-  end
-  return {0, i, used, retry}
+  return {0, i, used, ttl}
 end
+
+reap(holders)
 
 local ahead, ticket = 0, 0
 if queued then
-  local line, alive, tickets = KEYS[pools + 1], KEYS[pools + 2], KEYS[pools + 3]
+  local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
   -- Waiters whose process stopped refreshing them leave the line.
   local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 1000)
   for _, gone in ipairs(dead) do
@@ -59,14 +58,16 @@ end
 
 local used = {}
 for i = 1, pools do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  local capacity = tonumber(ARGV[9 + i])
   used[i] = redis.call('ZCARD', KEYS[i])
-  local capacity = tonumber(ARGV[8 + i])
+  if capacity > 0 and used[i] + weight > capacity then
+    used[i] = live_count(KEYS[i], holders)
+  end
   if capacity > 0 and used[i] + weight > capacity then
     if i <= own or waiter == '' then
       if queued and waiter ~= '' then
-        redis.call('ZREM', KEYS[pools + 1], waiter)
         redis.call('ZREM', KEYS[pools + 2], waiter)
+        redis.call('ZREM', KEYS[pools + 3], waiter)
       end
       return refusal(i, used[i])
     end
@@ -82,23 +83,17 @@ if ahead > 0 then
   return {2, ticket}
 end
 
-local expiry = now + ttl
-local granted = {1}
+local fresh = is_alive(holders, holder) and 0 or 1
+hold(holders, holder, ttl)
+local granted = {1, fresh}
 for i = 1, pools do
-  redis.call('ZADD', KEYS[i], expiry, id)
-  for unit = 2, weight do
-    redis.call('ZADD', KEYS[i], expiry, id .. '#' .. unit)
-  end
-  -- Idle pools vanish by themselves; never shorten a key another lease still needs.
-  if redis.call('PTTL', KEYS[i]) < ttl then
-    redis.call('PEXPIRE', KEYS[i], ttl)
-  end
-  granted[i + 1] = used[i] + weight
+  add_members(KEYS[i], holders, holder, id, weight)
+  granted[i + 2] = used[i] + weight
 end
 if queued and waiter ~= '' then
-  redis.call('ZREM', KEYS[pools + 1], waiter)
   redis.call('ZREM', KEYS[pools + 2], waiter)
-  if redis.call('ZCARD', KEYS[pools + 1]) > 0 then
+  redis.call('ZREM', KEYS[pools + 3], waiter)
+  if redis.call('ZCARD', KEYS[pools + 2]) > 0 then
     redis.call('PUBLISH', ARGV[7], 0)
   end
 end

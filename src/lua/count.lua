@@ -1,6 +1,5 @@
--- Count the slots in use in one pool, by the server's clock (expired leases do not count).
--- KEYS[1]: the pool. ARGV: none.
--- Returns the number of unexpired members (a lease of weight w counts w).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+-- Count the slots in use in one pool, by live holders only (see the prelude).
+-- KEYS[1]: the pool; KEYS[2]: its tag's holders. ARGV: none.
+-- Returns the number of members held by live holders (a lease of weight w counts w).
+reap(KEYS[2])
+return live_count(KEYS[1], KEYS[2])

@@ -1,29 +1,41 @@
 -- Release many leases in one call. Idempotent: releasing a lease that is gone does nothing.
--- KEYS: every pool named by the leases below (one hash slot in a cluster), then, when ARGV[1] is
--- not empty, the waiting line.
--- ARGV[1]: the channel to PUBLISH a wake-up on when someone waits, or ''; then per lease: id,
--- weight, pool count k, and k 1-based KEYS indexes.
+-- KEYS: every pool named by the leases below, then the holders key of each of their tags (one
+-- hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
+-- ARGV[1]: the channel to PUBLISH a wake-up on when someone waits, or ''; ARGV[2]: holder id;
+-- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
+-- 1-based KEYS indexes of its pools.
+-- A pool where the holder has no member left leaves its pool list, and a holder with no pool
+-- left in a tag leaves the tag's holders, so released leases leave no key behind.
 -- Returns the number of leases that were still present in at least one pool.
+local holder = string.format('%d', tonumber(ARGV[2]))
 local released = 0
-local i = 2
+local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
   local weight = tonumber(ARGV[i + 1])
-  local k = tonumber(ARGV[i + 2])
+  local holders = KEYS[tonumber(ARGV[i + 2])]
+  local index = holders .. ':' .. holder
+  local k = tonumber(ARGV[i + 3])
   local present = false
   for j = 1, k do
-    local key = KEYS[tonumber(ARGV[i + 2 + j])]
+    local key = KEYS[tonumber(ARGV[i + 3 + j])]
     if redis.call('ZREM', key, id) == 1 then
       present = true
     end
     for unit = 2, weight do
       redis.call('ZREM', key, id .. '#' .. unit)
     end
+    if redis.call('ZCOUNT', key, holder, holder) == 0 then
+      redis.call('SREM', index, key)
+    end
+  end
+  if redis.call('EXISTS', index) == 0 then
+    redis.call('ZREM', holders, holder)
   end
   if present then
     released = released + 1
   end
-  i = i + 3 + k
+  i = i + 4 + k
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
   redis.call('PUBLISH', ARGV[1], released)

@@ -1,0 +1,79 @@
+-- Prelude shared by acquire, keepalive, reclaim and count (prepended when the script is built).
+-- A holder is one manager in one process. It keeps every lease it holds in a hash tag alive
+-- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
+-- renewal costs one write per process, not one per lease. Pool members are scored by their
+-- holder's id; <tag>:holders:<id> (set) lists the pools where that holder has members, so the
+-- leases of a holder that stopped renewing are removed pool by pool ("reaped").
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
+-- and live holders refresh theirs (acquires, keepalives).
+local IDLE_MS = 3600000
+-- Pools reaped per call at most, so one call never blocks Redis for long.
+local REAP_BUDGET = 200
+
+-- A holder id as stored in <tag>:holders (scores come back as text in any float format).
+local function holder_name(text)
+  return string.format('%d', tonumber(text))
+end
+
+local function is_alive(holders, holder)
+  local expiry = redis.call('ZSCORE', holders, holder)
+  return expiry and tonumber(expiry) > now
+end
+
+-- Removes the members of holders whose entry expired, up to REAP_BUDGET pools; a holder leaves
+-- <tag>:holders once all its pools are clean.
+local function reap(holders)
+  local budget = REAP_BUDGET
+  for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 16)) do
+    local index = holders .. ':' .. holder
+    local pools = redis.call('SPOP', index, budget)
+    for _, pool in ipairs(pools) do
+      redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+    end
+    budget = budget - #pools
+    if redis.call('EXISTS', index) == 0 then
+      redis.call('ZREM', holders, holder)
+    end
+    if budget <= 0 then
+      return
+    end
+  end
+end
+
+-- Slots in use in a pool, counting live holders only: drops the members of holders that expired
+-- or are gone (the safety net for pools the reaper has not reached yet). One step per holder.
+local function live_count(pool, holders)
+  local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
+  while entry[2] do
+    local holder = holder_name(entry[2])
+    if not is_alive(holders, holder) then
+      redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+    end
+    entry = redis.call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  end
+  return redis.call('ZCARD', pool)
+end
+
+-- Registers (or extends) a holder in <tag>:holders and keeps its keys from idling out.
+local function hold(holders, holder, ttl)
+  redis.call('ZADD', holders, now + ttl, holder)
+  redis.call('PEXPIRE', holders, IDLE_MS)
+  redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS)
+end
+
+-- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder.
+local function add_members(pool, holders, holder, id, weight)
+  local args = {holder, id}
+  for unit = 2, weight do
+    args[#args + 1] = holder
+    args[#args + 1] = id .. '#' .. unit
+  end
+  redis.call('ZADD', pool, unpack(args))
+  redis.call('PEXPIRE', pool, IDLE_MS)
+  local index = holders .. ':' .. holder
+  redis.call('SADD', index, pool)
+  redis.call('PEXPIRE', index, IDLE_MS)
+end
+

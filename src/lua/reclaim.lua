@@ -1,0 +1,81 @@
+-- Check leases one by one after their holder's entry expired or vanished (a stall, an outage, a
+-- restart, an eviction; see the prelude): a lease still present in every pool is kept; one gone
+-- anywhere is cleared, then taken back if every pool has room, and reported lost otherwise:
+-- never re-added past a capacity.
+-- KEYS: every pool named by the leases below, then the holders key of each of their tags (one
+-- hash slot in a cluster).
+-- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id, weight w, the 1-based
+-- KEYS index of its tag's holders, pool count k, and k pairs (1-based KEYS index of the pool,
+-- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
+-- Returns {lost, reclaimed}: the 1-based positions (in ARGV order) of the leases found gone with
+-- no room to take them back (now removed everywhere), and of those taken back.
+local holder = holder_name(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local lost = {}
+local reclaimed = {}
+local position = 0
+
+-- Registered first, so counting room never mistakes this holder's own members for dead ones.
+local tags = {}
+local i = 3
+while i <= #ARGV do
+  local holders = KEYS[tonumber(ARGV[i + 2])]
+  if not tags[holders] then
+    tags[holders] = true
+    hold(holders, holder, ttl)
+  end
+  i = i + 4 + 2 * tonumber(ARGV[i + 3])
+end
+
+i = 3
+while i <= #ARGV do
+  position = position + 1
+  local id = ARGV[i]
+  local weight = tonumber(ARGV[i + 1])
+  local holders = KEYS[tonumber(ARGV[i + 2])]
+  local k = tonumber(ARGV[i + 3])
+  local keys, capacities = {}, {}
+  for j = 1, k do
+    keys[j] = KEYS[tonumber(ARGV[i + 2 + 2 * j])]
+    capacities[j] = tonumber(ARGV[i + 3 + 2 * j])
+  end
+
+  local held = true
+  for j = 1, k do
+    if not redis.call('ZSCORE', keys[j], id) then
+      held = false
+      break
+    end
+  end
+
+  if not held then
+    local mine = {id}
+    for unit = 2, weight do
+      mine[unit] = id .. '#' .. unit
+    end
+    local room = true
+    for j = 1, k do
+      redis.call('ZREM', keys[j], unpack(mine))
+      if capacities[j] > 0 and live_count(keys[j], holders) + weight > capacities[j] then
+        room = false
+      end
+    end
+    if room then
+      for j = 1, k do
+        add_members(keys[j], holders, holder, id, weight)
+      end
+      reclaimed[#reclaimed + 1] = position
+    else
+      lost[#lost + 1] = position
+    end
+  end
+  i = i + 4 + 2 * k
+end
+
+-- A holder left with no pool in a tag (every lease lost) leaves it.
+for holders in pairs(tags) do
+  if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
+    redis.call('ZREM', holders, holder)
+  end
+end
+return {lost, reclaimed}

@@ -1,0 +1,98 @@
+"""Leases kept alive per process: one holder entry per hash tag, reaped when its process dies.
+
+Each test does to Redis what another process (or a failure) would, then checks that no slot is
+leaked and no lease is silently dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseError, StreamLeaseManager
+
+from helpers import count_is, eventually
+
+
+def global_pool(key_prefix: str) -> str:
+    return f"{{{key_prefix}}}:global"
+
+
+def holders(key_prefix: str) -> str:
+    return f"{{{key_prefix}}}:holders"
+
+
+async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server, redis_client,
+                                                                   key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2, max_per_user=0),
+    )
+    first = await manager.acquire("alice")
+    # What another process's reaper does to a holder whose entry expired (a long stall).
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    index = f"{holders(key_prefix)}:{holder.decode()}"
+    for pool in redis_client.smembers(index):
+        redis_client.zremrangebyscore(pool, holder, holder)
+    redis_client.delete(holders(key_prefix), index)
+    # This acquire registers the holder again: the next round must not trust the entry blindly.
+    second = await manager.acquire("bob")
+
+    async def taken_back() -> bool:
+        return manager.stats()["reclaimed"] == 1
+
+    await eventually(taken_back, what="the reaped lease to be checked and taken back")
+    assert await manager.get_active_count() == 2
+    assert not first.lost
+    await manager.aclose()
+    assert redis_client.keys(f"{{{key_prefix}}}*") == []
+    assert second.released
+
+
+async def test_a_release_that_failed_is_retried(own_redis, key_prefix):
+    manager = StreamLeaseManager(
+        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2)
+    )
+    lease = await manager.acquire("alice")
+    kept = await manager.acquire("bob")  # keeps this process's holder entry alive
+    own_redis.cli("ACL", "SETUSER", "default", "-evalsha", "-eval")  # scripts refused
+    try:
+        with pytest.raises(StreamLeaseError):
+            await lease.release()
+    finally:
+        own_redis.cli("ACL", "SETUSER", "default", "+@all")
+    # The holder stays alive, so only the retry can free the slot.
+    await count_is(manager, 0, "alice")
+    assert not kept.lost
+    await manager.aclose()
+
+
+async def test_members_of_unknown_holders_never_fill_a_pool(redis_server, redis_client,
+                                                            key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, max_per_user=0, max_global=1),
+    )
+    redis_client.zadd(global_pool(key_prefix), {"ghost": 12345})  # its holder is unknown
+    lease = await manager.acquire("alice")
+    assert redis_client.zrange(global_pool(key_prefix), 0, -1) == [lease.lease_id.encode()]
+    redis_client.zadd(global_pool(key_prefix), {"ghost": 12345})
+    assert await manager.get_active_count() == 1
+    await manager.aclose()
+
+
+async def test_a_dead_holder_is_reaped_by_the_next_acquire(redis_server, redis_client,
+                                                           key_prefix):
+    # Long leases: no renewal round runs during the test.
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=30, max_per_user=0, max_global=2)
+    doomed = StreamLeaseManager(url=redis_server.url, config=config)
+    held = [await doomed.acquire(f"user{i}") for i in range(2)]
+    # The process stops renewing (as if killed): its entry expires, nothing else happens.
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    redis_client.zadd(holders(key_prefix), {holder: 0})
+    other = StreamLeaseManager(url=redis_server.url, config=config)
+    lease = await other.acquire("carol")  # reaps the dead holder: its pools and its entry
+    assert redis_client.zrange(global_pool(key_prefix), 0, -1) == [lease.lease_id.encode()]
+    assert redis_client.zscore(holders(key_prefix), holder) is None
+    assert not redis_client.exists(f"{holders(key_prefix)}:{holder.decode()}")
+    await other.aclose()
+    await doomed.aclose()
+    assert all(lease.released for lease in held)
