@@ -104,10 +104,12 @@ class CoreCalls:
 async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls:
     """The EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua`` that the Rust core makes
     for one acquire and one release, read with ``redis-cli MONITOR``."""
-    sha_of = {
-        hashlib.sha1((LUA_DIR / f"{name}.lua").read_bytes()).hexdigest(): name
-        for name in ("acquire", "release")
+    # acquire.lua runs with the holders prelude in front (src/scripts.rs).
+    sources = {
+        "acquire": (LUA_DIR / "holders.lua").read_bytes() + (LUA_DIR / "acquire.lua").read_bytes(),
+        "release": (LUA_DIR / "release.lua").read_bytes(),
     }
+    sha_of = {hashlib.sha1(source).hexdigest(): name for name, source in sources.items()}
     monitor = await asyncio.create_subprocess_exec(
         "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE
     )
