@@ -1,7 +1,7 @@
 //! A held lease: its record (shared with the renewal loop) and the Python `Lease` handle, which
 //! releases the lease when it is dropped without an explicit release.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -37,9 +37,6 @@ pub struct LeaseRecord {
     /// Admitted by this process's local floor while Redis was down (`failure_mode="open"`).
     pub local: bool,
     state: AtomicU8,
-    /// When the store will have expired this lease unless renewed meanwhile (`monotonic_ms`),
-    /// counted from the moment the last successful acquire or renewal was sent.
-    deadline_ms: AtomicU64,
     /// Woken when the lease becomes lost or released.
     changed: Notify,
 }
@@ -62,7 +59,6 @@ impl LeaseRecord {
             weight,
             local,
             state: AtomicU8::new(0),
-            deadline_ms: AtomicU64::new(u64::MAX),
             changed: Notify::new(),
         }
     }
@@ -99,20 +95,6 @@ impl LeaseRecord {
 
     pub fn is_released(&self) -> bool {
         self.state.load(Ordering::Acquire) & RELEASED != 0
-    }
-
-    /// Records that the store extended the lease to `sent_at + ttl_ms` or later.
-    pub fn extend_deadline(&self, sent_at_ms: u64, ttl_ms: u64) {
-        let deadline = sent_at_ms + ttl_ms;
-        let _ = self
-            .deadline_ms
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                (current == u64::MAX || deadline > current).then_some(deadline)
-            });
-    }
-
-    pub fn deadline_ms(&self) -> u64 {
-        self.deadline_ms.load(Ordering::Acquire)
     }
 
     /// Resolves once the lease is lost; never if it is released first.

@@ -6,6 +6,7 @@ mod breaker;
 mod bridge;
 mod config;
 mod errors;
+mod held;
 mod keys;
 mod lease;
 mod manager;

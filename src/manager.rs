@@ -1,6 +1,5 @@
 //! The manager: one backend, the leases this process holds, and the renewal loop that keeps them.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -22,6 +21,7 @@ use crate::breaker::{Admission, Breaker};
 use crate::bridge::{self, Completion, Delivery};
 use crate::config::{capacity_field, wait_seconds, LeaseConfig};
 use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::held::Held;
 use crate::keys::{check_identity, check_resource, KeySpace};
 use crate::lease::{monotonic_ms, Lease, LeaseRecord};
 use crate::waiting::{LocalLine, LocalTurn, RECHECK_WAITING, WAITER_TTL};
@@ -53,45 +53,6 @@ impl Drop for Cleanup<'_> {
             let (shared, line, id) = (Arc::clone(self.shared), line.clone(), waiter.id.clone());
             runtime::handle().spawn(async move { shared.backend.leave(&line, &id).await });
         }
-    }
-}
-
-/// The leases this process holds and renews, by id, and how many share each holders key.
-#[derive(Default)]
-struct Held {
-    by_id: HashMap<String, Arc<LeaseRecord>>,
-    per_tag: HashMap<String, usize>,
-}
-
-impl Held {
-    fn insert(&mut self, record: Arc<LeaseRecord>) {
-        *self.per_tag.entry(record.holders.clone()).or_default() += 1;
-        self.by_id.insert(record.id.clone(), record);
-    }
-
-    fn remove(&mut self, id: &str) -> Option<Arc<LeaseRecord>> {
-        let record = self.by_id.remove(id)?;
-        if let Some(count) = self.per_tag.get_mut(&record.holders) {
-            *count -= 1;
-            if *count == 0 {
-                self.per_tag.remove(&record.holders);
-            }
-        }
-        Some(record)
-    }
-
-    /// How many held leases live in the hash tag of `holders`.
-    fn in_tag(&self, holders: &str) -> usize {
-        self.per_tag.get(holders).copied().unwrap_or(0)
-    }
-
-    fn snapshot(&self) -> Vec<Arc<LeaseRecord>> {
-        self.by_id.values().cloned().collect()
-    }
-
-    fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
-        self.per_tag.clear();
-        self.by_id.drain().map(|(_, record)| record).collect()
     }
 }
 
@@ -182,7 +143,7 @@ impl ManagerShared {
         if !record.mark_released() {
             return None;
         }
-        lock(&self.held).remove(&record.id);
+        lock(&self.held).remove(record);
         let shared = Arc::clone(self);
         let record = Arc::clone(record);
         let embedded = self.backend_of(&record).is_embedded();
@@ -377,8 +338,8 @@ impl ManagerShared {
                 if fresh_holder && lock(&self.held).in_tag(&record.holders) > 0 {
                     self.backend.suspect(&record.holders);
                 }
-                record.extend_deadline(sent_at, self.config.lease_ms());
-                Ok(self.deliver_granted(record))
+                let deadline_ms = sent_at + self.config.lease_ms();
+                Ok(self.deliver_granted(record, deadline_ms))
             }
             AcquireOutcome::Rejected(mut rejection) => {
                 record.mark_released();
@@ -426,16 +387,20 @@ impl ManagerShared {
         if !unremoved.is_empty() && self.release_all(&unremoved).await.is_err() {
             lock(&self.unremoved).extend(unremoved);
         }
-        let (local, shared): (Vec<_>, Vec<_>) = lock(&self.held)
-            .snapshot()
-            .into_iter()
-            .partition(|record| record.local);
+        let (local_groups, shared_groups) = {
+            let held = lock(&self.held);
+            (held.groups(true), held.groups(false))
+        };
+        let local_leases = |holders: &str| lock(&self.held).leases_of(true, holders);
+        let shared_leases = |holders: &str| lock(&self.held).leases_of(false, holders);
         let ttl_ms = self.config.lease_ms();
         let period_ms = self.config.renew_period().as_millis() as u64;
         let sent_at = monotonic_ms();
         let (local, shared) = tokio::join!(
-            self.fallback.renew(&local, ttl_ms, period_ms),
-            self.backend.renew(&shared, ttl_ms, period_ms)
+            self.fallback
+                .renew(&local_groups, &local_leases, ttl_ms, period_ms),
+            self.backend
+                .renew(&shared_groups, &shared_leases, ttl_ms, period_ms)
         );
         for failure in shared.failures.iter().take(1) {
             self.observe::<()>(&Err(failure.clone()));
@@ -446,7 +411,13 @@ impl ManagerShared {
         // A lease released after this round's snapshot but before its check was found gone
         // and, with room, taken back: give it back again.
         let mut released_meanwhile = Vec::new();
-        for round in [local, shared] {
+        for (is_local, round) in [(true, local), (false, shared)] {
+            {
+                let mut held = lock(&self.held);
+                for holders in &round.renewed {
+                    held.extend(is_local, holders, sent_at + ttl_ms);
+                }
+            }
             let failures = round.failures.len() as u64;
             self.renew_failures.fetch_add(failures, Ordering::Relaxed);
             for record in &round.reclaimed {
@@ -459,9 +430,6 @@ impl ManagerShared {
             for record in &round.lost {
                 self.lose(record);
             }
-            for record in &round.renewed {
-                record.extend_deadline(sent_at, ttl_ms);
-            }
         }
         if !released_meanwhile.is_empty() {
             let _ = self.release_all(&released_meanwhile).await;
@@ -471,23 +439,16 @@ impl ManagerShared {
     /// Marks leases whose deadline passed without a successful renewal as lost: the store has
     /// expired them, whatever sockets and retries are still doing. Returns the next deadline.
     pub fn expire_overdue(&self) -> Option<u64> {
-        let now = monotonic_ms();
-        let held = lock(&self.held).snapshot();
-        let mut next = None;
-        for record in held {
-            let deadline = record.deadline_ms();
-            if deadline <= now {
-                self.lose(&record);
-            } else {
-                next = Some(next.map_or(deadline, |n: u64| n.min(deadline)));
-            }
+        let (overdue, next) = lock(&self.held).overdue(monotonic_ms());
+        for record in &overdue {
+            self.lose(record);
         }
         next
     }
 
     fn lose(&self, record: &Arc<LeaseRecord>) {
         if record.mark_lost() {
-            lock(&self.held).remove(&record.id);
+            lock(&self.held).remove(record);
             lock(&self.unremoved).push(Arc::clone(record));
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
@@ -533,14 +494,14 @@ impl ManagerShared {
 
     /// Hands a granted lease to Python, on the loop thread: only then is it held and renewed,
     /// so a result nobody receives (loop gone, future cancelled) is released, not kept alive.
-    fn deliver_granted(self: Arc<Self>, record: Arc<LeaseRecord>) -> Delivery {
+    fn deliver_granted(self: Arc<Self>, record: Arc<LeaseRecord>, deadline_ms: u64) -> Delivery {
         let lease = Lease::new(Arc::clone(&record), Arc::clone(&self));
         Box::new(move |py| {
             {
                 let mut held = lock(&self.held);
                 // Checked under the lock that aclose() drains, so no lease slips past a close.
                 if !self.closed.load(Ordering::Acquire) {
-                    held.insert(Arc::clone(&record));
+                    held.insert(Arc::clone(&record), deadline_ms);
                     return Ok(Py::new(py, lease)?.into_any());
                 }
             }
@@ -731,7 +692,7 @@ impl Manager {
     /// renewal rounds, whether the breaker is open, and this process's waiters in line.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = PyDict::new(py);
-        stats.set_item("held", lock(&self.shared.held).by_id.len())?;
+        stats.set_item("held", lock(&self.shared.held).len())?;
         stats.set_item("lost", self.shared.lost.load(Ordering::Relaxed))?;
         stats.set_item("reclaimed", self.shared.reclaimed.load(Ordering::Relaxed))?;
         stats.set_item(

@@ -83,12 +83,14 @@ pub struct Renewed {
     pub reclaimed: Vec<usize>,
 }
 
-/// What a renewal round found, lease by lease. Leases of failed calls are in no list: their
-/// deadlines decide.
+/// The leases of one group (one holders key), fetched only when a round needs them one by one.
+pub type LeasesOf<'a> = &'a (dyn Fn(&str) -> Vec<Arc<LeaseRecord>> + Sync);
+
+/// What a renewal round found. Groups whose calls failed are not renewed: their deadlines decide.
 #[derive(Default)]
 pub struct RenewRound {
-    /// Still held and extended (reclaimed ones included).
-    pub renewed: Vec<Arc<LeaseRecord>>,
+    /// Holders keys of the groups kept alive (their remaining leases all extended).
+    pub renewed: Vec<String>,
     /// Found gone and taken back.
     pub reclaimed: Vec<Arc<LeaseRecord>>,
     /// Found gone with no room to take them back (now removed everywhere).
@@ -99,27 +101,12 @@ pub struct RenewRound {
 }
 
 impl RenewRound {
-    /// Files the leases of one checked batch under what the store said about them.
+    /// Files the leases of one batch checked one by one under what the store said about them.
     pub fn record(&mut self, batch: &[Arc<LeaseRecord>], checked: &Renewed) {
         self.answered = true;
-        let mut lost = vec![false; batch.len()];
-        for position in &checked.lost {
-            if let Some(flag) = lost.get_mut(position.wrapping_sub(1)) {
-                *flag = true;
-            }
-        }
-        for position in &checked.reclaimed {
-            if let Some(lease) = batch.get(position.wrapping_sub(1)) {
-                self.reclaimed.push(Arc::clone(lease));
-            }
-        }
-        for (lease, lost) in batch.iter().zip(lost) {
-            if lost {
-                self.lost.push(Arc::clone(lease));
-            } else {
-                self.renewed.push(Arc::clone(lease));
-            }
-        }
+        let at = |position: &usize| batch.get(position.wrapping_sub(1)).map(Arc::clone);
+        self.lost.extend(checked.lost.iter().filter_map(at));
+        self.reclaimed.extend(checked.reclaimed.iter().filter_map(at));
     }
 }
 
@@ -181,16 +168,27 @@ impl Backend {
         }
     }
 
-    /// Keeps every lease alive for `ttl_ms` more (the embedded store lease by lease, Redis with
-    /// one keep-alive per hash tag), taking back those found gone where capacity allows.
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64, period_ms: u64) -> RenewRound {
+    /// Keeps every lease of the groups named by their holders keys alive for `ttl_ms` more (the
+    /// embedded store lease by lease, Redis with one keep-alive per group), taking back those
+    /// found gone where capacity allows.
+    pub async fn renew(
+        &self,
+        groups: &[String],
+        leases_of: LeasesOf<'_>,
+        ttl_ms: u64,
+        period_ms: u64,
+    ) -> RenewRound {
         match self {
             Backend::Memory(m) => {
                 let mut round = RenewRound::default();
-                round.record(leases, &m.renew(leases, ttl_ms));
+                for holders in groups {
+                    let leases = leases_of(holders);
+                    round.record(&leases, &m.renew(&leases, ttl_ms));
+                    round.renewed.push(holders.clone());
+                }
                 round
             }
-            Backend::Redis(r) => r.renew(leases, ttl_ms, period_ms).await,
+            Backend::Redis(r) => r.renew(groups, leases_of, ttl_ms, period_ms).await,
         }
     }
 

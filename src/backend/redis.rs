@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Script, ScriptInvocation, TlsCertificates, Value};
 use tokio::sync::Mutex;
 
-use super::{batches, AcquireOutcome, InLine, Line, RenewRound, Renewed};
+use super::{batches, AcquireOutcome, InLine, LeasesOf, Line, RenewRound, Renewed};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys;
 use crate::lease::LeaseRecord;
@@ -297,13 +297,14 @@ impl RedisBackend {
     /// One renewal round: a keep-alive per hash tag (many tags per call); the leases of tags
     /// where the holder's entry had expired or vanished, or that an acquire made suspect, are
     /// then checked one by one and taken back where capacity allows.
-    pub async fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64, period_ms: u64) -> RenewRound {
-        let mut by_tag: HashMap<&str, Vec<&Arc<LeaseRecord>>> = HashMap::new();
-        for lease in leases {
-            by_tag.entry(lease.holders.as_str()).or_default().push(lease);
-        }
+    pub async fn renew(
+        &self,
+        tags: &[String],
+        leases_of: LeasesOf<'_>,
+        ttl_ms: u64,
+        period_ms: u64,
+    ) -> RenewRound {
         let suspects = std::mem::take(&mut *lock(&self.suspects));
-        let tags: Vec<&str> = by_tag.keys().copied().collect();
         let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
         // Futures built first, then streamed: a closure inside the stream would not be `Send`.
         let keepalives: Vec<_> = tags
@@ -315,23 +316,24 @@ impl RedisBackend {
             .collect()
             .await;
         let mut round = RenewRound::default();
+        let mut checked_tags = HashSet::new();
         let mut check: Vec<Arc<LeaseRecord>> = Vec::new();
         for (tags, outcome) in keepalives {
             let alive = match outcome {
                 Ok(alive) => alive,
                 Err(e) => {
                     round.failures.push(e);
-                    self.suspect_again(tags.iter().copied().filter(|t| suspects.contains(*t)));
+                    self.suspect_again(tags.iter().map(String::as_str).filter(|t| suspects.contains(*t)));
                     continue;
                 }
             };
             round.answered = true;
             for (tag, alive) in tags.iter().zip(alive) {
-                let leases = by_tag[tag].iter().map(|lease| Arc::clone(lease));
-                if alive && !suspects.contains(*tag) {
-                    round.renewed.extend(leases);
+                if alive && !suspects.contains(tag) {
+                    round.renewed.push(tag.clone());
                 } else {
-                    check.extend(leases.filter(|lease| !lease.is_released()));
+                    checked_tags.insert(tag.as_str());
+                    check.extend(leases_of(tag).into_iter().filter(|lease| !lease.is_released()));
                 }
             }
         }
@@ -358,10 +360,15 @@ impl RedisBackend {
                 Ok((lost, reclaimed)) => round.record(batch, &Renewed { lost, reclaimed }),
                 Err(e) => {
                     round.failures.push(e);
+                    for lease in batch {
+                        checked_tags.remove(lease.holders.as_str());
+                    }
                     self.suspect_again(batch.iter().map(|lease| lease.holders.as_str()));
                 }
             }
         }
+        // Every check of these tags went through, so the holder's entry in each was extended.
+        round.renewed.extend(checked_tags.into_iter().map(str::to_owned));
         round
     }
 
@@ -370,14 +377,14 @@ impl RedisBackend {
     }
 
     /// Extends this holder's entry in each tag; false for a tag where it had expired or vanished.
-    async fn keepalive(&self, tags: &[&str], ttl_ms: u64, period_ms: u64) -> CoreResult<Vec<bool>> {
+    async fn keepalive(&self, tags: &[String], ttl_ms: u64, period_ms: u64) -> CoreResult<Vec<bool>> {
         let mut invocation = scripts::KEEPALIVE.prepare_invoke();
         invocation.arg(self.holder).arg(ttl_ms).arg(period_ms);
         {
             let cursors = lock(&self.cursors);
             for tag in tags {
-                invocation.key(*tag);
-                invocation.arg(cursors.get(*tag).map_or("0", String::as_str));
+                invocation.key(tag);
+                invocation.arg(cursors.get(tag).map_or("0", String::as_str));
             }
         }
         let reply: Vec<String> = self.run(&invocation).await?;
@@ -394,9 +401,9 @@ impl RedisBackend {
             .zip(reply.chunks(2))
             .map(|(tag, pair)| {
                 if pair[1] == "0" {
-                    cursors.remove(*tag);
+                    cursors.remove(tag);
                 } else {
-                    cursors.insert((*tag).to_owned(), pair[1].clone());
+                    cursors.insert(tag.clone(), pair[1].clone());
                 }
                 pair[0] == "1"
             })
