@@ -1,5 +1,6 @@
 """Several worker processes share one cap; a worker killed with SIGKILL frees its slots by
-expiry without touching the others'; a worker shut down by SIGTERM releases at once."""
+expiry without touching the others'; a worker stalled past its leases loses them to others and
+never pushes a pool past its cap; a worker shut down by SIGTERM releases at once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
-from helpers import count_is
+from helpers import count_is, eventually
 
 WORKER = """
 import asyncio, signal, sys
@@ -22,7 +23,11 @@ async def main():
     manager = StreamLeaseManager(url=sys.argv[1], config=config)
     leases = [await manager.acquire(f"{sys.argv[3]}-{i}") for i in range(2)]
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(
+        signal.SIGUSR1, lambda: print("lost", manager.stats()["lost"], flush=True)
+    )
     print("held", *(lease.lease_id for lease in leases), flush=True)
     await stop.wait()
     await manager.aclose()  # what an app's lifespan does on shutdown
@@ -67,4 +72,39 @@ async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, re
     assert await survivor.wait() == 0
     assert await observer.get_active_count() == 1
     await lease.release()
+    await observer.aclose()
+
+
+async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, redis_client,
+                                                                  key_prefix):
+    observer = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
+    )
+    stalled, _ = await start_worker(redis_server.url, key_prefix, "a")
+    running, running_ids = await start_worker(redis_server.url, key_prefix, "b")
+    stalled.send_signal(signal.SIGSTOP)  # a long pause: it renews nothing
+    taken = []
+
+    async def took_its_slots() -> bool:
+        try:
+            taken.append(await observer.acquire(f"c{len(taken)}"))
+        except StreamLeaseRejected:
+            pass
+        return len(taken) == 2
+
+    await eventually(took_its_slots, what="the stalled worker's slots to be reaped and taken")
+    stalled.send_signal(signal.SIGCONT)
+
+    async def stalled_lost_both() -> bool:
+        stalled.send_signal(signal.SIGUSR1)
+        line = await asyncio.wait_for(stalled.stdout.readline(), 30)
+        return line.split() == [b"lost", b"2"]
+
+    await eventually(stalled_lost_both, what="the resumed worker to find its leases lost")
+    members = set(redis_client.zrange(f"{{{key_prefix}}}:global", 0, -1))
+    assert members == set(running_ids) | {lease.lease_id.encode() for lease in taken}
+    for worker in (stalled, running):
+        worker.send_signal(signal.SIGTERM)
+        assert await worker.wait() == 0
     await observer.aclose()
