@@ -65,6 +65,7 @@ from common import (
     Child,
     Implementation,
     RunResult,
+    core_script,
     machine_info,
     print_table,
     redis_py_client,
@@ -79,7 +80,6 @@ import fastapi_stream_lease
 from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
 
 DEFAULT_OUTPUT = RESULTS_DIR / "acquire_release.json"
-LUA_DIR = BENCH_DIR.parent / "src" / "lua"
 KEY_PREFIX = "bench"
 PROBE_USER = "bench-probe"
 DEFAULT_CONCURRENCY = (1, 4, 16, 64, 256)
@@ -104,12 +104,7 @@ class CoreCalls:
 async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls:
     """The EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua`` that the Rust core makes
     for one acquire and one release, read with ``redis-cli MONITOR``."""
-    # acquire.lua runs with the holders prelude in front (src/scripts.rs).
-    sources = {
-        "acquire": (LUA_DIR / "holders.lua").read_bytes() + (LUA_DIR / "acquire.lua").read_bytes(),
-        "release": (LUA_DIR / "release.lua").read_bytes(),
-    }
-    sha_of = {hashlib.sha1(source).hexdigest(): name for name, source in sources.items()}
+    sha_of = {hashlib.sha1(core_script(name)).hexdigest(): name for name in ("acquire", "release")}
     monitor = await asyncio.create_subprocess_exec(
         "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE
     )

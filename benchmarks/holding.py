@@ -18,12 +18,13 @@ this script measures a window (10 s by default):
   missing from the pool for a while all the same; ``StreamLeaseLost`` raised in the holding
   tasks for the peer; and the global pool's own count at the end, which must be N.
 
-This project renews every held lease from one loop per manager, every ``lease_seconds / 3``,
-1,000 leases per script call; the peer (PyPI ``fastapi-stream-lease==0.6.3``, driven by
-``peer.py`` in ``benchmarks/.venv-peer``) runs one renewal task per lease, every
-``lease_seconds / 2``, one EVAL each. The project runs N = 1,000, 10,000 and 100,000; the peer
-starts at 1,000 and stops growing at the first size that loses a lease or fails to acquire all
-within the time limit (60 s).
+This project keeps every held lease alive from one loop per manager, every
+``lease_seconds / 3``: one keep-alive script call per round extends the process's holder entry,
+which all its leases in the hash tag share (a renewal costs the same for 10 or 100,000 leases);
+the peer (PyPI ``fastapi-stream-lease==0.6.3``, driven by ``peer.py`` in ``benchmarks/.venv-peer``)
+runs one renewal task per lease, every ``lease_seconds / 2``, one EVAL each. The project runs
+N = 1,000, 10,000 and 100,000; the peer starts at 1,000 and stops growing at the first size that
+loses a lease or fails to acquire all within the time limit (60 s).
 
 Run it from the repository root with ``bash benchmarks/run.sh``, or against a Redis of your own
 (it writes keys under ``{hold-*}`` and deletes them afterwards)::

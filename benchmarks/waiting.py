@@ -23,12 +23,12 @@ import asyncio
 import statistics
 import time
 import uuid
-from pathlib import Path
 
 import redis.asyncio as aioredis
 from common import (
     RESULTS_DIR,
     command_calls,
+    core_script,
     machine_info,
     percentile_ms,
     print_table,
@@ -42,7 +42,6 @@ from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 WAITERS = 200
 HAND_OVERS = 100
 POLL_EVERY_S = 0.05
-REPO = Path(__file__).resolve().parent.parent
 
 
 async def commands_per_second(client: aioredis.Redis, window_s: float) -> float:
@@ -84,19 +83,23 @@ async def project(url: str, client: aioredis.Redis, window_s: float) -> dict[str
 
 async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str, float]:
     """The same acquire and release scripts, retried every 50 ms by each waiter."""
-    acquire = client.register_script((REPO / "src/lua/acquire.lua").read_text())
-    release = client.register_script((REPO / "src/lua/release.lua").read_text())
-    pool = f"{{poll-{uuid.uuid4().hex[:8]}}}:global"
+    acquire = client.register_script(core_script("acquire"))
+    release = client.register_script(core_script("release"))
+    tag = f"{{poll-{uuid.uuid4().hex[:8]}}}"
+    keys = [f"{tag}:global", f"{tag}:holders"]
+    holder = 12345  # this process's holder id, as the core picks one per manager
     stop = asyncio.Event()
     admitted: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
 
     async def take(lease_id: str) -> bool:
-        # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0, cap 1
-        reply = await acquire(keys=[pool], args=[lease_id, 30_000, 1, "", 0, 0, "", 0, 1])
+        # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
+        # holder, cap 1
+        reply = await acquire(keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder, 1])
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:
-        await release(keys=[pool], args=["", lease_id, 1, 1, 1])
+        # no channel, holder; lease, weight, holders at KEYS[2], 1 pool at KEYS[1]
+        await release(keys=keys, args=["", holder, lease_id, 1, 2, 1, 1])
 
     async def wait() -> None:
         lease_id = uuid.uuid4().hex
@@ -121,7 +124,7 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     stop.set()
     await give_back(current)
     await asyncio.gather(*waiters, return_exceptions=True)
-    await client.unlink(pool)
+    await client.unlink(*keys, f"{tag}:holders:{holder}")
     return summary(idle, delays)
 
 

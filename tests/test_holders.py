@@ -43,8 +43,12 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
     assert await manager.get_active_count() == 2
     assert not first.lost
     await manager.aclose()
-    assert redis_client.keys(f"{{{key_prefix}}}*") == []
     assert second.released
+
+    async def nothing_left() -> bool:  # but the 1 s marker of the full pool's walk, for a while
+        return redis_client.keys(f"{{{key_prefix}}}*") == []
+
+    await eventually(nothing_left, what="every key to be gone")
 
 
 async def test_a_release_that_failed_is_retried(own_redis, key_prefix):
@@ -75,7 +79,7 @@ async def test_members_of_unknown_holders_never_fill_a_pool(redis_server, redis_
     lease = await manager.acquire("alice")
     assert redis_client.zrange(global_pool(key_prefix), 0, -1) == [lease.lease_id.encode()]
     redis_client.zadd(global_pool(key_prefix), {"ghost": 12345})
-    assert await manager.get_active_count() == 1
+    await count_is(manager, 1)  # a pool is walked at most once a second
     await manager.aclose()
 
 

@@ -59,10 +59,7 @@ end
 local used = {}
 for i = 1, pools do
   local capacity = tonumber(ARGV[9 + i])
-  used[i] = redis.call('ZCARD', KEYS[i])
-  if capacity > 0 and used[i] + weight > capacity then
-    used[i] = live_count(KEYS[i], holders)
-  end
+  used[i] = used_slots(KEYS[i], holders, weight, capacity)
   if capacity > 0 and used[i] + weight > capacity then
     if i <= own or waiter == '' then
       if queued and waiter ~= '' then

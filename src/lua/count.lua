@@ -1,5 +1,6 @@
--- Count the slots in use in one pool, by live holders only (see the prelude).
+-- Count the slots in use in one pool, by live holders (see the prelude): expired holders are
+-- reaped first; members of unknown holders are dropped by the walk, at most once a second.
 -- KEYS[1]: the pool; KEYS[2]: its tag's holders. ARGV: none.
--- Returns the number of members held by live holders (a lease of weight w counts w).
+-- Returns the number of members (a lease of weight w counts w).
 reap(KEYS[2])
 return live_count(KEYS[1], KEYS[2])

@@ -42,18 +42,32 @@ local function reap(holders)
   end
 end
 
--- Slots in use in a pool, counting live holders only: drops the members of holders that expired
--- or are gone (the safety net for pools the reaper has not reached yet). One step per holder.
+-- Slots in use in a pool that looks full, counting live holders only: drops the members of
+-- holders that expired or are gone (the safety net for pools the reaper has not reached, and for
+-- holders whose keys were evicted). One step per holder, at most once a second per pool (the
+-- `<pool>:walked` marker), so a pool under a flood of refusals is not walked for each of them.
 local function live_count(pool, holders)
-  local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
-  while entry[2] do
-    local holder = holder_name(entry[2])
-    if not is_alive(holders, holder) then
-      redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+  if redis.call('SET', pool .. ':walked', 1, 'PX', 1000, 'NX') then
+    local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
+    while entry[2] do
+      local holder = holder_name(entry[2])
+      if not is_alive(holders, holder) then
+        redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+      end
+      entry = redis.call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     end
-    entry = redis.call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   end
   return redis.call('ZCARD', pool)
+end
+
+-- Slots in use in a pool, for a lease of `weight` that needs room under `capacity` (0 =
+-- unlimited): the plain count, recounted by live holders when it looks full.
+local function used_slots(pool, holders, weight, capacity)
+  local used = redis.call('ZCARD', pool)
+  if capacity > 0 and used + weight > capacity then
+    used = live_count(pool, holders)
+  end
+  return used
 end
 
 -- Registers (or extends) a holder in <tag>:holders and keeps its keys from idling out.

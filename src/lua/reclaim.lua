@@ -56,7 +56,8 @@ while i <= #ARGV do
     local room = true
     for j = 1, k do
       redis.call('ZREM', keys[j], unpack(mine))
-      if capacities[j] > 0 and live_count(keys[j], holders) + weight > capacities[j] then
+      local capacity = capacities[j]
+      if capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
         room = false
       end
     end
