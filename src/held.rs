@@ -14,6 +14,9 @@ struct Group {
     leases: HashMap<String, Arc<LeaseRecord>>,
     /// `monotonic_ms` of the last successful acquire or keep-alive send, plus the lease duration.
     deadline_ms: u64,
+    /// Members granted to this group since it formed (weight x pools per lease, taken back ones
+    /// included): Redis counts the same, so a shortfall there means grants went missing.
+    granted_units: u64,
 }
 
 /// Indexed by `LeaseRecord::local`: the main backend's groups, then the local fallback's.
@@ -30,8 +33,18 @@ impl Held {
             .entry(record.holders.clone())
             .or_default();
         group.deadline_ms = group.deadline_ms.max(deadline_ms);
+        group.granted_units += record.units();
         if group.leases.insert(record.id.clone(), record).is_none() {
             self.count += 1;
+        }
+    }
+
+    /// Counts a lease found gone and taken back, if it is still held.
+    pub fn taken_back(&mut self, record: &LeaseRecord) {
+        if let Some(group) = self.sides[usize::from(record.local)].get_mut(&record.holders) {
+            if group.leases.contains_key(&record.id) {
+                group.granted_units += record.units();
+            }
         }
     }
 
@@ -53,14 +66,12 @@ impl Held {
         self.count
     }
 
-    /// How many leases of the main backend live in the hash tag of `holders`.
-    pub fn in_tag(&self, holders: &str) -> usize {
-        self.sides[0].get(holders).map_or(0, |group| group.leases.len())
-    }
-
-    /// The holders keys of one side's groups.
-    pub fn groups(&self, local: bool) -> Vec<String> {
-        self.sides[usize::from(local)].keys().cloned().collect()
+    /// One side's groups: holders key and members granted.
+    pub fn groups(&self, local: bool) -> Vec<(String, u64)> {
+        self.sides[usize::from(local)]
+            .iter()
+            .map(|(holders, group)| (holders.clone(), group.granted_units))
+            .collect()
     }
 
     pub fn leases_of(&self, local: bool, holders: &str) -> Vec<Arc<LeaseRecord>> {
@@ -126,7 +137,10 @@ mod tests {
         held.insert(Arc::clone(&a), 100);
         held.insert(Arc::clone(&b), 150);
         held.insert(Arc::clone(&c), 500);
-        assert_eq!((held.len(), held.in_tag("{t}:holders")), (3, 2));
+        assert_eq!(held.len(), 3);
+        assert_eq!(held.groups(false), vec![("{t}:holders".to_owned(), 2)]);
+        held.taken_back(&a);
+        assert_eq!(held.groups(false)[0].1, 3, "a lease taken back was granted again");
         let (overdue, next) = held.overdue(120);
         assert!(
             overdue.is_empty() && next == Some(150),
@@ -135,7 +149,7 @@ mod tests {
         held.extend(false, "{t}:holders", 1000);
         assert_eq!(held.overdue(600).0.len(), 1, "only the local group is overdue");
         assert!(held.remove(&a) && held.remove(&b) && !held.remove(&b));
-        assert_eq!((held.groups(false), held.in_tag("{t}:holders")), (vec![], 0));
+        assert_eq!(held.groups(false), vec![]);
         assert_eq!(held.drain().len(), 1);
         assert_eq!(held.len(), 0);
     }

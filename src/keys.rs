@@ -20,7 +20,7 @@ pub const PER_USER: &str = "per_user";
 /// Identities longer than this are rejected: they are bugs (a request body used as a user id).
 pub const MAX_IDENTITY_BYTES: usize = 1024;
 
-/// One capacity-limited pool: a sorted set of lease ids scored by expiry.
+/// One capacity-limited pool: a sorted set of lease ids scored by their holder (`lua/holders.lua`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pool {
     /// Name shown to users when this pool refuses: `"per_user"`, `"global"` or a resource's.

@@ -63,6 +63,11 @@ impl LeaseRecord {
         }
     }
 
+    /// The members this lease has in the store: `weight` in each of its pools.
+    pub fn units(&self) -> u64 {
+        u64::from(self.weight) * self.pools.len() as u64
+    }
+
     /// The `{hash tag}` all this lease's keys share (its Redis Cluster slot).
     pub fn hash_tag(&self) -> &str {
         keys::hash_tag(&self.holders)

@@ -334,10 +334,7 @@ impl ManagerShared {
         sent_at: u64,
     ) -> Completion {
         match outcome {
-            AcquireOutcome::Granted { fresh_holder, .. } => {
-                if fresh_holder && lock(&self.held).in_tag(&record.holders) > 0 {
-                    self.backend.suspect(&record.holders);
-                }
+            AcquireOutcome::Granted(_) => {
                 let deadline_ms = sent_at + self.config.lease_ms();
                 Ok(self.deliver_granted(record, deadline_ms))
             }
@@ -424,6 +421,7 @@ impl ManagerShared {
                 if record.is_released() {
                     released_meanwhile.push(Arc::clone(record));
                 } else {
+                    lock(&self.held).taken_back(record);
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -431,8 +429,8 @@ impl ManagerShared {
                 self.lose(record);
             }
         }
-        if !released_meanwhile.is_empty() {
-            let _ = self.release_all(&released_meanwhile).await;
+        if !released_meanwhile.is_empty() && self.release_all(&released_meanwhile).await.is_err() {
+            lock(&self.unremoved).extend(released_meanwhile);
         }
     }
 

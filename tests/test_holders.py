@@ -5,6 +5,8 @@ leaked and no lease is silently dropped."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseError, StreamLeaseManager
@@ -32,8 +34,8 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
     index = f"{holders(key_prefix)}:{holder.decode()}"
     for pool in redis_client.smembers(index):
         redis_client.zremrangebyscore(pool, holder, holder)
-    redis_client.delete(holders(key_prefix), index)
-    # This acquire registers the holder again: the next round must not trust the entry blindly.
+    redis_client.delete(holders(key_prefix), index, f"{index}:granted")
+    # This acquire registers the holder again: the next round must not trust the entry alone.
     second = await manager.acquire("bob")
 
     async def taken_back() -> bool:
@@ -49,6 +51,30 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
         return redis_client.keys(f"{{{key_prefix}}}*") == []
 
     await eventually(nothing_left, what="every key to be gone")
+
+
+async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(redis_server, redis_client,
+                                                                    key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2, max_per_user=0),
+    )
+    kept = await manager.acquire("alice")
+    missing = await manager.acquire("bob")
+    # A replica promoted before the last acquire reached it: that script's writes are gone, the
+    # holder's entry (written by an earlier call) is there.
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    for pool in redis_client.smembers(f"{holders(key_prefix)}:{holder.decode()}"):
+        redis_client.zrem(pool, missing.lease_id)
+    redis_client.decrby(f"{holders(key_prefix)}:{holder.decode()}:granted", 2)
+
+    async def taken_back() -> bool:
+        return manager.stats()["reclaimed"] == 1
+
+    await eventually(taken_back, what="the missing grant to be noticed and taken back")
+    assert await manager.get_active_count() == 2
+    assert not kept.lost and not missing.lost
+    await manager.aclose()
 
 
 async def test_a_release_that_failed_is_retried(own_redis, key_prefix):
@@ -100,3 +126,19 @@ async def test_a_dead_holder_is_reaped_by_the_next_acquire(redis_server, redis_c
     await other.aclose()
     await doomed.aclose()
     assert all(lease.released for lease in held)
+
+
+def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):
+    # The script as src/scripts.rs builds it, run twice with the same lease id (what a client
+    # does when it resends a call whose reply was lost), against a pool of capacity 1.
+    lua = Path(__file__).resolve().parent.parent / "src" / "lua"
+    acquire = redis_client.register_script(
+        (lua / "holders.lua").read_text() + (lua / "acquire.lua").read_text()
+    )
+    keys = [global_pool(key_prefix), holders(key_prefix)]
+    # lease, ttl, weight, no waiter, no line, own pools 0, holder, capacity 1
+    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1]
+    assert acquire(keys=keys, args=args) == [1, 1]
+    assert acquire(keys=keys, args=args) == [1, 1], "granted again, not refused its own slot"
+    assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
+    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:granted")

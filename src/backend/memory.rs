@@ -201,10 +201,7 @@ impl MemoryBackend {
         if let Some(waiter) = waiter {
             line.leave(&waiter.id);
         }
-        AcquireOutcome::Granted {
-            used,
-            fresh_holder: false,
-        }
+        AcquireOutcome::Granted(used)
     }
 
     pub fn heartbeat(&self, waiter_ids: &[String], ttl_ms: u64) {
@@ -327,17 +324,11 @@ mod tests {
         let p = pools(2, 0);
         assert_eq!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted {
-                used: vec![1, 1],
-                fresh_holder: false
-            }
+            AcquireOutcome::Granted(vec![1, 1])
         );
         assert_eq!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted {
-                used: vec![2, 2],
-                fresh_holder: false
-            }
+            AcquireOutcome::Granted(vec![2, 2])
         );
         let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000, None) else {
             panic!("a third lease must be refused")
@@ -371,7 +362,7 @@ mod tests {
         let p = pools(5, 4);
         assert!(matches!(
             store.acquire(&lease_in(&p, 3), 10_000, None),
-            AcquireOutcome::Granted { .. }
+            AcquireOutcome::Granted(_)
         ));
         assert!(matches!(
             store.acquire(&lease_in(&p, 2), 10_000, None),
@@ -387,7 +378,7 @@ mod tests {
         let held = lease_in(&p, 1);
         assert!(matches!(
             store.acquire(&held, 0, None),
-            AcquireOutcome::Granted { .. }
+            AcquireOutcome::Granted(_)
         ));
         assert_eq!(store.count("u"), 0);
         // Expired but the pool has room: renewal takes it back.
@@ -404,11 +395,11 @@ mod tests {
         store.release(std::slice::from_ref(&held));
         assert!(matches!(
             store.acquire(&held, 0, None),
-            AcquireOutcome::Granted { .. }
+            AcquireOutcome::Granted(_)
         ));
         assert!(matches!(
             store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted { .. }
+            AcquireOutcome::Granted(_)
         ));
         assert_eq!(
             store.renew(&[held], 10_000),
@@ -426,7 +417,7 @@ mod tests {
         let held = lease_in(&pools(0, 0), 2);
         assert!(matches!(
             store.acquire(&held, 10_000, None),
-            AcquireOutcome::Granted { .. }
+            AcquireOutcome::Granted(_)
         ));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);

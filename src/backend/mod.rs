@@ -12,7 +12,7 @@ use crate::lease::LeaseRecord;
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
 
-/// Members (a lease of weight w is w members per pool) per renew or release script call:
+/// Members (a lease of weight w is w members per pool) per reclaim or release script call:
 /// bounds how long one script blocks Redis.
 const BATCH_UNITS: u64 = 1000;
 
@@ -39,13 +39,8 @@ pub fn batches(leases: &[Arc<LeaseRecord>], one_slot: bool) -> Vec<&[Arc<LeaseRe
 
 #[derive(Debug, PartialEq)]
 pub enum AcquireOutcome {
-    Granted {
-        /// Slots in use in each pool after the grant, in pool order.
-        used: Vec<u64>,
-        /// This process's holder entry in the lease's hash tag was missing or expired (Redis):
-        /// leases it held there before may have been reaped.
-        fresh_holder: bool,
-    },
+    /// Slots in use in each pool after the grant, in pool order.
+    Granted(Vec<u64>),
     Rejected(Rejection),
     /// The caller is in line with this ticket (lower is earlier): try again when woken.
     Wait(u64),
@@ -168,12 +163,13 @@ impl Backend {
         }
     }
 
-    /// Keeps every lease of the groups named by their holders keys alive for `ttl_ms` more (the
-    /// embedded store lease by lease, Redis with one keep-alive per group), taking back those
-    /// found gone where capacity allows.
+    /// Keeps every lease of the groups alive for `ttl_ms` more (the embedded store lease by
+    /// lease, Redis with one keep-alive per group), taking back those found gone where capacity
+    /// allows. A group is its holders key and the members granted to it that this process knows
+    /// of (Redis checks that none is missing).
     pub async fn renew(
         &self,
-        groups: &[String],
+        groups: &[(String, u64)],
         leases_of: LeasesOf<'_>,
         ttl_ms: u64,
         period_ms: u64,
@@ -181,7 +177,7 @@ impl Backend {
         match self {
             Backend::Memory(m) => {
                 let mut round = RenewRound::default();
-                for holders in groups {
+                for (holders, _) in groups {
                     let leases = leases_of(holders);
                     round.record(&leases, &m.renew(&leases, ttl_ms));
                     round.renewed.push(holders.clone());
@@ -189,14 +185,6 @@ impl Backend {
                 round
             }
             Backend::Redis(r) => r.renew(groups, leases_of, ttl_ms, period_ms).await,
-        }
-    }
-
-    /// Asks the next renewal round to check this hash tag's leases one by one: an acquire found
-    /// this process's holder entry gone while it held leases there.
-    pub fn suspect(&self, holders: &str) {
-        if let Backend::Redis(r) = self {
-            r.suspect(holders);
         }
     }
 
@@ -209,7 +197,7 @@ impl Backend {
         }
     }
 
-    /// Slots in use in one pool, expired leases excluded.
+    /// Slots in use in one pool, leases of dead holders excluded (Redis: as far as reaped).
     pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
         match self {
             Backend::Memory(m) => Ok(m.count(pool_key)),

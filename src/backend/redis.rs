@@ -82,8 +82,6 @@ pub struct RedisBackend {
     holder: u64,
     /// Where each tag's keep-alive goes on refreshing the holder's pools (absent: from the start).
     cursors: StdMutex<HashMap<String, String>>,
-    /// Holders keys whose leases the next round checks one by one.
-    suspects: StdMutex<HashSet<String>>,
     /// Opened on first use; behind Sentinel, dropped when the master fails so the next call
     /// asks the sentinels for the new one.
     connection: Mutex<Option<Connection>>,
@@ -148,7 +146,6 @@ impl RedisBackend {
             holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
                 % (HOLDER_IDS - 1),
             cursors: StdMutex::new(HashMap::new()),
-            suspects: StdMutex::new(HashSet::new()),
             connection: Mutex::new(None),
             target,
             timeout,
@@ -258,10 +255,7 @@ impl RedisBackend {
         }
         let reply: Vec<u64> = self.run(&invocation).await?;
         match reply.as_slice() {
-            [1, fresh, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted {
-                used: used.to_vec(),
-                fresh_holder: *fresh == 1,
-            }),
+            [1, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
             [2, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
             [0, index, current, retry_after_ms] => {
                 let pool = pools
@@ -290,53 +284,37 @@ impl RedisBackend {
         self.run::<u64>(&invocation).await.map(drop)
     }
 
-    pub fn suspect(&self, holders: &str) {
-        lock(&self.suspects).insert(holders.to_owned());
-    }
-
-    /// One renewal round: a keep-alive per hash tag (many tags per call); the leases of tags
-    /// where the holder's entry had expired or vanished, or that an acquire made suspect, are
-    /// then checked one by one and taken back where capacity allows.
+    /// One renewal round: a keep-alive per hash tag (many tags per call). The leases of tags
+    /// where the holder's entry had expired or vanished, or where grants it knows of are missing,
+    /// are then checked one by one and taken back where capacity allows; once all of a tag's
+    /// leases are checked, its count of granted members is brought up to date.
     pub async fn renew(
         &self,
-        tags: &[String],
+        groups: &[(String, u64)],
         leases_of: LeasesOf<'_>,
         ttl_ms: u64,
         period_ms: u64,
     ) -> RenewRound {
-        let suspects = std::mem::take(&mut *lock(&self.suspects));
-        let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
-        // Futures built first, then streamed: a closure inside the stream would not be `Send`.
-        let keepalives: Vec<_> = tags
-            .chunks(per_call)
-            .map(|tags| async move { (tags, self.keepalive(tags, ttl_ms, period_ms).await) })
-            .collect();
-        let keepalives: Vec<_> = stream::iter(keepalives)
-            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
-            .collect()
-            .await;
         let mut round = RenewRound::default();
-        let mut checked_tags = HashSet::new();
-        let mut check: Vec<Arc<LeaseRecord>> = Vec::new();
-        for (tags, outcome) in keepalives {
-            let alive = match outcome {
-                Ok(alive) => alive,
-                Err(e) => {
-                    round.failures.push(e);
-                    self.suspect_again(tags.iter().map(String::as_str).filter(|t| suspects.contains(*t)));
-                    continue;
-                }
-            };
-            round.answered = true;
-            for (tag, alive) in tags.iter().zip(alive) {
-                if alive && !suspects.contains(tag) {
-                    round.renewed.push(tag.clone());
-                } else {
-                    checked_tags.insert(tag.as_str());
-                    check.extend(leases_of(tag).into_iter().filter(|lease| !lease.is_released()));
-                }
+        let mut unchecked = Vec::new();
+        for (group, alive) in self
+            .keepalive_all(groups, false, ttl_ms, period_ms, &mut round)
+            .await
+        {
+            if alive {
+                round.renewed.push(group.0.clone());
+            } else {
+                unchecked.push(group);
             }
         }
+        if unchecked.is_empty() {
+            return round;
+        }
+        let mut check: Vec<Arc<LeaseRecord>> = unchecked
+            .iter()
+            .flat_map(|(holders, _)| leases_of(holders))
+            .filter(|lease| !lease.is_released())
+            .collect();
         if self.is_cluster() {
             check.sort_unstable_by(|a, b| a.holders.cmp(&b.holders));
         }
@@ -355,51 +333,113 @@ impl RedisBackend {
             .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
             .collect()
             .await;
+        let mut failed = HashSet::new();
         for (batch, outcome) in checks {
             match outcome {
                 Ok((lost, reclaimed)) => round.record(batch, &Renewed { lost, reclaimed }),
                 Err(e) => {
                     round.failures.push(e);
-                    for lease in batch {
-                        checked_tags.remove(lease.holders.as_str());
-                    }
-                    self.suspect_again(batch.iter().map(|lease| lease.holders.as_str()));
+                    failed.extend(batch.iter().map(|lease| lease.holders.as_str()));
                 }
             }
         }
-        // Every check of these tags went through, so the holder's entry in each was extended.
-        round.renewed.extend(checked_tags.into_iter().map(str::to_owned));
+        // Leases taken back were granted again (the manager counts them after this round).
+        let mut taken_back: HashMap<&str, u64> = HashMap::new();
+        for lease in &round.reclaimed {
+            *taken_back.entry(lease.holders.as_str()).or_default() += lease.units();
+        }
+        // A tag left unchecked keeps its shortfall, so the next round checks it again.
+        let checked: Vec<(String, u64)> = unchecked
+            .into_iter()
+            .filter(|(holders, _)| !failed.contains(holders.as_str()))
+            .map(|(holders, granted)| {
+                let again = taken_back.get(holders.as_str()).copied().unwrap_or(0);
+                (holders.clone(), granted + again)
+            })
+            .collect();
+        for (group, alive) in self
+            .keepalive_all(&checked, true, ttl_ms, period_ms, &mut round)
+            .await
+        {
+            if alive {
+                round.renewed.push(group.0.clone());
+            }
+        }
         round
     }
 
-    fn suspect_again<'a>(&self, holders: impl Iterator<Item = &'a str>) {
-        lock(&self.suspects).extend(holders.map(str::to_owned));
+    /// Keep-alive calls for many groups, a few in flight at once; failures go to the round.
+    async fn keepalive_all<'g>(
+        &self,
+        groups: &'g [(String, u64)],
+        resync: bool,
+        ttl_ms: u64,
+        period_ms: u64,
+        round: &mut RenewRound,
+    ) -> Vec<(&'g (String, u64), bool)> {
+        if !resync {
+            // Scans of tags no longer held are over.
+            let tags: HashSet<&str> = groups.iter().map(|(holders, _)| holders.as_str()).collect();
+            lock(&self.cursors).retain(|tag, _| tags.contains(tag.as_str()));
+        }
+        let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
+        // Futures built first, then streamed: a closure inside the stream would not be `Send`.
+        let calls: Vec<_> = groups
+            .chunks(per_call)
+            .map(|chunk| async move { (chunk, self.keepalive(chunk, resync, ttl_ms, period_ms).await) })
+            .collect();
+        let outcomes: Vec<_> = stream::iter(calls)
+            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut alive = Vec::with_capacity(groups.len());
+        for (chunk, outcome) in outcomes {
+            match outcome {
+                Ok(flags) => {
+                    round.answered = true;
+                    alive.extend(chunk.iter().zip(flags));
+                }
+                Err(e) => round.failures.push(e),
+            }
+        }
+        alive
     }
 
-    /// Extends this holder's entry in each tag; false for a tag where it had expired or vanished.
-    async fn keepalive(&self, tags: &[String], ttl_ms: u64, period_ms: u64) -> CoreResult<Vec<bool>> {
+    /// Extends this holder's entry in each group's tag; false for a tag where it had expired or
+    /// vanished, or where grants it knows of are missing. With `resync`, first raises each tag's
+    /// count of granted members to what this process knows (its leases were just checked).
+    async fn keepalive(
+        &self,
+        groups: &[(String, u64)],
+        resync: bool,
+        ttl_ms: u64,
+        period_ms: u64,
+    ) -> CoreResult<Vec<bool>> {
         let mut invocation = scripts::KEEPALIVE.prepare_invoke();
         invocation.arg(self.holder).arg(ttl_ms).arg(period_ms);
         {
             let cursors = lock(&self.cursors);
-            for tag in tags {
+            for (tag, granted) in groups {
                 invocation.key(tag);
-                invocation.arg(cursors.get(tag).map_or("0", String::as_str));
+                invocation
+                    .arg(cursors.get(tag).map_or("0", String::as_str))
+                    .arg(*granted)
+                    .arg(u8::from(resync));
             }
         }
         let reply: Vec<String> = self.run(&invocation).await?;
-        if reply.len() != 2 * tags.len() {
+        if reply.len() != 2 * groups.len() {
             return Err(CoreError::Backend(format!(
                 "unexpected reply of {} items from the keep-alive script for {} tags; is another version of fastapi_stream_lease using the same key_prefix?",
                 reply.len(),
-                tags.len()
+                groups.len()
             )));
         }
         let mut cursors = lock(&self.cursors);
-        Ok(tags
+        Ok(groups
             .iter()
             .zip(reply.chunks(2))
-            .map(|(tag, pair)| {
+            .map(|((tag, _), pair)| {
                 if pair[1] == "0" {
                     cursors.remove(tag);
                 } else {

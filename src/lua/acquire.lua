@@ -10,10 +10,9 @@
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
 -- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
--- Returns {1, fresh, used_1, ..., used_n} (slots in use after the grant; fresh = 1 when the
--- holder's entry was missing or expired: leases it held before may have been reaped);
--- {0, i, used_i, retry_ms} when KEYS[i] refuses; {2, ticket} when the caller is in line and
--- should wait (ticket: its place, lower is earlier).
+-- Returns {1, used_1, ..., used_n} (slots in use after the grant; also when a retried call finds
+-- the lease already granted); {0, i, used_i, retry_ms} when KEYS[i] refuses; {2, ticket} when
+-- the caller is in line and should wait (ticket: its place, lower is earlier).
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
@@ -30,6 +29,15 @@ local function refusal(i, used)
 end
 
 reap(holders)
+
+-- A client that resent this call after a dropped connection must not be refused its own slot.
+if redis.call('ZSCORE', KEYS[1], id) then
+  local granted = {1}
+  for i = 1, pools do
+    granted[i + 1] = redis.call('ZCARD', KEYS[i])
+  end
+  return granted
+end
 
 local ahead, ticket = 0, 0
 if queued then
@@ -80,12 +88,11 @@ if ahead > 0 then
   return {2, ticket}
 end
 
-local fresh = is_alive(holders, holder) and 0 or 1
 hold(holders, holder, ttl)
-local granted = {1, fresh}
+local granted = {1}
 for i = 1, pools do
   add_members(KEYS[i], holders, holder, id, weight)
-  granted[i + 2] = used[i] + weight
+  granted[i + 1] = used[i] + weight
 end
 if queued and waiter ~= '' then
   redis.call('ZREM', KEYS[pools + 2], waiter)

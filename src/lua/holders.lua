@@ -3,7 +3,9 @@
 -- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
 -- renewal costs one write per process, not one per lease. Pool members are scored by their
 -- holder's id; <tag>:holders:<id> (set) lists the pools where that holder has members, so the
--- leases of a holder that stopped renewing are removed pool by pool ("reaped").
+-- leases of a holder that stopped renewing are removed pool by pool ("reaped"), and
+-- <tag>:holders:<id>:granted counts the members ever added for it, so a holder can tell that
+-- grants it was told about are missing (a failover that lost the last writes, a reap).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
@@ -22,8 +24,12 @@ local function is_alive(holders, holder)
   return expiry and tonumber(expiry) > now
 end
 
--- Removes the members of holders whose entry expired, up to REAP_BUDGET pools; a holder leaves
--- <tag>:holders once all its pools are clean.
+local function granted_key(holders, holder)
+  return holders .. ':' .. holder .. ':granted'
+end
+
+-- Removes the members of holders whose entry expired (the first 16 of them), up to REAP_BUDGET
+-- pools; a holder leaves <tag>:holders once all its pools are clean.
 local function reap(holders)
   local budget = REAP_BUDGET
   for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 16)) do
@@ -35,6 +41,7 @@ local function reap(holders)
     budget = budget - #pools
     if redis.call('EXISTS', index) == 0 then
       redis.call('ZREM', holders, holder)
+      redis.call('DEL', granted_key(holders, holder))
     end
     if budget <= 0 then
       return
@@ -45,9 +52,9 @@ end
 -- Slots in use in a pool that looks full, counting live holders only: drops the members of
 -- holders that expired or are gone (the safety net for pools the reaper has not reached, and for
 -- holders whose keys were evicted). One step per holder, at most once a second per pool (the
--- `<pool>:walked` marker), so a pool under a flood of refusals is not walked for each of them.
+-- <tag>:holders:walked:<pool> marker), so a flood of refusals does not walk it each time.
 local function live_count(pool, holders)
-  if redis.call('SET', pool .. ':walked', 1, 'PX', 1000, 'NX') then
+  if redis.call('SET', holders .. ':walked:' .. pool, 1, 'PX', 1000, 'NX') then
     local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
     while entry[2] do
       local holder = holder_name(entry[2])
@@ -75,6 +82,7 @@ local function hold(holders, holder, ttl)
   redis.call('ZADD', holders, now + ttl, holder)
   redis.call('PEXPIRE', holders, IDLE_MS)
   redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS)
+  redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
 end
 
 -- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder.
@@ -89,5 +97,7 @@ local function add_members(pool, holders, holder, id, weight)
   local index = holders .. ':' .. holder
   redis.call('SADD', index, pool)
   redis.call('PEXPIRE', index, IDLE_MS)
+  redis.call('INCRBY', granted_key(holders, holder), weight)
+  redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
 end
 

@@ -1,9 +1,10 @@
--- Check leases one by one after their holder's entry expired or vanished (a stall, an outage, a
--- restart, an eviction; see the prelude): a lease still present in every pool is kept; one gone
+-- Check leases one by one after their holder's entry expired or vanished, or grants went missing
+-- (a stall, an outage, a restart, a failover; see the prelude): a lease still present in every
+-- pool is kept; one gone
 -- anywhere is cleared, then taken back if every pool has room, and reported lost otherwise:
 -- never re-added past a capacity.
--- KEYS: every pool named by the leases below, then the holders key of each of their tags (one
--- hash slot in a cluster).
+-- KEYS: every pool and the holders key of every tag named by the leases below, in any order
+-- (one hash slot in a cluster).
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id, weight w, the 1-based
 -- KEYS index of its tag's holders, pool count k, and k pairs (1-based KEYS index of the pool,
 -- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
@@ -77,6 +78,7 @@ end
 for holders in pairs(tags) do
   if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
     redis.call('ZREM', holders, holder)
+    redis.call('DEL', granted_key(holders, holder))
   end
 end
 return {lost, reclaimed}

@@ -1,6 +1,6 @@
 -- Release many leases in one call. Idempotent: releasing a lease that is gone does nothing.
--- KEYS: every pool named by the leases below, then the holders key of each of their tags (one
--- hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
+-- KEYS: every pool and the holders key of every tag named by the leases below, in any order
+-- (one hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
 -- ARGV[1]: the channel to PUBLISH a wake-up on when someone waits, or ''; ARGV[2]: holder id;
 -- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
 -- 1-based KEYS indexes of its pools.
@@ -31,6 +31,7 @@ while i <= #ARGV do
   end
   if redis.call('EXISTS', index) == 0 then
     redis.call('ZREM', holders, holder)
+    redis.call('DEL', index .. ':granted')
   end
   if present then
     released = released + 1
