@@ -87,19 +87,19 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     release = client.register_script(core_script("release"))
     tag = f"{{poll-{uuid.uuid4().hex[:8]}}}"
     keys = [f"{tag}:global", f"{tag}:holders"]
-    holder = 12345  # this process's holder id, as the core picks one per manager
+    holder_id = 12345  # this process's, as the core picks one per manager
     stop = asyncio.Event()
     admitted: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
 
     async def take(lease_id: str) -> bool:
         # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
         # holder, cap 1
-        reply = await acquire(keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder, 1])
+        reply = await acquire(keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1])
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:
         # no channel, holder; lease, weight, holders at KEYS[2], 1 pool at KEYS[1]
-        await release(keys=keys, args=["", holder, lease_id, 1, 2, 1, 1])
+        await release(keys=keys, args=["", holder_id, lease_id, 1, 2, 1, 1])
 
     async def wait() -> None:
         lease_id = uuid.uuid4().hex
@@ -124,7 +124,7 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     stop.set()
     await give_back(current)
     await asyncio.gather(*waiters, return_exceptions=True)
-    await client.unlink(*keys, f"{tag}:holders:{holder}")
+    await client.unlink(*keys, f"{tag}:holders:{holder_id}", f"{tag}:holders:{holder_id}:granted")
     return summary(idle, delays)
 
 

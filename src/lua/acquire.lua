@@ -88,12 +88,12 @@ if ahead > 0 then
   return {2, ticket}
 end
 
-hold(holders, holder, ttl)
 local granted = {1}
 for i = 1, pools do
-  add_members(KEYS[i], holders, holder, id, weight)
+  add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
   granted[i + 1] = used[i] + weight
 end
+hold(holders, holder, ttl)
 if queued and waiter ~= '' then
   redis.call('ZREM', KEYS[pools + 2], waiter)
   redis.call('ZREM', KEYS[pools + 3], waiter)

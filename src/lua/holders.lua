@@ -77,27 +77,35 @@ local function used_slots(pool, holders, weight, capacity)
   return used
 end
 
--- Registers (or extends) a holder in <tag>:holders and keeps its keys from idling out.
-local function hold(holders, holder, ttl)
-  redis.call('ZADD', holders, now + ttl, holder)
+-- Keeps a holder's keys from idling out (the keep-alive does it every round).
+local function refresh(holders, holder)
   redis.call('PEXPIRE', holders, IDLE_MS)
   redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS)
   redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
 end
 
--- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder.
-local function add_members(pool, holders, holder, id, weight)
+-- Registers (or extends) a holder in <tag>:holders; a new entry's keys get their idle expiry.
+local function hold(holders, holder, ttl)
+  local known = is_alive(holders, holder)
+  redis.call('ZADD', holders, now + ttl, holder)
+  if not known then
+    refresh(holders, holder)
+  end
+end
+
+-- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder, and counts them as
+-- granted to it. A new pool gets its idle expiry (the keep-alive refreshes the holder's pools).
+local function add_members(pool, holders, holder, id, weight, new_pool)
   local args = {holder, id}
   for unit = 2, weight do
     args[#args + 1] = holder
     args[#args + 1] = id .. '#' .. unit
   end
   redis.call('ZADD', pool, unpack(args))
-  redis.call('PEXPIRE', pool, IDLE_MS)
-  local index = holders .. ':' .. holder
-  redis.call('SADD', index, pool)
-  redis.call('PEXPIRE', index, IDLE_MS)
+  if new_pool then
+    redis.call('PEXPIRE', pool, IDLE_MS)
+  end
+  redis.call('SADD', holders .. ':' .. holder, pool)
   redis.call('INCRBY', granted_key(holders, holder), weight)
-  redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
 end
 

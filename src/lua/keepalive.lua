@@ -24,7 +24,8 @@ for i, holders in ipairs(KEYS) do
   local alive = is_alive(holders, holder) and tonumber(redis.call('GET', granted) or 0) >= known
   local next_cursor = '0'
   if alive then
-    hold(holders, holder, ttl)
+    redis.call('ZADD', holders, now + ttl, holder)
+    refresh(holders, holder)
     local index = holders .. ':' .. holder
     local slice = math.max(16, math.ceil(redis.call('SCARD', index) * period / (IDLE_MS / 4)))
     local scan = redis.call('SSCAN', index, cursor, 'COUNT', slice)

@@ -64,7 +64,7 @@ while i <= #ARGV do
     end
     if room then
       for j = 1, k do
-        add_members(keys[j], holders, holder, id, weight)
+        add_members(keys[j], holders, holder, id, weight, true)
       end
       reclaimed[#reclaimed + 1] = position
     else
@@ -79,6 +79,8 @@ for holders in pairs(tags) do
   if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
     redis.call('ZREM', holders, holder)
     redis.call('DEL', granted_key(holders, holder))
+  else
+    refresh(holders, holder)
   end
 end
 return {lost, reclaimed}
