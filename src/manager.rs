@@ -197,6 +197,7 @@ impl ManagerShared {
         if waiter.is_some() {
             self.listen_for_wakeups();
         }
+        let _present = waiter.as_ref().map(|w| self.local_line.arrive(&w.id));
         let mut wakeups = self.wakeups.subscribe();
         // Until disarmed, leaves the line and gives back what a call may have taken, however
         // this future ends (an error, the wait running out, cancellation).

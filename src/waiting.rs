@@ -1,9 +1,10 @@
 //! This process's side of the waiting line. Waiters line up here by the ticket the shared line
-//! gave them; only the earliest one talks to Redis (when woken by a release, at a periodic check, and to keep every
-//! local waiter alive in the shared line). The others sleep until their turn, so the Redis work of
-//! waiting grows with releases and processes, not with the number of waiters.
+//! gave them; only the earliest one talks to Redis (when woken by a release, at a periodic check,
+//! and to keep all of this process's waiters alive in the shared line with one write). The others
+//! sleep until their turn, so the Redis work of waiting grows with releases and processes, not
+//! with the number of waiters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -11,19 +12,47 @@ use tokio::sync::Notify;
 
 /// How often the earliest waiter checks again without a wake-up (a lost one costs at most this).
 pub const RECHECK_WAITING: Duration = Duration::from_secs(1);
-/// A waiter not refreshed for this long (its process died) leaves the shared line.
+/// Waiters of a process that has not refreshed them for this long (it died) leave the shared line.
 pub const WAITER_TTL: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
 pub struct LocalLine {
     /// ticket -> (waiter id, fired when it becomes the earliest)
     waiters: Mutex<BTreeMap<u64, (String, Arc<Notify>)>>,
+    /// Every waiter of this process, from its first call until it stops waiting (including one
+    /// whose first call is still in flight, so the heartbeat never takes it out of line).
+    present: Mutex<HashSet<String>>,
     last_heartbeat: Mutex<Option<Instant>>,
+}
+
+/// A waiter of this process, until dropped.
+pub struct Present<'a> {
+    line: &'a LocalLine,
+    id: String,
+}
+
+impl Drop for Present<'_> {
+    fn drop(&mut self) {
+        self.line.present().remove(&self.id);
+    }
 }
 
 impl LocalLine {
     fn waiters(&self) -> MutexGuard<'_, BTreeMap<u64, (String, Arc<Notify>)>> {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn present(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.present.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a waiter as this process's until the returned guard is dropped.
+    pub fn arrive(&self, id: &str) -> Present<'_> {
+        self.present().insert(id.to_owned());
+        Present {
+            line: self,
+            id: id.to_owned(),
+        }
     }
 
     /// Lines up a waiter by its ticket; the returned `Notify` fires when it becomes the earliest.
@@ -41,8 +70,9 @@ impl LocalLine {
         self.waiters().len()
     }
 
+    /// Every waiter of this process.
     pub fn ids(&self) -> Vec<String> {
-        self.waiters().values().map(|(id, _)| id.clone()).collect()
+        self.present().iter().cloned().collect()
     }
 
     /// Removes a waiter; if it was the earliest, the next one's turn comes.
@@ -88,6 +118,7 @@ mod tests {
     #[test]
     fn the_lowest_ticket_has_the_turn_and_passes_it_on() {
         let line = LocalLine::default();
+        let arrivals: Vec<_> = ["a", "b", "c"].iter().map(|id| line.arrive(id)).collect();
         line.join(7, "b");
         line.join(3, "a"); // an earlier ticket that answered later
         line.join(9, "c");
@@ -96,7 +127,13 @@ mod tests {
         assert!(line.is_first(3));
         line.leave(3);
         assert!(line.is_first(9));
-        assert_eq!(line.ids(), vec!["c".to_owned()]);
+        assert_eq!(
+            line.ids().len(),
+            3,
+            "waiters stay present until they stop waiting"
+        );
+        drop(arrivals);
+        assert!(line.ids().is_empty());
         assert!(line.heartbeat_due() && !line.heartbeat_due());
     }
 }

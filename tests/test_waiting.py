@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseRejected
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
 from helpers import count_is, eventually
 
@@ -211,3 +211,29 @@ async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server
     for process in crowd:
         assert await process.stdout.read() == b"done\n"
         assert process.returncode == 0
+
+
+async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis_client,
+                                                             key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
+    )
+    held = await manager.acquire("alice")
+    (holder,) = redis_client.zrange(f"{{{key_prefix}}}:holders", 0, -1)
+    line = f"{{{key_prefix}}}:line"
+    # First in line, a waiter this process no longer has (a cancelled call that re-entered the
+    # line after leaving it). The process stays alive, so only its heartbeat can take it out.
+    redis_client.zadd(line, {"stray": 0})
+    redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
+    waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
+
+    async def in_line() -> bool:
+        return manager.stats()["waiting"] == 1
+
+    await eventually(in_line, what="bob to wait")
+    await held.release()
+    lease = await asyncio.wait_for(waiting, 20)
+    assert redis_client.zrange(line, 0, -1) == []
+    await lease.release()
+    await manager.aclose()

@@ -50,7 +50,8 @@ pub enum AcquireOutcome {
 /// release wakes the waiters of every process.
 #[derive(Debug, Clone)]
 pub struct Line {
-    /// The line (waiter ids by ticket), the waiters' liveness (by expiry), the ticket counter.
+    /// The line (waiter ids by ticket), the liveness of the processes with waiters (by expiry),
+    /// the ticket counter.
     pub keys: [String; 3],
     pub channel: String,
 }
@@ -141,7 +142,7 @@ impl Backend {
         }
     }
 
-    /// Keeps this process's waiters alive in the line.
+    /// Keeps this process's waiters alive in the line (`waiter_ids`: every waiter it has).
     pub async fn heartbeat(&self, line: &Line, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
         match self {
             Backend::Memory(m) => {

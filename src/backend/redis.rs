@@ -274,13 +274,24 @@ impl RedisBackend {
 
     pub async fn leave(&self, line: &Line, waiter_id: &str) -> CoreResult<()> {
         let mut invocation = scripts::LEAVE.prepare_invoke();
-        invocation.key(&line.keys[0]).key(&line.keys[1]).arg(waiter_id);
+        invocation
+            .key(&line.keys[0])
+            .key(&line.keys[1])
+            .arg(waiter_id)
+            .arg(self.holder);
         self.run::<u64>(&invocation).await.map(drop)
     }
 
+    /// One write keeps all of this process's waiters in line; `waiter_ids` (every waiter it
+    /// has) lets the script take out any it no longer has.
     pub async fn heartbeat(&self, line: &Line, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
         let mut invocation = scripts::HEARTBEAT.prepare_invoke();
-        invocation.key(&line.keys[1]).arg(ttl_ms).arg(waiter_ids);
+        invocation
+            .key(&line.keys[1])
+            .key(&line.keys[0])
+            .arg(ttl_ms)
+            .arg(self.holder)
+            .arg(waiter_ids);
         self.run::<u64>(&invocation).await.map(drop)
     }
 

@@ -3,9 +3,11 @@
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
 -- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line (sorted set: waiter id by
--- ticket), the waiters' liveness (sorted set: waiter id by expiry in ms) and the ticket counter.
+-- ticket), the liveness of the processes that have waiters (sorted set: holder id by expiry in
+-- ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket counter.
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
--- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: waiter liveness in ms;
+-- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
+-- process in ms (its heartbeat extends it);
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
@@ -23,15 +25,12 @@ local holders = KEYS[pools + 1]
 local own = tonumber(ARGV[8])
 local holder = holder_name(ARGV[9])
 
--- A slot frees when a lease is released or, at the latest, when a dead holder expires.
-local function refusal(i, used)
-  return {0, i, used, ttl}
-end
-
-reap(holders)
-
--- A client that resent this call after a dropped connection must not be refused its own slot.
-if redis.call('ZSCORE', KEYS[1], id) then
+-- A client that resent this call after a dropped connection must not be refused its own slot,
+-- nor sent back in line: checked before any answer but a grant.
+local function already_granted()
+  if not redis.call('ZSCORE', KEYS[1], id) then
+    return nil
+  end
   local granted = {1}
   for i = 1, pools do
     granted[i + 1] = redis.call('ZCARD', KEYS[i])
@@ -39,23 +38,51 @@ if redis.call('ZSCORE', KEYS[1], id) then
   return granted
 end
 
+-- A slot frees when a lease is released or, at the latest, when a dead holder expires.
+local function refusal(i, used)
+  return already_granted() or {0, i, used, ttl}
+end
+
+local function wait_in_line(ticket)
+  return already_granted() or {2, ticket}
+end
+
+reap(holders)
+-- (A waiter checks first: a resent call must not put it back in line.)
+if waiter ~= '' and already_granted() then
+  return already_granted()
+end
+
+-- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
+local function leave_line()
+  if queued and waiter ~= '' then
+    redis.call('ZREM', KEYS[pools + 2], waiter)
+    redis.call('SREM', KEYS[pools + 3] .. ':' .. holder, waiter)
+  end
+end
+
 local ahead, ticket = 0, 0
 if queued then
   local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
-  -- Waiters whose process stopped refreshing them leave the line.
-  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 1000)
-  for _, gone in ipairs(dead) do
-    redis.call('ZREM', line, gone)
-    redis.call('ZREM', alive, gone)
+  -- The waiters of processes that stopped keeping them alive leave the line.
+  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
+    local theirs = alive .. ':' .. process
+    for _, gone in ipairs(redis.call('SMEMBERS', theirs)) do
+      redis.call('ZREM', line, gone)
+    end
+    redis.call('DEL', theirs)
+    redis.call('ZREM', alive, process)
   end
   if waiter ~= '' then
+    local mine = alive .. ':' .. holder
     ticket = tonumber(redis.call('ZSCORE', line, waiter))
     if not ticket then
       ticket = redis.call('INCR', tickets)
       redis.call('ZADD', line, ticket, waiter)
+      redis.call('SADD', mine, waiter)
     end
-    redis.call('ZADD', alive, now + tonumber(ARGV[5]), waiter)
-    for _, key in ipairs({line, alive, tickets}) do
+    redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
+    for _, key in ipairs({line, alive, tickets, mine}) do
       redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
     end
     ahead = redis.call('ZRANK', line, waiter)
@@ -70,13 +97,10 @@ for i = 1, pools do
   used[i] = used_slots(KEYS[i], holders, weight, capacity)
   if capacity > 0 and used[i] + weight > capacity then
     if i <= own or waiter == '' then
-      if queued and waiter ~= '' then
-        redis.call('ZREM', KEYS[pools + 2], waiter)
-        redis.call('ZREM', KEYS[pools + 3], waiter)
-      end
+      leave_line()
       return refusal(i, used[i])
     end
-    return {2, ticket}
+    return wait_in_line(ticket)
   end
 end
 -- Room for this lease, but earlier arrivals go first.
@@ -85,7 +109,7 @@ if ahead > 0 then
     local shared = math.min(own + 1, pools)
     return refusal(shared, used[shared])
   end
-  return {2, ticket}
+  return wait_in_line(ticket)
 end
 
 local granted = {1}
@@ -95,8 +119,7 @@ for i = 1, pools do
 end
 hold(holders, holder, ttl)
 if queued and waiter ~= '' then
-  redis.call('ZREM', KEYS[pools + 2], waiter)
-  redis.call('ZREM', KEYS[pools + 3], waiter)
+  leave_line()
   if redis.call('ZCARD', KEYS[pools + 2]) > 0 then
     redis.call('PUBLISH', ARGV[7], 0)
   end

@@ -1,11 +1,27 @@
--- Keep this process's waiters in the line: refresh their liveness (only those still in line).
--- KEYS[1]: the waiters' liveness (sorted set: waiter id by expiry in ms).
--- ARGV[1]: liveness in ms; ARGV[2..]: waiter ids.
--- Returns the number of waiters refreshed.
+-- Keep this process's waiters in the line: one write for all of them (see acquire.lua), so the
+-- cost of waiting does not grow with the number of waiters. Waiters that this process no longer
+-- has (an acquire cancelled while its call was in flight re-entered the line after leaving it)
+-- are taken out.
+-- KEYS[1]: the liveness of the processes that have waiters (sorted set: holder id by expiry in
+-- ms; KEYS[1]:<holder id> is the set of that process's waiters); KEYS[2]: the line.
+-- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
+-- Returns the number of waiters taken out.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local refreshed = 0
-for i = 2, #ARGV do
-  refreshed = refreshed + redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i])
+local mine = KEYS[1] .. ':' .. ARGV[2]
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2])
+local stray = 0
+if redis.call('SCARD', mine) > #ARGV - 2 then
+  local live = {}
+  for i = 3, #ARGV do
+    live[ARGV[i]] = true
+  end
+  for _, waiter in ipairs(redis.call('SMEMBERS', mine)) do
+    if not live[waiter] then
+      redis.call('ZREM', KEYS[2], waiter)
+      redis.call('SREM', mine, waiter)
+      stray = stray + 1
+    end
+  end
 end
-return refreshed
+return stray

@@ -16,7 +16,7 @@ while i <= #ARGV do
   local holders = KEYS[tonumber(ARGV[i + 2])]
   local index = holders .. ':' .. holder
   local k = tonumber(ARGV[i + 3])
-  local present = false
+  local present, left_a_pool = false, false
   for j = 1, k do
     local key = KEYS[tonumber(ARGV[i + 3 + j])]
     if redis.call('ZREM', key, id) == 1 then
@@ -27,9 +27,10 @@ while i <= #ARGV do
     end
     if redis.call('ZCOUNT', key, holder, holder) == 0 then
       redis.call('SREM', index, key)
+      left_a_pool = true
     end
   end
-  if redis.call('EXISTS', index) == 0 then
+  if left_a_pool and redis.call('EXISTS', index) == 0 then
     redis.call('ZREM', holders, holder)
     redis.call('DEL', index .. ':granted')
   end
