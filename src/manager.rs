@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::join_all;
-use futures_util::FutureExt;
+use futures_util::{stream, FutureExt, StreamExt};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
@@ -55,6 +54,9 @@ impl Drop for Cleanup<'_> {
         }
     }
 }
+
+/// Release script calls in flight at once when releasing many leases (each up to 1,000).
+const RELEASE_CALLS_IN_FLIGHT: usize = 4;
 
 /// A release already under way: finished (embedded backend) or running on the runtime.
 enum LaunchedRelease {
@@ -484,11 +486,18 @@ impl ManagerShared {
     /// Releases many leases, in batched script calls sent together.
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
         let (local, shared) = self.split_for_batches(leases.to_vec());
-        let releases = self
+        let releases: Vec<_> = self
             .plan_batches(&local, &shared)
             .into_iter()
-            .map(|(backend, batch)| backend.release(batch, self.line.as_ref()));
-        join_all(releases).await.into_iter().sum()
+            .map(|(backend, batch)| backend.release(batch, self.line.as_ref()))
+            .collect();
+        // A few calls at a time: each call's timeout then covers its own work, not a queue of
+        // a hundred others (closing a manager that holds 100,000 leases).
+        let released: Vec<_> = stream::iter(releases)
+            .buffer_unordered(RELEASE_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        released.into_iter().sum()
     }
 
     /// Hands a granted lease to Python, on the loop thread: only then is it held and renewed,

@@ -5,28 +5,43 @@
 -- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
 -- 1-based KEYS indexes of its pools.
 -- A pool where the holder has no member left leaves its pool list, and a holder with no pool
--- left in a tag leaves the tag's holders, so released leases leave no key behind.
+-- left in a tag leaves the tag's holders, so released leases leave no key behind (checked once
+-- per pool and tag of the batch, not per lease).
 -- Returns the number of leases that were still present in at least one pool.
 local holder = string.format('%d', tonumber(ARGV[2]))
 local released = 0
+-- holders key -> set of the pools touched in its tag
+local touched = {}
 local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
   local weight = tonumber(ARGV[i + 1])
   local holders = KEYS[tonumber(ARGV[i + 2])]
-  local index = holders .. ':' .. holder
   local k = tonumber(ARGV[i + 3])
-  local present, left_a_pool = false, false
+  local pools = touched[holders] or {}
+  touched[holders] = pools
+  local present = false
   for j = 1, k do
     local key = KEYS[tonumber(ARGV[i + 3 + j])]
+    pools[key] = true
     if redis.call('ZREM', key, id) == 1 then
       present = true
     end
     for unit = 2, weight do
       redis.call('ZREM', key, id .. '#' .. unit)
     end
-    if redis.call('ZCOUNT', key, holder, holder) == 0 then
-      redis.call('SREM', index, key)
+  end
+  if present then
+    released = released + 1
+  end
+  i = i + 4 + k
+end
+for holders, pools in pairs(touched) do
+  local index = holders .. ':' .. holder
+  local left_a_pool = false
+  for pool in pairs(pools) do
+    if redis.call('ZCOUNT', pool, holder, holder) == 0 then
+      redis.call('SREM', index, pool)
       left_a_pool = true
     end
   end
@@ -34,10 +49,6 @@ while i <= #ARGV do
     redis.call('ZREM', holders, holder)
     redis.call('DEL', index .. ':granted')
   end
-  if present then
-    released = released + 1
-  end
-  i = i + 4 + k
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
   redis.call('PUBLISH', ARGV[1], released)
