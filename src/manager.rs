@@ -233,7 +233,12 @@ impl ManagerShared {
                     self.observe(&outcome);
                     match outcome {
                         Ok(AcquireOutcome::Wait(ticket)) => {
-                            if let (None, Some(waiter)) = (&local_turn, &waiter) {
+                            // A waiter taken out of the shared line (its process was late to
+                            // keep it alive) came back with a later ticket: it takes that place
+                            // here too, so this process's order stays the shared line's.
+                            let placed = local_turn.as_ref().is_some_and(|t| t.ticket == ticket);
+                            if let (false, Some(waiter)) = (placed, &waiter) {
+                                drop(local_turn.take());
                                 let turn = self.local_line.join(ticket, &waiter.id);
                                 local_turn = Some(LocalTurn {
                                     line: &self.local_line,

@@ -237,3 +237,32 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis
     assert redis_client.zrange(line, 0, -1) == []
     await lease.release()
     await manager.aclose()
+
+
+async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server, redis_client,
+                                                                    key_prefix):
+    # An empty script cache slows every first call (NOSCRIPT, load, call again), so many waiters'
+    # first calls run between a heartbeat listing this process's waiters and its script.
+    redis_client.script_flush()
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
+    )
+    current = await manager.acquire("first")
+    admitted: asyncio.Queue = asyncio.Queue()
+
+    async def wait(n: int) -> None:
+        await admitted.put(await manager.acquire(f"waiter{n}", wait_timeout=60))
+
+    waiters = [asyncio.create_task(wait(n)) for n in range(200)]
+
+    async def all_in_line() -> bool:
+        return manager.stats()["waiting"] == 200
+
+    await eventually(all_in_line, what="200 waiters in line")
+    for _ in range(200):  # each release admits the next waiter, none is lost from the line
+        await current.release()
+        current = await asyncio.wait_for(admitted.get(), 10)
+    await current.release()
+    await asyncio.gather(*waiters)
+    await manager.aclose()

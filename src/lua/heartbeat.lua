@@ -1,27 +1,40 @@
 -- Keep this process's waiters in the line: one write for all of them (see acquire.lua), so the
--- cost of waiting does not grow with the number of waiters. Waiters that this process no longer
--- has (an acquire cancelled while its call was in flight re-entered the line after leaving it)
--- are taken out.
+-- cost of waiting does not grow with the number of waiters. A waiter this process no longer has
+-- (an acquire cancelled while its call was in flight re-entered the line after leaving it) is
+-- taken out when two heartbeats in a row miss it: a waiter whose first call ran between this
+-- process listing its waiters and this script is listed by the next heartbeat.
 -- KEYS[1]: the liveness of the processes that have waiters (sorted set: holder id by expiry in
--- ms; KEYS[1]:<holder id> is the set of that process's waiters); KEYS[2]: the line.
+-- ms; KEYS[1]:<holder id> is the set of that process's waiters, KEYS[1]:<holder id>:stray those
+-- the last heartbeat missed); KEYS[2]: the line.
 -- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
 -- Returns the number of waiters taken out.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = KEYS[1] .. ':' .. ARGV[2]
+local missed_before = mine .. ':stray'
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2])
-local stray = 0
+local taken_out = 0
 if redis.call('SCARD', mine) > #ARGV - 2 then
   local live = {}
   for i = 3, #ARGV do
     live[ARGV[i]] = true
   end
+  local missed = {}
+  for _, waiter in ipairs(redis.call('SMEMBERS', missed_before)) do
+    missed[waiter] = true
+  end
+  redis.call('DEL', missed_before)
   for _, waiter in ipairs(redis.call('SMEMBERS', mine)) do
     if not live[waiter] then
-      redis.call('ZREM', KEYS[2], waiter)
-      redis.call('SREM', mine, waiter)
-      stray = stray + 1
+      if missed[waiter] then
+        redis.call('ZREM', KEYS[2], waiter)
+        redis.call('SREM', mine, waiter)
+        taken_out = taken_out + 1
+      else
+        redis.call('SADD', missed_before, waiter)
+      end
     end
   end
+  redis.call('PEXPIRE', missed_before, 10000)
 end
-return stray
+return taken_out
