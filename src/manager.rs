@@ -237,9 +237,9 @@ impl ManagerShared {
                             // keep it alive) came back with a later ticket: it takes that place
                             // here too, so this process's order stays the shared line's.
                             let placed = local_turn.as_ref().is_some_and(|t| t.ticket == ticket);
-                            if let (false, Some(waiter)) = (placed, &waiter) {
+                            if !placed && waiter.is_some() {
                                 drop(local_turn.take());
-                                let turn = self.local_line.join(ticket, &waiter.id);
+                                let turn = self.local_line.join(ticket);
                                 local_turn = Some(LocalTurn {
                                     line: &self.local_line,
                                     ticket,
@@ -407,7 +407,7 @@ impl ManagerShared {
             self.backend
                 .renew(&shared_groups, &shared_leases, ttl_ms, period_ms)
         );
-        for failure in shared.failures.iter().take(1) {
+        if let Some(failure) = shared.failures.first() {
             self.observe::<()>(&Err(failure.clone()));
         }
         if shared.answered {
@@ -434,7 +434,7 @@ impl ManagerShared {
                 }
             }
             for record in &round.lost {
-                self.lose(record);
+                self.lose(record, false); // the check removed it everywhere
             }
         }
         if !released_meanwhile.is_empty() && self.release_all(&released_meanwhile).await.is_err() {
@@ -447,15 +447,19 @@ impl ManagerShared {
     pub fn expire_overdue(&self) -> Option<u64> {
         let (overdue, next) = lock(&self.held).overdue(monotonic_ms());
         for record in &overdue {
-            self.lose(record);
+            self.lose(record, true);
         }
         next
     }
 
-    fn lose(&self, record: &Arc<LeaseRecord>) {
+    /// Marks a lease lost; `still_stored` when Redis may still have its members (a holder that
+    /// comes back would keep them alive), so they are removed again.
+    fn lose(&self, record: &Arc<LeaseRecord>, still_stored: bool) {
         if record.mark_lost() {
             lock(&self.held).remove(record);
-            lock(&self.unremoved).push(Arc::clone(record));
+            if still_stored {
+                lock(&self.unremoved).push(Arc::clone(record));
+            }
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -671,7 +675,8 @@ impl Manager {
         self.shared.submit(py, op, true)
     }
 
-    /// Stops renewal and releases every lease this process holds, in one round trip.
+    /// Stops renewal and releases every lease this process holds (one script call per 1,000,
+    /// a few in flight).
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let shared = Arc::clone(&self.shared);
         shared.closed.store(true, Ordering::Release);

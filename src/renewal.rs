@@ -1,7 +1,8 @@
-//! One renewal loop per manager. Every `renew_every` it renews all held leases in batched script
-//! calls; between rounds it wakes at the earliest lease deadline, so a lease whose renewal has
-//! not succeeded by the time the store expires it is reported lost at that moment, even while a
-//! renewal call is still hanging on a dead connection. It holds the manager weakly and stops on
+//! One renewal loop per manager. Every `renew_every` it keeps all held leases alive (Redis: one
+//! keep-alive per hash tag, many tags per call); between rounds it wakes at the earliest deadline
+//! of a group of leases kept alive together, so a lease whose keep-alive has not succeeded by the
+//! time the store expires it is reported lost at that moment, even while a call is still hanging
+//! on a dead connection. It holds the manager weakly and stops on
 //! `aclose()` or when the manager is dropped.
 
 use std::sync::Arc;

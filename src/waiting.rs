@@ -17,8 +17,8 @@ pub const WAITER_TTL: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
 pub struct LocalLine {
-    /// ticket -> (waiter id, fired when it becomes the earliest)
-    waiters: Mutex<BTreeMap<u64, (String, Arc<Notify>)>>,
+    /// ticket -> fired when its waiter becomes the earliest
+    waiters: Mutex<BTreeMap<u64, Arc<Notify>>>,
     /// Every waiter of this process, from its first call until it stops waiting (including one
     /// whose first call is still in flight, so the heartbeat never takes it out of line).
     present: Mutex<HashSet<String>>,
@@ -38,7 +38,7 @@ impl Drop for Present<'_> {
 }
 
 impl LocalLine {
-    fn waiters(&self) -> MutexGuard<'_, BTreeMap<u64, (String, Arc<Notify>)>> {
+    fn waiters(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Notify>>> {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -56,9 +56,9 @@ impl LocalLine {
     }
 
     /// Lines up a waiter by its ticket; the returned `Notify` fires when it becomes the earliest.
-    pub fn join(&self, ticket: u64, id: &str) -> Arc<Notify> {
+    pub fn join(&self, ticket: u64) -> Arc<Notify> {
         let turn = Arc::new(Notify::new());
-        self.waiters().insert(ticket, (id.to_owned(), Arc::clone(&turn)));
+        self.waiters().insert(ticket, Arc::clone(&turn));
         turn
     }
 
@@ -81,7 +81,7 @@ impl LocalLine {
         let was_first = waiters.keys().next() == Some(&ticket);
         waiters.remove(&ticket);
         if was_first {
-            if let Some((_, next)) = waiters.values().next() {
+            if let Some(next) = waiters.values().next() {
                 next.notify_one();
             }
         }
@@ -119,9 +119,9 @@ mod tests {
     fn the_lowest_ticket_has_the_turn_and_passes_it_on() {
         let line = LocalLine::default();
         let arrivals: Vec<_> = ["a", "b", "c"].iter().map(|id| line.arrive(id)).collect();
-        line.join(7, "b");
-        line.join(3, "a"); // an earlier ticket that answered later
-        line.join(9, "c");
+        line.join(7);
+        line.join(3); // an earlier ticket that answered later
+        line.join(9);
         assert!(line.is_first(3) && !line.is_first(7));
         line.leave(7); // a later waiter leaving changes nobody's turn
         assert!(line.is_first(3));

@@ -53,6 +53,28 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
     await eventually(nothing_left, what="every key to be gone")
 
 
+async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(redis_server,
+                                                                      redis_client, key_prefix):
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=0),
+    )
+    held = [await manager.acquire(f"user{i}") for i in range(250)]  # 251 pools
+    # The process stalled: its entry expired. Its next acquire reaps the first 200 of its pools
+    # (the reaper's budget per call), then registers it again, with the other 51 still there.
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    redis_client.zadd(holders(key_prefix), {holder: 0})
+    held.append(await manager.acquire("late"))
+
+    async def all_back() -> bool:
+        counts = [await manager.get_active_count(f"user{i}") for i in range(250)]
+        return counts == [1] * 250 and await manager.get_active_count() == 251
+
+    await eventually(all_back, what="the reaped leases to be checked and taken back")
+    assert manager.stats()["reclaimed"] > 0 and not any(lease.lost for lease in held)
+    await manager.aclose()
+
+
 async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(redis_server, redis_client,
                                                                     key_prefix):
     manager = StreamLeaseManager(

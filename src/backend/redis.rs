@@ -306,6 +306,9 @@ impl RedisBackend {
         ttl_ms: u64,
         period_ms: u64,
     ) -> RenewRound {
+        // Scans of tags no longer held are over.
+        let tags: HashSet<&str> = groups.iter().map(|(holders, _)| holders.as_str()).collect();
+        lock(&self.cursors).retain(|tag, _| tags.contains(tag.as_str()));
         let mut round = RenewRound::default();
         let mut unchecked = Vec::new();
         for (group, alive) in self
@@ -321,14 +324,12 @@ impl RedisBackend {
         if unchecked.is_empty() {
             return round;
         }
-        let mut check: Vec<Arc<LeaseRecord>> = unchecked
+        let check: Vec<Arc<LeaseRecord>> = unchecked
             .iter()
             .flat_map(|(holders, _)| leases_of(holders))
             .filter(|lease| !lease.is_released())
             .collect();
-        if self.is_cluster() {
-            check.sort_unstable_by(|a, b| a.holders.cmp(&b.holders));
-        }
+        // Built group by group, so already in runs of one tag each (one slot per batch).
         let checks: Vec<_> = batches(&check, self.is_cluster())
             .into_iter()
             .map(|batch| async move {
@@ -388,11 +389,6 @@ impl RedisBackend {
         period_ms: u64,
         round: &mut RenewRound,
     ) -> Vec<(&'g (String, u64), bool)> {
-        if !resync {
-            // Scans of tags no longer held are over.
-            let tags: HashSet<&str> = groups.iter().map(|(holders, _)| holders.as_str()).collect();
-            lock(&self.cursors).retain(|tag, _| tags.contains(tag.as_str()));
-        }
         let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
         // Futures built first, then streamed: a closure inside the stream would not be `Send`.
         let calls: Vec<_> = groups
@@ -427,15 +423,18 @@ impl RedisBackend {
         period_ms: u64,
     ) -> CoreResult<Vec<bool>> {
         let mut invocation = scripts::KEEPALIVE.prepare_invoke();
-        invocation.arg(self.holder).arg(ttl_ms).arg(period_ms);
+        invocation
+            .arg(self.holder)
+            .arg(ttl_ms)
+            .arg(period_ms)
+            .arg(u8::from(resync));
         {
             let cursors = lock(&self.cursors);
             for (tag, granted) in groups {
                 invocation.key(tag);
                 invocation
                     .arg(cursors.get(tag).map_or("0", String::as_str))
-                    .arg(*granted)
-                    .arg(u8::from(resync));
+                    .arg(*granted);
             }
         }
         let reply: Vec<String> = self.run(&invocation).await?;

@@ -40,17 +40,16 @@ end
 
 -- A slot frees when a lease is released or, at the latest, when a dead holder expires.
 local function refusal(i, used)
-  return already_granted() or {0, i, used, ttl}
-end
-
-local function wait_in_line(ticket)
-  return already_granted() or {2, ticket}
+  return (waiter == '' and already_granted()) or {0, i, used, ttl}
 end
 
 reap(holders)
--- (A waiter checks first: a resent call must not put it back in line.)
-if waiter ~= '' and already_granted() then
-  return already_granted()
+-- A waiter checks first: a resent call must not put it back in line.
+if waiter ~= '' then
+  local granted = already_granted()
+  if granted then
+    return granted
+  end
 end
 
 -- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
@@ -100,7 +99,7 @@ for i = 1, pools do
       leave_line()
       return refusal(i, used[i])
     end
-    return wait_in_line(ticket)
+    return {2, ticket}
   end
 end
 -- Room for this lease, but earlier arrivals go first.
@@ -109,15 +108,18 @@ if ahead > 0 then
     local shared = math.min(own + 1, pools)
     return refusal(shared, used[shared])
   end
-  return wait_in_line(ticket)
+  return {2, ticket}
 end
 
+local was_alive = hold(holders, holder, ttl)
 local granted = {1}
 for i = 1, pools do
   add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
   granted[i + 1] = used[i] + weight
 end
-hold(holders, holder, ttl)
+if not was_alive then
+  refresh(holders, holder) -- its keys may be new
+end
 if queued and waiter ~= '' then
   leave_line()
   if redis.call('ZCARD', KEYS[pools + 2]) > 0 then

@@ -84,13 +84,16 @@ local function refresh(holders, holder)
   redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
 end
 
--- Registers (or extends) a holder in <tag>:holders; a new entry's keys get their idle expiry.
+-- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
+-- entry found expired or gone may have been reaped in part: its count of granted members goes,
+-- so its next keep-alive finds grants missing and checks its leases one by one.
 local function hold(holders, holder, ttl)
-  local known = is_alive(holders, holder)
-  redis.call('ZADD', holders, now + ttl, holder)
-  if not known then
-    refresh(holders, holder)
+  local alive = is_alive(holders, holder)
+  if not alive then
+    redis.call('DEL', granted_key(holders, holder))
   end
+  redis.call('ZADD', holders, now + ttl, holder)
+  return alive
 end
 
 -- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder, and counts them as

@@ -2,10 +2,11 @@
 -- leases (see the prelude). Also reaps dead holders and keeps the holder's pools from idling
 -- out, a slice per call (SSCAN of its pool list, every pool within a quarter of IDLE_MS).
 -- KEYS: <tag>:holders of each tag where the holder has leases (one slot in a cluster).
--- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms; then
--- per key: the SSCAN cursor of its pool list ('0' to start), the members the holder knows were
--- granted to it there (sum of weight x pools), and '1' to first raise the tag's count of granted
--- members to that figure (after the leases were checked one by one), else '0'.
+-- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms;
+-- ARGV[4]: '1' to first raise each tag's count of granted members to the figure below (its
+-- leases were just checked one by one), else '0'; then per key: the SSCAN cursor of its pool
+-- list ('0' to start) and the members the holder knows were granted to it there (sum of
+-- weight x pools).
 -- Returns, per key, {alive, cursor} flattened, as text: alive = '1' if the holder's entry was
 -- live and no grant it knows of is missing, and the entry is extended; '0' otherwise (its
 -- leases must be checked one by one and taken back: the reclaim script). cursor: where the
@@ -13,9 +14,10 @@
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
+local resync = ARGV[4] == '1'
 local reply = {}
 for i, holders in ipairs(KEYS) do
-  local cursor, known, resync = ARGV[1 + 3 * i], tonumber(ARGV[2 + 3 * i]), ARGV[3 + 3 * i] == '1'
+  local cursor, known = ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i])
   reap(holders)
   local granted = granted_key(holders, holder)
   if resync and tonumber(redis.call('GET', granted) or 0) < known then

@@ -1,8 +1,7 @@
 -- Check leases one by one after their holder's entry expired or vanished, or grants went missing
 -- (a stall, an outage, a restart, a failover; see the prelude): a lease still present in every
--- pool is kept; one gone
--- anywhere is cleared, then taken back if every pool has room, and reported lost otherwise:
--- never re-added past a capacity.
+-- pool is kept; one gone anywhere is cleared, then taken back if every pool has room, and
+-- reported lost otherwise: never re-added past a capacity.
 -- KEYS: every pool and the holders key of every tag named by the leases below, in any order
 -- (one hash slot in a cluster).
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id, weight w, the 1-based
