@@ -5,6 +5,8 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::errors::{CoreError, CoreResult};
+
 const FIRST_COOL_DOWN: Duration = Duration::from_millis(500);
 const MAX_COOL_DOWN: Duration = Duration::from_secs(5);
 
@@ -30,7 +32,7 @@ pub struct Breaker {
 
 /// Whether a call may go to Redis now.
 #[derive(Debug, PartialEq)]
-pub enum Admission {
+pub enum Permit {
     Go,
     /// The breaker is open: don't call; it closes again in this long at the earliest.
     Wait(Duration),
@@ -45,10 +47,10 @@ impl Default for Breaker {
 }
 
 impl Breaker {
-    pub fn admit(&self) -> Admission {
+    pub fn admit(&self) -> Permit {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match *state {
-            State::Closed => Admission::Go,
+            State::Closed => Permit::Go,
             State::Open {
                 until: next_probe,
                 cool_down,
@@ -63,20 +65,20 @@ impl Breaker {
                         cool_down,
                         next_probe: now + cool_down,
                     };
-                    Admission::Go
+                    Permit::Go
                 } else {
-                    Admission::Wait(next_probe - now)
+                    Permit::Wait(next_probe - now)
                 }
             }
         }
     }
 
-    pub fn succeeded(&self) {
+    fn succeeded(&self) {
         *self.state.lock().unwrap_or_else(PoisonError::into_inner) = State::Closed;
     }
 
     /// Redis was unreachable or too slow: open, for longer each time a probe fails.
-    pub fn failed(&self) {
+    fn failed(&self) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let cool_down = match *state {
             State::Closed => FIRST_COOL_DOWN,
@@ -87,6 +89,15 @@ impl Breaker {
             until: Instant::now() + cool_down,
             cool_down,
         };
+    }
+
+    /// Feeds the breaker with the outcome of a call to Redis: any answer, even an error reply,
+    /// means the server is there.
+    pub fn observe<T>(&self, outcome: &CoreResult<T>) {
+        match outcome {
+            Err(CoreError::Unavailable(_)) => self.failed(),
+            _ => self.succeeded(),
+        }
     }
 
     pub fn is_open(&self) -> bool {
@@ -104,23 +115,23 @@ mod tests {
     #[test]
     fn opens_on_failure_probes_once_and_backs_off() {
         let breaker = Breaker::default();
-        assert_eq!(breaker.admit(), Admission::Go);
+        assert_eq!(breaker.admit(), Permit::Go);
         breaker.failed();
-        assert!(matches!(breaker.admit(), Admission::Wait(_)));
+        assert!(matches!(breaker.admit(), Permit::Wait(_)));
         // Let the cool-down pass without sleeping.
         *breaker.state.lock().unwrap() = State::Open {
             until: Instant::now(),
             cool_down: FIRST_COOL_DOWN,
         };
-        assert_eq!(breaker.admit(), Admission::Go, "one probe");
-        assert!(matches!(breaker.admit(), Admission::Wait(_)), "only one");
+        assert_eq!(breaker.admit(), Permit::Go, "one probe");
+        assert!(matches!(breaker.admit(), Permit::Wait(_)), "only one");
         breaker.failed();
         let State::Open { cool_down, .. } = *breaker.state.lock().unwrap() else {
             panic!()
         };
         assert_eq!(cool_down, FIRST_COOL_DOWN * 2);
         breaker.succeeded();
-        assert_eq!(breaker.admit(), Admission::Go);
+        assert_eq!(breaker.admit(), Permit::Go);
         assert!(!breaker.is_open());
     }
 }

@@ -11,14 +11,22 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::backend::Line;
-use crate::config::LeaseConfig;
+use crate::config::Config;
 
-/// The name of every user's own pool: a full one refuses at once, never makes anyone wait.
-pub const PER_USER: &str = "per_user";
+/// The name of every user's own pool, reserved: no resource may take it.
+const PER_USER: &str = "per_user";
 
 /// Identities longer than this are rejected: they are bugs (a request body used as a user id).
 pub const MAX_IDENTITY_BYTES: usize = 1024;
+
+/// What a pool is to the caller taking a slot in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolRole {
+    /// The caller's own quota (`per_user`): a full one refuses at once (429), never makes it wait.
+    Own,
+    /// Capacity shared by everyone (`global`, a resource): a full one makes waiters wait (503).
+    Shared,
+}
 
 /// One capacity-limited pool: a sorted set of lease ids scored by their holder (`lua/holders.lua`).
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +36,21 @@ pub struct Pool {
     pub key: String,
     /// 0 means unlimited (the pool still counts).
     pub capacity: u64,
+    pub role: PoolRole,
+}
+
+/// The first-come-first-served line of a manager's shared pools (see `docs/design.md`).
+#[derive(Debug, Clone)]
+pub struct LineKeys {
+    /// Sorted set: waiter id by ticket.
+    pub line: String,
+    /// Sorted set: the processes with waiters by expiry; `<alive>:<holder id>` is the set of
+    /// that process's waiters.
+    pub alive: String,
+    /// The ticket counter.
+    pub tickets: String,
+    /// Where a release publishes a wake-up for the waiters of every process.
+    pub channel: String,
 }
 
 #[derive(Debug, Clone)]
@@ -40,7 +63,7 @@ pub struct KeySpace {
 }
 
 impl KeySpace {
-    pub fn new(config: &LeaseConfig) -> Self {
+    pub fn new(config: &Config) -> Self {
         KeySpace {
             prefix: config.key_prefix.clone(),
             secret: config.identity_secret.clone(),
@@ -70,9 +93,10 @@ impl KeySpace {
             format!("{{{}:{digest}}}:user", self.prefix)
         };
         Pool {
-            name: "per_user".into(),
+            name: PER_USER.into(),
             key,
             capacity: self.max_per_user,
+            role: PoolRole::Own,
         }
     }
 
@@ -82,18 +106,17 @@ impl KeySpace {
             name: "global".into(),
             key: format!("{}:global", self.shared_tag()),
             capacity: self.max_global,
+            role: PoolRole::Shared,
         })
     }
 
     /// The waiting line for the shared pools (None without a global pool: nothing to wait for).
-    pub fn line(&self) -> Option<Line> {
+    pub fn line(&self) -> Option<LineKeys> {
         let tag = self.shared_tag();
-        self.global_pool.then(|| Line {
-            keys: [
-                format!("{tag}:line"),
-                format!("{tag}:line:alive"),
-                format!("{tag}:line:ticket"),
-            ],
+        self.global_pool.then(|| LineKeys {
+            line: format!("{tag}:line"),
+            alive: format!("{tag}:line:alive"),
+            tickets: format!("{tag}:line:ticket"),
             channel: format!("{tag}:wake"),
         })
     }
@@ -104,6 +127,7 @@ impl KeySpace {
             name: name.into(),
             key: format!("{}:resource:{name}", self.shared_tag()),
             capacity,
+            role: PoolRole::Shared,
         }
     }
 
@@ -153,8 +177,14 @@ pub fn check_identity(identity: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a resource: a short name of letters, digits and `_-.:`, a capacity of at least 1.
+/// Checks a resource: a short name of letters, digits and `_-.:` other than `per_user` (its
+/// refusals would read as the user's own quota), a capacity of at least 1.
 pub fn check_resource(name: &str, capacity: u64) -> Result<(), String> {
+    if name == PER_USER {
+        return Err(format!(
+            "resource name {name:?} is reserved for each user's own quota: choose another name"
+        ));
+    }
     let valid = !name.is_empty()
         && name.len() <= 64
         && name
@@ -213,11 +243,16 @@ mod tests {
             name: "db".into(),
             key: "{app}:resource:db".into(),
             capacity: 5,
+            role: PoolRole::Shared,
         };
         assert_eq!(pools, vec![db]);
         assert_eq!(space(b"").pools_for(Some("u"), &[("db".into(), 5)]).len(), 3);
         assert!(check_resource("db", 5).is_ok());
         assert!(check_resource("a b", 5).is_err() && check_resource("db", 0).is_err());
+        assert!(
+            check_resource("per_user", 5).is_err(),
+            "reserved for the user's own quota"
+        );
     }
 
     #[test]

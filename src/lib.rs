@@ -1,28 +1,29 @@
 //! fastapi_stream_lease's core: distributed, self-expiring concurrency leases.
-//! This file is the table of contents; each module holds one concept.
+//! This file is the table of contents; each module holds one concept, and each `use crate::`
+//! points down this list (`docs/design.md` walks through them).
 
+// The binding, the only code that touches Python.
+mod py;
+
+// Admitting leases, and the leases this process holds.
+mod admission;
+mod renewal;
+
+// Where pools live, and how they are laid out.
 mod backend;
+mod keys;
+
+// Values and tools shared by all of the above.
 mod breaker;
-mod bridge;
 mod config;
 mod errors;
-mod held;
-mod keys;
+mod fifo;
 mod lease;
-mod manager;
-mod renewal;
 mod runtime;
-mod scripts;
-mod waiting;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<config::LeaseConfig>()?;
-    m.add_class::<lease::Lease>()?;
-    m.add_class::<manager::Manager>()?;
-    m.add_class::<bridge::LoopBridge>()?;
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    Ok(())
+    py::register(m)
 }

@@ -2,7 +2,7 @@
 streams, WebSockets) in FastAPI and Starlette, with a Rust core.
 """
 
-from ._core import Lease, LeaseConfig, __version__
+from ._core import LeaseConfig, __version__
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -13,6 +13,7 @@ from .errors import (
     StreamLeaseRejected,
 )
 from .handlers import install_exception_handler, stream_lease_exception_handler
+from .lease import Lease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .resources import Resource

@@ -1,11 +1,9 @@
 """Type stubs of the Rust core (checked against it with ``mypy.stubtest``)."""
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable
-from typing import TypeVar, final
+from collections.abc import Awaitable
+from typing import final
 
-_T = TypeVar("_T")
-
-__all__ = ["Lease", "LeaseConfig", "LoopBridge", "Manager", "__version__"]
+__all__ = ["LeaseConfig", "LeaseHandle", "LoopBridge", "Manager", "__version__"]
 __version__: str
 
 @final
@@ -58,7 +56,7 @@ class LeaseConfig:
     __hash__: None  # type: ignore[assignment]
 
 @final
-class Lease:
+class LeaseHandle:
     """A slot held in every pool of one acquire, renewed by the manager until released."""
 
     @property
@@ -71,10 +69,7 @@ class Lease:
     def released(self) -> bool: ...
     def release(self) -> Awaitable[bool]: ...
     def release_nowait(self) -> bool: ...
-    @property
-    def _cancel_on_lost(self) -> bool: ...
-    def _wait_lost(self) -> Awaitable[None]: ...
-    def wrap(self, stream: AsyncIterable[_T] | Iterable[_T]) -> AsyncIterator[_T]: ...
+    def wait_lost(self) -> Awaitable[None]: ...
 
 @final
 class Manager:
@@ -90,7 +85,7 @@ class Manager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: list[tuple[str, int]] | None = None,
-    ) -> Awaitable[Lease]: ...
+    ) -> Awaitable[LeaseHandle]: ...
     def count(self, user_id: str | None = None) -> Awaitable[int]: ...
     def aclose(self) -> Awaitable[None]: ...
     def stats(self) -> dict[str, int | bool]: ...
@@ -98,4 +93,3 @@ class Manager:
 @final
 class LoopBridge:
     def _drain(self) -> None: ...
-    def _pending(self) -> int: ...

@@ -1,9 +1,9 @@
 """Ending work when its lease is lost, the way ``asyncio.timeout`` ends work when time is up.
 
-The core resolves ``lease._wait_lost()`` when the renewal loop finds the lease gone (or its
-deadline passes without a renewal). If the task is inside a guarded section at that moment, it
-is cancelled, and the cancellation becomes :class:`LeaseLost` at the section's edge. Outside a
-section, the next section refuses to start.
+The core resolves the lease handle's ``wait_lost()`` when the renewal loop finds the lease gone
+(or its deadline passes without a renewal). If the task is inside a guarded section at that
+moment, it is cancelled, and the cancellation becomes :class:`LeaseLost` at the section's edge.
+Outside a section, the next section refuses to start.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .errors import LeaseLost
 
 if TYPE_CHECKING:
-    from ._core import Lease
+    from .lease import Lease
 
 LOST_MESSAGE = (
     "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
@@ -31,7 +31,7 @@ class LostWatch:
         self._lease = lease
         self._task: asyncio.Task[object] | None = None
         self._cancelled_by_us = False
-        self._waiter = lease._wait_lost() if lease._cancel_on_lost else None
+        self._waiter = lease._handle.wait_lost() if lease._cancel_on_lost else None
         if self._waiter is not None:
             asyncio.ensure_future(self._waiter).add_done_callback(self._on_lost)
 

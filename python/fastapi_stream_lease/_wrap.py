@@ -12,7 +12,7 @@ from ._lost import LostWatch
 from .errors import StreamLeaseError
 
 if TYPE_CHECKING:
-    from ._core import Lease
+    from .lease import Lease
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from . import _core
-from ._core import Lease, LeaseConfig
+from ._core import LeaseConfig
 from ._lost import LostWatch
 from .errors import ClientDisconnected, StreamLeaseError
+from .lease import Lease
 from .resources import Resource
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class StreamLeaseManager:
         elif not isinstance(config, LeaseConfig):
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
         self._core = _core.Manager(url, config, tls_ca_file)
+        self._cancel_on_lost = config.on_lost == "cancel"
 
     @property
     def config(self) -> LeaseConfig:
@@ -104,9 +106,8 @@ class StreamLeaseManager:
         """
         pools = [(resource.name, resource.capacity) for resource in resources] or None
         acquired = self._core.acquire(user_id, weight, max_per_user, wait_timeout, pools)
-        if request is None:
-            return await acquired
-        return await _unless_disconnected(request, acquired)
+        handle = await (acquired if request is None else _unless_disconnected(request, acquired))
+        return Lease(handle, cancel_on_lost=self._cancel_on_lost)
 
     def lease(
         self,
@@ -195,7 +196,9 @@ class LeaseScope:
                 log.warning("stream lease release failed, it will expire by itself: %s", error)
 
 
-async def _unless_disconnected(request: Request, acquired: Awaitable[Lease]) -> Lease:
+async def _unless_disconnected(
+    request: Request, acquired: Awaitable[_core.LeaseHandle]
+) -> _core.LeaseHandle:
     """Awaits ``acquired`` while the client is there; cancels it (leaving the line) if not."""
     waiting = asyncio.ensure_future(acquired)
     await request.body()  # cached, so watching for a disconnect consumes none of it

@@ -1,277 +1,147 @@
-//! The embedded store for one process (`memory://`): the same semantics as the Lua scripts,
-//! on a monotonic clock, under one mutex. Nothing in it ever waits.
+//! The embedded store for one process (`memory://`, and the local floor while Redis is down):
+//! the same admission decisions as `lua/acquire.lua`, under one mutex. Its leases live as long
+//! as their holder, this process: a lease dropped without a release releases itself, so nothing
+//! here expires or is renewed. Nothing in it ever waits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{AcquireOutcome, InLine, Renewed, Waiter};
+use super::{AcquireOutcome, InLine, Waiter};
 use crate::errors::Rejection;
-use crate::keys::Pool;
+use crate::fifo::Fifo;
+use crate::keys::{Pool, PoolRole};
 use crate::lease::LeaseRecord;
-
-/// Why `pool` refuses: what it holds, and when its earliest lease would expire.
-fn refusal(pool: &Pool, entry: &MemoryPool, now: u64, ttl_ms: u64) -> Rejection {
-    let retry_after_ms = entry
-        .by_expiry
-        .first()
-        .map_or(ttl_ms, |(expiry, _)| expiry.saturating_sub(now).max(1));
-    Rejection {
-        limit: pool.name.clone(),
-        capacity: pool.capacity,
-        current: entry.used,
-        retry_after_ms,
-    }
-}
 
 #[derive(Default)]
 struct MemoryPool {
-    /// (expiry ms, lease id), oldest first, for purging.
-    by_expiry: BTreeSet<(u64, String)>,
-    /// lease id -> (expiry ms, weight)
-    leases: HashMap<String, (u64, u64)>,
+    /// lease id -> weight
+    leases: HashMap<String, u64>,
     used: u64,
 }
 
-impl MemoryPool {
-    fn purge(&mut self, now: u64) {
-        while let Some((expiry, _)) = self.by_expiry.first() {
-            if *expiry > now {
-                break;
-            }
-            let (_, id) = self.by_expiry.pop_first().expect("first() was Some");
-            if let Some((_, weight)) = self.leases.remove(&id) {
-                self.used -= weight;
-            }
-        }
-    }
-
-    fn insert(&mut self, id: &str, expiry: u64, weight: u64) {
-        if let Some((old, old_weight)) = self.leases.insert(id.to_owned(), (expiry, weight)) {
-            self.by_expiry.remove(&(old, id.to_owned()));
-            self.used -= old_weight;
-        }
-        self.by_expiry.insert((expiry, id.to_owned()));
-        self.used += weight;
-    }
-
-    fn remove(&mut self, id: &str) -> bool {
-        match self.leases.remove(id) {
-            Some((expiry, weight)) => {
-                self.by_expiry.remove(&(expiry, id.to_owned()));
-                self.used -= weight;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn expiry_of(&self, id: &str) -> Option<u64> {
-        self.leases.get(id).map(|(expiry, _)| *expiry)
-    }
-}
-
-/// The waiting line: waiter ids by ticket, first come first served.
+/// The waiting line: waiter ids by ticket.
 #[derive(Default)]
 struct MemoryLine {
-    by_ticket: BTreeMap<u64, String>,
-    /// waiter id -> (ticket, alive until ms)
-    waiters: HashMap<String, (u64, u64)>,
-    next_ticket: u64,
+    order: Fifo<String>,
+    tickets: HashMap<String, u64>,
 }
 
 impl MemoryLine {
-    fn purge(&mut self, now: u64) {
-        let dead: Vec<String> = self
-            .waiters
-            .iter()
-            .filter(|(_, (_, alive))| *alive <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in dead {
-            self.leave(&id);
-        }
+    /// Enters a waiter (or finds it in line); returns how many wait before it, and its ticket.
+    fn enter(&mut self, waiter: &Waiter) -> (usize, u64) {
+        let ticket = match self.tickets.get(&waiter.id) {
+            Some(ticket) => *ticket,
+            None => {
+                let ticket = self.order.push(waiter.id.clone());
+                self.tickets.insert(waiter.id.clone(), ticket);
+                ticket
+            }
+        };
+        (self.order.ahead_of(ticket), ticket)
     }
 
-    /// Enters (or refreshes) a waiter; returns how many wait before it, and its ticket.
-    fn enter(&mut self, waiter: &Waiter, now: u64) -> (usize, u64) {
-        let next_ticket = &mut self.next_ticket;
-        let by_ticket = &mut self.by_ticket;
-        let (ticket, alive) = self.waiters.entry(waiter.id.clone()).or_insert_with(|| {
-            *next_ticket += 1;
-            by_ticket.insert(*next_ticket, waiter.id.clone());
-            (*next_ticket, 0)
-        });
-        *alive = now + waiter.ttl_ms;
-        let ticket = *ticket;
-        (self.by_ticket.range(..ticket).count(), ticket)
-    }
-
-    fn leave(&mut self, id: &str) -> bool {
-        match self.waiters.remove(id) {
-            Some((ticket, _)) => self.by_ticket.remove(&ticket).is_some(),
-            None => false,
+    fn leave(&mut self, id: &str) {
+        if let Some(ticket) = self.tickets.remove(id) {
+            self.order.remove(ticket);
         }
     }
 }
 
+#[derive(Default)]
+struct State {
+    pools: HashMap<String, MemoryPool>,
+    line: MemoryLine,
+}
+
+#[derive(Default)]
 pub struct MemoryBackend {
-    pools: Mutex<HashMap<String, MemoryPool>>,
-    line: Mutex<MemoryLine>,
-    origin: Instant,
+    state: Mutex<State>,
 }
 
-impl Default for MemoryBackend {
-    fn default() -> Self {
-        MemoryBackend {
-            pools: Mutex::new(HashMap::new()),
-            line: Mutex::new(MemoryLine::default()),
-            origin: Instant::now(),
-        }
+/// Why `pool` refuses, with `used` slots taken. A slot frees only when a lease is released, so
+/// the caller's `retry_after` bounds the wait it suggests.
+fn refusal(pool: &Pool, used: u64) -> Rejection {
+    Rejection {
+        limit: pool.name.clone(),
+        capacity: pool.capacity,
+        current: used,
+        retry_after_ms: u64::MAX,
     }
 }
 
 impl MemoryBackend {
-    fn now_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, MemoryPool>> {
-        self.pools.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The same decisions as `acquire.lua`: own quota refuses at once, shared pools make a
-    /// waiter wait, and nobody passes an earlier waiter.
-    pub fn acquire(&self, lease: &LeaseRecord, ttl_ms: u64, in_line: Option<InLine<'_>>) -> AcquireOutcome {
-        let now = self.now_ms();
+    /// The same decisions as `acquire.lua`: the caller's own quota refuses at once, shared pools
+    /// make a waiter wait, and nobody passes an earlier waiter.
+    pub fn acquire(&self, lease: &LeaseRecord, in_line: Option<InLine<'_>>) -> AcquireOutcome {
         let weight = u64::from(lease.weight);
-        let pools = &lease.pools;
-        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state();
+        let State { pools: store, line } = &mut *state;
         let waiter = in_line.and_then(|l| l.waiter);
-        let (ahead, ticket) = match in_line {
-            Some(_) => {
-                line.purge(now);
-                waiter.map_or((line.by_ticket.len(), 0), |w| line.enter(w, now))
-            }
-            None => (0, 0),
+        let (ahead, ticket) = match (in_line, waiter) {
+            (Some(_), Some(waiter)) => line.enter(waiter),
+            (Some(_), None) => (line.order.len(), 0),
+            (None, _) => (0, 0),
         };
-        let mut store = self.pools();
-        // Check every pool before creating any, so refusals leave nothing behind.
-        let mut used = Vec::with_capacity(pools.len());
-        for (i, pool) in pools.iter().enumerate() {
-            let Some(entry) = store.get_mut(&pool.key) else {
-                used.push(0);
-                continue;
-            };
-            entry.purge(now);
-            if pool.capacity > 0 && entry.used + weight > pool.capacity {
-                if i >= lease.own_pools && waiter.is_some() {
-                    return AcquireOutcome::Wait(ticket);
-                }
-                if let Some(waiter) = waiter {
-                    line.leave(&waiter.id);
-                }
-                return AcquireOutcome::Rejected(refusal(pool, entry, now, ttl_ms));
+        // Check every pool before touching any, so refusals leave nothing behind.
+        let used: Vec<u64> = lease
+            .pools
+            .iter()
+            .map(|pool| store.get(&pool.key).map_or(0, |entry| entry.used))
+            .collect();
+        let full = lease
+            .pools
+            .iter()
+            .zip(&used)
+            .find(|(pool, used)| pool.capacity > 0 && *used + weight > pool.capacity);
+        if let Some((pool, used)) = full {
+            if pool.role == PoolRole::Shared && waiter.is_some() {
+                return AcquireOutcome::Wait(ticket);
             }
-            used.push(entry.used);
+            if let Some(waiter) = waiter {
+                line.leave(&waiter.id);
+            }
+            return AcquireOutcome::Rejected(refusal(pool, *used));
         }
         if ahead > 0 {
             if waiter.is_some() {
                 return AcquireOutcome::Wait(ticket);
             }
-            let shared = lease.own_pools.min(pools.len() - 1);
-            let rejection = match store.get(&pools[shared].key) {
-                Some(entry) => refusal(&pools[shared], entry, now, ttl_ms),
-                None => Rejection {
-                    limit: pools[shared].name.clone(),
-                    capacity: pools[shared].capacity,
-                    current: 0,
-                    retry_after_ms: ttl_ms,
-                },
-            };
-            return AcquireOutcome::Rejected(rejection);
+            let shared = lease.own_pools.min(lease.pools.len() - 1);
+            return AcquireOutcome::Rejected(refusal(&lease.pools[shared], used[shared]));
         }
-        for (pool, used) in pools.iter().zip(used.iter_mut()) {
-            store
-                .entry(pool.key.clone())
-                .or_default()
-                .insert(&lease.id, now + ttl_ms, weight);
-            *used += weight;
+        for pool in &lease.pools {
+            let entry = store.entry(pool.key.clone()).or_default();
+            if entry.leases.insert(lease.id.clone(), weight).is_none() {
+                entry.used += weight;
+            }
         }
         if let Some(waiter) = waiter {
             line.leave(&waiter.id);
         }
-        AcquireOutcome::Granted(used)
-    }
-
-    pub fn heartbeat(&self, waiter_ids: &[String], ttl_ms: u64) {
-        let alive_until = self.now_ms() + ttl_ms;
-        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
-        for id in waiter_ids {
-            if let Some((_, alive)) = line.waiters.get_mut(id) {
-                *alive = alive_until;
-            }
-        }
+        AcquireOutcome::Granted(used.iter().map(|used| used + weight).collect())
     }
 
     pub fn leave(&self, waiter_id: &str) {
-        self.line
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .leave(waiter_id);
-    }
-
-    pub fn renew(&self, leases: &[Arc<LeaseRecord>], ttl_ms: u64) -> Renewed {
-        let now = self.now_ms();
-        let mut store = self.pools();
-        let mut renewed = Renewed::default();
-        for (position, lease) in leases.iter().enumerate() {
-            let weight = u64::from(lease.weight);
-            let held = lease.pools.iter().all(|pool| {
-                store
-                    .get(&pool.key)
-                    .and_then(|p| p.expiry_of(&lease.id))
-                    .is_some_and(|e| e > now)
-            });
-            if !held {
-                // Clear what is left, then take it back only where every pool has room.
-                let mut room = true;
-                for pool in &lease.pools {
-                    if let Some(entry) = store.get_mut(&pool.key) {
-                        entry.remove(&lease.id);
-                        entry.purge(now);
-                        room &= pool.capacity == 0 || entry.used + weight <= pool.capacity;
-                        if entry.leases.is_empty() {
-                            store.remove(&pool.key);
-                        }
-                    }
-                }
-                if !room {
-                    renewed.lost.push(position + 1);
-                    continue;
-                }
-                renewed.reclaimed.push(position + 1);
-            }
-            for pool in &lease.pools {
-                store
-                    .entry(pool.key.clone())
-                    .or_default()
-                    .insert(&lease.id, now + ttl_ms, weight);
-            }
-        }
-        renewed
+        self.state().line.leave(waiter_id);
     }
 
     pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> u64 {
-        let mut store = self.pools();
+        let mut state = self.state();
         let mut released = 0;
         for lease in leases {
             let mut present = false;
             for pool in &lease.pools {
-                if let Some(entry) = store.get_mut(&pool.key) {
-                    present |= entry.remove(&lease.id);
+                if let Some(entry) = state.pools.get_mut(&pool.key) {
+                    if let Some(weight) = entry.leases.remove(&lease.id) {
+                        entry.used -= weight;
+                        present = true;
+                    }
                     if entry.leases.is_empty() {
-                        store.remove(&pool.key);
+                        state.pools.remove(&pool.key);
                     }
                 }
             }
@@ -281,41 +151,33 @@ impl MemoryBackend {
     }
 
     pub fn count(&self, pool_key: &str) -> u64 {
-        let now = self.now_ms();
-        let mut store = self.pools();
-        let Some(pool) = store.get_mut(pool_key) else {
-            return 0;
-        };
-        pool.purge(now);
-        let used = pool.used;
-        if pool.leases.is_empty() {
-            store.remove(pool_key);
-        }
-        used
+        self.state().pools.get(pool_key).map_or(0, |pool| pool.used)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::Store;
+
+    fn pool(name: &str, key: &str, capacity: u64, role: PoolRole) -> Pool {
+        Pool {
+            name: name.into(),
+            key: key.into(),
+            capacity,
+            role,
+        }
+    }
 
     fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {
         vec![
-            Pool {
-                name: "per_user".into(),
-                key: "u".into(),
-                capacity: user_cap,
-            },
-            Pool {
-                name: "global".into(),
-                key: "g".into(),
-                capacity: global_cap,
-            },
+            pool("per_user", "u", user_cap, PoolRole::Own),
+            pool("global", "g", global_cap, PoolRole::Shared),
         ]
     }
 
     fn lease_in(pools: &[Pool], weight: u32) -> Arc<LeaseRecord> {
-        Arc::new(LeaseRecord::new(pools.to_vec(), weight))
+        Arc::new(LeaseRecord::new(pools.to_vec(), weight, Store::Main))
     }
 
     #[test]
@@ -323,14 +185,14 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(2, 0);
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), 10_000, None),
+            store.acquire(&lease_in(&p, 1), None),
             AcquireOutcome::Granted(vec![1, 1])
         );
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), 10_000, None),
+            store.acquire(&lease_in(&p, 1), None),
             AcquireOutcome::Granted(vec![2, 2])
         );
-        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), 10_000, None) else {
+        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), None) else {
             panic!("a third lease must be refused")
         };
         assert_eq!((&*r.limit, r.capacity, r.current), ("per_user", 2, 2));
@@ -338,22 +200,14 @@ mod tests {
         assert_eq!(store.count("g"), 2);
         // A refusal by a full global pool creates no per-user pool.
         let other = vec![
-            Pool {
-                name: "per_user".into(),
-                key: "u2".into(),
-                capacity: 2,
-            },
-            Pool {
-                name: "global".into(),
-                key: "g".into(),
-                capacity: 2,
-            },
+            pool("per_user", "u2", 2, PoolRole::Own),
+            pool("global", "g", 2, PoolRole::Shared),
         ];
         assert!(matches!(
-            store.acquire(&lease_in(&other, 1), 10_000, None),
+            store.acquire(&lease_in(&other, 1), None),
             AcquireOutcome::Rejected(_)
         ));
-        assert!(!store.pools().contains_key("u2"));
+        assert!(!store.state().pools.contains_key("u2"));
     }
 
     #[test]
@@ -361,66 +215,24 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(5, 4);
         assert!(matches!(
-            store.acquire(&lease_in(&p, 3), 10_000, None),
+            store.acquire(&lease_in(&p, 3), None),
             AcquireOutcome::Granted(_)
         ));
         assert!(matches!(
-            store.acquire(&lease_in(&p, 2), 10_000, None),
+            store.acquire(&lease_in(&p, 2), None),
             AcquireOutcome::Rejected(_)
         ));
         assert_eq!(store.count("u"), 3);
     }
 
     #[test]
-    fn expired_leases_free_and_come_back_only_where_there_is_room() {
-        let store = MemoryBackend::default();
-        let p = pools(1, 0);
-        let held = lease_in(&p, 1);
-        assert!(matches!(
-            store.acquire(&held, 0, None),
-            AcquireOutcome::Granted(_)
-        ));
-        assert_eq!(store.count("u"), 0);
-        // Expired but the pool has room: renewal takes it back.
-        let renewed = store.renew(std::slice::from_ref(&held), 10_000);
-        assert_eq!(
-            renewed,
-            Renewed {
-                lost: vec![],
-                reclaimed: vec![1]
-            }
-        );
-        assert_eq!(store.count("u"), 1);
-        // Expired and someone else took the slot: lost, and not re-added.
-        store.release(std::slice::from_ref(&held));
-        assert!(matches!(
-            store.acquire(&held, 0, None),
-            AcquireOutcome::Granted(_)
-        ));
-        assert!(matches!(
-            store.acquire(&lease_in(&p, 1), 10_000, None),
-            AcquireOutcome::Granted(_)
-        ));
-        assert_eq!(
-            store.renew(&[held], 10_000),
-            Renewed {
-                lost: vec![1],
-                reclaimed: vec![]
-            }
-        );
-        assert_eq!(store.count("u"), 1);
-    }
-
-    #[test]
-    fn release_is_idempotent() {
+    fn release_is_idempotent_and_leaves_no_pool_behind() {
         let store = MemoryBackend::default();
         let held = lease_in(&pools(0, 0), 2);
-        assert!(matches!(
-            store.acquire(&held, 10_000, None),
-            AcquireOutcome::Granted(_)
-        ));
+        assert!(matches!(store.acquire(&held, None), AcquireOutcome::Granted(_)));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);
         assert_eq!(store.count("g"), 0);
+        assert!(store.state().pools.is_empty());
     }
 }

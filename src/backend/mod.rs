@@ -1,13 +1,16 @@
-//! Where pools live: the embedded in-memory store or Redis (standalone or cluster). Both give the
-//! same answers; the manager talks to them only through `Backend`.
+//! Where pools live: the embedded in-memory store or Redis (standalone, cluster or behind
+//! Sentinel). Both give the same answers; the rest of the core talks to them only through
+//! `Backend`.
 
-pub mod memory;
-pub mod redis;
+mod memory;
+mod redis;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::errors::{CoreError, CoreResult, Rejection};
-use crate::lease::LeaseRecord;
+use crate::errors::{CoreResult, Rejection};
+use crate::keys::LineKeys;
+use crate::lease::{LeaseRecord, Store};
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
@@ -46,16 +49,6 @@ pub enum AcquireOutcome {
     Wait(u64),
 }
 
-/// The first-come-first-served line of a manager's shared pools, and the channel on which a
-/// release wakes the waiters of every process.
-#[derive(Debug, Clone)]
-pub struct Line {
-    /// The line (waiter ids by ticket), the liveness of the processes with waiters (by expiry),
-    /// the ticket counter.
-    pub keys: [String; 3],
-    pub channel: String,
-}
-
 /// One caller waiting in line; it must call again within `ttl_ms` or be dropped from the line.
 #[derive(Debug)]
 pub struct Waiter {
@@ -66,44 +59,31 @@ pub struct Waiter {
 /// How an acquire stands to the line: a waiter in it, or a newcomer who must not jump it.
 #[derive(Debug, Clone, Copy)]
 pub struct InLine<'a> {
-    pub line: &'a Line,
+    pub line: &'a LineKeys,
     pub waiter: Option<&'a Waiter>,
 }
 
-/// What one check of leases, one by one, found (positions in the batch).
-#[derive(Debug, Default, PartialEq)]
-pub struct Renewed {
-    /// 1-based positions of the leases found gone with no room to take them back.
-    pub lost: Vec<usize>,
-    /// 1-based positions of the leases found gone and taken back.
-    pub reclaimed: Vec<usize>,
+/// The leases of one holders key (one hash tag) that this process keeps alive together, and the
+/// members granted to them since the group formed (Redis checks that none is missing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    pub holders: String,
+    pub granted: u64,
 }
 
-/// The leases of one group (one holders key), fetched only when a round needs them one by one.
-pub type LeasesOf<'a> = &'a (dyn Fn(&str) -> Vec<Arc<LeaseRecord>> + Sync);
-
-/// What a renewal round found. Groups whose calls failed are not renewed: their deadlines decide.
+/// What the calls of one renewal round found. Groups whose calls failed are not renewed: their
+/// deadlines decide.
 #[derive(Default)]
-pub struct RenewRound {
+pub struct RoundReport {
     /// Holders keys of the groups kept alive (their remaining leases all extended).
     pub renewed: Vec<String>,
     /// Found gone and taken back.
     pub reclaimed: Vec<Arc<LeaseRecord>>,
     /// Found gone with no room to take them back (now removed everywhere).
     pub lost: Vec<Arc<LeaseRecord>>,
-    pub failures: Vec<CoreError>,
+    pub failures: Vec<crate::errors::CoreError>,
     /// Whether any call got an answer (for the circuit breaker).
     pub answered: bool,
-}
-
-impl RenewRound {
-    /// Files the leases of one batch checked one by one under what the store said about them.
-    pub fn record(&mut self, batch: &[Arc<LeaseRecord>], checked: &Renewed) {
-        self.answered = true;
-        let at = |position: &usize| batch.get(position.wrapping_sub(1)).map(Arc::clone);
-        self.lost.extend(checked.lost.iter().filter_map(at));
-        self.reclaimed.extend(checked.reclaimed.iter().filter_map(at));
-    }
 }
 
 pub enum Backend {
@@ -112,6 +92,20 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Opens the backend a URL names (nothing is connected yet).
+    pub fn open(url: &str, redis_timeout: std::time::Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
+        match url.split_once("://").map(|(scheme, _)| scheme) {
+            Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
+            Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel") => {
+                RedisBackend::new(url, redis_timeout, ca_pem).map(|redis| Backend::Redis(Box::new(redis)))
+            }
+            _ => Err(crate::errors::CoreError::InvalidInput(format!(
+                "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port or redis+sentinel://host:port,host:port/master_name",
+                redis::redact(url)
+            ))),
+        }
+    }
+
     /// Whether a script call must stay within one cluster slot.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Backend::Redis(r) if r.is_cluster())
@@ -137,24 +131,22 @@ impl Backend {
         in_line: Option<InLine<'_>>,
     ) -> CoreResult<AcquireOutcome> {
         match self {
-            Backend::Memory(m) => Ok(m.acquire(lease, ttl_ms, in_line)),
+            Backend::Memory(m) => Ok(m.acquire(lease, in_line)),
             Backend::Redis(r) => r.acquire(lease, ttl_ms, in_line).await,
         }
     }
 
-    /// Keeps this process's waiters alive in the line (`waiter_ids`: every waiter it has).
-    pub async fn heartbeat(&self, line: &Line, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+    /// Keeps this process's waiters alive in the line (`waiter_ids`: every waiter it has). The
+    /// embedded store's waiters live and die with the process: nothing to do.
+    pub async fn heartbeat(&self, line: &LineKeys, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
         match self {
-            Backend::Memory(m) => {
-                m.heartbeat(waiter_ids, ttl_ms);
-                Ok(())
-            }
+            Backend::Memory(_) => Ok(()),
             Backend::Redis(r) => r.heartbeat(line, waiter_ids, ttl_ms).await,
         }
     }
 
     /// Takes a waiter out of the line (idempotent).
-    pub async fn leave(&self, line: &Line, waiter_id: &str) -> CoreResult<()> {
+    pub async fn leave(&self, line: &LineKeys, waiter_id: &str) -> CoreResult<()> {
         match self {
             Backend::Memory(m) => {
                 m.leave(waiter_id);
@@ -164,34 +156,57 @@ impl Backend {
         }
     }
 
-    /// Keeps every lease of the groups alive for `ttl_ms` more (the embedded store lease by
-    /// lease, Redis with one keep-alive per group), taking back those found gone where capacity
-    /// allows. A group is its holders key and the members granted to it that this process knows
-    /// of (Redis checks that none is missing).
-    pub async fn renew(
+    /// Calls `woken` for every wake-up that a release in any process publishes, until the
+    /// subscription breaks (the caller listens again). The embedded store's releases happen in
+    /// this process, which wakes its waiters itself; a cluster has no node to subscribe to, so
+    /// its waiters rely on their periodic check. Both never return.
+    pub async fn listen(&self, line: &LineKeys, woken: impl Fn()) -> CoreResult<()> {
+        match self {
+            Backend::Memory(_) => std::future::pending().await,
+            Backend::Redis(r) => r.listen(line, woken).await,
+        }
+    }
+
+    /// Keeps the groups alive for `ttl_ms` more: those kept go to `report.renewed`; returns the
+    /// groups whose leases must be checked one by one (`reclaim`). With `resync`, first brings
+    /// each group's count of granted members up to `granted` (its leases were just checked).
+    /// The embedded store keeps what it holds until released: every group is kept.
+    pub async fn keepalive(
         &self,
-        groups: &[(String, u64)],
-        leases_of: LeasesOf<'_>,
+        groups: &[Group],
+        resync: bool,
         ttl_ms: u64,
         period_ms: u64,
-    ) -> RenewRound {
+        report: &mut RoundReport,
+    ) -> Vec<Group> {
         match self {
-            Backend::Memory(m) => {
-                let mut round = RenewRound::default();
-                for (holders, _) in groups {
-                    let leases = leases_of(holders);
-                    round.record(&leases, &m.renew(&leases, ttl_ms));
-                    round.renewed.push(holders.clone());
-                }
-                round
+            Backend::Memory(_) => {
+                report.answered = true;
+                report.renewed.extend(groups.iter().map(|g| g.holders.clone()));
+                Vec::new()
             }
-            Backend::Redis(r) => r.renew(groups, leases_of, ttl_ms, period_ms).await,
+            Backend::Redis(r) => r.keepalive_all(groups, resync, ttl_ms, period_ms, report).await,
+        }
+    }
+
+    /// Checks leases one by one: those gone are taken back where capacity allows
+    /// (`report.reclaimed`), else removed everywhere (`report.lost`). Returns the holders keys
+    /// whose check failed. Only Redis ever reports a group to check.
+    pub async fn reclaim(
+        &self,
+        leases: &[Arc<LeaseRecord>],
+        ttl_ms: u64,
+        report: &mut RoundReport,
+    ) -> HashSet<String> {
+        match self {
+            Backend::Memory(_) => HashSet::new(),
+            Backend::Redis(r) => r.reclaim(leases, ttl_ms, report).await,
         }
     }
 
     /// Removes the leases of one batch (idempotent) and wakes the line's waiters in every
     /// process; returns how many leases were still there.
-    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&Line>) -> CoreResult<u64> {
+    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&LineKeys>) -> CoreResult<u64> {
         match self {
             Backend::Memory(m) => Ok(m.release(leases)),
             Backend::Redis(r) => r.release(leases, line).await,
@@ -207,34 +222,57 @@ impl Backend {
     }
 }
 
+/// The manager's backend, and the local floor that admits while it is down.
+pub struct Stores {
+    main: Backend,
+    fallback: Backend,
+}
+
+impl Stores {
+    pub fn new(main: Backend) -> Self {
+        Stores {
+            main,
+            fallback: Backend::Memory(MemoryBackend::default()),
+        }
+    }
+
+    pub fn get(&self, store: Store) -> &Backend {
+        match store {
+            Store::Main => &self.main,
+            Store::Fallback => &self.fallback,
+        }
+    }
+
+    pub fn main(&self) -> &Backend {
+        &self.main
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Pool;
+    use crate::keys::{Pool, PoolRole};
+
+    fn lease_in(key: String, weight: u32) -> Arc<LeaseRecord> {
+        let pool = Pool {
+            name: "global".into(),
+            key,
+            capacity: 0,
+            role: PoolRole::Shared,
+        };
+        Arc::new(LeaseRecord::new(vec![pool], weight, Store::Main))
+    }
 
     #[test]
     fn batches_bound_the_members_per_call() {
-        let pool = Pool {
-            name: "global".into(),
-            key: "k".into(),
-            capacity: 0,
-        };
-        let lease = |weight| Arc::new(LeaseRecord::new(vec![pool.clone()], weight));
-        let leases: Vec<_> = (0..2500).map(|_| lease(1)).collect();
+        let leases: Vec<_> = (0..2500).map(|_| lease_in("k".into(), 1)).collect();
         let sizes: Vec<usize> = batches(&leases, false).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, vec![1000, 1000, 500]);
-        let heavy: Vec<_> = (0..25).map(|_| lease(100)).collect();
+        let heavy: Vec<_> = (0..25).map(|_| lease_in("k".into(), 100)).collect();
         let heavy_sizes: Vec<usize> = batches(&heavy, false).iter().map(|b| b.len()).collect();
         assert_eq!(heavy_sizes, vec![10, 10, 5]);
         assert!(batches(&[], true).is_empty());
-        let tagged = |tag: &str| {
-            let pool = Pool {
-                name: "per_user".into(),
-                key: format!("{{{tag}}}:user"),
-                capacity: 0,
-            };
-            Arc::new(LeaseRecord::new(vec![pool], 1))
-        };
+        let tagged = |tag: &str| lease_in(format!("{{{tag}}}:user"), 1);
         let spread = vec![tagged("a"), tagged("a"), tagged("b")];
         let sizes: Vec<usize> = batches(&spread, true).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, vec![2, 1]);

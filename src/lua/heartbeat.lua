@@ -3,16 +3,17 @@
 -- (an acquire cancelled while its call was in flight re-entered the line after leaving it) is
 -- taken out when two heartbeats in a row miss it: a waiter whose first call ran between this
 -- process listing its waiters and this script is listed by the next heartbeat.
--- KEYS[1]: the liveness of the processes that have waiters (sorted set: holder id by expiry in
--- ms; KEYS[1]:<holder id> is the set of that process's waiters, KEYS[1]:<holder id>:stray those
--- the last heartbeat missed); KEYS[2]: the line.
+-- KEYS[1]: the line; KEYS[2]: the liveness of the processes that have waiters (sorted set:
+-- holder id by expiry in ms; KEYS[2]:<holder id> is the set of that process's waiters,
+-- KEYS[2]:<holder id>:stray those the last heartbeat missed).
 -- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
 -- Returns the number of waiters taken out.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mine = KEYS[1] .. ':' .. ARGV[2]
+local line, alive = KEYS[1], KEYS[2]
+local mine = alive .. ':' .. ARGV[2]
 local missed_before = mine .. ':stray'
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2])
+redis.call('ZADD', alive, 'XX', now + tonumber(ARGV[1]), ARGV[2])
 local taken_out = 0
 if redis.call('SCARD', mine) > #ARGV - 2 then
   local live = {}
@@ -27,7 +28,7 @@ if redis.call('SCARD', mine) > #ARGV - 2 then
   for _, waiter in ipairs(redis.call('SMEMBERS', mine)) do
     if not live[waiter] then
       if missed[waiter] then
-        redis.call('ZREM', KEYS[2], waiter)
+        redis.call('ZREM', line, waiter)
         redis.call('SREM', mine, waiter)
         taken_out = taken_out + 1
       else

@@ -1,16 +1,17 @@
-//! The leases this process holds, grouped the way they are kept alive: per holders key (one
-//! hash tag), apart for leases of the local fallback. A group shares one deadline, since one
-//! keep-alive (or one acquire) extends every lease in it at once; so the renewal loop's work per
-//! round grows with the number of groups, not of leases.
+//! The leases this process holds, grouped the way they are kept alive: per store and holders
+//! key (one hash tag). A group shares one deadline, since one keep-alive (or one acquire) extends
+//! every lease in it at once; so the renewal loop's work per round grows with the number of
+//! groups, not of leases.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::lease::LeaseRecord;
+use crate::backend::Group;
+use crate::lease::{LeaseRecord, Store};
 
 /// Leases kept alive together, and when the store drops them unless kept alive meanwhile.
 #[derive(Default)]
-struct Group {
+struct HeldGroup {
     leases: HashMap<String, Arc<LeaseRecord>>,
     /// `monotonic_ms` of the last successful acquire or keep-alive send, plus the lease duration.
     deadline_ms: u64,
@@ -19,17 +20,36 @@ struct Group {
     granted_units: u64,
 }
 
-/// Indexed by `LeaseRecord::local`: the main backend's groups, then the local fallback's.
+/// The deadline of leases their store never drops (the embedded stores).
+pub const NEVER: u64 = u64::MAX;
+
+/// Groups by holders key, per store.
 #[derive(Default)]
 pub struct Held {
-    sides: [HashMap<String, Group>; 2],
+    main: HashMap<String, HeldGroup>,
+    fallback: HashMap<String, HeldGroup>,
     count: usize,
 }
 
 impl Held {
-    /// Holds `record`, which the store keeps at least until `deadline_ms`.
+    fn side(&self, store: Store) -> &HashMap<String, HeldGroup> {
+        match store {
+            Store::Main => &self.main,
+            Store::Fallback => &self.fallback,
+        }
+    }
+
+    fn side_mut(&mut self, store: Store) -> &mut HashMap<String, HeldGroup> {
+        match store {
+            Store::Main => &mut self.main,
+            Store::Fallback => &mut self.fallback,
+        }
+    }
+
+    /// Holds `record`, which its store keeps at least until `deadline_ms`.
     pub fn insert(&mut self, record: Arc<LeaseRecord>, deadline_ms: u64) {
-        let group = self.sides[usize::from(record.local)]
+        let group = self
+            .side_mut(record.store)
             .entry(record.holders.clone())
             .or_default();
         group.deadline_ms = group.deadline_ms.max(deadline_ms);
@@ -41,7 +61,7 @@ impl Held {
 
     /// Counts a lease found gone and taken back, if it is still held.
     pub fn taken_back(&mut self, record: &LeaseRecord) {
-        if let Some(group) = self.sides[usize::from(record.local)].get_mut(&record.holders) {
+        if let Some(group) = self.side_mut(record.store).get_mut(&record.holders) {
             if group.leases.contains_key(&record.id) {
                 group.granted_units += record.units();
             }
@@ -50,7 +70,7 @@ impl Held {
 
     /// True if the lease was held.
     pub fn remove(&mut self, record: &LeaseRecord) -> bool {
-        let side = &mut self.sides[usize::from(record.local)];
+        let side = self.side_mut(record.store);
         let Some(group) = side.get_mut(&record.holders) else {
             return false;
         };
@@ -66,23 +86,26 @@ impl Held {
         self.count
     }
 
-    /// One side's groups: holders key and members granted.
-    pub fn groups(&self, local: bool) -> Vec<(String, u64)> {
-        self.sides[usize::from(local)]
+    /// One store's groups.
+    pub fn groups(&self, store: Store) -> Vec<Group> {
+        self.side(store)
             .iter()
-            .map(|(holders, group)| (holders.clone(), group.granted_units))
+            .map(|(holders, group)| Group {
+                holders: holders.clone(),
+                granted: group.granted_units,
+            })
             .collect()
     }
 
-    pub fn leases_of(&self, local: bool, holders: &str) -> Vec<Arc<LeaseRecord>> {
-        self.sides[usize::from(local)]
+    pub fn leases_of(&self, store: Store, holders: &str) -> Vec<Arc<LeaseRecord>> {
+        self.side(store)
             .get(holders)
             .map_or_else(Vec::new, |group| group.leases.values().cloned().collect())
     }
 
     /// Records that the store keeps a whole group at least until `deadline_ms`.
-    pub fn extend(&mut self, local: bool, holders: &str, deadline_ms: u64) {
-        if let Some(group) = self.sides[usize::from(local)].get_mut(holders) {
+    pub fn extend(&mut self, store: Store, holders: &str, deadline_ms: u64) {
+        if let Some(group) = self.side_mut(store).get_mut(holders) {
             group.deadline_ms = group.deadline_ms.max(deadline_ms);
         }
     }
@@ -92,7 +115,10 @@ impl Held {
     pub fn overdue(&self, now_ms: u64) -> (Vec<Arc<LeaseRecord>>, Option<u64>) {
         let mut overdue = Vec::new();
         let mut next: Option<u64> = None;
-        for group in self.sides.iter().flat_map(HashMap::values) {
+        for group in self.main.values().chain(self.fallback.values()) {
+            if group.deadline_ms == NEVER {
+                continue;
+            }
             if group.deadline_ms <= now_ms {
                 overdue.extend(group.leases.values().cloned());
             } else {
@@ -104,9 +130,9 @@ impl Held {
 
     pub fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
         self.count = 0;
-        self.sides
-            .iter_mut()
-            .flat_map(|side| side.drain())
+        self.main
+            .drain()
+            .chain(self.fallback.drain())
             .flat_map(|(_, group)| group.leases.into_values())
             .collect()
     }
@@ -115,41 +141,50 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Pool;
+    use crate::keys::{Pool, PoolRole};
 
-    fn lease(tag: &str, local: bool) -> Arc<LeaseRecord> {
+    fn lease(tag: &str, store: Store) -> Arc<LeaseRecord> {
         let pools = vec![Pool {
             name: "global".into(),
             key: format!("{{{tag}}}:global"),
             capacity: 0,
+            role: PoolRole::Shared,
         }];
-        Arc::new(if local {
-            LeaseRecord::local(pools, 1)
-        } else {
-            LeaseRecord::new(pools, 1)
-        })
+        Arc::new(LeaseRecord::new(pools, 1, store))
     }
 
     #[test]
     fn a_group_shares_one_deadline_and_vanishes_when_empty() {
         let mut held = Held::default();
-        let (a, b, c) = (lease("t", false), lease("t", false), lease("t", true));
+        let (a, b, c) = (
+            lease("t", Store::Main),
+            lease("t", Store::Main),
+            lease("t", Store::Fallback),
+        );
         held.insert(Arc::clone(&a), 100);
         held.insert(Arc::clone(&b), 150);
         held.insert(Arc::clone(&c), 500);
         assert_eq!(held.len(), 3);
-        assert_eq!(held.groups(false), vec![("{t}:holders".to_owned(), 2)]);
+        let group = |granted| Group {
+            holders: "{t}:holders".to_owned(),
+            granted,
+        };
+        assert_eq!(held.groups(Store::Main), vec![group(2)]);
         held.taken_back(&a);
-        assert_eq!(held.groups(false)[0].1, 3, "a lease taken back was granted again");
+        assert_eq!(
+            held.groups(Store::Main),
+            vec![group(3)],
+            "a lease taken back was granted again"
+        );
         let (overdue, next) = held.overdue(120);
         assert!(
             overdue.is_empty() && next == Some(150),
             "the later acquire extends the group"
         );
-        held.extend(false, "{t}:holders", 1000);
-        assert_eq!(held.overdue(600).0.len(), 1, "only the local group is overdue");
+        held.extend(Store::Main, "{t}:holders", 1000);
+        assert_eq!(held.overdue(600).0.len(), 1, "only the fallback group is overdue");
         assert!(held.remove(&a) && held.remove(&b) && !held.remove(&b));
-        assert_eq!(held.groups(false), vec![]);
+        assert_eq!(held.groups(Store::Main), vec![]);
         assert_eq!(held.drain().len(), 1);
         assert_eq!(held.len(), 0);
     }

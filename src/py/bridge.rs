@@ -81,11 +81,6 @@ impl LoopBridge {
             }
         }
     }
-
-    /// How many futures wait for a result (for tests: it must return to 0).
-    fn _pending(&self) -> usize {
-        lock(&self.pending).len()
-    }
 }
 
 /// Settles `future` unless it was cancelled; a dropped completion cleans up after itself.
@@ -98,10 +93,7 @@ fn settle(future: &Bound<'_, PyAny>, completion: Completion) {
     if done {
         return;
     }
-    let outcome = match completion
-        .map_err(|error| error.into_pyerr(py))
-        .and_then(|deliver| deliver(py))
-    {
+    let outcome = match completion.map_err(PyErr::from).and_then(|deliver| deliver(py)) {
         Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),
         Err(error) => future.call_method1(intern!(py, "set_exception"), (error.into_value(py),)),
     };
@@ -235,8 +227,21 @@ where
     Ok(future)
 }
 
+/// Runs `op` and hands its result to Python as an awaitable. Work on the embedded store never
+/// waits, so it finishes right here instead of taking a trip through the runtime.
+pub fn submit<'py, F>(py: Python<'py>, op: F, embedded: bool, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    if embedded {
+        ready(py, op.now_or_never().expect("the embedded store never waits"))
+    } else {
+        spawn(py, op, abortable)
+    }
+}
+
 /// An asyncio future already settled with `completion` (for work that never waits).
-pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
+fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
     let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
     settle(&future, completion);
     Ok(future)

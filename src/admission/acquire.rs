@@ -1,0 +1,278 @@
+//! Admitting a lease: from the main backend while it answers, waiting in line up to `wait` for
+//! shared capacity; when the backend does not answer (or the breaker is open), refused under
+//! `FailureMode::Closed`, or admitted against this process's local floor under `Open`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
+use super::{AcquireRequest, Manager};
+use crate::backend::{AcquireOutcome, InLine, Waiter};
+use crate::breaker::Permit;
+use crate::config::FailureMode;
+use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::keys::{check_identity, check_resource, Pool};
+use crate::lease::{monotonic_ms, LeaseRecord, Store};
+use crate::renewal::{LeaseHandle, Leases};
+
+/// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
+pub const MAX_WEIGHT: u32 = 100;
+
+/// A lease the store granted, not yet held: dropped unheld (its caller gave up, the manager
+/// closed), it is released.
+pub struct Granted {
+    record: Option<Arc<LeaseRecord>>,
+    deadline_ms: u64,
+    leases: Arc<Leases>,
+}
+
+impl Granted {
+    /// Holds the lease (the renewal loop keeps it alive from now on).
+    pub fn hold(mut self) -> CoreResult<LeaseHandle> {
+        let record = self.record.take().expect("a Granted is held once");
+        let held = self.leases.hold(Arc::clone(&record), self.deadline_ms);
+        if held.is_err() {
+            self.leases.release_in_background(&record);
+        }
+        held
+    }
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            self.leases.release_in_background(&record);
+        }
+    }
+}
+
+/// Leaves the line and gives back what an acquire may have taken, unless disarmed.
+struct Cleanup<'a> {
+    manager: &'a Arc<Manager>,
+    record: &'a Arc<LeaseRecord>,
+    waiter: Option<&'a Waiter>,
+    armed: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The script may have run before an error or a cancellation: release is idempotent.
+        self.manager.leases.release_in_background(self.record);
+        if let (Some(waiter), Some(line)) = (self.waiter, &self.manager.line) {
+            let (stores, line, id) = (Arc::clone(&self.manager.stores), line.clone(), waiter.id.clone());
+            crate::runtime::handle().spawn(async move { stores.main().leave(&line, &id).await });
+        }
+    }
+}
+
+/// This process's share of each cap while Redis is down (unlimited stays unlimited).
+fn local_floor(pools: &[Pool], workers: u64) -> Vec<Pool> {
+    pools
+        .iter()
+        .map(|pool| Pool {
+            capacity: pool.capacity.div_ceil(workers),
+            ..pool.clone()
+        })
+        .collect()
+}
+
+impl Manager {
+    /// Checks the request and returns the admission to await (cancelling it never leaves a slot
+    /// taken nor a place in line).
+    pub fn acquire(
+        self: &Arc<Self>,
+        request: AcquireRequest,
+    ) -> CoreResult<impl Future<Output = CoreResult<Granted>> + Send + 'static> {
+        let record = Arc::new(LeaseRecord::new(
+            self.pools_for(&request)?,
+            request.weight,
+            Store::Main,
+        ));
+        if self.leases.is_closed() {
+            return Err(CoreError::Closed);
+        }
+        self.start_here()?;
+        Ok(Arc::clone(self).admit(record, request.wait))
+    }
+
+    /// The pools a request takes, its own quota first; refuses what could never be granted.
+    fn pools_for(&self, request: &AcquireRequest) -> CoreResult<Vec<Pool>> {
+        let invalid = |message: String| CoreError::InvalidInput(message);
+        if let Some(identity) = &request.identity {
+            check_identity(identity).map_err(invalid)?;
+        }
+        for (name, capacity) in &request.resources {
+            check_resource(name, *capacity).map_err(invalid)?;
+        }
+        if request.identity.is_some() && !request.resources.is_empty() && !self.config.global_pool {
+            return Err(invalid(
+                "resources and a user_id in one acquire need the global pool's shared hash tag: drop global_pool=False".into(),
+            ));
+        }
+        let weight = request.weight;
+        let mut pools = self
+            .keys
+            .pools_for(request.identity.as_deref(), &request.resources);
+        if let (Some(cap), Some(_)) = (request.max_per_user, &request.identity) {
+            // A per-call cap (a paid tier, say): the user's pool is the same, only its limit moves.
+            pools[0].capacity = cap;
+        }
+        if let Some(pool) = pools
+            .iter()
+            .find(|p| p.capacity > 0 && u64::from(weight) > p.capacity)
+        {
+            return Err(invalid(format!(
+                "weight={weight} is more than the {} capacity of {}: such a lease could never be granted",
+                pool.name, pool.capacity
+            )));
+        }
+        Ok(pools)
+    }
+
+    async fn admit(self: Arc<Self>, record: Arc<LeaseRecord>, wait: Duration) -> CoreResult<Granted> {
+        let ttl_ms = self.config.lease_ms();
+        let deadline = Instant::now() + wait;
+        let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            ttl_ms: WAITER_TTL.as_millis() as u64,
+        });
+        if let (Some(_), Some(line)) = (&waiter, &self.line) {
+            self.local_line
+                .listen(&self.stores, &self.leases, line, &self.listener_stop);
+        }
+        let _present = waiter.as_ref().map(|w| self.local_line.arrive(&w.id));
+        let mut freed = self.leases.subscribe();
+        // Until disarmed, leaves the line and gives back what a call may have taken, however
+        // this future ends (an error, the wait running out, cancellation).
+        let mut cleanup = Cleanup {
+            manager: &self,
+            record: &record,
+            waiter: waiter.as_ref(),
+            armed: true,
+        };
+        // Set once in line: this process's earliest waiter speaks for all of its waiters.
+        let mut local_turn: Option<LocalTurn<'_>> = None;
+        loop {
+            if let Some(turn) = local_turn
+                .as_ref()
+                .filter(|t| !self.local_line.is_first(t.ticket))
+            {
+                tokio::select! {
+                    _ = turn.turn.notified() => continue,
+                    _ = tokio::time::sleep_until(deadline) => return Err(self.waited_too_long(&record, wait)),
+                }
+            }
+            freed.borrow_and_update();
+            let sent_at = monotonic_ms();
+            let unavailable = match self.breaker.admit() {
+                Permit::Go => {
+                    let in_line = self.line.as_ref().map(|line| InLine {
+                        line,
+                        waiter: waiter.as_ref(),
+                    });
+                    let outcome = self.stores.main().acquire(&record, ttl_ms, in_line).await;
+                    self.breaker.observe(&outcome);
+                    match outcome {
+                        Ok(AcquireOutcome::Wait(ticket)) => {
+                            // A waiter taken out of the shared line (its process was late to
+                            // keep it alive) came back with a later ticket: it takes that place
+                            // here too, so this process's order stays the shared line's.
+                            let placed = local_turn.as_ref().is_some_and(|t| t.ticket == ticket);
+                            if !placed && waiter.is_some() {
+                                drop(local_turn.take());
+                                local_turn = Some(self.local_line.join(ticket));
+                            }
+                            None
+                        }
+                        Ok(outcome) => {
+                            cleanup.armed = false;
+                            if waiter.is_some() {
+                                self.leases.wake(); // a grant from the line: the next may fit too
+                            }
+                            return self.settle(Arc::clone(&record), outcome, sent_at);
+                        }
+                        Err(CoreError::Unavailable(message)) => Some(CoreError::Unavailable(message)),
+                        Err(other) => return Err(other),
+                    }
+                }
+                Permit::Wait(left) => Some(CoreError::breaker_open(&self.describe(), left)),
+            };
+            if let Some(unavailable) = unavailable {
+                drop(cleanup);
+                return self.admit_locally(&record, unavailable, sent_at).await;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.waited_too_long(&record, wait));
+            }
+            // A release anywhere wakes us; the periodic check bounds a lost wake-up and keeps this
+            // process's waiters alive in the shared line.
+            if let (Some(line), true) = (&self.line, self.local_line.heartbeat_due()) {
+                let ids = self.local_line.ids();
+                let _ = self
+                    .stores
+                    .main()
+                    .heartbeat(line, &ids, WAITER_TTL.as_millis() as u64)
+                    .await;
+            }
+            tokio::select! {
+                _ = freed.changed() => {}
+                _ = tokio::time::sleep(RECHECK_WAITING.min(deadline - now)) => {}
+            }
+        }
+    }
+
+    /// Redis did not answer: refuse (`FailureMode::Closed`), or admit against this process's
+    /// share of each cap (`Open`).
+    async fn admit_locally(
+        &self,
+        record: &LeaseRecord,
+        unavailable: CoreError,
+        sent_at: u64,
+    ) -> CoreResult<Granted> {
+        if self.config.failure_mode == FailureMode::Closed {
+            return Err(unavailable);
+        }
+        let local = Arc::new(LeaseRecord::new(
+            local_floor(&record.pools, self.config.fallback_workers),
+            record.weight,
+            Store::Fallback,
+        ));
+        let fallback = self.stores.get(Store::Fallback);
+        let outcome = fallback.acquire(&local, self.config.lease_ms(), None).await?;
+        self.settle(local, outcome, sent_at)
+    }
+
+    /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
+    fn waited_too_long(&self, record: &LeaseRecord, waited: Duration) -> CoreError {
+        let pool = record.pools.get(record.own_pools).unwrap_or(&record.pools[0]);
+        CoreError::Rejected(Rejection {
+            limit: pool.name.clone(),
+            capacity: pool.capacity,
+            current: pool.capacity,
+            retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
+        })
+    }
+
+    fn settle(&self, record: Arc<LeaseRecord>, outcome: AcquireOutcome, sent_at: u64) -> CoreResult<Granted> {
+        match outcome {
+            AcquireOutcome::Granted(_) => Ok(Granted {
+                record: Some(record),
+                deadline_ms: sent_at + self.config.lease_ms(),
+                leases: Arc::clone(&self.leases),
+            }),
+            AcquireOutcome::Rejected(mut rejection) => {
+                record.mark_released();
+                rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
+                Err(CoreError::Rejected(rejection))
+            }
+            AcquireOutcome::Wait(_) => unreachable!("only a waiter is told to wait, and it loops"),
+        }
+    }
+}

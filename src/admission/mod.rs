@@ -1,0 +1,185 @@
+//! The manager's core: admits leases (`acquire.rs`), counts pools, reports its counters and
+//! closes. It owns the backend (shared with renewal), the circuit breaker, this process's side of
+//! the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain Rust: the binding
+//! (`py/manager.rs`) calls it and turns what it returns into Python objects.
+
+mod acquire;
+mod waiting;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+pub use self::acquire::MAX_WEIGHT;
+use self::waiting::LocalLine;
+use crate::backend::{Backend, Stores};
+use crate::breaker::{Breaker, Permit};
+use crate::config::Config;
+use crate::errors::{CoreError, CoreResult};
+use crate::keys::{check_identity, KeySpace, LineKeys};
+use crate::renewal::{Counters, Leases};
+
+/// What one acquire asks for; the binding has checked the types.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The user whose stream this is (None: resources only).
+    pub identity: Option<String>,
+    /// Named shared capacity: (name, capacity).
+    pub resources: Vec<(String, u64)>,
+    /// Slots taken in each pool.
+    pub weight: u32,
+    /// This call's cap on the user's own pool, in place of the configured one.
+    pub max_per_user: Option<u64>,
+    /// How long to wait in line for shared capacity.
+    pub wait: Duration,
+}
+
+/// Counters for monitoring.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub leases: Counters,
+    pub breaker_open: bool,
+    /// This process's waiters in line.
+    pub waiting: usize,
+}
+
+pub struct Manager {
+    config: Config,
+    keys: KeySpace,
+    stores: Arc<Stores>,
+    breaker: Arc<Breaker>,
+    /// The line of the shared pools (None without a global pool: nothing to wait for).
+    line: Option<LineKeys>,
+    local_line: LocalLine,
+    /// Stops the wake-up listener when the manager goes away (leases may outlive it).
+    listener_stop: CancellationToken,
+    leases: Arc<Leases>,
+    /// The process that first used this manager (0 = unused). Its connection and renewal loop
+    /// live in that process's runtime; a forked child must build its own manager.
+    used_in_pid: AtomicU32,
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.listener_stop.cancel();
+    }
+}
+
+impl Manager {
+    /// A manager on `backend`; nothing is connected or started until first use.
+    pub fn new(backend: Backend, config: Config) -> Self {
+        let keys = KeySpace::new(&config);
+        let line = keys.line();
+        let stores = Arc::new(Stores::new(backend));
+        let breaker = Arc::new(Breaker::default());
+        let leases = Arc::new(Leases::new(
+            Arc::clone(&stores),
+            Arc::clone(&breaker),
+            line.clone(),
+            config.lease_ms(),
+            config.renew_period(),
+            config.redis_timeout(),
+        ));
+        Manager {
+            config,
+            keys,
+            stores,
+            breaker,
+            line,
+            local_line: LocalLine::default(),
+            listener_stop: CancellationToken::new(),
+            leases,
+            used_in_pid: AtomicU32::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Where the leases live, without any password.
+    pub fn describe(&self) -> String {
+        self.stores.main().describe()
+    }
+
+    /// Whether every call finishes without waiting (the embedded store).
+    pub fn is_embedded(&self) -> bool {
+        self.stores.main().is_embedded()
+    }
+
+    /// Starts the renewal loop on first use, and refuses use in a process forked after it.
+    fn start_here(&self) -> CoreResult<()> {
+        let pid = std::process::id();
+        match self.used_in_pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                self.leases.start_keeper();
+                Ok(())
+            }
+            Err(owner) if owner == pid => Ok(()),
+            Err(owner) => Err(CoreError::Misuse(format!(
+                "this StreamLeaseManager was used in process {owner} before it forked into process {pid}; \
+                 build the manager in each worker (for example in the app's lifespan), or do not use it before forking"
+            ))),
+        }
+    }
+
+    /// Slots in use in one user's pool, or (None) in the global pool across every process.
+    pub fn count(
+        self: &Arc<Self>,
+        identity: Option<&str>,
+    ) -> CoreResult<impl Future<Output = CoreResult<u64>> + Send + 'static> {
+        let pool = match identity {
+            Some(identity) => {
+                check_identity(identity).map_err(CoreError::InvalidInput)?;
+                self.keys.user_pool(identity)
+            }
+            None => self.keys.global_pool().ok_or_else(|| {
+                CoreError::InvalidInput(
+                    "this manager keeps no global pool (global_pool=False): count one user's streams with get_active_count(user_id)".into(),
+                )
+            })?,
+        };
+        self.start_here()?;
+        let manager = Arc::clone(self);
+        Ok(async move {
+            if let Permit::Wait(left) = manager.breaker.admit() {
+                return Err(CoreError::breaker_open(&manager.describe(), left));
+            }
+            let count = manager.stores.main().count(&pool.key).await;
+            manager.breaker.observe(&count);
+            count
+        })
+    }
+
+    /// Stops renewal and releases every lease this process holds (one script call per 1,000,
+    /// a few in flight); the returned future finishes the work.
+    pub fn close(&self) -> impl Future<Output = CoreResult<()>> + Send + 'static {
+        let owner = self.used_in_pid.load(Ordering::Acquire);
+        let forked_copy = owner != 0 && owner != std::process::id();
+        // A forked copy only refuses new leases: those it lists belong to the parent, which
+        // still renews them.
+        let closed = if forked_copy {
+            self.leases.refuse_new();
+            None
+        } else {
+            Some(self.leases.close())
+        };
+        async move {
+            match closed {
+                Some(closed) => closed.await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            leases: self.leases.counters(),
+            breaker_open: self.breaker.is_open(),
+            waiting: self.local_line.len(),
+        }
+    }
+}

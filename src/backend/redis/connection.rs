@@ -1,0 +1,217 @@
+//! One multiplexed connection to Redis (standalone, cluster or behind Sentinel), opened lazily
+//! (the manager is built at import time, outside any event loop), and the mapping of redis-rs
+//! errors to what the user can act on. Every call, the connect included, is bounded by
+//! `redis_timeout`.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
+use tokio::sync::Mutex;
+
+use crate::errors::{CoreError, CoreResult};
+
+pub enum Endpoint {
+    Standalone(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
+    /// The sentinels and the name of the master they watch.
+    Sentinel(Box<Mutex<SentinelClient>>),
+}
+
+/// A cheap, clonable, multiplexed handle to either kind of deployment.
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+pub struct Link {
+    endpoint: Endpoint,
+    /// Opened on first use; behind Sentinel, dropped when the master fails so the next call
+    /// asks the sentinels for the new one.
+    connection: Mutex<Option<Connection>>,
+    /// The URL without its password, for error messages.
+    pub target: String,
+    timeout: Duration,
+}
+
+impl Link {
+    pub fn new(endpoint: Endpoint, target: String, timeout: Duration) -> Self {
+        Link {
+            endpoint,
+            connection: Mutex::new(None),
+            target,
+            timeout,
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Cluster(_))
+    }
+
+    /// The shared connection, opened on first use (retried on the next call if that failed).
+    async fn connection(&self) -> CoreResult<Connection> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let opened = match &self.endpoint {
+            Endpoint::Standalone(client) => self.manage(client.as_ref().clone()).await,
+            Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Endpoint::Sentinel(sentinel) => {
+                let master = sentinel.lock().await.async_get_client().await;
+                match master {
+                    Ok(master) => self.manage(master).await,
+                    Err(e) => Err(e),
+                }
+            }
+        }
+        .map_err(|e| self.error(&e))?;
+        *slot = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// A multiplexed connection that reconnects by itself, with our timeouts.
+    async fn manage(&self, client: redis::Client) -> redis::RedisResult<Connection> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map(Connection::Standalone)
+    }
+
+    /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
+    /// whole of it is bounded by `redis_timeout`.
+    pub async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+        let call = async {
+            let mut connection = self.connection().await?;
+            invocation.invoke_async(&mut connection).await.map_err(|e| {
+                // Behind Sentinel a dead or demoted master means asking the sentinels again.
+                if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
+                    self.forget_master();
+                }
+                self.error(&e)
+            })
+        };
+        let outcome = tokio::time::timeout(self.timeout, call).await;
+        if outcome.is_err() {
+            self.forget_master();
+        }
+        outcome.map_err(|_| self.timed_out())?
+    }
+
+    fn forget_master(&self) {
+        if matches!(self.endpoint, Endpoint::Sentinel(_)) {
+            if let Ok(mut slot) = self.connection.try_lock() {
+                *slot = None;
+            }
+        }
+    }
+
+    /// A connection of its own for a subscription (it blocks), bounded by `redis_timeout`;
+    /// None on a cluster, which has no single node to subscribe to.
+    pub async fn subscribe(&self, channel: &str) -> CoreResult<Option<redis::aio::PubSub>> {
+        let client = match &self.endpoint {
+            Endpoint::Standalone(client) => client.as_ref().clone(),
+            Endpoint::Sentinel(sentinel) => sentinel
+                .lock()
+                .await
+                .async_get_client()
+                .await
+                .map_err(|e| self.error(&e))?,
+            Endpoint::Cluster(_) => return Ok(None),
+        };
+        let subscribe = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        tokio::time::timeout(self.timeout, subscribe)
+            .await
+            .map_err(|_| self.timed_out())?
+            .map(Some)
+            .map_err(|e| self.error(&e))
+    }
+
+    fn timed_out(&self) -> CoreError {
+        CoreError::Unavailable(format!(
+            "Redis at {} did not answer within {:.3} s; check that it is running and reachable, or raise LeaseConfig(redis_timeout=...)",
+            self.target,
+            self.timeout.as_secs_f64()
+        ))
+    }
+
+    /// Maps a redis-rs error to what the user can act on.
+    fn error(&self, err: &redis::RedisError) -> CoreError {
+        let target = &self.target;
+        if err.is_timeout() {
+            return CoreError::Unavailable(format!(
+                "Redis at {target} did not answer in time ({err}); check that it is running and not overloaded, or raise LeaseConfig(redis_timeout=...)"
+            ));
+        }
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::MasterNameNotFoundBySentinel | redis::ErrorKind::NoValidReplicasFoundBySentinel
+        ) {
+            return CoreError::Unavailable(format!(
+                "the sentinels of {target} name no reachable master ({err}); a failover may be under way"
+            ));
+        }
+        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+            return CoreError::Unavailable(format!(
+                "cannot reach Redis at {target} ({err}); check the URL and that the server is running"
+            ));
+        }
+        // A failed AUTH during the handshake has a kind but no server code.
+        let code = match err.kind() {
+            redis::ErrorKind::AuthenticationFailed => Some("NOAUTH"),
+            _ => err.code(),
+        };
+        let hint = match code {
+            Some("NOAUTH") | Some("WRONGPASS") => {
+                "; put the right user and password in the URL (redis://user:password@host:port)"
+            }
+            Some("WRONGTYPE") => {
+                "; another program uses keys under this key_prefix: choose another LeaseConfig(key_prefix=...)"
+            }
+            Some("READONLY") => "; the URL points at a replica: point it at the master",
+            Some("CROSSSLOT") => "; this is a bug in fastapi_stream_lease's key layout, please report it",
+            _ => "",
+        };
+        CoreError::Backend(format!("Redis at {target} answered with an error: {err}{hint}"))
+    }
+}

@@ -1,0 +1,207 @@
+//! Redis, standalone, cluster or behind Sentinel: the script calls. The connection is in
+//! `connection.rs`, URLs in `url.rs`, the renewal round's calls in `keepalive.rs`, the scripts
+//! in `scripts.rs` (their text in `src/lua/`; keys and states in `docs/design.md`).
+
+mod connection;
+mod keepalive;
+mod scripts;
+mod url;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::{Script, ScriptInvocation};
+
+use self::connection::Link;
+pub use self::url::redact;
+use super::{AcquireOutcome, InLine};
+use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::keys::{self, LineKeys};
+use crate::lease::LeaseRecord;
+
+/// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
+const HOLDER_IDS: u64 = 1 << 48;
+
+/// The acquire script's reply codes (`lua/prelude.lua`).
+const REFUSED: u64 = 0;
+const GRANTED: u64 = 1;
+const WAIT: u64 = 2;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub struct RedisBackend {
+    link: Link,
+    /// This manager's holder id: it scores its leases in every pool and keeps them alive with
+    /// one entry per hash tag (see `docs/design.md`).
+    holder: u64,
+    /// Where each tag's keep-alive goes on refreshing the holder's pools (absent: from the start).
+    cursors: Mutex<HashMap<String, String>>,
+}
+
+impl RedisBackend {
+    pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
+        Ok(RedisBackend {
+            link: url::open(url, timeout, ca_pem)?,
+            holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
+                % (HOLDER_IDS - 1),
+            cursors: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.link.is_cluster()
+    }
+
+    pub fn target(&self) -> &str {
+        &self.link.target
+    }
+
+    pub async fn acquire(
+        &self,
+        lease: &LeaseRecord,
+        ttl_ms: u64,
+        in_line: Option<InLine<'_>>,
+    ) -> CoreResult<AcquireOutcome> {
+        let pools = &lease.pools;
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for pool in pools {
+            invocation.key(&pool.key);
+        }
+        invocation.key(&lease.holders);
+        let waiter = in_line.and_then(|l| l.waiter);
+        invocation
+            .arg(&lease.id)
+            .arg(ttl_ms)
+            .arg(lease.weight)
+            .arg(waiter.map_or("", |w| w.id.as_str()))
+            .arg(waiter.map_or(0, |w| w.ttl_ms))
+            .arg(u8::from(in_line.is_some()))
+            .arg(in_line.map_or("", |l| l.line.channel.as_str()))
+            .arg(lease.own_pools)
+            .arg(self.holder);
+        if let Some(in_line) = in_line {
+            line_keys(&mut invocation, in_line.line);
+            invocation.key(&in_line.line.tickets);
+        }
+        for pool in pools {
+            invocation.arg(pool.capacity);
+        }
+        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        match reply.as_slice() {
+            [GRANTED, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
+            [WAIT, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
+            [REFUSED, index, current, retry_after_ms] => {
+                let pool = pools
+                    .get((*index as usize).wrapping_sub(1))
+                    .ok_or_else(|| unexpected_reply("acquire", &reply))?;
+                Ok(AcquireOutcome::Rejected(Rejection {
+                    limit: pool.name.clone(),
+                    capacity: pool.capacity,
+                    current: *current,
+                    retry_after_ms: *retry_after_ms,
+                }))
+            }
+            _ => Err(unexpected_reply("acquire", &reply)),
+        }
+    }
+
+    pub async fn leave(&self, line: &LineKeys, waiter_id: &str) -> CoreResult<()> {
+        let mut invocation = scripts::LEAVE.prepare_invoke();
+        line_keys(&mut invocation, line);
+        invocation.arg(waiter_id).arg(self.holder);
+        self.link.run::<u64>(&invocation).await.map(drop)
+    }
+
+    /// One write keeps all of this process's waiters in line; `waiter_ids` (every waiter it
+    /// has) lets the script take out any it no longer has.
+    pub async fn heartbeat(&self, line: &LineKeys, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+        let mut invocation = scripts::HEARTBEAT.prepare_invoke();
+        line_keys(&mut invocation, line);
+        invocation.arg(ttl_ms).arg(self.holder).arg(waiter_ids);
+        self.link.run::<u64>(&invocation).await.map(drop)
+    }
+
+    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&LineKeys>) -> CoreResult<u64> {
+        let invocation = batch_invocation(&scripts::RELEASE, leases, false, |invocation| {
+            match line {
+                Some(line) => invocation.key(&line.line).arg(&line.channel),
+                None => invocation.arg(""),
+            };
+            invocation.arg(self.holder);
+        });
+        self.link.run(&invocation).await
+    }
+
+    /// Calls `woken` for every wake-up published on the line's channel, until the subscription
+    /// breaks (the caller subscribes again). A cluster never returns: no node to subscribe to.
+    pub async fn listen(&self, line: &LineKeys, woken: impl Fn()) -> CoreResult<()> {
+        let Some(mut pubsub) = self.link.subscribe(&line.channel).await? else {
+            return std::future::pending().await;
+        };
+        let mut messages = pubsub.on_message();
+        while messages.next().await.is_some() {
+            woken();
+        }
+        Ok(())
+    }
+
+    pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
+        let mut invocation = scripts::COUNT.prepare_invoke();
+        invocation.key(pool_key).key(keys::holders_key(pool_key));
+        self.link.run(&invocation).await
+    }
+}
+
+/// The line's keys in the order every script takes them: the line, then the liveness of the
+/// processes with waiters.
+fn line_keys(invocation: &mut ScriptInvocation<'_>, line: &LineKeys) {
+    invocation.key(&line.line).key(&line.alive);
+}
+
+/// A batched call (reclaim, release). KEYS: each distinct pool and holders key once, in order
+/// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id,
+/// weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each followed by the
+/// pool's capacity, `with_capacity`).
+fn batch_invocation<'a>(
+    script: &'a Script,
+    leases: &[Arc<LeaseRecord>],
+    with_capacity: bool,
+    lead: impl FnOnce(&mut ScriptInvocation<'a>),
+) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    let mut key_index: HashMap<&str, usize> = HashMap::new();
+    let keys = leases
+        .iter()
+        .flat_map(|l| l.pools.iter().map(|p| p.key.as_str()).chain([l.holders.as_str()]));
+    for key in keys {
+        if !key_index.contains_key(key) {
+            key_index.insert(key, key_index.len() + 1);
+            invocation.key(key);
+        }
+    }
+    lead(&mut invocation);
+    for lease in leases {
+        invocation
+            .arg(&lease.id)
+            .arg(lease.weight)
+            .arg(key_index[lease.holders.as_str()])
+            .arg(lease.pools.len());
+        for pool in &lease.pools {
+            invocation.arg(key_index[pool.key.as_str()]);
+            if with_capacity {
+                invocation.arg(pool.capacity);
+            }
+        }
+    }
+    invocation
+}
+
+fn unexpected_reply(script: &str, reply: &dyn std::fmt::Debug) -> CoreError {
+    CoreError::Backend(format!(
+        "unexpected reply {reply:?} from the {script} script; is another version of fastapi_stream_lease using the same key_prefix?"
+    ))
+}

@@ -1,0 +1,118 @@
+//! Arguments from Python: their types checked, with errors that say how to fix them. Value rules
+//! that do not depend on Python (identities, resources) are the core's.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+/// Caps above this are bugs, not limits.
+const MAX_CAPACITY: i64 = 1_000_000_000;
+
+pub fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The value, unless absent or None.
+pub fn given<'a, 'py>(value: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+    value.filter(|v| !v.is_none())
+}
+
+pub fn seconds(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<f64> {
+    let Some(value) = given(value) else {
+        return Ok(default);
+    };
+    if value.is_instance_of::<PyBool>()
+        || !(value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>())
+    {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be a number of seconds (int or float), got {} {}",
+            type_name(value),
+            value.repr()?
+        )));
+    }
+    let seconds: f64 = value.extract()?;
+    if !seconds.is_finite() {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be finite, got {seconds}"
+        )));
+    }
+    Ok(seconds)
+}
+
+/// Seconds to wait in line: 0 (refuse at once) to an hour.
+pub fn wait_seconds(value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<f64> {
+    let seconds = seconds("wait_timeout", value, default)?;
+    if !(0.0..=3600.0).contains(&seconds) {
+        return Err(PyValueError::new_err(format!(
+            "wait_timeout={seconds} is out of range: use 0 (refuse at once) to 3600 seconds"
+        )));
+    }
+    Ok(seconds)
+}
+
+/// A cap: 0 (no limit) to `MAX_CAPACITY`.
+pub fn capacity(name: &str, value: Option<&Bound<'_, PyAny>>, default: u64) -> PyResult<u64> {
+    let Some(value) = given(value) else {
+        return Ok(default);
+    };
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {} {}",
+            type_name(value),
+            value.repr()?
+        )));
+    }
+    let n: i64 = value
+        .extract()
+        .map_err(|_| PyValueError::new_err(format!("{name} is too large: use at most {MAX_CAPACITY}")))?;
+    if !(0..=MAX_CAPACITY).contains(&n) {
+        return Err(PyValueError::new_err(format!(
+            "{name}={n} is out of range: use 0 (no limit) to {MAX_CAPACITY}"
+        )));
+    }
+    Ok(n as u64)
+}
+
+/// A per-call cap, if given.
+pub fn optional_capacity(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    given(value).map(|v| capacity(name, Some(v), 0)).transpose()
+}
+
+/// Slots per pool: 1 to `max`.
+pub fn weight(value: Option<&Bound<'_, PyAny>>, max: u32) -> PyResult<u32> {
+    let Some(weight) = given(value) else {
+        return Ok(1);
+    };
+    if weight.is_instance_of::<PyBool>() || !weight.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "weight must be an int, got {}",
+            weight.repr()?
+        )));
+    }
+    match weight.extract::<i64>() {
+        Ok(w) if (1..=i64::from(max)).contains(&w) => Ok(w as u32),
+        _ => Err(PyValueError::new_err(format!(
+            "weight={} is out of range: use 1 to {max} slots",
+            weight.repr()?
+        ))),
+    }
+}
+
+/// A user id: a str (the core checks its length).
+pub fn identity(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    let Some(user_id) = given(value) else {
+        return Ok(None);
+    };
+    let Ok(text) = user_id.cast::<PyString>() else {
+        return Err(PyTypeError::new_err(format!(
+            "user_id must be a str, got {} {}: pass str(...) if your ids are numbers",
+            type_name(user_id),
+            user_id.repr()?
+        )));
+    };
+    Ok(Some(text.to_str()?.to_owned()))
+}

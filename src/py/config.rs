@@ -1,0 +1,285 @@
+//! `LeaseConfig`: every knob, checked once at construction with errors that say how to fix them.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use super::args::{self, type_name};
+use crate::config::{Config, FailureMode, OnLost};
+
+const MIN_LEASE_SECONDS: f64 = 1.0;
+const MAX_LEASE_SECONDS: f64 = 86_400.0;
+const MAX_PREFIX_LEN: usize = 128;
+
+/// Limits and timings of a `StreamLeaseManager`. Immutable; validated when built.
+#[pyclass(frozen, eq, module = "fastapi_stream_lease")]
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseConfig {
+    pub config: Config,
+}
+
+#[pymethods]
+impl LeaseConfig {
+    #[new]
+    #[pyo3(signature = (
+        lease_seconds = None,
+        max_per_user = None,
+        max_global = None,
+        key_prefix = None,
+        *,
+        global_pool = true,
+        renew_every = None,
+        redis_timeout = None,
+        wait_timeout = None,
+        retry_after = None,
+        on_lost = None,
+        failure_mode = None,
+        fallback_workers = None,
+        identity_secret = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        lease_seconds: Option<&Bound<'_, PyAny>>,
+        max_per_user: Option<&Bound<'_, PyAny>>,
+        max_global: Option<&Bound<'_, PyAny>>,
+        key_prefix: Option<&Bound<'_, PyAny>>,
+        global_pool: bool,
+        renew_every: Option<&Bound<'_, PyAny>>,
+        redis_timeout: Option<&Bound<'_, PyAny>>,
+        wait_timeout: Option<&Bound<'_, PyAny>>,
+        retry_after: Option<&Bound<'_, PyAny>>,
+        on_lost: Option<&Bound<'_, PyAny>>,
+        failure_mode: Option<&Bound<'_, PyAny>>,
+        fallback_workers: Option<&Bound<'_, PyAny>>,
+        identity_secret: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let lease_seconds = args::seconds("lease_seconds", lease_seconds, 30.0)?;
+        if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease_seconds) {
+            return Err(PyValueError::new_err(format!(
+                "lease_seconds={lease_seconds} is out of range: use {MIN_LEASE_SECONDS} to {MAX_LEASE_SECONDS} seconds (a lease is how long a slot survives a dead holder; 10 to 60 is typical)"
+            )));
+        }
+        let renew_every = args::seconds("renew_every", renew_every, lease_seconds / 3.0)?;
+        if !(renew_every > 0.0 && renew_every <= lease_seconds / 2.0) {
+            return Err(PyValueError::new_err(format!(
+                "renew_every={renew_every} must be above 0 and at most lease_seconds / 2 = {} so a lease is renewed at least twice before it expires; leave it unset for lease_seconds / 3",
+                lease_seconds / 2.0
+            )));
+        }
+        let redis_timeout = args::seconds("redis_timeout", redis_timeout, 1.0)?;
+        if !(0.001..=60.0).contains(&redis_timeout) {
+            return Err(PyValueError::new_err(format!(
+                "redis_timeout={redis_timeout} is out of range: use 0.001 to 60 seconds (it bounds every Redis call)"
+            )));
+        }
+        let retry_after = args::seconds("retry_after", retry_after, 5.0)?;
+        if !(1.0..=3600.0).contains(&retry_after) {
+            return Err(PyValueError::new_err(format!(
+                "retry_after={retry_after} is out of range: use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
+            )));
+        }
+        let config = Config {
+            lease_seconds,
+            max_per_user: args::capacity("max_per_user", max_per_user, 3)?,
+            max_global: match (global_pool, args::capacity("max_global", max_global, 1000)?) {
+                (true, limit) => limit,
+                (false, _) if args::given(max_global).is_none() => 0,
+                (false, 0) => 0,
+                (false, _) => {
+                    return Err(PyValueError::new_err(
+                        "max_global needs the global pool: drop global_pool=False, or max_global",
+                    ))
+                }
+            },
+            global_pool,
+            key_prefix: prefix_field(key_prefix)?,
+            renew_every,
+            redis_timeout,
+            wait_timeout: args::wait_seconds(wait_timeout, 0.0)?,
+            retry_after,
+            on_lost: choice_field(
+                "on_lost",
+                on_lost,
+                &[("cancel", OnLost::Cancel), ("continue", OnLost::Continue)],
+            )?,
+            failure_mode: choice_field(
+                "failure_mode",
+                failure_mode,
+                &[("closed", FailureMode::Closed), ("open", FailureMode::Open)],
+            )?,
+            fallback_workers: match args::capacity("fallback_workers", fallback_workers, 1)? {
+                0 => return Err(PyValueError::new_err("fallback_workers must be at least 1")),
+                n => n,
+            },
+            identity_secret: secret_field(identity_secret)?,
+        };
+        Ok(LeaseConfig { config })
+    }
+
+    #[getter]
+    fn lease_seconds(&self) -> f64 {
+        self.config.lease_seconds
+    }
+
+    #[getter]
+    fn max_per_user(&self) -> u64 {
+        self.config.max_per_user
+    }
+
+    #[getter]
+    fn max_global(&self) -> u64 {
+        self.config.max_global
+    }
+
+    /// Keep a pool across every user (`max_global`, `get_active_count()`). Without it, each
+    /// user's keys get a hash tag of their own and spread across Redis Cluster shards.
+    #[getter]
+    fn global_pool(&self) -> bool {
+        self.config.global_pool
+    }
+
+    #[getter]
+    fn key_prefix(&self) -> &str {
+        &self.config.key_prefix
+    }
+
+    #[getter]
+    fn renew_every(&self) -> f64 {
+        self.config.renew_every
+    }
+
+    #[getter]
+    fn redis_timeout(&self) -> f64 {
+        self.config.redis_timeout
+    }
+
+    /// How long an acquire waits in line for shared capacity (global) before it is refused.
+    #[getter]
+    fn wait_timeout(&self) -> f64 {
+        self.config.wait_timeout
+    }
+
+    /// Upper bound of the `Retry-After` given with a rejection (sooner if a slot frees sooner).
+    #[getter]
+    fn retry_after(&self) -> f64 {
+        self.config.retry_after
+    }
+
+    /// What a lost lease does to its stream: `"cancel"` ends it with `LeaseLost`, `"continue"`
+    /// only records it (`lease.lost`).
+    #[getter]
+    fn on_lost(&self) -> &'static str {
+        match self.config.on_lost {
+            OnLost::Cancel => "cancel",
+            OnLost::Continue => "continue",
+        }
+    }
+
+    /// When Redis is unreachable: `"closed"` refuses new streams (503), `"open"` admits them
+    /// against this process's share of the caps (`fallback_workers`).
+    #[getter]
+    fn failure_mode(&self) -> &'static str {
+        match self.config.failure_mode {
+            FailureMode::Closed => "closed",
+            FailureMode::Open => "open",
+        }
+    }
+
+    /// Worker processes sharing the caps; under `failure_mode="open"` each enforces its share.
+    #[getter]
+    fn fallback_workers(&self) -> u64 {
+        self.config.fallback_workers
+    }
+
+    fn __repr__(&self) -> String {
+        let c = &self.config;
+        format!(
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
+            c.lease_seconds,
+            c.max_per_user,
+            c.max_global,
+            if c.global_pool { "True" } else { "False" },
+            c.key_prefix,
+            c.renew_every,
+            c.redis_timeout,
+            c.wait_timeout,
+            c.retry_after,
+            self.on_lost(),
+            self.failure_mode(),
+            c.fallback_workers,
+            if c.identity_secret.is_empty() { "None" } else { "'***'" },
+        )
+    }
+}
+
+fn prefix_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    let Some(value) = args::given(value) else {
+        return Ok("stream_lease".into());
+    };
+    let Ok(prefix) = value.cast::<PyString>() else {
+        return Err(PyTypeError::new_err(format!(
+            "key_prefix must be a str, got {} {}",
+            type_name(value),
+            value.repr()?
+        )));
+    };
+    let prefix = prefix.to_str()?.to_owned();
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        return Err(PyValueError::new_err(format!(
+            "key_prefix must be 1 to {MAX_PREFIX_LEN} bytes long, got {} bytes",
+            prefix.len()
+        )));
+    }
+    if let Some(bad) = prefix
+        .chars()
+        .find(|c| matches!(c, '{' | '}') || c.is_whitespace() || c.is_control())
+    {
+        return Err(PyValueError::new_err(format!(
+            "key_prefix {prefix:?} contains {bad:?}: braces are added by the library (Redis Cluster hash tags) and whitespace is not allowed; use letters, digits, ':', '_', '-' or '.'"
+        )));
+    }
+    Ok(prefix)
+}
+
+/// One of `choices`, by name; the first is the default.
+fn choice_field<T: Copy>(name: &str, value: Option<&Bound<'_, PyAny>>, choices: &[(&str, T)]) -> PyResult<T> {
+    let Some(value) = args::given(value) else {
+        return Ok(choices[0].1);
+    };
+    let given = value.cast::<PyString>().ok().map(|s| s.to_string());
+    match choices
+        .iter()
+        .find(|(choice, _)| given.as_deref() == Some(*choice))
+    {
+        Some((_, chosen)) => Ok(*chosen),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(choice, _)| *choice).collect();
+            Err(PyValueError::new_err(format!(
+                "{name} must be one of {names:?}, got {}",
+                value.repr()?
+            )))
+        }
+    }
+}
+
+fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
+    let Some(value) = args::given(value) else {
+        return Ok(Vec::new());
+    };
+    let secret = if let Ok(s) = value.cast::<PyString>() {
+        s.to_str()?.as_bytes().to_vec()
+    } else if let Ok(b) = value.cast::<PyBytes>() {
+        b.as_bytes().to_vec()
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "identity_secret must be str or bytes, got {}",
+            type_name(value)
+        )));
+    };
+    if secret.is_empty() {
+        return Err(PyValueError::new_err(
+            "identity_secret is empty: pass None for no secret, or at least 16 random bytes",
+        ));
+    }
+    Ok(secret)
+}

@@ -1,0 +1,50 @@
+//! The one conversion of core errors into the Python exception hierarchy (defined in
+//! `fastapi_stream_lease/errors.py`, all under `StreamLeaseError`).
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use crate::errors::{retry_after_seconds, CoreError};
+
+impl From<CoreError> for PyErr {
+    fn from(error: CoreError) -> PyErr {
+        Python::attach(|py| {
+            let class = |name: &str| error_class(py, name);
+            let made = match &error {
+                CoreError::Rejected(r) => class("StreamLeaseRejected").and_then(|cls| {
+                    cls.call1((
+                        error.to_string(),
+                        &*r.limit,
+                        r.capacity,
+                        r.current,
+                        retry_after_seconds(r.retry_after_ms),
+                    ))
+                }),
+                CoreError::Unavailable(m) => class("BackendUnavailable").and_then(|c| c.call1((m,))),
+                CoreError::Backend(m) => class("BackendError").and_then(|c| c.call1((m,))),
+                CoreError::InvalidInput(m) => return PyValueError::new_err(m.clone()),
+                CoreError::Closed => class("ManagerClosed").and_then(|c| c.call1((error.to_string(),))),
+                CoreError::Misuse(m) => return PyRuntimeError::new_err(m.clone()),
+                CoreError::Panic(_) => return PyRuntimeError::new_err(error.to_string()),
+            };
+            match made {
+                Ok(exc) => PyErr::from_value(exc),
+                Err(e) => e,
+            }
+        })
+    }
+}
+
+/// The exception classes live in Python (they carry `as_response()`); look each up once.
+fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let module =
+        MODULE.get_or_try_init(py, || py.import("fastapi_stream_lease.errors").map(Bound::unbind))?;
+    module
+        .bind(py)
+        .getattr(name)?
+        .cast_into::<PyType>()
+        .map_err(|_| PyTypeError::new_err(format!("fastapi_stream_lease.errors.{name} is not a class")))
+}

@@ -1,0 +1,78 @@
+//! The core handle behind the Python `Lease` (`fastapi_stream_lease/lease.py`), which adds
+//! `wrap()` and the lost watch. Dropped without a release, it frees its slot.
+
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+
+use super::bridge;
+use crate::renewal::LeaseHandle as CoreHandle;
+
+/// A slot held in every pool of one acquire, renewed by the manager until released.
+#[pyclass(frozen, module = "fastapi_stream_lease._core")]
+pub struct LeaseHandle {
+    handle: CoreHandle,
+    /// Embedded leases are released at once: their awaitables are settled on the spot.
+    embedded: bool,
+}
+
+impl LeaseHandle {
+    pub fn new(handle: CoreHandle, embedded: bool) -> Self {
+        LeaseHandle { handle, embedded }
+    }
+}
+
+#[pymethods]
+impl LeaseHandle {
+    /// Random id of this lease (the member stored in each pool).
+    #[getter]
+    fn lease_id(&self) -> &str {
+        &self.handle.record().id
+    }
+
+    /// Slots this lease takes in each pool.
+    #[getter]
+    fn weight(&self) -> u32 {
+        self.handle.record().weight
+    }
+
+    /// True once renewal found the lease gone from the store.
+    #[getter]
+    fn lost(&self) -> bool {
+        self.handle.record().is_lost()
+    }
+
+    /// True once `release()` ran (or the manager was closed).
+    #[getter]
+    fn released(&self) -> bool {
+        self.handle.record().is_released()
+    }
+
+    /// Releases the lease now; the awaitable resolves to True if the store still had it.
+    fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let release = self.handle.release();
+        let op = async move {
+            let removed = release.await?;
+            Ok(
+                Box::new(move |py: Python<'_>| Ok(PyBool::new(py, removed).to_owned().into_any().unbind()))
+                    as bridge::Delivery,
+            )
+        };
+        bridge::submit(py, op, self.embedded, false)
+    }
+
+    /// Starts the release without waiting for it; True if this call released the lease.
+    fn release_nowait(&self) -> bool {
+        self.handle.release_nowait()
+    }
+
+    /// Resolves when the lease is lost (never, if it is released first). Cancelling the
+    /// awaitable stops the wait.
+    fn wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let lost = self.handle.lost();
+        let wait = async move {
+            lost.await;
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
+        };
+        bridge::spawn(py, wait, true)
+    }
+}

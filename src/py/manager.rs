@@ -1,0 +1,140 @@
+//! `_core.Manager`, the core behind `StreamLeaseManager`: arguments in, awaitables out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::args;
+use super::bridge::{self, Delivery};
+use super::config::LeaseConfig;
+use super::lease::LeaseHandle;
+use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
+use crate::backend::Backend;
+
+#[pyclass(frozen, module = "fastapi_stream_lease._core")]
+pub struct Manager {
+    core: Arc<admission::Manager>,
+}
+
+#[pymethods]
+impl Manager {
+    #[new]
+    #[pyo3(signature = (url, config, tls_ca_file = None))]
+    fn new(url: &str, config: PyRef<'_, LeaseConfig>, tls_ca_file: Option<&str>) -> PyResult<Self> {
+        let config = config.config.clone();
+        let ca_pem = tls_ca_file
+            .map(|path| {
+                std::fs::read(path).map_err(|e| {
+                    PyValueError::new_err(format!(
+                        "cannot read tls_ca_file {path:?} ({e}): pass the path of the PEM file of the CA that signed Redis' certificate"
+                    ))
+                })
+            })
+            .transpose()?;
+        let backend = Backend::open(url, config.redis_timeout(), ca_pem)?;
+        Ok(Manager {
+            core: Arc::new(admission::Manager::new(backend, config)),
+        })
+    }
+
+    #[getter]
+    fn config(&self) -> LeaseConfig {
+        LeaseConfig {
+            config: self.core.config().clone(),
+        }
+    }
+
+    /// Where the leases live, without any password.
+    #[getter]
+    fn backend(&self) -> String {
+        self.core.describe()
+    }
+
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None))]
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: Option<&Bound<'py, PyAny>>,
+        weight: Option<&Bound<'py, PyAny>>,
+        max_per_user: Option<&Bound<'py, PyAny>>,
+        wait_timeout: Option<&Bound<'py, PyAny>>,
+        resources: Option<Vec<(String, u64)>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = AcquireRequest {
+            identity: args::identity(user_id)?,
+            resources: resources.unwrap_or_default(),
+            weight: args::weight(weight, MAX_WEIGHT)?,
+            max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
+            wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),
+        };
+        if request.identity.is_none() && request.resources.is_empty() {
+            return Err(PyTypeError::new_err(
+                "pass a user_id (a stream) or resources (shared capacity), or both",
+            ));
+        }
+        let waits = !request.wait.is_zero();
+        let acquired = self.core.acquire(request)?;
+        let embedded = self.core.is_embedded();
+        let op = async move {
+            let granted = acquired.await?;
+            // Held only once delivered on the loop thread, so a result nobody receives (loop
+            // gone, future cancelled) is released, not kept alive.
+            Ok(Box::new(move |py: Python<'_>| {
+                let handle = granted.hold()?;
+                Ok(Py::new(py, LeaseHandle::new(handle, embedded))?.into_any())
+            }) as Delivery)
+        };
+        // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
+        // does not wait runs to completion, so it can give back what it took.
+        if waits {
+            bridge::spawn(py, op, true)
+        } else {
+            bridge::submit(py, op, embedded, false)
+        }
+    }
+
+    #[pyo3(signature = (user_id = None))]
+    fn count<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let counted = self.core.count(args::identity(user_id)?.as_deref())?;
+        let op = async move {
+            let count = counted.await?;
+            Ok(Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind())) as Delivery)
+        };
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
+    /// Stops renewal and releases every lease this process holds (one script call per 1,000,
+    /// a few in flight).
+    fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let closed = self.core.close();
+        let op = async move {
+            closed.await?;
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Delivery)
+        };
+        // Waits for the renewal loop and in-flight releases, so never finishes inline.
+        bridge::spawn(py, op, false)
+    }
+
+    /// Counters for monitoring: leases held by this process, lost and taken back so far, failed
+    /// renewal calls, whether the manager is closed and the breaker open, and this process's
+    /// waiters in line.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.core.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("held", stats.leases.held)?;
+        dict.set_item("lost", stats.leases.lost)?;
+        dict.set_item("reclaimed", stats.leases.reclaimed)?;
+        dict.set_item("renew_failures", stats.leases.renew_failures)?;
+        dict.set_item("closed", stats.leases.closed)?;
+        dict.set_item("breaker_open", stats.breaker_open)?;
+        dict.set_item("waiting", stats.waiting)?;
+        Ok(dict)
+    }
+}

@@ -1,0 +1,20 @@
+//! The Python binding: the only code that touches PyO3. It checks arguments, calls the core and
+//! turns what the core returns into Python objects and awaitables.
+
+mod args;
+mod bridge;
+mod config;
+mod errors;
+mod lease;
+mod manager;
+
+use pyo3::prelude::*;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<config::LeaseConfig>()?;
+    m.add_class::<lease::LeaseHandle>()?;
+    m.add_class::<manager::Manager>()?;
+    m.add_class::<bridge::LoopBridge>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! The leases this process holds: holding them, keeping them alive (one loop per manager,
+//! `keeper.rs`, running rounds, `round.rs`), finding those lost (`sweep.rs`) and releasing them.
+//! Nothing here calls back into admission: it learns of slots that free through `subscribe()`.
+
+mod handle;
+mod held;
+mod keeper;
+mod round;
+mod sweep;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::{stream, FutureExt, StreamExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use self::handle::LeaseHandle;
+use self::held::{Held, NEVER};
+use crate::backend::{batches, Stores};
+use crate::breaker::Breaker;
+use crate::errors::{CoreError, CoreResult};
+use crate::keys::LineKeys;
+use crate::lease::{LeaseRecord, Store};
+use crate::runtime;
+
+/// Release script calls in flight at once when releasing many leases (each up to 1,000).
+const RELEASE_CALLS_IN_FLIGHT: usize = 4;
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Counters for monitoring.
+#[derive(Debug, Clone, Copy)]
+pub struct Counters {
+    /// Leases this process holds.
+    pub held: usize,
+    /// Leases found lost, and taken back, so far.
+    pub lost: u64,
+    pub reclaimed: u64,
+    /// Renewal calls that failed.
+    pub renew_failures: u64,
+    pub closed: bool,
+}
+
+pub struct Leases {
+    stores: Arc<Stores>,
+    breaker: Arc<Breaker>,
+    /// Waiters to wake in every process when a release frees a slot (None: nobody waits).
+    line: Option<LineKeys>,
+    ttl_ms: u64,
+    period: Duration,
+    redis_timeout: Duration,
+    held: Mutex<Held>,
+    /// Leases to take out of the store again: their release failed, or they were lost (a holder
+    /// that comes back would otherwise keep their members alive). Retried every round.
+    unremoved: Mutex<Vec<Arc<LeaseRecord>>>,
+    /// Releases in flight, so `close()` can wait for them.
+    releases: TaskTracker,
+    stop: CancellationToken,
+    keeper: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    /// Bumped whenever a slot may have freed (a release here, or one published anywhere).
+    freed: watch::Sender<u64>,
+    lost: AtomicU64,
+    reclaimed: AtomicU64,
+    renew_failures: AtomicU64,
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Leases {
+    pub fn new(
+        stores: Arc<Stores>,
+        breaker: Arc<Breaker>,
+        line: Option<LineKeys>,
+        ttl_ms: u64,
+        period: Duration,
+        redis_timeout: Duration,
+    ) -> Self {
+        Leases {
+            stores,
+            breaker,
+            line,
+            ttl_ms,
+            period,
+            redis_timeout,
+            held: Mutex::new(Held::default()),
+            unremoved: Mutex::new(Vec::new()),
+            releases: TaskTracker::new(),
+            stop: CancellationToken::new(),
+            keeper: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            freed: watch::Sender::new(0),
+            lost: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            renew_failures: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts the renewal loop (once, by the process that uses the manager).
+    pub fn start_keeper(self: &Arc<Self>) {
+        *lock(&self.keeper) = Some(keeper::start(self));
+    }
+
+    /// Holds a granted lease, which its store keeps at least until `deadline_ms` (the embedded
+    /// stores never drop one). Refused once the manager is closed.
+    pub fn hold(self: &Arc<Self>, record: Arc<LeaseRecord>, deadline_ms: u64) -> CoreResult<LeaseHandle> {
+        let mut held = lock(&self.held);
+        // Checked under the lock that close() drains, so no lease slips past a close.
+        if self.is_closed() {
+            return Err(CoreError::Closed);
+        }
+        let deadline_ms = if self.stores.get(record.store).is_embedded() {
+            NEVER
+        } else {
+            deadline_ms
+        };
+        held.insert(Arc::clone(&record), deadline_ms);
+        Ok(LeaseHandle::new(record, Arc::clone(self)))
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the lease released, stops renewing it and starts removing it from its store, all
+    /// before returning, so no cancellation can undo it. Resolves to whether the store still
+    /// had it; None if it was already released.
+    pub fn release(
+        self: &Arc<Self>,
+        record: &Arc<LeaseRecord>,
+    ) -> Option<impl Future<Output = CoreResult<bool>> + Send + 'static> {
+        if !record.mark_released() {
+            return None;
+        }
+        lock(&self.held).remove(record);
+        let leases = Arc::clone(self);
+        let record = Arc::clone(record);
+        let embedded = self.stores.get(record.store).is_embedded();
+        let release = async move {
+            let line = match record.store {
+                Store::Main => leases.line.as_ref(),
+                Store::Fallback => None,
+            };
+            let released = leases
+                .stores
+                .get(record.store)
+                .release(std::slice::from_ref(&record), line)
+                .await;
+            if released.is_err() {
+                lock(&leases.unremoved).push(Arc::clone(&record));
+            }
+            leases.wake();
+            released.map(|n| n > 0)
+        };
+        // The embedded store never waits: done now. Redis: on the runtime, whoever awaits.
+        Some(if embedded {
+            futures_util::future::ready(release.now_or_never().expect("the memory backend never waits"))
+                .left_future()
+        } else {
+            let task = runtime::handle().spawn(self.releases.track_future(release));
+            async move {
+                task.await
+                    .map_err(|e| CoreError::Panic(format!("release task failed: {e}")))?
+            }
+            .right_future()
+        })
+    }
+
+    /// Starts the release without waiting for it; true if this call released the lease.
+    pub fn release_in_background(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
+        self.release(record).is_some()
+    }
+
+    /// Releases many leases, in batched script calls, a few in flight.
+    async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
+        let mut releases = Vec::new();
+        for store in [Store::Fallback, Store::Main] {
+            let backend = self.stores.get(store);
+            let mut of_store: Vec<_> = leases.iter().filter(|l| l.store == store).cloned().collect();
+            if backend.is_cluster() {
+                // Each batch stays within one slot.
+                of_store.sort_unstable_by(|a, b| a.hash_tag().cmp(b.hash_tag()));
+            }
+            let line = if store == Store::Main {
+                self.line.as_ref()
+            } else {
+                None
+            };
+            let batches: Vec<Vec<_>> = batches(&of_store, backend.is_cluster())
+                .into_iter()
+                .map(<[_]>::to_vec)
+                .collect();
+            releases.extend(
+                batches
+                    .into_iter()
+                    .map(move |batch| async move { backend.release(&batch, line).await }),
+            );
+        }
+        // A few calls at a time: each call's timeout then covers its own work, not a queue of
+        // a hundred others (closing a manager that holds 100,000 leases).
+        let released: Vec<_> = stream::iter(releases)
+            .buffer_unordered(RELEASE_CALLS_IN_FLIGHT)
+            .collect()
+            .await;
+        released.into_iter().sum()
+    }
+
+    /// Stops renewal and releases every lease held; the returned future finishes the work
+    /// (waiting for the loop, the releases and those already in flight).
+    pub fn close(self: &Arc<Self>) -> impl Future<Output = CoreResult<()>> + Send + 'static {
+        self.refuse_new();
+        self.stop.cancel();
+        let keeper = lock(&self.keeper).take();
+        let held: Vec<Arc<LeaseRecord>> = lock(&self.held)
+            .drain()
+            .into_iter()
+            .filter(|record| record.mark_released())
+            .collect();
+        let leases = Arc::clone(self);
+        async move {
+            if let Some(keeper) = keeper {
+                let _ = keeper.await;
+            }
+            let released = leases.release_all(&held).await;
+            leases.releases.close();
+            let _ = tokio::time::timeout(leases.redis_timeout, leases.releases.wait()).await;
+            released.map(drop)
+        }
+    }
+
+    /// Refuses to hold any new lease (the manager is closed).
+    pub fn refuse_new(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Wakes this process's waiters: a slot may have freed.
+    pub fn wake(&self) {
+        self.freed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever a slot may have freed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.freed.subscribe()
+    }
+
+    pub fn counters(&self) -> Counters {
+        Counters {
+            held: lock(&self.held).len(),
+            lost: self.lost.load(Ordering::Relaxed),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            renew_failures: self.renew_failures.load(Ordering::Relaxed),
+            closed: self.is_closed(),
+        }
+    }
+}
