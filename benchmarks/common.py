@@ -40,16 +40,12 @@ REDIS_PY_POOL_SIZE = 64
 # How long a helper process may stay silent before the benchmark gives up on it.
 CHILD_TIMEOUT_S = 120.0
 LUA_DIR = BENCH_DIR.parent / "src" / "lua"
-# Scripts that src/scripts.rs builds with the holders prelude (lua/holders.lua) in front.
-WITH_HOLDERS_PRELUDE = ("acquire", "keepalive", "reclaim", "count")
 
 
 def core_script(name: str) -> bytes:
-    """The text of one of the core's Lua scripts as src/scripts.rs builds it."""
-    source = (LUA_DIR / f"{name}.lua").read_bytes()
-    if name in WITH_HOLDERS_PRELUDE:
-        return (LUA_DIR / "holders.lua").read_bytes() + source
-    return source
+    """The text of one of the core's Lua scripts as src/backend/redis/scripts.rs builds it: the
+    prelude (lua/prelude.lua) in front of each."""
+    return (LUA_DIR / "prelude.lua").read_bytes() + (LUA_DIR / f"{name}.lua").read_bytes()
 
 H = TypeVar("H")
 

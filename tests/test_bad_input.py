@@ -9,6 +9,7 @@ import pytest
 from fastapi_stream_lease import (
     BackendUnavailable,
     LeaseConfig,
+    Resource,
     StreamLeaseError,
     StreamLeaseManager,
 )
@@ -143,3 +144,12 @@ def test_max_global_needs_the_global_pool():
     assert LeaseConfig(global_pool=False).max_global == 0
     with pytest.raises(ValueError, match="max_global needs the global pool"):
         LeaseConfig(global_pool=False, max_global=10)
+
+
+async def test_a_resource_cannot_pose_as_the_users_own_quota():
+    # Its refusals would read as the user's own quota (429, never waiting): the name is reserved.
+    manager = StreamLeaseManager(url="memory://")
+    with pytest.raises(ValueError, match="reserved for each user's own quota"):
+        await manager.acquire(None, resources=[Resource(1, "per_user")])
+    assert manager.stats()["held"] == 0
+    await manager.aclose()

@@ -151,11 +151,12 @@ async def test_a_dead_holder_is_reaped_by_the_next_acquire(redis_server, redis_c
 
 
 def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):
-    # The script as src/scripts.rs builds it, run twice with the same lease id (what a client
-    # does when it resends a call whose reply was lost), against a pool of capacity 1.
+    # The script as src/backend/redis/scripts.rs builds it, run twice with the same lease id
+    # (what a client does when it resends a call whose reply was lost), against a pool of
+    # capacity 1.
     lua = Path(__file__).resolve().parent.parent / "src" / "lua"
     acquire = redis_client.register_script(
-        (lua / "holders.lua").read_text() + (lua / "acquire.lua").read_text()
+        (lua / "prelude.lua").read_text() + (lua / "acquire.lua").read_text()
     )
     keys = [global_pool(key_prefix), holders(key_prefix)]
     # lease, ttl, weight, no waiter, no line, own pools 0, holder, capacity 1

@@ -1,14 +1,34 @@
-"""``Lease``: a slot held in every pool of one acquire, and the stream tied to it."""
+"""``Lease``: a slot held in every pool of one acquire, and the work tied to it.
+
+A lease ties a stream (``wrap()``) or a block (``StreamLeaseManager.lease()``) to its slot: the
+slot is released however the work ends, and under ``on_lost="cancel"`` a lost lease ends the
+work the way ``asyncio.timeout`` ends work when time is up. The core resolves the handle's
+``wait_lost()`` when the renewal loop finds the lease gone (or its deadline passes without a
+renewal); if the task is inside a guarded section at that moment, it is cancelled, and the
+cancellation becomes :class:`LeaseLost` at the section's edge. Outside a section, the next
+section refuses to start.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar
 
+from starlette.concurrency import iterate_in_threadpool
+
 from ._core import LeaseHandle
-from ._wrap import wrap_stream
+from .errors import LeaseLost, StreamLeaseError
 
 T = TypeVar("T")
+log = logging.getLogger("fastapi_stream_lease")
+
+LOST_MESSAGE = (
+    "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
+    "a restart or an eviction) and its slot was taken meanwhile"
+)
 
 
 class Lease:
@@ -54,12 +74,100 @@ class Lease:
         """Starts the release without waiting for it; True if this call released the lease."""
         return self._handle.release_nowait()
 
-    def wrap(self, stream: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
-        """Wraps a stream (async or sync iterable) in an async generator that releases this
-        lease when the stream ends, raises, is cancelled or is closed (client disconnect).
-        Under ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`."""
-        return wrap_stream(self, stream)
+    async def wrap(self, stream: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
+        """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
+        stream ends, raises, is cancelled or is closed (client disconnect). Under
+        ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`, even while it
+        waits for its next item.
+
+        Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
+        away, so its ``finally`` is the one place release must happen.
+        """
+        source: AsyncIterable[T] = (
+            stream if isinstance(stream, AsyncIterable) else iterate_in_threadpool(iter(stream))
+        )
+        items = aiter(source)
+        watch = LostWatch(self)
+        try:
+            while True:
+                with watch.guarded():
+                    try:
+                        item = await anext(items)
+                    except StopAsyncIteration:
+                        return
+                yield item
+        finally:
+            watch.close()
+            try:
+                await self._release_quietly()
+            finally:
+                close = getattr(source, "aclose", None)
+                if close is not None:
+                    await close()
+
+    @asynccontextmanager
+    async def _held(self) -> AsyncIterator[Lease]:
+        """Holds the lease for an ``async with`` block (``StreamLeaseManager.lease()``)."""
+        watch = LostWatch(self)
+        try:
+            with watch.guarded():
+                yield self
+        finally:
+            watch.close()
+            await self._release_quietly()
+
+    async def _release_quietly(self) -> None:
+        # The release starts before the first await, so a cancellation cannot undo it; a failed
+        # one only logs: the lease expires by itself, and the work's own outcome matters more.
+        released = self.release()
+        try:
+            await released
+        except StreamLeaseError as error:
+            log.warning("stream lease release failed, it will expire by itself: %s", error)
 
     def __repr__(self) -> str:
         states = [name for name in ("lost", "released") if getattr(self, name)]
         return f"<Lease {self.lease_id} weight={self.weight} {', '.join(states) or 'held'}>"
+
+
+class LostWatch:
+    """Watches one lease for the task that uses it; inert under ``on_lost="continue"``."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._task: asyncio.Task[object] | None = None
+        self._cancelled_by_us = False
+        self._waiter = lease._handle.wait_lost() if lease._cancel_on_lost else None
+        if self._waiter is not None:
+            asyncio.ensure_future(self._waiter).add_done_callback(self._on_lost)
+
+    def _on_lost(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.cancelled() and self._task is not None:
+            self._cancelled_by_us = True
+            self._task.cancel(LOST_MESSAGE)
+
+    @contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Runs the ``with`` body under the watch; :class:`LeaseLost` if the lease is lost."""
+        if self._waiter is None:
+            yield
+            return
+        if self._lease.lost:
+            raise LeaseLost(LOST_MESSAGE)
+        self._task = asyncio.current_task()
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self._cancelled_by_us:
+                raise
+            self._cancelled_by_us = False
+            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
+            raise LeaseLost(LOST_MESSAGE) from None
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        if self._waiter is not None:
+            asyncio.ensure_future(self._waiter).cancel()

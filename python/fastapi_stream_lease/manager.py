@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import quote, urlencode
 
 from . import _core
 from ._core import LeaseConfig
-from ._lost import LostWatch
-from .errors import ClientDisconnected, StreamLeaseError
+from .errors import ClientDisconnected
 from .lease import Lease
 from .resources import Resource
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-log = logging.getLogger("fastapi_stream_lease")
 # How often a waiting request checks that its client is still there (no Redis involved).
 DISCONNECT_CHECK_SECONDS = 0.2
+
+
+#: What :meth:`StreamLeaseManager.lease` returns: ``async with`` it to hold a lease for a block.
+LeaseScope: TypeAlias = AbstractAsyncContextManager[Lease]
 
 
 class StreamLeaseManager:
@@ -109,7 +110,8 @@ class StreamLeaseManager:
         handle = await (acquired if request is None else _unless_disconnected(request, acquired))
         return Lease(handle, cancel_on_lost=self._cancel_on_lost)
 
-    def lease(
+    @asynccontextmanager
+    async def lease(
         self,
         user_id: str | None,
         *,
@@ -118,18 +120,20 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | None = None,
-    ) -> LeaseScope:
-        """``async with manager.lease(user_id) as lease:`` holds a lease for the block."""
-        return LeaseScope(
-            lambda: self.acquire(
-                user_id,
-                weight=weight,
-                max_per_user=max_per_user,
-                wait_timeout=wait_timeout,
-                resources=resources,
-                request=request,
-            )
+    ) -> AsyncIterator[Lease]:
+        """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
+        arguments are :meth:`acquire`'s) and releases it however the block ends. Under
+        ``on_lost="cancel"`` a lost lease cancels the block with :class:`LeaseLost`."""
+        lease = await self.acquire(
+            user_id,
+            weight=weight,
+            max_per_user=max_per_user,
+            wait_timeout=wait_timeout,
+            resources=resources,
+            request=request,
         )
+        async with lease._held():
+            yield lease
 
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
@@ -156,44 +160,6 @@ class StreamLeaseManager:
 
     def __repr__(self) -> str:
         return f"StreamLeaseManager(backend={self.backend!r}, config={self.config!r})"
-
-
-class LeaseScope:
-    """The async context manager returned by :meth:`StreamLeaseManager.lease`."""
-
-    def __init__(self, acquire: Callable[[], Awaitable[Lease]]) -> None:
-        self._acquire = acquire
-        self._lease: Lease | None = None
-        self._watch: LostWatch | None = None
-        self._guard: AbstractContextManager[None] | None = None
-
-    async def __aenter__(self) -> Lease:
-        lease = await self._acquire()
-        self._lease, self._watch = lease, LostWatch(lease)
-        # Under on_lost="cancel", a lost lease cancels the block like asyncio.timeout does.
-        self._guard = self._watch.guarded()
-        self._guard.__enter__()
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease, watch, guard = self._lease, self._watch, self._guard
-        self._lease = self._watch = self._guard = None
-        if lease is None or watch is None or guard is None:
-            return
-        try:
-            guard.__exit__(exc_type, exc, tb)  # raises LeaseLost if the loss cancelled the block
-        finally:
-            watch.close()
-            try:
-                await lease.release()
-            except StreamLeaseError as error:
-                # The lease expires by itself; do not hide the block's own outcome.
-                log.warning("stream lease release failed, it will expire by itself: %s", error)
 
 
 async def _unless_disconnected(

@@ -1,4 +1,5 @@
 -- Acquire one lease in every pool at once, all or nothing, first come first served.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
@@ -11,10 +12,10 @@
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
--- A lease of weight w is stored as members id, id#2, ..., id#w so ZCARD is the slots in use.
--- Returns {1, used_1, ..., used_n} (slots in use after the grant; also when a retried call finds
--- the lease already granted); {0, i, used_i, retry_ms} when KEYS[i] refuses; {2, ticket} when
--- the caller is in line and should wait (ticket: its place, lower is earlier).
+-- Returns {GRANTED, used_1, ..., used_n} (slots in use after the grant; also when a retried
+-- call finds the lease already granted); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses;
+-- {WAIT, ticket} when the caller is in line and should wait (ticket: its place, lower is
+-- earlier). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
@@ -24,6 +25,7 @@ local pools = queued and #KEYS - 4 or #KEYS - 1
 local holders = KEYS[pools + 1]
 local own = tonumber(ARGV[8])
 local holder = holder_name(ARGV[9])
+local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
@@ -31,7 +33,7 @@ local function already_granted()
   if not redis.call('ZSCORE', KEYS[1], id) then
     return nil
   end
-  local granted = {1}
+  local granted = {GRANTED}
   for i = 1, pools do
     granted[i + 1] = redis.call('ZCARD', KEYS[i])
   end
@@ -40,7 +42,75 @@ end
 
 -- A slot frees when a lease is released or, at the latest, when a dead holder expires.
 local function refusal(i, used)
-  return (waiter == '' and already_granted()) or {0, i, used, ttl}
+  return (waiter == '' and already_granted()) or {REFUSED, i, used, ttl}
+end
+
+-- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
+local function leave_line()
+  if queued and waiter ~= '' then
+    redis.call('ZREM', line, waiter)
+    redis.call('SREM', alive .. ':' .. holder, waiter)
+  end
+end
+
+-- The waiters of processes that stopped keeping them alive leave the line.
+local function drop_dead_waiters()
+  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
+    local theirs = alive .. ':' .. process
+    for _, gone in ipairs(redis.call('SMEMBERS', theirs)) do
+      redis.call('ZREM', line, gone)
+    end
+    redis.call('DEL', theirs)
+    redis.call('ZREM', alive, process)
+  end
+end
+
+-- Puts a waiter in line (or finds it there) and keeps its process alive; returns its ticket
+-- and how many wait before it.
+local function enter_line()
+  local mine = alive .. ':' .. holder
+  local ticket = tonumber(redis.call('ZSCORE', line, waiter))
+  if not ticket then
+    ticket = redis.call('INCR', tickets)
+    redis.call('ZADD', line, ticket, waiter)
+    redis.call('SADD', mine, waiter)
+  end
+  redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
+  for _, key in ipairs({line, alive, tickets, mine}) do
+    redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
+  end
+  return ticket, redis.call('ZRANK', line, waiter)
+end
+
+-- Slots in use in each pool; on the first full one, the answer to give instead of a grant.
+local function check_pools(ticket)
+  local used = {}
+  for i = 1, pools do
+    local capacity = tonumber(ARGV[9 + i])
+    used[i] = used_slots(KEYS[i], holders, weight, capacity)
+    if capacity > 0 and used[i] + weight > capacity then
+      if i <= own or waiter == '' then
+        leave_line()
+        return used, refusal(i, used[i])
+      end
+      return used, {WAIT, ticket}
+    end
+  end
+  return used, nil
+end
+
+-- Adds the lease's members to every pool for this holder.
+local function grant(used)
+  local was_alive = hold(holders, holder, ttl)
+  local granted = {GRANTED}
+  for i = 1, pools do
+    add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
+    granted[i + 1] = used[i] + weight
+  end
+  if not was_alive then
+    refresh(holders, holder) -- its keys may be new
+  end
+  return granted
 end
 
 reap(holders)
@@ -52,55 +122,19 @@ if waiter ~= '' then
   end
 end
 
--- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
-local function leave_line()
-  if queued and waiter ~= '' then
-    redis.call('ZREM', KEYS[pools + 2], waiter)
-    redis.call('SREM', KEYS[pools + 3] .. ':' .. holder, waiter)
-  end
-end
-
 local ahead, ticket = 0, 0
 if queued then
-  local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
-  -- The waiters of processes that stopped keeping them alive leave the line.
-  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
-    local theirs = alive .. ':' .. process
-    for _, gone in ipairs(redis.call('SMEMBERS', theirs)) do
-      redis.call('ZREM', line, gone)
-    end
-    redis.call('DEL', theirs)
-    redis.call('ZREM', alive, process)
-  end
+  drop_dead_waiters()
   if waiter ~= '' then
-    local mine = alive .. ':' .. holder
-    ticket = tonumber(redis.call('ZSCORE', line, waiter))
-    if not ticket then
-      ticket = redis.call('INCR', tickets)
-      redis.call('ZADD', line, ticket, waiter)
-      redis.call('SADD', mine, waiter)
-    end
-    redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
-    for _, key in ipairs({line, alive, tickets, mine}) do
-      redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
-    end
-    ahead = redis.call('ZRANK', line, waiter)
+    ticket, ahead = enter_line()
   else
     ahead = redis.call('ZCARD', line)
   end
 end
 
-local used = {}
-for i = 1, pools do
-  local capacity = tonumber(ARGV[9 + i])
-  used[i] = used_slots(KEYS[i], holders, weight, capacity)
-  if capacity > 0 and used[i] + weight > capacity then
-    if i <= own or waiter == '' then
-      leave_line()
-      return refusal(i, used[i])
-    end
-    return {2, ticket}
-  end
+local used, instead = check_pools(ticket)
+if instead then
+  return instead
 end
 -- Room for this lease, but earlier arrivals go first.
 if ahead > 0 then
@@ -108,21 +142,13 @@ if ahead > 0 then
     local shared = math.min(own + 1, pools)
     return refusal(shared, used[shared])
   end
-  return {2, ticket}
+  return {WAIT, ticket}
 end
 
-local was_alive = hold(holders, holder, ttl)
-local granted = {1}
-for i = 1, pools do
-  add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
-  granted[i + 1] = used[i] + weight
-end
-if not was_alive then
-  refresh(holders, holder) -- its keys may be new
-end
+local granted = grant(used)
 if queued and waiter ~= '' then
   leave_line()
-  if redis.call('ZCARD', KEYS[pools + 2]) > 0 then
+  if redis.call('ZCARD', line) > 0 then
     redis.call('PUBLISH', ARGV[7], 0)
   end
 end

@@ -1,4 +1,5 @@
 -- Keep one holder's leases alive in many hash tags: one write per tag, whatever the number of
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- leases (see the prelude). Also reaps dead holders and keeps the holder's pools from idling
 -- out, a slice per call (SSCAN of its pool list, every pool within a quarter of IDLE_MS).
 -- KEYS: <tag>:holders of each tag where the holder has leases (one slot in a cluster).

@@ -1,6 +1,7 @@
 -- Take a waiter out of the line (it gave up, timed out or was cancelled). Idempotent.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS[1]: the line; KEYS[2]: the liveness of the processes that have waiters (KEYS[2]:<holder
 -- id> is the set of that process's waiters). ARGV[1]: waiter id; ARGV[2]: holder id.
 -- Returns 1 if the waiter was in line, else 0.
-redis.call('SREM', KEYS[2] .. ':' .. ARGV[2], ARGV[1])
+redis.call('SREM', KEYS[2] .. ':' .. holder_name(ARGV[2]), ARGV[1])
 return redis.call('ZREM', KEYS[1], ARGV[1])

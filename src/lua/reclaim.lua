@@ -1,4 +1,5 @@
 -- Check leases one by one after their holder's entry expired or vanished, or grants went missing
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- (a stall, an outage, a restart, a failover; see the prelude): a lease still present in every
 -- pool is kept; one gone anywhere is cleared, then taken back if every pool has room, and
 -- reported lost otherwise: never re-added past a capacity.
@@ -49,10 +50,7 @@ while i <= #ARGV do
   end
 
   if not held then
-    local mine = {id}
-    for unit = 2, weight do
-      mine[unit] = id .. '#' .. unit
-    end
+    local mine = members(id, weight)
     local room = true
     for j = 1, k do
       redis.call('ZREM', keys[j], unpack(mine))
@@ -76,8 +74,7 @@ end
 -- A holder left with no pool in a tag (every lease lost) leaves it.
 for holders in pairs(tags) do
   if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
-    redis.call('ZREM', holders, holder)
-    redis.call('DEL', granted_key(holders, holder))
+    leave_tag(holders, holder)
   else
     refresh(holders, holder)
   end

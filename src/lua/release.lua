@@ -1,4 +1,5 @@
 -- Release many leases in one call. Idempotent: releasing a lease that is gone does nothing.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS: every pool and the holders key of every tag named by the leases below, in any order
 -- (one hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
 -- ARGV[1]: the channel to PUBLISH a wake-up on when someone waits, or ''; ARGV[2]: holder id;
@@ -8,7 +9,7 @@
 -- left in a tag leaves the tag's holders, so released leases leave no key behind (checked once
 -- per pool and tag of the batch, not per lease).
 -- Returns the number of leases that were still present in at least one pool.
-local holder = string.format('%d', tonumber(ARGV[2]))
+local holder = holder_name(ARGV[2])
 local released = 0
 -- holders key -> set of the pools touched in its tag
 local touched = {}
@@ -24,11 +25,8 @@ while i <= #ARGV do
   for j = 1, k do
     local key = KEYS[tonumber(ARGV[i + 3 + j])]
     pools[key] = true
-    if redis.call('ZREM', key, id) == 1 then
+    if redis.call('ZREM', key, unpack(members(id, weight))) > 0 then
       present = true
-    end
-    for unit = 2, weight do
-      redis.call('ZREM', key, id .. '#' .. unit)
     end
   end
   if present then
@@ -46,8 +44,7 @@ for holders, pools in pairs(touched) do
     end
   end
   if left_a_pool and redis.call('EXISTS', index) == 0 then
-    redis.call('ZREM', holders, holder)
-    redis.call('DEL', index .. ':granted')
+    leave_tag(holders, holder)
   end
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then

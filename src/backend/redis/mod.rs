@@ -24,7 +24,7 @@ use crate::lease::LeaseRecord;
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
 
-/// The acquire script's reply codes (`lua/prelude.lua`).
+/// The acquire script's reply codes (named in `lua/prelude.lua`).
 const REFUSED: u64 = 0;
 const GRANTED: u64 = 1;
 const WAIT: u64 = 2;

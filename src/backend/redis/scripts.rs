@@ -1,28 +1,26 @@
-//! The Lua scripts, each built once: redis-rs calls them by EVALSHA and reloads on NOSCRIPT
-//! (after SCRIPT FLUSH, a restart or a failover the server's script cache is empty). Scripts
-//! that count or keep leases start with the holders prelude (`lua/holders.lua`).
+//! The Lua scripts, each built once with the prelude in front (`lua/prelude.lua`): redis-rs
+//! calls them by EVALSHA and reloads on NOSCRIPT (after SCRIPT FLUSH, a restart or a failover
+//! the server's script cache is empty).
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// A script with the holders prelude in front.
-macro_rules! with_holders {
+macro_rules! script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../../lua/holders.lua"),
-                include_str!(concat!("../../", $file))
+                include_str!("../../lua/prelude.lua"),
+                include_str!(concat!("../../lua/", $file))
             ))
         })
     };
 }
 
-pub static ACQUIRE: LazyLock<Script> = with_holders!("lua/acquire.lua");
-pub static KEEPALIVE: LazyLock<Script> = with_holders!("lua/keepalive.lua");
-pub static RECLAIM: LazyLock<Script> = with_holders!("lua/reclaim.lua");
-pub static COUNT: LazyLock<Script> = with_holders!("lua/count.lua");
-pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
-pub static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/leave.lua")));
-pub static HEARTBEAT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/heartbeat.lua")));
+pub static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
+pub static KEEPALIVE: LazyLock<Script> = script!("keepalive.lua");
+pub static RECLAIM: LazyLock<Script> = script!("reclaim.lua");
+pub static COUNT: LazyLock<Script> = script!("count.lua");
+pub static RELEASE: LazyLock<Script> = script!("release.lua");
+pub static LEAVE: LazyLock<Script> = script!("leave.lua");
+pub static HEARTBEAT: LazyLock<Script> = script!("heartbeat.lua");

@@ -1,4 +1,5 @@
--- Prelude shared by acquire, keepalive, reclaim and count (prepended when the script is built).
+-- Prelude of every script (src/backend/redis/scripts.rs puts it in front of each one).
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- A holder is one manager in one process. It keeps every lease it holds in a hash tag alive
 -- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
 -- renewal costs one write per process, not one per lease. Pool members are scored by their
@@ -13,10 +14,21 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local IDLE_MS = 3600000
 -- Pools reaped per call at most, so one call never blocks Redis for long.
 local REAP_BUDGET = 200
+-- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
+local REFUSED, GRANTED, WAIT = 0, 1, 2
 
 -- A holder id as stored in <tag>:holders (scores come back as text in any float format).
 local function holder_name(text)
   return string.format('%d', tonumber(text))
+end
+
+-- The members of a lease of weight w: id, id#2, ..., id#w (so ZCARD counts slots).
+local function members(id, weight)
+  local list = {id}
+  for unit = 2, weight do
+    list[unit] = id .. '#' .. unit
+  end
+  return list
 end
 
 local function is_alive(holders, holder)
@@ -26,6 +38,12 @@ end
 
 local function granted_key(holders, holder)
   return holders .. ':' .. holder .. ':granted'
+end
+
+-- A holder with no pool left in a tag leaves it.
+local function leave_tag(holders, holder)
+  redis.call('ZREM', holders, holder)
+  redis.call('DEL', granted_key(holders, holder))
 end
 
 -- Removes the members of holders whose entry expired (the first 16 of them), up to REAP_BUDGET
@@ -40,8 +58,7 @@ local function reap(holders)
     end
     budget = budget - #pools
     if redis.call('EXISTS', index) == 0 then
-      redis.call('ZREM', holders, holder)
-      redis.call('DEL', granted_key(holders, holder))
+      leave_tag(holders, holder)
     end
     if budget <= 0 then
       return
@@ -96,13 +113,13 @@ local function hold(holders, holder, ttl)
   return alive
 end
 
--- Adds a lease's members (id, id#2, ..., id#weight) to a pool for a holder, and counts them as
--- granted to it. A new pool gets its idle expiry (the keep-alive refreshes the holder's pools).
+-- Adds a lease's members to a pool for a holder, and counts them as granted to it. A new pool
+-- gets its idle expiry (the keep-alive refreshes the holder's pools).
 local function add_members(pool, holders, holder, id, weight, new_pool)
-  local args = {holder, id}
-  for unit = 2, weight do
+  local args = {}
+  for _, member in ipairs(members(id, weight)) do
     args[#args + 1] = holder
-    args[#args + 1] = id .. '#' .. unit
+    args[#args + 1] = member
   end
   redis.call('ZADD', pool, unpack(args))
   if new_pool then
@@ -111,4 +128,3 @@ local function add_members(pool, holders, holder, id, weight, new_pool)
   redis.call('SADD', holders .. ':' .. holder, pool)
   redis.call('INCRBY', granted_key(holders, holder), weight)
 end
-
