@@ -5,7 +5,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::errors::{CoreError, CoreResult};
+use crate::errors::CoreResult;
 
 const FIRST_COOL_DOWN: Duration = Duration::from_millis(500);
 const MAX_COOL_DOWN: Duration = Duration::from_secs(5);
@@ -95,7 +95,7 @@ impl Breaker {
     /// means the server is there.
     pub fn observe<T>(&self, outcome: &CoreResult<T>) {
         match outcome {
-            Err(CoreError::Unavailable(_)) => self.failed(),
+            Err(error) if error.is_unavailable() => self.failed(),
             _ => self.succeeded(),
         }
     }

@@ -19,8 +19,10 @@ pub struct Rejection {
 pub enum CoreError {
     /// A pool is full.
     Rejected(Rejection),
-    /// Redis could not be reached, or did not answer within the timeout.
+    /// Redis did not answer (in time): the call may have run there.
     Unavailable(String),
+    /// The call never left this process (no connection, the breaker open): it did not run.
+    Unreached(String),
     /// Redis answered, but with an error (authentication, wrong type, read-only replica, ...).
     Backend(String),
     /// The caller passed a bad value (wrong types are reported by the binding before this).
@@ -45,6 +47,7 @@ impl fmt::Display for CoreError {
                 retry_after_seconds(r.retry_after_ms)
             ),
             CoreError::Unavailable(m)
+            | CoreError::Unreached(m)
             | CoreError::Backend(m)
             | CoreError::InvalidInput(m)
             | CoreError::Misuse(m) => f.write_str(m),
@@ -62,9 +65,14 @@ pub fn retry_after_seconds(ms: u64) -> u64 {
 }
 
 impl CoreError {
+    /// Redis is not there (whether or not the call left this process).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, CoreError::Unavailable(_) | CoreError::Unreached(_))
+    }
+
     /// Refused without calling Redis: it failed moments ago and the breaker is open.
     pub fn breaker_open(target: &str, left: Duration) -> Self {
-        CoreError::Unavailable(format!(
+        CoreError::Unreached(format!(
             "Redis at {target} failed moments ago; not calling it again for {} ms (circuit breaker)",
             left.as_millis()
         ))

@@ -1,52 +1,43 @@
-//! First come, first served by ticket: the order of the embedded store's line and of this
-//! process's waiters in the shared line (lower tickets are earlier).
+//! First come, first served: the order of the embedded store's line and of this process's
+//! waiters in the shared line (lower places are earlier).
 
 use std::collections::BTreeMap;
 
-pub struct Fifo<V> {
-    by_ticket: BTreeMap<u64, V>,
-    last_ticket: u64,
+/// Values in order of their place `P` (a ticket, or a ticket and a tie-breaker).
+pub struct Fifo<P, V> {
+    by_place: BTreeMap<P, V>,
 }
 
-impl<V> Default for Fifo<V> {
+impl<P, V> Default for Fifo<P, V> {
     fn default() -> Self {
         Fifo {
-            by_ticket: BTreeMap::new(),
-            last_ticket: 0,
+            by_place: BTreeMap::new(),
         }
     }
 }
 
-impl<V> Fifo<V> {
-    /// Lines `value` up behind everyone; returns its ticket.
-    pub fn push(&mut self, value: V) -> u64 {
-        self.last_ticket += 1;
-        self.by_ticket.insert(self.last_ticket, value);
-        self.last_ticket
+impl<P: Ord + Copy, V> Fifo<P, V> {
+    pub fn insert(&mut self, place: P, value: V) {
+        self.by_place.insert(place, value);
     }
 
-    /// Lines `value` up at a ticket given elsewhere (the shared line's).
-    pub fn insert(&mut self, ticket: u64, value: V) {
-        self.by_ticket.insert(ticket, value);
+    pub fn remove(&mut self, place: P) -> Option<V> {
+        self.by_place.remove(&place)
     }
 
-    pub fn remove(&mut self, ticket: u64) -> Option<V> {
-        self.by_ticket.remove(&ticket)
-    }
-
-    pub fn first(&self) -> Option<(u64, &V)> {
-        self.by_ticket
+    pub fn first(&self) -> Option<(P, &V)> {
+        self.by_place
             .first_key_value()
-            .map(|(ticket, value)| (*ticket, value))
+            .map(|(place, value)| (*place, value))
     }
 
-    /// How many wait before `ticket`.
-    pub fn ahead_of(&self, ticket: u64) -> usize {
-        self.by_ticket.range(..ticket).count()
+    /// How many wait before `place`.
+    pub fn ahead_of(&self, place: P) -> usize {
+        self.by_place.range(..place).count()
     }
 
     pub fn len(&self) -> usize {
-        self.by_ticket.len()
+        self.by_place.len()
     }
 }
 
@@ -55,16 +46,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tickets_keep_arrival_order() {
+    fn places_keep_arrival_order() {
         let mut line = Fifo::default();
-        let (a, b) = (line.push("a"), line.push("b"));
-        line.insert(10, "late");
+        line.insert((7, 1), "b");
+        line.insert((3, 2), "a");
+        line.insert((7, 3), "same ticket, later arrival");
         assert_eq!(
-            (line.first(), line.ahead_of(b), line.len()),
-            (Some((a, &"a")), 1, 3)
+            (line.first(), line.ahead_of((7, 3)), line.len()),
+            (Some(((3, 2), &"a")), 2, 3)
         );
-        assert_eq!(line.remove(a), Some("a"));
-        assert_eq!(line.first(), Some((b, &"b")));
-        assert_eq!(line.ahead_of(10), 1);
+        assert_eq!(line.remove((3, 2)), Some("a"));
+        assert_eq!(line.first(), Some(((7, 1), &"b")));
     }
 }

@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
-use crate::breaker::Permit;
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, check_resource, Pool};
@@ -49,24 +48,30 @@ impl Drop for Granted {
     }
 }
 
-/// Leaves the line and gives back what an acquire may have taken, unless disarmed.
+/// However an acquire ends without an outcome (an error, the wait running out, cancellation),
+/// leaves the line and gives back what its calls may have taken. Nothing is given back for calls
+/// that never left this process: there is nothing to undo, and a dead server is not called.
 struct Cleanup<'a> {
     manager: &'a Arc<Manager>,
     record: &'a Arc<LeaseRecord>,
     waiter: Option<&'a Waiter>,
-    armed: bool,
+    /// A call was sent that may have run (its script may have granted or queued).
+    sent: bool,
+    /// The acquire has its outcome: nothing to undo.
+    settled: bool,
 }
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if !self.armed {
+        if self.settled || !self.sent {
             return;
         }
-        // The script may have run before an error or a cancellation: release is idempotent.
+        // Release is idempotent, so giving back a grant that did not happen costs nothing.
         self.manager.leases.release_in_background(self.record);
         if let (Some(waiter), Some(line)) = (self.waiter, &self.manager.line) {
             let (stores, line, id) = (Arc::clone(&self.manager.stores), line.clone(), waiter.id.clone());
-            crate::runtime::handle().spawn(async move { stores.main().leave(&line, &id).await });
+            crate::runtime::handle()
+                .spawn(async move { stores.call(Store::Main, |main| main.leave(&line, &id)).await });
         }
     }
 }
@@ -154,15 +159,13 @@ impl Manager {
             manager: &self,
             record: &record,
             waiter: waiter.as_ref(),
-            armed: true,
+            sent: false,
+            settled: false,
         };
         // Set once in line: this process's earliest waiter speaks for all of its waiters.
         let mut local_turn: Option<LocalTurn<'_>> = None;
         loop {
-            if let Some(turn) = local_turn
-                .as_ref()
-                .filter(|t| !self.local_line.is_first(t.ticket))
-            {
+            if let Some(turn) = local_turn.as_ref().filter(|t| !t.is_first()) {
                 tokio::select! {
                     _ = turn.turn.notified() => continue,
                     _ = tokio::time::sleep_until(deadline) => return Err(self.waited_too_long(&record, wait)),
@@ -170,38 +173,36 @@ impl Manager {
             }
             freed.borrow_and_update();
             let sent_at = monotonic_ms();
-            let unavailable = match self.breaker.admit() {
-                Permit::Go => {
-                    let in_line = self.line.as_ref().map(|line| InLine {
-                        line,
-                        waiter: waiter.as_ref(),
-                    });
-                    let outcome = self.stores.main().acquire(&record, ttl_ms, in_line).await;
-                    self.breaker.observe(&outcome);
-                    match outcome {
-                        Ok(AcquireOutcome::Wait(ticket)) => {
-                            // A waiter taken out of the shared line (its process was late to
-                            // keep it alive) came back with a later ticket: it takes that place
-                            // here too, so this process's order stays the shared line's.
-                            let placed = local_turn.as_ref().is_some_and(|t| t.ticket == ticket);
-                            if !placed && waiter.is_some() {
-                                drop(local_turn.take());
-                                local_turn = Some(self.local_line.join(ticket));
-                            }
-                            None
-                        }
-                        Ok(outcome) => {
-                            cleanup.armed = false;
-                            if waiter.is_some() {
-                                self.leases.wake(); // a grant from the line: the next may fit too
-                            }
-                            return self.settle(Arc::clone(&record), outcome, sent_at);
-                        }
-                        Err(CoreError::Unavailable(message)) => Some(CoreError::Unavailable(message)),
-                        Err(other) => return Err(other),
+            let in_line = self.line.as_ref().map(|line| InLine {
+                line,
+                waiter: waiter.as_ref(),
+            });
+            let outcome = self
+                .stores
+                .call(Store::Main, |main| main.acquire(&record, ttl_ms, in_line))
+                .await;
+            cleanup.sent |= !matches!(outcome, Err(CoreError::Unreached(_)));
+            let unavailable = match outcome {
+                Ok(AcquireOutcome::Wait(ticket)) => {
+                    // A waiter taken out of the shared line (its process was late to keep it
+                    // alive) came back with a later ticket: it takes that place here too, so
+                    // this process's order stays the shared line's.
+                    let placed = local_turn.as_ref().is_some_and(|t| t.ticket() == ticket);
+                    if !placed && waiter.is_some() {
+                        drop(local_turn.take());
+                        local_turn = Some(self.local_line.join(ticket));
                     }
+                    None
                 }
-                Permit::Wait(left) => Some(CoreError::breaker_open(&self.describe(), left)),
+                Ok(outcome) => {
+                    cleanup.settled = true;
+                    if waiter.is_some() {
+                        self.leases.wake(); // a grant from the line: the next may fit too
+                    }
+                    return self.settle(Arc::clone(&record), outcome, sent_at);
+                }
+                Err(error) if error.is_unavailable() => Some(error),
+                Err(other) => return Err(other),
             };
             if let Some(unavailable) = unavailable {
                 drop(cleanup);
@@ -215,10 +216,10 @@ impl Manager {
             // process's waiters alive in the shared line.
             if let (Some(line), true) = (&self.line, self.local_line.heartbeat_due()) {
                 let ids = self.local_line.ids();
+                let ttl_ms = WAITER_TTL.as_millis() as u64;
                 let _ = self
                     .stores
-                    .main()
-                    .heartbeat(line, &ids, WAITER_TTL.as_millis() as u64)
+                    .call(Store::Main, |main| main.heartbeat(line, &ids, ttl_ms))
                     .await;
             }
             tokio::select! {

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 pub use self::acquire::MAX_WEIGHT;
 use self::waiting::LocalLine;
 use crate::backend::{Backend, Stores};
-use crate::breaker::{Breaker, Permit};
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace, LineKeys};
+use crate::lease::Store;
 use crate::renewal::{Counters, Leases};
 
 /// What one acquire asks for; the binding has checked the types.
@@ -50,7 +50,6 @@ pub struct Manager {
     config: Config,
     keys: KeySpace,
     stores: Arc<Stores>,
-    breaker: Arc<Breaker>,
     /// The line of the shared pools (None without a global pool: nothing to wait for).
     line: Option<LineKeys>,
     local_line: LocalLine,
@@ -74,10 +73,8 @@ impl Manager {
         let keys = KeySpace::new(&config);
         let line = keys.line();
         let stores = Arc::new(Stores::new(backend));
-        let breaker = Arc::new(Breaker::default());
         let leases = Arc::new(Leases::new(
             Arc::clone(&stores),
-            Arc::clone(&breaker),
             line.clone(),
             config.lease_ms(),
             config.renew_period(),
@@ -87,7 +84,6 @@ impl Manager {
             config,
             keys,
             stores,
-            breaker,
             line,
             local_line: LocalLine::default(),
             listener_stop: CancellationToken::new(),
@@ -145,12 +141,10 @@ impl Manager {
         self.start_here()?;
         let manager = Arc::clone(self);
         Ok(async move {
-            if let Permit::Wait(left) = manager.breaker.admit() {
-                return Err(CoreError::breaker_open(&manager.describe(), left));
-            }
-            let count = manager.stores.main().count(&pool.key).await;
-            manager.breaker.observe(&count);
-            count
+            manager
+                .stores
+                .call(Store::Main, |main| main.count(&pool.key))
+                .await
         })
     }
 
@@ -178,7 +172,7 @@ impl Manager {
     pub fn stats(&self) -> Stats {
         Stats {
             leases: self.leases.counters(),
-            breaker_open: self.breaker.is_open(),
+            breaker_open: self.stores.breaker().is_open(),
             waiting: self.local_line.len(),
         }
     }

@@ -5,6 +5,7 @@
 //! with the number of waiters.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,10 +28,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A waiter's place here: its ticket in the shared line, then its arrival here (tickets can
+/// repeat: the shared counter starts again when its key is lost).
+type Place = (u64, u64);
+
 #[derive(Default)]
 pub struct LocalLine {
     /// Fired when its waiter becomes the earliest.
-    turns: Mutex<Fifo<Arc<Notify>>>,
+    turns: Mutex<Fifo<Place, Arc<Notify>>>,
+    arrivals: AtomicU64,
     /// Every waiter of this process, from its first call until it stops waiting (including one
     /// whose first call is still in flight, so the heartbeat never takes it out of line).
     present: Mutex<HashSet<String>>,
@@ -54,13 +60,24 @@ impl Drop for Present<'_> {
 /// A waiter's place in this process's line; it leaves however the waiter's acquire ends.
 pub struct LocalTurn<'a> {
     line: &'a LocalLine,
-    pub ticket: u64,
+    place: Place,
     pub turn: Arc<Notify>,
+}
+
+impl LocalTurn<'_> {
+    /// Its ticket in the shared line.
+    pub fn ticket(&self) -> u64 {
+        self.place.0
+    }
+
+    pub fn is_first(&self) -> bool {
+        lock(&self.line.turns).first().map(|(first, _)| first) == Some(self.place)
+    }
 }
 
 impl Drop for LocalTurn<'_> {
     fn drop(&mut self) {
-        self.line.leave(self.ticket);
+        self.line.leave(self.place);
     }
 }
 
@@ -77,16 +94,13 @@ impl LocalLine {
     /// Lines up a waiter by its ticket in the shared line; its turn comes when it is the earliest.
     pub fn join(&self, ticket: u64) -> LocalTurn<'_> {
         let turn = Arc::new(Notify::new());
-        lock(&self.turns).insert(ticket, Arc::clone(&turn));
+        let place = (ticket, self.arrivals.fetch_add(1, Ordering::Relaxed));
+        lock(&self.turns).insert(place, Arc::clone(&turn));
         LocalTurn {
             line: self,
-            ticket,
+            place,
             turn,
         }
-    }
-
-    pub fn is_first(&self, ticket: u64) -> bool {
-        lock(&self.turns).first().map(|(first, _)| first) == Some(ticket)
     }
 
     pub fn len(&self) -> usize {
@@ -99,10 +113,10 @@ impl LocalLine {
     }
 
     /// Removes a waiter; if it was the earliest, the next one's turn comes.
-    fn leave(&self, ticket: u64) {
+    fn leave(&self, place: Place) {
         let mut turns = lock(&self.turns);
-        let was_first = turns.first().map(|(first, _)| first) == Some(ticket);
-        turns.remove(ticket);
+        let was_first = turns.first().map(|(first, _)| first) == Some(place);
+        turns.remove(place);
         if was_first {
             if let Some((_, next)) = turns.first() {
                 next.notify_one();
@@ -158,12 +172,12 @@ mod tests {
         let arrivals: Vec<_> = ["a", "b", "c"].iter().map(|id| line.arrive(id)).collect();
         let seven = line.join(7);
         let three = line.join(3); // an earlier ticket that answered later
-        let _nine = line.join(9);
-        assert!(line.is_first(3) && !line.is_first(7));
+        let nine = line.join(9);
+        assert!(three.is_first() && !seven.is_first());
         drop(seven); // a later waiter leaving changes nobody's turn
-        assert!(line.is_first(3));
+        assert!(three.is_first());
         drop(three);
-        assert!(line.is_first(9));
+        assert!(nine.is_first());
         assert_eq!(
             line.ids().len(),
             3,
@@ -172,5 +186,16 @@ mod tests {
         drop(arrivals);
         assert!(line.ids().is_empty());
         assert!(line.heartbeat_due() && !line.heartbeat_due());
+    }
+
+    #[test]
+    fn a_repeated_ticket_strands_nobody() {
+        // The shared ticket counter started again (its key expired or was lost in a failover).
+        let line = LocalLine::default();
+        let first = line.join(4);
+        let again = line.join(4);
+        assert_eq!(line.len(), 2, "both waiters keep their place");
+        drop(first);
+        assert!(again.is_first(), "the second one's turn comes");
     }
 }

@@ -22,8 +22,9 @@ struct MemoryPool {
 /// The waiting line: waiter ids by ticket.
 #[derive(Default)]
 struct MemoryLine {
-    order: Fifo<String>,
+    order: Fifo<u64, String>,
     tickets: HashMap<String, u64>,
+    last_ticket: u64,
 }
 
 impl MemoryLine {
@@ -32,9 +33,10 @@ impl MemoryLine {
         let ticket = match self.tickets.get(&waiter.id) {
             Some(ticket) => *ticket,
             None => {
-                let ticket = self.order.push(waiter.id.clone());
-                self.tickets.insert(waiter.id.clone(), ticket);
-                ticket
+                self.last_ticket += 1;
+                self.order.insert(self.last_ticket, waiter.id.clone());
+                self.tickets.insert(waiter.id.clone(), self.last_ticket);
+                self.last_ticket
             }
         };
         (self.order.ahead_of(ticket), ticket)

@@ -6,9 +6,11 @@ mod memory;
 mod redis;
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 
-use crate::errors::{CoreResult, Rejection};
+use crate::breaker::{Breaker, Permit};
+use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
 
@@ -81,7 +83,7 @@ pub struct RoundReport {
     pub reclaimed: Vec<Arc<LeaseRecord>>,
     /// Found gone with no room to take them back (now removed everywhere).
     pub lost: Vec<Arc<LeaseRecord>>,
-    pub failures: Vec<crate::errors::CoreError>,
+    pub failures: Vec<CoreError>,
     /// Whether any call got an answer (for the circuit breaker).
     pub answered: bool,
 }
@@ -99,7 +101,7 @@ impl Backend {
             Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel") => {
                 RedisBackend::new(url, redis_timeout, ca_pem).map(|redis| Backend::Redis(Box::new(redis)))
             }
-            _ => Err(crate::errors::CoreError::InvalidInput(format!(
+            _ => Err(CoreError::InvalidInput(format!(
                 "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port or redis+sentinel://host:port,host:port/master_name",
                 redis::redact(url)
             ))),
@@ -222,10 +224,12 @@ impl Backend {
     }
 }
 
-/// The manager's backend, and the local floor that admits while it is down.
+/// The manager's backend behind its circuit breaker, and the local floor that admits while it
+/// is down.
 pub struct Stores {
     main: Backend,
     fallback: Backend,
+    breaker: Breaker,
 }
 
 impl Stores {
@@ -233,6 +237,7 @@ impl Stores {
         Stores {
             main,
             fallback: Backend::Memory(MemoryBackend::default()),
+            breaker: Breaker::default(),
         }
     }
 
@@ -245,6 +250,33 @@ impl Stores {
 
     pub fn main(&self) -> &Backend {
         &self.main
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// Runs one call on a store. Calls to the main store go through the breaker: refused without
+    /// a call while it is open (a dead server would cost each one the full timeout), and their
+    /// outcome feeds it.
+    pub async fn call<'a, T, Call>(
+        &'a self,
+        store: Store,
+        call: impl FnOnce(&'a Backend) -> Call,
+    ) -> CoreResult<T>
+    where
+        Call: Future<Output = CoreResult<T>> + 'a,
+    {
+        let backend = self.get(store);
+        if store == Store::Fallback {
+            return call(backend).await;
+        }
+        if let Permit::Wait(left) = self.breaker.admit() {
+            return Err(CoreError::breaker_open(&backend.describe(), left));
+        }
+        let outcome = call(backend).await;
+        self.breaker.observe(&outcome);
+        outcome
     }
 }
 

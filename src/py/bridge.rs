@@ -39,15 +39,48 @@ struct Inbox {
     finished: Mutex<Vec<(u64, Completion)>>,
     wake_pending: AtomicBool,
     waker: UnixStream,
+    /// The loop closed or went away: results are dropped on arrival (a grant releases itself).
+    closed: AtomicBool,
 }
 
 impl Inbox {
     fn deliver(&self, id: u64, completion: Completion) {
-        lock(&self.finished).push((id, completion));
+        let mut finished = lock(&self.finished);
+        if self.closed.load(Ordering::Acquire) {
+            drop(finished);
+            drop(completion);
+            return;
+        }
+        finished.push((id, completion));
+        // Written under the lock that `close` takes, so never after the loop's end is gone (no
+        // SIGPIPE).
         if !self.wake_pending.swap(true, Ordering::AcqRel) {
             // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
             let _ = (&self.waker).write(&[1]);
         }
+    }
+
+    /// Drops what waits for a loop that will not run again, and what comes later.
+    fn close(&self) {
+        let stranded = {
+            let mut finished = lock(&self.finished);
+            self.closed.store(true, Ordering::Release);
+            std::mem::take(&mut *finished)
+        };
+        drop(stranded); // outside the lock: grants release themselves
+    }
+}
+
+/// Closes a bridge's inbox when its event loop is garbage collected.
+#[pyclass(frozen)]
+struct LoopGone {
+    inbox: Arc<Inbox>,
+}
+
+#[pymethods]
+impl LoopGone {
+    fn __call__(&self, _loop_ref: &Bound<'_, PyAny>) {
+        self.inbox.close();
     }
 }
 
@@ -150,14 +183,16 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
     waker.set_nonblocking(true)?;
     wakeup.set_nonblocking(true)?;
     let fd = wakeup.as_raw_fd();
+    let inbox = Arc::new(Inbox {
+        finished: Mutex::new(Vec::new()),
+        wake_pending: AtomicBool::new(false),
+        waker,
+        closed: AtomicBool::new(false),
+    });
     let bridge = Py::new(
         py,
         LoopBridge {
-            inbox: Arc::new(Inbox {
-                finished: Mutex::new(Vec::new()),
-                wake_pending: AtomicBool::new(false),
-                waker,
-            }),
+            inbox: Arc::clone(&inbox),
             wakeup,
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -181,7 +216,7 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
             finished.push(loop_ref);
         }
     }
-    let loop_ref = PyWeakrefReference::new(event_loop)?.unbind();
+    let loop_ref = PyWeakrefReference::new_with(event_loop, LoopGone { inbox })?.unbind();
     let removed: Vec<_> = {
         let mut bridges = lock(&BRIDGES);
         let (gone, kept) = std::mem::take(&mut *bridges)
@@ -191,6 +226,9 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
         bridges.push((loop_ref, bridge.clone_ref(py)));
         gone
     };
+    for (_, bridge) in &removed {
+        bridge.get().inbox.close();
+    }
     drop(removed); // outside the lock: dropping a bridge may run Python code
     Ok(bridge)
 }

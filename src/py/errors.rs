@@ -22,7 +22,9 @@ impl From<CoreError> for PyErr {
                         retry_after_seconds(r.retry_after_ms),
                     ))
                 }),
-                CoreError::Unavailable(m) => class("BackendUnavailable").and_then(|c| c.call1((m,))),
+                CoreError::Unavailable(m) | CoreError::Unreached(m) => {
+                    class("BackendUnavailable").and_then(|c| c.call1((m,)))
+                }
                 CoreError::Backend(m) => class("BackendError").and_then(|c| c.call1((m,))),
                 CoreError::InvalidInput(m) => return PyValueError::new_err(m.clone()),
                 CoreError::Closed => class("ManagerClosed").and_then(|c| c.call1((error.to_string(),))),

@@ -46,8 +46,24 @@ impl Held {
         }
     }
 
-    /// Holds `record`, which its store keeps at least until `deadline_ms`.
-    pub fn insert(&mut self, record: Arc<LeaseRecord>, deadline_ms: u64) {
+    /// Holds `record`, which its store keeps at least until `deadline_ms`. A group whose own
+    /// deadline passed before `now_ms` is not revived by the newcomer: its leases are taken out
+    /// and returned (the caller marks them lost), and the newcomer starts a group of its own.
+    pub fn insert(
+        &mut self,
+        record: Arc<LeaseRecord>,
+        deadline_ms: u64,
+        now_ms: u64,
+    ) -> Vec<Arc<LeaseRecord>> {
+        let side = self.side_mut(record.store);
+        let overdue = match side.get(&record.holders) {
+            Some(group) if group.deadline_ms <= now_ms => side
+                .remove(&record.holders)
+                .map(|group| group.leases.into_values().collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        self.count -= overdue.len();
         let group = self
             .side_mut(record.store)
             .entry(record.holders.clone())
@@ -57,6 +73,7 @@ impl Held {
         if group.leases.insert(record.id.clone(), record).is_none() {
             self.count += 1;
         }
+        overdue
     }
 
     /// Counts a lease found gone and taken back, if it is still held.
@@ -161,9 +178,9 @@ mod tests {
             lease("t", Store::Main),
             lease("t", Store::Fallback),
         );
-        held.insert(Arc::clone(&a), 100);
-        held.insert(Arc::clone(&b), 150);
-        held.insert(Arc::clone(&c), 500);
+        held.insert(Arc::clone(&a), 100, 0);
+        held.insert(Arc::clone(&b), 150, 0);
+        held.insert(Arc::clone(&c), 500, 0);
         assert_eq!(held.len(), 3);
         let group = |granted| Group {
             holders: "{t}:holders".to_owned(),
@@ -187,5 +204,23 @@ mod tests {
         assert_eq!(held.groups(Store::Main), vec![]);
         assert_eq!(held.drain().len(), 1);
         assert_eq!(held.len(), 0);
+    }
+
+    #[test]
+    fn a_new_grant_does_not_revive_an_overdue_group() {
+        let mut held = Held::default();
+        let (old, new) = (lease("t", Store::Main), lease("t", Store::Main));
+        assert!(held.insert(Arc::clone(&old), 100, 0).is_empty());
+        // The group's deadline passed (the store may have dropped `old`) before `new` came.
+        let overdue = held.insert(Arc::clone(&new), 500, 200);
+        assert_eq!(overdue.len(), 1);
+        assert!(Arc::ptr_eq(&overdue[0], &old));
+        assert_eq!(held.len(), 1);
+        assert_eq!(held.leases_of(Store::Main, "{t}:holders").len(), 1);
+        assert_eq!(
+            held.groups(Store::Main)[0].granted,
+            1,
+            "the new group counts only its own"
+        );
     }
 }

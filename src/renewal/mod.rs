@@ -8,8 +8,9 @@ mod keeper;
 mod round;
 mod sweep;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -22,14 +23,17 @@ use tokio_util::task::TaskTracker;
 pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
 use crate::backend::{batches, Stores};
-use crate::breaker::Breaker;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
-use crate::lease::{LeaseRecord, Store};
+use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::runtime;
 
 /// Release script calls in flight at once when releasing many leases (each up to 1,000).
 const RELEASE_CALLS_IN_FLIGHT: usize = 4;
+
+/// Leases kept for another release try at most; beyond, a lease is left to its holder's expiry
+/// (or, while this process lives, to the reconciliation of its granted count).
+const MAX_UNREMOVED: usize = 10_000;
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -38,6 +42,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Counters for monitoring.
 #[derive(Debug, Clone, Copy)]
 pub struct Counters {
+    /// Leases waiting for another release try.
+    pub unremoved: usize,
     /// Leases this process holds.
     pub held: usize,
     /// Leases found lost, and taken back, so far.
@@ -50,16 +56,19 @@ pub struct Counters {
 
 pub struct Leases {
     stores: Arc<Stores>,
-    breaker: Arc<Breaker>,
     /// Waiters to wake in every process when a release frees a slot (None: nobody waits).
     line: Option<LineKeys>,
     ttl_ms: u64,
     period: Duration,
     redis_timeout: Duration,
     held: Mutex<Held>,
-    /// Leases to take out of the store again: their release failed, or they were lost (a holder
-    /// that comes back would otherwise keep their members alive). Retried every round.
-    unremoved: Mutex<Vec<Arc<LeaseRecord>>>,
+    /// Leases to take out of the store again, by id: their release failed, or they were lost (a
+    /// holder that comes back would otherwise keep their members alive). Retried every round,
+    /// after the keep-alive; at most `MAX_UNREMOVED`.
+    unremoved: Mutex<HashMap<String, Arc<LeaseRecord>>>,
+    /// The process that runs the renewal loop (0: not started). A forked child's copies of the
+    /// leases belong to it: the child never releases them.
+    owner_pid: AtomicU32,
     /// Releases in flight, so `close()` can wait for them.
     releases: TaskTracker,
     stop: CancellationToken,
@@ -81,7 +90,6 @@ impl Drop for Leases {
 impl Leases {
     pub fn new(
         stores: Arc<Stores>,
-        breaker: Arc<Breaker>,
         line: Option<LineKeys>,
         ttl_ms: u64,
         period: Duration,
@@ -89,13 +97,13 @@ impl Leases {
     ) -> Self {
         Leases {
             stores,
-            breaker,
             line,
             ttl_ms,
             period,
             redis_timeout,
             held: Mutex::new(Held::default()),
-            unremoved: Mutex::new(Vec::new()),
+            unremoved: Mutex::new(HashMap::new()),
+            owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
@@ -109,7 +117,25 @@ impl Leases {
 
     /// Starts the renewal loop (once, by the process that uses the manager).
     pub fn start_keeper(self: &Arc<Self>) {
+        self.owner_pid.store(std::process::id(), Ordering::Release);
         *lock(&self.keeper) = Some(keeper::start(self));
+    }
+
+    /// True in a process forked from the one that holds these leases.
+    fn in_forked_child(&self) -> bool {
+        let owner = self.owner_pid.load(Ordering::Acquire);
+        owner != 0 && owner != std::process::id()
+    }
+
+    /// Keeps leases for another release try (each once, up to `MAX_UNREMOVED`).
+    fn retry_later(&self, records: impl IntoIterator<Item = Arc<LeaseRecord>>) {
+        let mut unremoved = lock(&self.unremoved);
+        for record in records {
+            if unremoved.len() >= MAX_UNREMOVED {
+                break;
+            }
+            unremoved.insert(record.id.clone(), record);
+        }
     }
 
     /// Holds a granted lease, which its store keeps at least until `deadline_ms` (the embedded
@@ -125,7 +151,11 @@ impl Leases {
         } else {
             deadline_ms
         };
-        held.insert(Arc::clone(&record), deadline_ms);
+        let overdue = held.insert(Arc::clone(&record), deadline_ms, monotonic_ms());
+        drop(held);
+        for lost in &overdue {
+            self.lose(lost, true);
+        }
         Ok(LeaseHandle::new(record, Arc::clone(self)))
     }
 
@@ -140,7 +170,7 @@ impl Leases {
         self: &Arc<Self>,
         record: &Arc<LeaseRecord>,
     ) -> Option<impl Future<Output = CoreResult<bool>> + Send + 'static> {
-        if !record.mark_released() {
+        if self.in_forked_child() || !record.mark_released() {
             return None;
         }
         lock(&self.held).remove(record);
@@ -154,11 +184,12 @@ impl Leases {
             };
             let released = leases
                 .stores
-                .get(record.store)
-                .release(std::slice::from_ref(&record), line)
+                .call(record.store, |store| {
+                    store.release(std::slice::from_ref(&record), line)
+                })
                 .await;
             if released.is_err() {
-                lock(&leases.unremoved).push(Arc::clone(&record));
+                leases.retry_later([Arc::clone(&record)]);
             }
             leases.wake();
             released.map(|n| n > 0)
@@ -182,13 +213,14 @@ impl Leases {
         self.release(record).is_some()
     }
 
-    /// Releases many leases, in batched script calls, a few in flight.
+    /// Releases many leases, in batched script calls, a few in flight; the leases of a call that
+    /// fails are kept for another try.
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
         let mut releases = Vec::new();
         for store in [Store::Fallback, Store::Main] {
-            let backend = self.stores.get(store);
+            let one_slot = self.stores.get(store).is_cluster();
             let mut of_store: Vec<_> = leases.iter().filter(|l| l.store == store).cloned().collect();
-            if backend.is_cluster() {
+            if one_slot {
                 // Each batch stays within one slot.
                 of_store.sort_unstable_by(|a, b| a.hash_tag().cmp(b.hash_tag()));
             }
@@ -197,15 +229,20 @@ impl Leases {
             } else {
                 None
             };
-            let batches: Vec<Vec<_>> = batches(&of_store, backend.is_cluster())
+            let batches: Vec<Vec<_>> = batches(&of_store, one_slot)
                 .into_iter()
                 .map(<[_]>::to_vec)
                 .collect();
-            releases.extend(
-                batches
-                    .into_iter()
-                    .map(move |batch| async move { backend.release(&batch, line).await }),
-            );
+            releases.extend(batches.into_iter().map(move |batch| async move {
+                let released = self
+                    .stores
+                    .call(store, |backend| backend.release(&batch, line))
+                    .await;
+                if released.is_err() {
+                    self.retry_later(batch);
+                }
+                released
+            }));
         }
         // A few calls at a time: each call's timeout then covers its own work, not a queue of
         // a hundred others (closing a manager that holds 100,000 leases).
@@ -256,6 +293,7 @@ impl Leases {
 
     pub fn counters(&self) -> Counters {
         Counters {
+            unremoved: lock(&self.unremoved).len(),
             held: lock(&self.held).len(),
             lost: self.lost.load(Ordering::Relaxed),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),

@@ -1,8 +1,8 @@
-//! One renewal round (see `docs/design.md`): leases whose removal failed are removed again;
-//! each store's groups are kept alive (Redis: one keep-alive per hash tag); the leases of groups
-//! found stale are checked one by one, taken back where capacity allows, else lost; the counts
-//! of granted members of the groups checked are brought up to date. A failed call leaves its
-//! leases to the next round, and to their deadlines.
+//! One renewal round (see `docs/design.md`): each store's groups are kept alive (Redis: one
+//! keep-alive per hash tag); the leases of groups found stale are checked one by one, taken back
+//! where capacity allows, else lost; the counts of granted members of the groups checked are
+//! brought up to date; then leases whose removal failed are removed again. A failed call leaves
+//! its leases to the next round, and to their deadlines.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -14,17 +14,16 @@ use crate::lease::{monotonic_ms, LeaseRecord, Store};
 
 impl Leases {
     pub(super) async fn renew_held(&self) {
-        let unremoved = std::mem::take(&mut *lock(&self.unremoved));
-        if !unremoved.is_empty() && self.release_all(&unremoved).await.is_err() {
-            lock(&self.unremoved).extend(unremoved);
-        }
         let sent_at = monotonic_ms();
+        // The keep-alive does not wait for the breaker: one call per period per 1,000 tags costs
+        // a dead server little, and it is what keeps live streams alive the moment Redis is back.
+        let breaker = self.stores.breaker();
         let (fallback, main) = tokio::join!(self.renew_store(Store::Fallback), self.renew_store(Store::Main));
         if let Some(failure) = main.failures.first() {
-            self.breaker.observe::<()>(&Err(failure.clone()));
+            breaker.observe::<()>(&Err(failure.clone()));
         }
         if main.answered {
-            self.breaker.observe(&Ok(()));
+            breaker.observe(&Ok(()));
         }
         // A lease released after this round's snapshot but before its check was found gone
         // and, with room, taken back: give it back again.
@@ -50,8 +49,13 @@ impl Leases {
                 self.lose(record, false); // the check removed it everywhere
             }
         }
-        if !released_meanwhile.is_empty() && self.release_all(&released_meanwhile).await.is_err() {
-            lock(&self.unremoved).extend(released_meanwhile);
+        let unremoved: Vec<_> = std::mem::take(&mut *lock(&self.unremoved))
+            .into_values()
+            .collect();
+        released_meanwhile.extend(unremoved);
+        if !released_meanwhile.is_empty() {
+            // What fails is kept for the next round.
+            let _ = self.release_all(&released_meanwhile).await;
         }
     }
 

@@ -23,7 +23,7 @@ impl Leases {
         if record.mark_lost() {
             lock(&self.held).remove(record);
             if still_stored {
-                lock(&self.unremoved).push(Arc::clone(record));
+                self.retry_later([Arc::clone(record)]);
             }
             self.lost.fetch_add(1, Ordering::Relaxed);
         }

@@ -3,6 +3,7 @@
 //! errors to what the user can act on. Every call, the connect included, is bounded by
 //! `redis_timeout`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -97,7 +98,11 @@ impl Link {
                 }
             }
         }
-        .map_err(|e| self.error(&e))?;
+        .map_err(|e| match self.error(&e) {
+            // Nothing was sent on a connection that did not open.
+            CoreError::Unavailable(message) => CoreError::Unreached(message),
+            error => error,
+        })?;
         *slot = Some(opened.clone());
         Ok(opened)
     }
@@ -117,8 +122,11 @@ impl Link {
     /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
     /// whole of it is bounded by `redis_timeout`.
     pub async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+        // Whether the call may have reached Redis (it may then have run there).
+        let sending = AtomicBool::new(false);
         let call = async {
             let mut connection = self.connection().await?;
+            sending.store(true, Ordering::Relaxed);
             invocation.invoke_async(&mut connection).await.map_err(|e| {
                 // Behind Sentinel a dead or demoted master means asking the sentinels again.
                 if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
@@ -131,7 +139,12 @@ impl Link {
         if outcome.is_err() {
             self.forget_master();
         }
-        outcome.map_err(|_| self.timed_out())?
+        outcome.map_err(|_| match self.timed_out() {
+            CoreError::Unavailable(message) if !sending.load(Ordering::Relaxed) => {
+                CoreError::Unreached(message)
+            }
+            timed_out => timed_out,
+        })?
     }
 
     fn forget_master(&self) {
@@ -192,9 +205,14 @@ impl Link {
             ));
         }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-            return CoreError::Unavailable(format!(
+            let message = format!(
                 "cannot reach Redis at {target} ({err}); check the URL and that the server is running"
-            ));
+            );
+            return if err.is_connection_refusal() {
+                CoreError::Unreached(message)
+            } else {
+                CoreError::Unavailable(message)
+            };
         }
         // A failed AUTH during the handshake has a kind but no server code.
         let code = match err.kind() {
