@@ -10,7 +10,7 @@ import redis as redis_py
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from redis_servers import RedisCluster, RedisServer
+from support.redis_servers import RedisCluster, RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseError, StreamLeaseManager
 
-from helpers import count_is, eventually
+from support.waiting import count_is, eventually
 
 
 def global_pool(key_prefix: str) -> str:

@@ -15,8 +15,8 @@ from websockets.sync.client import connect
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from redis_servers import wait_until
-from servers import Uvicorn
+from support.uvicorn_server import Uvicorn
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_CONFIG = LeaseConfig(max_per_user=2, max_global=500, lease_seconds=30.0)

@@ -10,7 +10,7 @@ import pytest
 
 from fastapi_stream_lease import Lease, ManagerClosed, StreamLeaseRejected
 
-from helpers import count_is
+from support.waiting import count_is
 
 
 async def test_per_user_and_global_caps_hold(make_manager):

@@ -16,7 +16,9 @@ from fastapi_stream_lease import (
     StreamLeaseRejected,
 )
 
-from helpers import eventually
+from support.redis_servers import RedisServer
+from support.tls import tls_server
+from support.waiting import eventually
 
 
 async def admits_again(manager: StreamLeaseManager, what: str) -> None:
@@ -254,8 +256,6 @@ async def test_a_key_of_another_type_gives_an_actionable_error(redis_server, red
 
 
 async def test_wrong_password_gives_an_actionable_error(key_prefix):
-    from redis_servers import RedisServer
-
     server = RedisServer("--requirepass", "right").start()
     try:
         manager = StreamLeaseManager(url=f"redis://:wrong@127.0.0.1:{server.port}/0")
@@ -301,8 +301,6 @@ async def test_many_leases_renew_in_batches(redis_server, key_prefix):
 
 
 async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
-    from redis_servers import RedisServer
-
     socket_path = tmp_path / "redis.sock"
     server = RedisServer(
         "--unixsocket", str(socket_path), "--requirepass", "p@ss:word"
@@ -322,8 +320,6 @@ async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
 
 
 async def test_tls_with_a_private_ca(key_prefix, tmp_path):
-    from redis_servers import tls_server
-
     server = tls_server(tmp_path).start()
     ca_file = str(tmp_path / "ca.pem")
     url = f"rediss://127.0.0.1:{server.port}/0"

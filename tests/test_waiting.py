@@ -11,7 +11,7 @@ import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
-from helpers import count_is, eventually
+from support.waiting import count_is, eventually
 
 
 async def test_a_waiter_is_admitted_when_a_slot_frees(make_manager):

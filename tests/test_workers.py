@@ -12,7 +12,7 @@ import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
-from helpers import count_is, eventually
+from support.waiting import count_is, eventually
 
 WORKER = """
 import asyncio, signal, sys

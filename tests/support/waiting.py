@@ -3,7 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
+    what: str = "condition",
+) -> T:
+    """Blocks, polling ``condition`` until it returns a truthy value (returned) or ``timeout``
+    seconds pass. Outside an event loop only: in a coroutine, await :func:`eventually`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 async def eventually(
