@@ -112,10 +112,11 @@ async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, k
         await manager.get_active_count()
     await manager.aclose()
 
-    async def nothing_left() -> bool:  # but the 1 s marker of the full pool's walk, for a while
-        return all(
+    # Every key gone, but the 1 s marker of the full pool's walk, after a while.
+    await eventually(
+        lambda: all(
             node.cli("--scan", "--pattern", f"{{{key_prefix}:*") == ""
             for node in redis_cluster.nodes
-        )
-
-    await eventually(nothing_left, what="every key to be gone")
+        ),
+        what="every key to be gone",
+    )

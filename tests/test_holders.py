@@ -38,19 +38,19 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
     # This acquire registers the holder again: the next round must not trust the entry alone.
     second = await manager.acquire("bob")
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the reaped lease to be checked and taken back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1,
+        what="the reaped lease to be checked and taken back",
+    )
     assert await manager.get_active_count() == 2
     assert not first.lost
     await manager.aclose()
     assert second.released
 
-    async def nothing_left() -> bool:  # but the 1 s marker of the full pool's walk, for a while
-        return redis_client.keys(f"{{{key_prefix}}}*") == []
-
-    await eventually(nothing_left, what="every key to be gone")
+    # Every key gone, but the 1 s marker of the full pool's walk, after a while.
+    await eventually(
+        lambda: redis_client.keys(f"{{{key_prefix}}}*") == [], what="every key to be gone"
+    )
 
 
 async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(redis_server,
@@ -90,10 +90,10 @@ async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(redis_server
         redis_client.zrem(pool, missing.lease_id)
     redis_client.decrby(f"{holders(key_prefix)}:{holder.decode()}:granted", 2)
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the missing grant to be noticed and taken back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1,
+        what="the missing grant to be noticed and taken back",
+    )
     assert await manager.get_active_count() == 2
     assert not kept.lost and not missing.lost
     await manager.aclose()

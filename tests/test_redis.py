@@ -99,10 +99,9 @@ async def test_a_redis_restart_is_survived_and_leases_are_taken_back(own_redis, 
     lease = await manager.acquire("alice")
     own_redis.restart()  # same port, empty data, empty script cache
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the renewal loop to take the lease back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1, what="the renewal loop to take the lease back"
+    )
     assert not lease.lost
     assert await manager.get_active_count("alice") == 1
     await lease.release()
@@ -173,10 +172,7 @@ async def test_on_lost_continue_only_records_the_loss(own_redis, key_prefix):
     other_worker = StreamLeaseManager(url=own_redis.url, config=config)
     thief = await other_worker.acquire("alice")
 
-    async def lost() -> bool:
-        return lease.lost
-
-    await eventually(lost, what="the loss to be recorded")
+    await eventually(lambda: lease.lost, what="the loss to be recorded")
     assert await anext(stream) == "tick", "the stream goes on"
     await stream.aclose()
     await thief.release()
@@ -372,10 +368,7 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
 
     streams = [asyncio.create_task(consume(n)) for n in range(3)]
 
-    async def all_flowing() -> bool:
-        return min(received) > 0
-
-    await eventually(all_flowing, what="three streams to flow")
+    await eventually(lambda: min(received) > 0, what="three streams to flow")
     own_redis.stop()
     with pytest.raises(BackendUnavailable):  # closed: new streams are refused at once
         await manager.acquire("newcomer")
@@ -390,10 +383,10 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
     await eventually(converged, what="the count to converge to the 3 live streams")
     before = list(received)
 
-    async def still_flowing() -> bool:
-        return all(now > then for now, then in zip(received, before, strict=True))
-
-    await eventually(still_flowing, what="the streams to go on")
+    await eventually(
+        lambda: all(now > then for now, then in zip(received, before, strict=True)),
+        what="the streams to go on",
+    )
     assert not any(stream.done() for stream in streams)
 
     # An outage longer than the lease: each stream ends with LeaseLost at its deadline.

@@ -163,11 +163,7 @@ async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, ke
     # "last" is admitted after "first" without waiting for anything of the dead waiter's
     assert await asyncio.wait_for(last.stdout.readline(), 10) == b"admitted\n"
     assert await first.wait() == 0 and await last.wait() == 0
-
-    async def empty() -> bool:
-        return await manager.get_active_count() == 0
-
-    await eventually(empty, what="every slot to be free")
+    await count_is(manager, 0)
 
 
 CROWD = """
@@ -228,10 +224,7 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis
     redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
     waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
 
-    async def in_line() -> bool:
-        return manager.stats()["waiting"] == 1
-
-    await eventually(in_line, what="bob to wait")
+    await eventually(lambda: manager.stats()["waiting"] == 1, what="bob to wait")
     await held.release()
     lease = await asyncio.wait_for(waiting, 20)
     assert redis_client.zrange(line, 0, -1) == []
@@ -256,10 +249,7 @@ async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server
 
     waiters = [asyncio.create_task(wait(n)) for n in range(200)]
 
-    async def all_in_line() -> bool:
-        return manager.stats()["waiting"] == 200
-
-    await eventually(all_in_line, what="200 waiters in line")
+    await eventually(lambda: manager.stats()["waiting"] == 200, what="200 waiters in line")
     for _ in range(200):  # each release admits the next waiter, none is lost from the line
         await current.release()
         current = await asyncio.wait_for(admitted.get(), 10)

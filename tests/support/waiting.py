@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -27,15 +28,24 @@ def wait_until(
 
 
 async def eventually(
-    condition: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
+    condition: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0,
+    what: str = "condition",
 ) -> None:
-    """Awaits ``condition`` until it holds, failing after ``timeout`` seconds."""
+    """Checks ``condition``, a plain or an async predicate, until it holds, failing after
+    ``timeout`` seconds; the event loop runs between checks."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not await condition():
+    while not await _holds(condition):
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
+    outcome = condition()
+    if inspect.isawaitable(outcome):
+        return await outcome
+    return outcome
 
 
 async def count_is(manager, expected: int, user_id: str | None = None) -> None:
