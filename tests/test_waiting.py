@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
+from support.apps import app_command
 from support.waiting import count_is, eventually
 
 
@@ -117,27 +117,9 @@ async def test_capacity_3_and_300_waiters_never_more_than_3(make_manager):
     await count_is(manager, 0)
 
 
-WAITER = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=1, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-    print("waiting", flush=True)
-    lease = await manager.acquire(sys.argv[3], wait_timeout=60)
-    print("admitted", flush=True)
-    await asyncio.sleep(float(sys.argv[4]))
-    await lease.release()
-    await manager.aclose()
-
-asyncio.run(main())
-"""
-
-
 async def start_waiter(url: str, prefix: str, name: str, hold: float):
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WAITER, url, prefix, name, str(hold),
+        *app_command("wait_in_line", url, prefix, name, str(hold)),
         stdout=asyncio.subprocess.PIPE,
     )
     assert await asyncio.wait_for(process.stdout.readline(), 30) == b"waiting\n"
@@ -166,32 +148,11 @@ async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, ke
     await count_is(manager, 0)
 
 
-CROWD = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=3, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-
-    async def one(i):
-        lease = await manager.acquire(f"{sys.argv[3]}-{i}", wait_timeout=120)
-        await asyncio.sleep(0.005)
-        await lease.release()
-
-    await asyncio.gather(*(one(i) for i in range(100)))
-    print("done", flush=True)
-    await manager.aclose()
-
-asyncio.run(main())
-"""
-
-
 async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server, redis_client,
                                                                    key_prefix):
     crowd = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CROWD, redis_server.url, key_prefix, f"p{n}",
+            *app_command("crowd_of_waiters", redis_server.url, key_prefix, f"p{n}"),
             stdout=asyncio.subprocess.PIPE,
         )
         for n in range(3)

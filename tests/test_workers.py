@@ -6,40 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import pytest
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
+from support.apps import app_command
 from support.waiting import count_is, eventually
-
-WORKER = """
-import asyncio, signal, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-    leases = [await manager.acquire(f"{sys.argv[3]}-{i}") for i in range(2)]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(
-        signal.SIGUSR1, lambda: print("lost", manager.stats()["lost"], flush=True)
-    )
-    print("held", *(lease.lease_id for lease in leases), flush=True)
-    await stop.wait()
-    await manager.aclose()  # what an app's lifespan does on shutdown
-    print("closed", flush=True)
-
-asyncio.run(main())
-"""
 
 
 async def start_worker(url: str, prefix: str, name: str):
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WORKER, url, prefix, name, stdout=asyncio.subprocess.PIPE
+        *app_command("holding_worker", url, prefix, name), stdout=asyncio.subprocess.PIPE
     )
     line = await asyncio.wait_for(worker.stdout.readline(), 30)
     assert line.startswith(b"held"), line
