@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseRejected
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -170,12 +170,9 @@ async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server
         assert process.returncode == 0
 
 
-async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis_client,
+async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager, redis_client,
                                                              key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
-    )
+    manager = make_redis_manager(max_per_user=0, max_global=1)
     held = await manager.acquire("alice")
     (holder,) = redis_client.zrange(f"{{{key_prefix}}}:holders", 0, -1)
     line = f"{{{key_prefix}}}:line"
@@ -190,18 +187,14 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis
     lease = await asyncio.wait_for(waiting, 20)
     assert redis_client.zrange(line, 0, -1) == []
     await lease.release()
-    await manager.aclose()
 
 
-async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server, redis_client,
-                                                                    key_prefix):
+async def test_waiters_arriving_during_a_heartbeat_keep_their_place(make_redis_manager,
+                                                                    redis_client):
     # An empty script cache slows every first call (NOSCRIPT, load, call again), so many waiters'
     # first calls run between a heartbeat listing this process's waiters and its script.
     redis_client.script_flush()
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
-    )
+    manager = make_redis_manager(max_per_user=0, max_global=1)
     current = await manager.acquire("first")
     admitted: asyncio.Queue = asyncio.Queue()
 
@@ -216,4 +209,3 @@ async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server
         current = await asyncio.wait_for(admitted.get(), 10)
     await current.release()
     await asyncio.gather(*waiters)
-    await manager.aclose()

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseRejected
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -25,11 +25,8 @@ async def start_worker(url: str, prefix: str, name: str):
 
 
 async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, redis_client,
-                                                               key_prefix):
-    observer = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
-    )
+                                                               key_prefix, make_redis_manager):
+    observer = make_redis_manager(max_per_user=0, max_global=4, lease_seconds=1)
     doomed, _ = await start_worker(redis_server.url, key_prefix, "a")
     survivor, survivor_ids = await start_worker(redis_server.url, key_prefix, "b")
     assert await observer.get_active_count() == 4
@@ -50,15 +47,11 @@ async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, re
     assert await survivor.wait() == 0
     assert await observer.get_active_count() == 1
     await lease.release()
-    await observer.aclose()
 
 
 async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, redis_client,
-                                                                  key_prefix):
-    observer = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
-    )
+                                                                  key_prefix, make_redis_manager):
+    observer = make_redis_manager(max_per_user=0, max_global=4, lease_seconds=1)
     stalled, _ = await start_worker(redis_server.url, key_prefix, "a")
     running, running_ids = await start_worker(redis_server.url, key_prefix, "b")
     stalled.send_signal(signal.SIGSTOP)  # a long pause: it renews nothing
@@ -85,4 +78,3 @@ async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, 
     for worker in (stalled, running):
         worker.send_signal(signal.SIGTERM)
         assert await worker.wait() == 0
-    await observer.aclose()
