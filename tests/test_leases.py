@@ -8,6 +8,7 @@ import gc
 import pytest
 
 from fastapi_stream_lease import Lease, ManagerClosed, StreamLeaseRejected
+from fastapi_stream_lease.manager import ManagerStats
 
 from support.apps import app_command
 from support.waiting import count_is
@@ -206,6 +207,10 @@ async def test_aclose_releases_everything_this_process_holds(make_manager):
         assert await observer.get_active_count() == 0
     stats = manager.stats()
     assert (stats["held"], stats["lost"], stats["closed"]) == (0, 0, True)
+
+
+async def test_stats_have_the_documented_keys(make_manager):
+    assert set(make_manager().stats()) == ManagerStats.__required_keys__
 
 
 async def test_an_acquire_in_flight_when_the_manager_closes_takes_nothing(make_manager):
