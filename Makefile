@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis test test-rust test-python lint fmt demo bench clean
+.PHONY: help venv build redis test lint fmt demo bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'

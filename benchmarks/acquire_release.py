@@ -55,6 +55,11 @@ from urllib.parse import urlsplit
 import hiredis
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import DefaultParser
+
+import fastapi_stream_lease
+from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
+
 from common import (
     BENCH_DIR,
     PEER,
@@ -71,13 +76,9 @@ from common import (
     redis_py_client,
     scenario_name,
     timed_run,
-    without_password,
     write_json,
 )
-from redis.asyncio.connection import DefaultParser
-
-import fastapi_stream_lease
-from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
+from support.urls import without_password
 
 DEFAULT_OUTPUT = RESULTS_DIR / "acquire_release.json"
 KEY_PREFIX = "bench"

@@ -4,9 +4,9 @@ The pools of one atomic acquire must share a slot. With the global pool (the def
 of a manager shares the ``{key_prefix}`` hash tag, so one shard serves every acquire; with
 ``global_pool=False`` each user's pool has a tag of its own and users spread across shards.
 
-Starts its own 3-master cluster on free loopback ports (``redis-server --cluster-enabled yes``,
-``redis-cli --cluster create``), runs the same acquire + release cycles for 300 users under each
-layout, and prints the keys held and the commands run on each shard (``INFO commandstats``).
+Starts its own 3-master cluster on free loopback ports (``support.redis_servers.RedisCluster``,
+as the tests do), runs the same acquire + release cycles for 300 users under each layout, and
+prints the keys held and the commands run on each shard (``INFO commandstats``).
 Run it with ``bash benchmarks/run.sh``, or alone:
 ``benchmarks/.venv/bin/python benchmarks/cluster_spread.py``.
 """
@@ -14,62 +14,28 @@ Run it with ``bash benchmarks/run.sh``, or alone:
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
 import redis.asyncio as aioredis
-from common import RESULTS_DIR, command_calls, free_port, machine_info, print_table, write_json
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
+from common import RESULTS_DIR, command_calls, machine_info, print_table, write_json
+from support.redis_servers import RedisCluster
+
 USERS = 300
 CYCLES_PER_USER = 20
-
-
-def start_cluster(directory: Path) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
-    ports: list[int] = []
-    while len(ports) < 3:  # room for the cluster bus port (port + 10000)
-        port = free_port()
-        if port < 55_000 and port not in ports:
-            ports.append(port)
-    nodes = []
-    for port in ports:
-        node_dir = directory / str(port)
-        node_dir.mkdir()
-        nodes.append(subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--cluster-enabled", "yes", "--dir", str(node_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
-    time.sleep(0.5)
-    subprocess.run(
-        ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-         "--cluster-replicas", "0", "--cluster-yes"],
-        check=True, capture_output=True, timeout=60,
-    )
-    for _ in range(300):  # bounded: about 30 s
-        infos = [subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
-                                capture_output=True, text=True).stdout for p in ports]
-        if all("cluster_state:ok" in info for info in infos):
-            break
-        time.sleep(0.1)
-    return nodes, ports
 
 
 async def count_keys(shard: aioredis.Redis, prefix: str) -> int:
     return len([key async for key in shard.scan_iter(match=f"{{{prefix}*", count=1000)])
 
 
-async def run_layout(ports: list[int], global_pool: bool) -> dict[str, list[int]]:
+async def run_layout(cluster: RedisCluster, global_pool: bool) -> dict[str, list[int]]:
     prefix = f"spread-{'global' if global_pool else 'users'}"
     config = LeaseConfig(key_prefix=prefix, max_per_user=0, global_pool=global_pool,
                          **({"max_global": 0} if global_pool else {}))
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
-    manager = StreamLeaseManager(url=url, config=config)
-    shards = [aioredis.Redis(port=p) for p in ports]
+    manager = StreamLeaseManager(url=cluster.url, config=config)
+    shards = [aioredis.Redis(port=node.port) for node in cluster.nodes]
     before = [(await command_calls(s))[0] for s in shards]
 
     async def cycles(user: int) -> list[object]:
@@ -90,18 +56,14 @@ async def run_layout(ports: list[int], global_pool: bool) -> dict[str, list[int]
 
 
 async def main() -> None:
-    directory = Path(tempfile.mkdtemp(prefix="spread-"))
-    nodes, ports = start_cluster(directory)
+    cluster = RedisCluster().start()
     try:
         results = {
-            "global pool (default)": await run_layout(ports, global_pool=True),
-            "global_pool=False": await run_layout(ports, global_pool=False),
+            "global pool (default)": await run_layout(cluster, global_pool=True),
+            "global_pool=False": await run_layout(cluster, global_pool=False),
         }
     finally:
-        for node in nodes:
-            node.kill()
-            node.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+        cluster.cleanup()
     rows = [
         [layout, *(f"{k:,} / {c:,}" for k, c in zip(r["keys"], r["commands"], strict=True))]
         for layout, r in results.items()

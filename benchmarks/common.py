@@ -2,7 +2,9 @@
 
 This module imports only the standard library and redis-py, because it also runs inside the
 peer's virtualenv (``benchmarks/.venv-peer``, PyPI ``fastapi-stream-lease==0.6.3``), whose
-package has the same import name as this project's. It holds:
+package has the same import name as this project's. Importing it puts ``tests/`` on the path, so
+that the benchmarks import the tests' ``support`` package (free ports, redis-server processes,
+URL redaction) rather than copies of it. It holds:
 
 * the timed acquire+release loop (:func:`timed_run`) that every implementation goes through;
 * the JSON-lines protocol between a benchmark and its helper subprocesses (:class:`Child` on
@@ -18,18 +20,18 @@ import json
 import math
 import os
 import platform
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
-from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 
 BENCH_DIR = Path(__file__).resolve().parent
+# After the script's own folder: tests/support is imported as `support`, as the tests do.
+sys.path.insert(1, str(BENCH_DIR.parent / "tests"))
 RESULTS_DIR = BENCH_DIR / "results"
 PEER_PYTHON = BENCH_DIR / ".venv-peer" / "bin" / "python"
 PEER = "peer fastapi-stream-lease 0.6.3"
@@ -353,7 +355,7 @@ async def serve_holder(holder: Holder, leases: int, acquire_concurrency: int) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# Processes and sockets
+# Processes
 
 
 def cpu_seconds(pid: int) -> float:
@@ -369,17 +371,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now (never Redis's 6379)."""
-    for _attempt in range(10):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
-        if port != 6379:
-            return port
-    raise RuntimeError("no free loopback port found")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,14 +399,6 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "event_loop": "asyncio (default loop, no uvloop)",
     }
-
-
-def without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}:{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

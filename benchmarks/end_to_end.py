@@ -46,23 +46,24 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+
 from common import (
     RESULTS_DIR,
     Child,
     cpu_seconds,
-    free_port,
     machine_info,
     percentile_ms,
     print_table,
     reply,
     requests,
-    without_password,
     write_json,
 )
-from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
-
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from support.ports import free_port
+from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "end_to_end.json"

@@ -46,6 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+
+from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
+
 from common import (
     BENCH_DIR,
     PEER,
@@ -58,11 +61,9 @@ from common import (
     machine_info,
     print_table,
     serve_holder,
-    without_password,
     write_json,
 )
-
-from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
+from support.urls import without_password
 
 DEFAULT_OUTPUT = RESULTS_DIR / "holding.json"
 PROJECT_SIZES = (1_000, 10_000, 100_000)

@@ -32,6 +32,11 @@ from dataclasses import asdict
 
 import hiredis
 import redis
+from redis.asyncio.connection import DefaultParser
+
+import fastapi_stream_lease
+from fastapi_stream_lease import LeaseConfig, StreamLease, StreamLeaseLost, StreamLeaseManager
+
 from common import (
     PEER,
     REDIS_PY_POOL_SIZE,
@@ -42,10 +47,6 @@ from common import (
     serve_holder,
     timed_run,
 )
-from redis.asyncio.connection import DefaultParser
-
-import fastapi_stream_lease
-from fastapi_stream_lease import LeaseConfig, StreamLease, StreamLeaseLost, StreamLeaseManager
 
 UNLIMITED_BUT_COUNTED = 10**9
 

@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+
+from common import RESULTS_DIR
 
 DEFAULT_INPUT = RESULTS_DIR / "acquire_release.json"
 DEFAULT_OUTPUT = RESULTS_DIR / "cycles_vs_concurrency.png"

@@ -25,6 +25,9 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
 from common import (
     RESULTS_DIR,
     command_calls,
@@ -33,11 +36,9 @@ from common import (
     percentile_ms,
     print_table,
     redis_py_client,
-    without_password,
     write_json,
 )
-
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+from support.urls import without_password
 
 WAITERS = 200
 HAND_OVERS = 100

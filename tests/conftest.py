@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 import redis as redis_py
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from redis_servers import RedisCluster, RedisServer
+from support.redis_servers import RedisCluster, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +53,15 @@ def backend_url(request: pytest.FixtureRequest) -> str:
 ManagerFactory = Callable[..., StreamLeaseManager]
 
 
-@pytest.fixture
-async def make_manager(backend_url: str, key_prefix: str) -> AsyncIterator[ManagerFactory]:
-    """Builds managers on the test's backend; every one is closed at the end of the test."""
+@asynccontextmanager
+async def managers_on(url: str, key_prefix: str) -> AsyncIterator[ManagerFactory]:
+    """A factory of managers on ``url``, built from ``LeaseConfig`` keyword arguments (the test's
+    key prefix unless given); every one still open is closed when the block ends."""
     managers: list[StreamLeaseManager] = []
 
-    def make(url: str | None = None, **config: object) -> StreamLeaseManager:
+    def make(**config: object) -> StreamLeaseManager:
         config.setdefault("key_prefix", key_prefix)
-        manager = StreamLeaseManager(url=url or backend_url, config=LeaseConfig(**config))
+        manager = StreamLeaseManager(url=url, config=LeaseConfig(**config))
         managers.append(manager)
         return manager
 
@@ -67,6 +69,31 @@ async def make_manager(backend_url: str, key_prefix: str) -> AsyncIterator[Manag
     for manager in managers:
         if not manager.stats()["closed"]:
             await manager.aclose()
+
+
+@pytest.fixture
+async def make_manager(backend_url: str, key_prefix: str) -> AsyncIterator[ManagerFactory]:
+    """Builds managers on the test's backend (each behavioural test runs on both)."""
+    async with managers_on(backend_url, key_prefix) as make:
+        yield make
+
+
+@pytest.fixture
+async def make_redis_manager(
+    redis_server: RedisServer, key_prefix: str
+) -> AsyncIterator[ManagerFactory]:
+    """Builds managers on the Redis server the tests share."""
+    async with managers_on(redis_server.url, key_prefix) as make:
+        yield make
+
+
+@pytest.fixture
+async def make_own_redis_manager(
+    own_redis: RedisServer, key_prefix: str
+) -> AsyncIterator[ManagerFactory]:
+    """Builds managers on the test's own Redis server, fresh and free to kill, pause or flush."""
+    async with managers_on(own_redis.url, key_prefix) as make:
+        yield make
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from fastapi_stream_lease import (
     StreamLeaseManager,
 )
 
+from support.ports import free_port
+
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
@@ -106,8 +108,6 @@ def test_wrong_arguments_to_the_manager():
 
 
 async def test_an_unreachable_redis_fails_fast_with_a_clear_error():
-    from redis_servers import free_port
-
     manager = StreamLeaseManager(
         url=f"redis://:hunter2@127.0.0.1:{free_port()}/0", config=LeaseConfig(redis_timeout=0.5)
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from helpers import count_is
+from support.waiting import count_is
 
 
 async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):

@@ -9,7 +9,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
-from helpers import eventually
+from support.redis_servers import RedisCluster
+from support.waiting import eventually
 
 
 async def test_caps_hold_on_a_cluster(redis_cluster, key_prefix):
@@ -48,8 +49,6 @@ async def test_a_redis_asyncio_cluster_client_is_accepted(redis_cluster, key_pre
 
 
 async def test_a_cluster_node_restart_is_survived(key_prefix, tmp_path):
-    from redis_servers import RedisCluster
-
     cluster = RedisCluster().start()  # its own: this test restarts a node
     try:
         config = LeaseConfig(key_prefix=key_prefix, max_per_user=1, lease_seconds=1,
@@ -113,10 +112,11 @@ async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, k
         await manager.get_active_count()
     await manager.aclose()
 
-    async def nothing_left() -> bool:  # but the 1 s marker of the full pool's walk, for a while
-        return all(
+    # Every key gone, but the 1 s marker of the full pool's walk, after a while.
+    await eventually(
+        lambda: all(
             node.cli("--scan", "--pattern", f"{{{key_prefix}:*") == ""
             for node in redis_cluster.nodes
-        )
-
-    await eventually(nothing_left, what="every key to be gone")
+        ),
+        what="every key to be gone",
+    )

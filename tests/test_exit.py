@@ -4,35 +4,17 @@ GIL, so nothing can race the interpreter's finalization (the stock bridge crashe
 from __future__ import annotations
 
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from support.apps import app_command
+
 RUNS = 200
-
-SCRIPT = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    manager = StreamLeaseManager(url=sys.argv[1], config=LeaseConfig(key_prefix=sys.argv[2],
-                                 max_per_user=0, max_global=0))
-    leases = await asyncio.gather(*(manager.acquire(f"u{i}") for i in range(20)))
-    # Leave work in flight at exit: releases, acquires and counts still running in Rust.
-    for lease in leases:
-        lease.release_nowait()
-    for i in range(20):
-        asyncio.ensure_future(manager.acquire(f"v{i}"))
-        asyncio.ensure_future(manager.get_active_count())
-    await asyncio.sleep(0)
-
-asyncio.run(main())
-"""
 
 
 def test_no_crash_at_exit(redis_server, key_prefix):
     def run(_: int) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            [sys.executable, "-c", SCRIPT, redis_server.url, key_prefix],
+            app_command("exit_with_work_in_flight", redis_server.url, key_prefix),
             capture_output=True, timeout=60,
         )
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseError, StreamLeaseManager
+from fastapi_stream_lease import StreamLeaseError
 
-from helpers import count_is, eventually
+from support.waiting import count_is, eventually
 
 
 def global_pool(key_prefix: str) -> str:
@@ -22,12 +22,9 @@ def holders(key_prefix: str) -> str:
     return f"{{{key_prefix}}}:holders"
 
 
-async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server, redis_client,
-                                                                   key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2, max_per_user=0),
-    )
+async def test_leases_reaped_while_held_are_checked_and_taken_back(make_redis_manager,
+                                                                   redis_client, key_prefix):
+    manager = make_redis_manager(lease_seconds=2, max_per_user=0)
     first = await manager.acquire("alice")
     # What another process's reaper does to a holder whose entry expired (a long stall).
     (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
@@ -38,27 +35,24 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(redis_server,
     # This acquire registers the holder again: the next round must not trust the entry alone.
     second = await manager.acquire("bob")
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the reaped lease to be checked and taken back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1,
+        what="the reaped lease to be checked and taken back",
+    )
     assert await manager.get_active_count() == 2
     assert not first.lost
     await manager.aclose()
     assert second.released
 
-    async def nothing_left() -> bool:  # but the 1 s marker of the full pool's walk, for a while
-        return redis_client.keys(f"{{{key_prefix}}}*") == []
-
-    await eventually(nothing_left, what="every key to be gone")
-
-
-async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(redis_server,
-                                                                      redis_client, key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=0),
+    # Every key gone, but the 1 s marker of the full pool's walk, after a while.
+    await eventually(
+        lambda: redis_client.keys(f"{{{key_prefix}}}*") == [], what="every key to be gone"
     )
+
+
+async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(make_redis_manager,
+                                                                      redis_client, key_prefix):
+    manager = make_redis_manager(lease_seconds=3, max_per_user=0)
     held = [await manager.acquire(f"user{i}") for i in range(250)]  # 251 pools
     # The process stalled: its entry expired. Its next acquire reaps the first 200 of its pools
     # (the reaper's budget per call), then registers it again, with the other 51 still there.
@@ -72,15 +66,11 @@ async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(redis_ser
 
     await eventually(all_back, what="the reaped leases to be checked and taken back")
     assert manager.stats()["reclaimed"] > 0 and not any(lease.lost for lease in held)
-    await manager.aclose()
 
 
-async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(redis_server, redis_client,
-                                                                    key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2, max_per_user=0),
-    )
+async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(make_redis_manager,
+                                                                    redis_client, key_prefix):
+    manager = make_redis_manager(lease_seconds=2, max_per_user=0)
     kept = await manager.acquire("alice")
     missing = await manager.acquire("bob")
     # A replica promoted before the last acquire reached it: that script's writes are gone, the
@@ -90,19 +80,16 @@ async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(redis_server
         redis_client.zrem(pool, missing.lease_id)
     redis_client.decrby(f"{holders(key_prefix)}:{holder.decode()}:granted", 2)
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the missing grant to be noticed and taken back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1,
+        what="the missing grant to be noticed and taken back",
+    )
     assert await manager.get_active_count() == 2
     assert not kept.lost and not missing.lost
-    await manager.aclose()
 
 
-async def test_a_release_that_failed_is_retried(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, lease_seconds=2)
-    )
+async def test_a_release_that_failed_is_retried(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(lease_seconds=2)
     lease = await manager.acquire("alice")
     kept = await manager.acquire("bob")  # keeps this process's holder entry alive
     own_redis.cli("ACL", "SETUSER", "default", "-evalsha", "-eval")  # scripts refused
@@ -114,33 +101,28 @@ async def test_a_release_that_failed_is_retried(own_redis, key_prefix):
     # The holder stays alive, so only the retry can free the slot.
     await count_is(manager, 0, "alice")
     assert not kept.lost
-    await manager.aclose()
 
 
-async def test_members_of_unknown_holders_never_fill_a_pool(redis_server, redis_client,
+async def test_members_of_unknown_holders_never_fill_a_pool(make_redis_manager, redis_client,
                                                             key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, max_per_user=0, max_global=1),
-    )
+    manager = make_redis_manager(max_per_user=0, max_global=1)
     redis_client.zadd(global_pool(key_prefix), {"ghost": 12345})  # its holder is unknown
     lease = await manager.acquire("alice")
     assert redis_client.zrange(global_pool(key_prefix), 0, -1) == [lease.lease_id.encode()]
     redis_client.zadd(global_pool(key_prefix), {"ghost": 12345})
     await count_is(manager, 1)  # a pool is walked at most once a second
-    await manager.aclose()
 
 
-async def test_a_dead_holder_is_reaped_by_the_next_acquire(redis_server, redis_client,
+async def test_a_dead_holder_is_reaped_by_the_next_acquire(make_redis_manager, redis_client,
                                                            key_prefix):
     # Long leases: no renewal round runs during the test.
-    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=30, max_per_user=0, max_global=2)
-    doomed = StreamLeaseManager(url=redis_server.url, config=config)
+    config = {"lease_seconds": 30, "max_per_user": 0, "max_global": 2}
+    doomed = make_redis_manager(**config)
     held = [await doomed.acquire(f"user{i}") for i in range(2)]
     # The process stops renewing (as if killed): its entry expires, nothing else happens.
     (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
     redis_client.zadd(holders(key_prefix), {holder: 0})
-    other = StreamLeaseManager(url=redis_server.url, config=config)
+    other = make_redis_manager(**config)
     lease = await other.acquire("carol")  # reaps the dead holder: its pools and its entry
     assert redis_client.zrange(global_pool(key_prefix), 0, -1) == [lease.lease_id.encode()]
     assert redis_client.zscore(holders(key_prefix), holder) is None

@@ -15,8 +15,9 @@ from websockets.sync.client import connect
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from redis_servers import wait_until
-from servers import Uvicorn
+from support.apps import APPS_DIR
+from support.uvicorn_server import Uvicorn
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_CONFIG = LeaseConfig(max_per_user=2, max_global=500, lease_seconds=30.0)
@@ -81,7 +82,7 @@ def test_seed_websocket_example_holds_a_lease_while_open(seed_app, own_redis):
 def start_slow_app(backend_url: str, key_prefix: str, max_global: int = 1000) -> Uvicorn:
     return Uvicorn(
         "slow_stream_app:app",
-        ROOT / "tests" / "apps",
+        APPS_DIR,
         env={
             "STREAM_LEASE_URL": backend_url,
             "STREAM_LEASE_PREFIX": key_prefix,
@@ -136,7 +137,7 @@ def test_a_client_hanging_up_mid_stream_frees_the_slot(slow_app, hang_up):
 
 def test_sigterm_releases_every_lease_through_the_lifespan(redis_server, key_prefix):
     server = Uvicorn(
-        "lifespan_app:app", ROOT / "tests" / "apps",
+        "lifespan_app:app", APPS_DIR,
         {"STREAM_LEASE_URL": redis_server.url, "STREAM_LEASE_PREFIX": key_prefix},
         "--timeout-graceful-shutdown", "1",
     )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 
 import pytest
 
 from fastapi_stream_lease import Lease, ManagerClosed, StreamLeaseRejected
+from fastapi_stream_lease.manager import ManagerStats
 
-from helpers import count_is
+from support.apps import app_command
+from support.waiting import count_is
 
 
 async def test_per_user_and_global_caps_hold(make_manager):
@@ -61,27 +62,12 @@ async def test_200_concurrent_acquires_for_capacity_5_admit_exactly_5(make_manag
     assert await manager.get_active_count() == 5
 
 
-HOLDER = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=1, lease_seconds=2, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-    lease = await manager.acquire("alice")
-    print("held", lease.lease_id, flush=True)
-    await asyncio.sleep(60)
-
-asyncio.run(main())
-"""
-
-
 async def test_a_vanished_holder_frees_its_slot_after_lease_seconds(make_manager, backend_url,
                                                                     key_prefix):
     if backend_url == "memory://":
         pytest.skip("the embedded store lives and dies with its only holder, the process")
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLDER, backend_url, key_prefix, stdout=asyncio.subprocess.PIPE
+        *app_command("hold_one_lease", backend_url, key_prefix), stdout=asyncio.subprocess.PIPE
     )
     assert (await asyncio.wait_for(holder.stdout.readline(), 30)).startswith(b"held")
     holder.kill()  # SIGKILL: nobody releases, nobody renews
@@ -221,6 +207,10 @@ async def test_aclose_releases_everything_this_process_holds(make_manager):
         assert await observer.get_active_count() == 0
     stats = manager.stats()
     assert (stats["held"], stats["lost"], stats["closed"]) == (0, 0, True)
+
+
+async def test_stats_have_the_documented_keys(make_manager):
+    assert set(make_manager().stats()) == ManagerStats.__required_keys__
 
 
 async def test_an_acquire_in_flight_when_the_manager_closes_takes_nothing(make_manager):

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from fastapi_stream_lease import Limiter, Resource, StreamLeaseManager, StreamLeaseRejected
 
-from redis_servers import wait_until
+from support.waiting import wait_until
 
 
 def test_the_seed_readme_example_as_written():

@@ -16,7 +16,9 @@ from fastapi_stream_lease import (
     StreamLeaseRejected,
 )
 
-from helpers import eventually
+from support.redis_servers import RedisServer
+from support.tls import tls_server
+from support.waiting import eventually
 
 
 async def admits_again(manager: StreamLeaseManager, what: str) -> None:
@@ -32,9 +34,9 @@ async def admits_again(manager: StreamLeaseManager, what: str) -> None:
     await eventually(admitted, what=what)
 
 
-async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, redis_client,
-                                                                key_prefix):
-    manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_manager,
+                                                                redis_client, key_prefix):
+    manager = make_redis_manager()
     lease = await manager.acquire("alice@example.com")
     keys = sorted(k.decode() for k in redis_client.keys(f"{{{key_prefix}}}*"))
     # Two pools, the tag's holders, this manager's list of its pools there and its count of
@@ -56,26 +58,19 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(redis_server, 
     assert redis_client.keys(f"{{{key_prefix}}}*") == [], "released pools leave no empty key"
 
 
-async def test_identity_secret_changes_the_keys(redis_server, redis_client, key_prefix):
-    plain = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
-    keyed = StreamLeaseManager(
-        url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix, identity_secret=b"k" * 32)
-    )
+async def test_identity_secret_changes_the_keys(make_redis_manager, redis_client, key_prefix):
+    plain = make_redis_manager()
+    keyed = make_redis_manager(identity_secret=b"k" * 32)
     leases = [await plain.acquire("alice"), await keyed.acquire("alice")]
     assert len(redis_client.keys(f"{{{key_prefix}}}:user:*")) == 2
     assert await plain.get_active_count("alice") == 1
     for lease in leases:
         await lease.release()
-    await plain.aclose()
-    await keyed.aclose()
 
 
-async def test_script_flush_does_not_break_acquire_renew_or_release(redis_server, redis_client,
-                                                                   key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=2),
-    )
+async def test_script_flush_does_not_break_acquire_renew_or_release(make_redis_manager,
+                                                                   redis_client):
+    manager = make_redis_manager(lease_seconds=1, max_per_user=2)
     first = await manager.acquire("alice")
     redis_client.script_flush()
     second = await manager.acquire("alice")  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
@@ -86,30 +81,25 @@ async def test_script_flush_does_not_break_acquire_renew_or_release(redis_server
     redis_client.script_flush()
     assert await first.release() is True
     assert manager.stats()["renew_failures"] == 0
-    await manager.aclose()
 
 
-async def test_a_redis_restart_is_survived_and_leases_are_taken_back(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=1),
-    )
+async def test_a_redis_restart_is_survived_and_leases_are_taken_back(own_redis,
+                                                                     make_own_redis_manager):
+    manager = make_own_redis_manager(lease_seconds=1, max_per_user=1)
     lease = await manager.acquire("alice")
     own_redis.restart()  # same port, empty data, empty script cache
 
-    async def taken_back() -> bool:
-        return manager.stats()["reclaimed"] == 1
-
-    await eventually(taken_back, what="the renewal loop to take the lease back")
+    await eventually(
+        lambda: manager.stats()["reclaimed"] == 1, what="the renewal loop to take the lease back"
+    )
     assert not lease.lost
     assert await manager.get_active_count("alice") == 1
     await lease.release()
-    await manager.aclose()
 
 
-async def test_a_lease_lost_to_a_restart_ends_its_stream(own_redis, key_prefix):
-    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=1)
-    manager = StreamLeaseManager(url=own_redis.url, config=config)
+async def test_a_lease_lost_to_a_restart_ends_its_stream(own_redis, make_own_redis_manager):
+    config = {"lease_seconds": 3, "max_per_user": 1}
+    manager = make_own_redis_manager(**config)
     lease = await manager.acquire("alice")
 
     async def first_token_never_comes():
@@ -122,7 +112,7 @@ async def test_a_lease_lost_to_a_restart_ends_its_stream(own_redis, key_prefix):
     stream = asyncio.create_task(consume())
     own_redis.restart()
     # Another worker takes the freed slot before this one renews (renewal runs every second).
-    other_worker = StreamLeaseManager(url=own_redis.url, config=config)
+    other_worker = make_own_redis_manager(**config)
     thief = await other_worker.acquire("alice")
     with pytest.raises(LeaseLost):
         await asyncio.wait_for(stream, 10)
@@ -133,15 +123,11 @@ async def test_a_lease_lost_to_a_restart_ends_its_stream(own_redis, key_prefix):
     await thief.release()
     again = await manager.acquire("alice")  # the connection came back by itself
     await again.release()
-    await manager.aclose()
-    await other_worker.aclose()
 
 
-async def test_a_lease_knows_its_deadline_when_redis_stops_answering(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, redis_timeout=0.2),
-    )
+async def test_a_lease_knows_its_deadline_when_redis_stops_answering(own_redis,
+                                                                     make_own_redis_manager):
+    manager = make_own_redis_manager(lease_seconds=1, redis_timeout=0.2)
     with pytest.raises(LeaseLost):
         async with manager.lease("alice") as lease:
             own_redis.pause()  # answers nothing: renewals hang until their timeout
@@ -151,13 +137,11 @@ async def test_a_lease_knows_its_deadline_when_redis_stops_answering(own_redis, 
                 own_redis.resume()
     assert lease.lost
     assert manager.stats()["lost"] == 1
-    await manager.aclose()
 
 
-async def test_on_lost_continue_only_records_the_loss(own_redis, key_prefix):
-    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=3, max_per_user=1,
-                         on_lost="continue")
-    manager = StreamLeaseManager(url=own_redis.url, config=config)
+async def test_on_lost_continue_only_records_the_loss(own_redis, make_own_redis_manager):
+    config = {"lease_seconds": 3, "max_per_user": 1, "on_lost": "continue"}
+    manager = make_own_redis_manager(**config)
     lease = await manager.acquire("alice")
 
     async def ticks():
@@ -168,24 +152,18 @@ async def test_on_lost_continue_only_records_the_loss(own_redis, key_prefix):
     stream = lease.wrap(ticks())
     assert await anext(stream) == "tick"
     own_redis.restart()
-    other_worker = StreamLeaseManager(url=own_redis.url, config=config)
+    other_worker = make_own_redis_manager(**config)
     thief = await other_worker.acquire("alice")
 
-    async def lost() -> bool:
-        return lease.lost
-
-    await eventually(lost, what="the loss to be recorded")
+    await eventually(lambda: lease.lost, what="the loss to be recorded")
     assert await anext(stream) == "tick", "the stream goes on"
     await stream.aclose()
     await thief.release()
-    await manager.aclose()
-    await other_worker.aclose()
 
 
-async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.3)
-    )
+async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(own_redis,
+                                                                         make_own_redis_manager):
+    manager = make_own_redis_manager(redis_timeout=0.3)
     assert await manager.get_active_count() == 0  # connected
     own_redis.pause()
     try:
@@ -200,15 +178,12 @@ async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(own_red
 
     await admits_again(manager, what="the breaker's probe to close it again")
     assert not manager.stats()["breaker_open"]
-    await manager.aclose()
 
 
-async def test_fail_open_admits_within_the_local_floor(own_redis, key_prefix):
-    config = LeaseConfig(
-        key_prefix=key_prefix, max_per_user=2, max_global=4, redis_timeout=0.3,
-        failure_mode="open", fallback_workers=2,
+async def test_fail_open_admits_within_the_local_floor(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(
+        max_per_user=2, max_global=4, redis_timeout=0.3, failure_mode="open", fallback_workers=2
     )
-    manager = StreamLeaseManager(url=own_redis.url, config=config)
     assert await manager.get_active_count() == 0
     own_redis.stop()
     alice = [await manager.acquire("alice")]  # per-user floor: 2 / 2 workers = 1
@@ -224,13 +199,11 @@ async def test_fail_open_admits_within_the_local_floor(own_redis, key_prefix):
     await alice[0].release()
     await carol.release()
     assert manager.stats()["held"] == 0
-    await manager.aclose()
 
 
-async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis, key_prefix):
-    manager = StreamLeaseManager(
-        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.3)
-    )
+async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis,
+                                                                make_own_redis_manager):
+    manager = make_own_redis_manager(redis_timeout=0.3)
     held = await manager.acquire("alice")
     own_redis.stop()
     with pytest.raises(BackendUnavailable) as refused:
@@ -241,21 +214,17 @@ async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis, key_p
 
     await admits_again(manager, what="admissions to resume once Redis is back")
     await held.release()
-    await manager.aclose()
 
 
-async def test_a_key_of_another_type_gives_an_actionable_error(redis_server, redis_client,
+async def test_a_key_of_another_type_gives_an_actionable_error(make_redis_manager, redis_client,
                                                              key_prefix):
     redis_client.set(f"{{{key_prefix}}}:global", "not a sorted set")
-    manager = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+    manager = make_redis_manager()
     with pytest.raises(BackendError, match="choose another LeaseConfig"):
         await manager.acquire("alice")
-    await manager.aclose()
 
 
 async def test_wrong_password_gives_an_actionable_error(key_prefix):
-    from redis_servers import RedisServer
-
     server = RedisServer("--requirepass", "right").start()
     try:
         manager = StreamLeaseManager(url=f"redis://:wrong@127.0.0.1:{server.port}/0")
@@ -286,23 +255,18 @@ async def test_the_seed_constructor_takes_a_redis_asyncio_client(redis_server, k
     await client.aclose()
 
 
-async def test_many_leases_renew_in_batches(redis_server, key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(key_prefix=key_prefix, lease_seconds=1, max_per_user=0, max_global=0),
-    )
+async def test_many_leases_renew_in_batches(make_redis_manager):
+    manager = make_redis_manager(lease_seconds=1, max_per_user=0, max_global=0)
     leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(2500)))
     await asyncio.sleep(1.5)
     assert await manager.get_active_count() == 2500
     assert not any(lease.lost for lease in leases)
     await manager.aclose()
-    observer = StreamLeaseManager(url=redis_server.url, config=manager.config)
+    observer = make_redis_manager()
     assert await observer.get_active_count() == 0
 
 
 async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
-    from redis_servers import RedisServer
-
     socket_path = tmp_path / "redis.sock"
     server = RedisServer(
         "--unixsocket", str(socket_path), "--requirepass", "p@ss:word"
@@ -322,8 +286,6 @@ async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
 
 
 async def test_tls_with_a_private_ca(key_prefix, tmp_path):
-    from redis_servers import tls_server
-
     server = tls_server(tmp_path).start()
     ca_file = str(tmp_path / "ca.pem")
     url = f"rediss://127.0.0.1:{server.port}/0"
@@ -357,10 +319,10 @@ async def test_tls_with_a_private_ca(key_prefix, tmp_path):
         server.cleanup()
 
 
-async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
-    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=2, redis_timeout=0.3,
-                         max_per_user=0, max_global=5)
-    manager = StreamLeaseManager(url=own_redis.url, config=config)
+async def test_redis_killed_mid_stream_then_restarted(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(
+        lease_seconds=2, redis_timeout=0.3, max_per_user=0, max_global=5
+    )
     received = [0, 0, 0]
 
     async def ticks(n: int):
@@ -376,10 +338,7 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
 
     streams = [asyncio.create_task(consume(n)) for n in range(3)]
 
-    async def all_flowing() -> bool:
-        return min(received) > 0
-
-    await eventually(all_flowing, what="three streams to flow")
+    await eventually(lambda: min(received) > 0, what="three streams to flow")
     own_redis.stop()
     with pytest.raises(BackendUnavailable):  # closed: new streams are refused at once
         await manager.acquire("newcomer")
@@ -394,10 +353,10 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
     await eventually(converged, what="the count to converge to the 3 live streams")
     before = list(received)
 
-    async def still_flowing() -> bool:
-        return all(now > then for now, then in zip(received, before, strict=True))
-
-    await eventually(still_flowing, what="the streams to go on")
+    await eventually(
+        lambda: all(now > then for now, then in zip(received, before, strict=True)),
+        what="the streams to go on",
+    )
     assert not any(stream.done() for stream in streams)
 
     # An outage longer than the lease: each stream ends with LeaseLost at its deadline.
@@ -405,4 +364,3 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, key_prefix):
     outcomes = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 15)
     assert all(isinstance(outcome, LeaseLost) for outcome in outcomes)
     own_redis.start()
-    await manager.aclose()

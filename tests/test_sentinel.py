@@ -13,8 +13,8 @@ from fastapi_stream_lease import (
     StreamLeaseRejected,
 )
 
-from helpers import eventually
-from redis_servers import SentinelSetup
+from support.redis_servers import SentinelSetup
+from support.waiting import eventually
 
 
 @pytest.fixture

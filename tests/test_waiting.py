@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseRejected
 
-from helpers import count_is, eventually
+from support.apps import app_command
+from support.waiting import count_is, eventually
 
 
 async def test_a_waiter_is_admitted_when_a_slot_frees(make_manager):
@@ -117,27 +117,9 @@ async def test_capacity_3_and_300_waiters_never_more_than_3(make_manager):
     await count_is(manager, 0)
 
 
-WAITER = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=1, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-    print("waiting", flush=True)
-    lease = await manager.acquire(sys.argv[3], wait_timeout=60)
-    print("admitted", flush=True)
-    await asyncio.sleep(float(sys.argv[4]))
-    await lease.release()
-    await manager.aclose()
-
-asyncio.run(main())
-"""
-
-
 async def start_waiter(url: str, prefix: str, name: str, hold: float):
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WAITER, url, prefix, name, str(hold),
+        *app_command("wait_in_line", url, prefix, name, str(hold)),
         stdout=asyncio.subprocess.PIPE,
     )
     assert await asyncio.wait_for(process.stdout.readline(), 30) == b"waiting\n"
@@ -163,39 +145,14 @@ async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, ke
     # "last" is admitted after "first" without waiting for anything of the dead waiter's
     assert await asyncio.wait_for(last.stdout.readline(), 10) == b"admitted\n"
     assert await first.wait() == 0 and await last.wait() == 0
-
-    async def empty() -> bool:
-        return await manager.get_active_count() == 0
-
-    await eventually(empty, what="every slot to be free")
-
-
-CROWD = """
-import asyncio, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=3, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-
-    async def one(i):
-        lease = await manager.acquire(f"{sys.argv[3]}-{i}", wait_timeout=120)
-        await asyncio.sleep(0.005)
-        await lease.release()
-
-    await asyncio.gather(*(one(i) for i in range(100)))
-    print("done", flush=True)
-    await manager.aclose()
-
-asyncio.run(main())
-"""
+    await count_is(manager, 0)
 
 
 async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server, redis_client,
                                                                    key_prefix):
     crowd = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CROWD, redis_server.url, key_prefix, f"p{n}",
+            *app_command("crowd_of_waiters", redis_server.url, key_prefix, f"p{n}"),
             stdout=asyncio.subprocess.PIPE,
         )
         for n in range(3)
@@ -213,12 +170,9 @@ async def test_300_waiters_from_3_processes_never_exceed_capacity_3(redis_server
         assert process.returncode == 0
 
 
-async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis_client,
+async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager, redis_client,
                                                              key_prefix):
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
-    )
+    manager = make_redis_manager(max_per_user=0, max_global=1)
     held = await manager.acquire("alice")
     (holder,) = redis_client.zrange(f"{{{key_prefix}}}:holders", 0, -1)
     line = f"{{{key_prefix}}}:line"
@@ -228,26 +182,19 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(redis_server, redis
     redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
     waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
 
-    async def in_line() -> bool:
-        return manager.stats()["waiting"] == 1
-
-    await eventually(in_line, what="bob to wait")
+    await eventually(lambda: manager.stats()["waiting"] == 1, what="bob to wait")
     await held.release()
     lease = await asyncio.wait_for(waiting, 20)
     assert redis_client.zrange(line, 0, -1) == []
     await lease.release()
-    await manager.aclose()
 
 
-async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server, redis_client,
-                                                                    key_prefix):
+async def test_waiters_arriving_during_a_heartbeat_keep_their_place(make_redis_manager,
+                                                                    redis_client):
     # An empty script cache slows every first call (NOSCRIPT, load, call again), so many waiters'
     # first calls run between a heartbeat listing this process's waiters and its script.
     redis_client.script_flush()
-    manager = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=1, key_prefix=key_prefix),
-    )
+    manager = make_redis_manager(max_per_user=0, max_global=1)
     current = await manager.acquire("first")
     admitted: asyncio.Queue = asyncio.Queue()
 
@@ -256,13 +203,9 @@ async def test_waiters_arriving_during_a_heartbeat_keep_their_place(redis_server
 
     waiters = [asyncio.create_task(wait(n)) for n in range(200)]
 
-    async def all_in_line() -> bool:
-        return manager.stats()["waiting"] == 200
-
-    await eventually(all_in_line, what="200 waiters in line")
+    await eventually(lambda: manager.stats()["waiting"] == 200, what="200 waiters in line")
     for _ in range(200):  # each release admits the next waiter, none is lost from the line
         await current.release()
         current = await asyncio.wait_for(admitted.get(), 10)
     await current.release()
     await asyncio.gather(*waiters)
-    await manager.aclose()

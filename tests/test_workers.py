@@ -6,40 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseRejected
 
-from helpers import count_is, eventually
-
-WORKER = """
-import asyncio, signal, sys
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
-
-async def main():
-    config = LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=sys.argv[2])
-    manager = StreamLeaseManager(url=sys.argv[1], config=config)
-    leases = [await manager.acquire(f"{sys.argv[3]}-{i}") for i in range(2)]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(
-        signal.SIGUSR1, lambda: print("lost", manager.stats()["lost"], flush=True)
-    )
-    print("held", *(lease.lease_id for lease in leases), flush=True)
-    await stop.wait()
-    await manager.aclose()  # what an app's lifespan does on shutdown
-    print("closed", flush=True)
-
-asyncio.run(main())
-"""
+from support.apps import app_command
+from support.waiting import count_is, eventually
 
 
 async def start_worker(url: str, prefix: str, name: str):
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WORKER, url, prefix, name, stdout=asyncio.subprocess.PIPE
+        *app_command("holding_worker", url, prefix, name), stdout=asyncio.subprocess.PIPE
     )
     line = await asyncio.wait_for(worker.stdout.readline(), 30)
     assert line.startswith(b"held"), line
@@ -47,11 +25,8 @@ async def start_worker(url: str, prefix: str, name: str):
 
 
 async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, redis_client,
-                                                               key_prefix):
-    observer = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
-    )
+                                                               key_prefix, make_redis_manager):
+    observer = make_redis_manager(max_per_user=0, max_global=4, lease_seconds=1)
     doomed, _ = await start_worker(redis_server.url, key_prefix, "a")
     survivor, survivor_ids = await start_worker(redis_server.url, key_prefix, "b")
     assert await observer.get_active_count() == 4
@@ -72,15 +47,11 @@ async def test_a_killed_worker_frees_its_slots_and_no_one_elses(redis_server, re
     assert await survivor.wait() == 0
     assert await observer.get_active_count() == 1
     await lease.release()
-    await observer.aclose()
 
 
 async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, redis_client,
-                                                                  key_prefix):
-    observer = StreamLeaseManager(
-        url=redis_server.url,
-        config=LeaseConfig(max_per_user=0, max_global=4, lease_seconds=1, key_prefix=key_prefix),
-    )
+                                                                  key_prefix, make_redis_manager):
+    observer = make_redis_manager(max_per_user=0, max_global=4, lease_seconds=1)
     stalled, _ = await start_worker(redis_server.url, key_prefix, "a")
     running, running_ids = await start_worker(redis_server.url, key_prefix, "b")
     stalled.send_signal(signal.SIGSTOP)  # a long pause: it renews nothing
@@ -107,4 +78,3 @@ async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, 
     for worker in (stalled, running):
         worker.send_signal(signal.SIGTERM)
         assert await worker.wait() == 0
-    await observer.aclose()

@@ -1,7 +1,8 @@
 """``Limiter``: the API of fastapi-concurrency-limiter, distributed.
 
 Requests wait in line (first come, first served, across every worker) for the resources they
-need, up to ``timeout`` seconds, then get 503 ``{"detail": "Server busy, please retry later"}``.
+need, up to ``timeout`` seconds, then get 503 with ``Retry-After``: FastAPI answers
+``{"detail": "Server busy, please retry later"}``, a Starlette app that text.
 Several resources are taken in one atomic step, so no order of acquisition can deadlock: the
 seed's rule to list them in registration order still works, and is no longer required.
 """
@@ -11,19 +12,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from .errors import StreamLeaseError
 from .manager import StreamLeaseManager
 from .resources import Resource
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 BUSY = "Server busy, please retry later"
+
+
+class EndpointDecorator(Protocol):
+    """What :meth:`Limiter.resources` returns: it makes an endpoint, sync or async, an async one
+    with the same parameters and result."""
+
+    @overload
+    def __call__(self, endpoint: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    @overload
+    def __call__(self, endpoint: Callable[P, R]) -> Callable[P, Awaitable[R]]: ...
 
 
 class Limiter:
@@ -67,11 +80,10 @@ class Limiter:
     async def hold(
         self, *resources: Resource, request: Request | None = None
     ) -> AsyncIterator[None]:
-        """Holds ``resources`` for the block; raises 503 (``HTTPException``) if the wait runs
-        out or the store is unreachable. With the ``request``, a client that goes away while
-        waiting leaves the line."""
-        from fastapi import HTTPException
-
+        """Holds ``resources`` for the block; raises 503 (Starlette's ``HTTPException``, which
+        FastAPI answers with ``{"detail": ...}``) if the wait runs out or the store is
+        unreachable. With the ``request``, a client that goes away while waiting leaves the
+        line."""
         named = self._resolve(resources)
         entered = False
         lease = self.manager.lease(
@@ -87,27 +99,23 @@ class Limiter:
             headers = {"Retry-After": str(error.retry_after or 1)}
             raise HTTPException(status_code=503, detail=BUSY, headers=headers) from error
 
-    def resources(self, resources: Sequence[Resource]) -> Callable[[F], F]:
-        """Route decorator: holds ``resources`` while the endpoint (sync or async) runs."""
+    def resources(self, resources: Sequence[Resource]) -> EndpointDecorator:
+        """Route decorator: holds ``resources`` while the endpoint runs (a sync one in the
+        thread pool, as Starlette runs sync endpoints)."""
         named = list(resources)
         self._resolve(named)  # unknown resources fail at startup, not per request
 
-        def decorate(endpoint: F) -> F:
-            if inspect.iscoroutinefunction(endpoint):
+        def decorate(endpoint: Callable[P, Any]) -> Callable[P, Awaitable[Any]]:
+            is_async = inspect.iscoroutinefunction(endpoint)
 
-                @functools.wraps(endpoint)
-                async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                    async with self.hold(*named):
+            @functools.wraps(endpoint)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                async with self.hold(*named):
+                    if is_async:
                         return await endpoint(*args, **kwargs)
+                    return await run_in_threadpool(endpoint, *args, **kwargs)
 
-            else:
-
-                @functools.wraps(endpoint)
-                async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                    async with self.hold(*named):
-                        return await run_in_threadpool(endpoint, *args, **kwargs)
-
-            return wrapper  # type: ignore[return-value]
+            return wrapper
 
         return decorate
 

@@ -1,4 +1,5 @@
-"""Real ``redis-server`` processes started by the tests on free loopback ports (never 6379)."""
+"""Real ``redis-server`` processes on free loopback ports (never 6379): one server, a 3-master
+cluster, a master with a replica behind a sentinel."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from .ports import free_port
+from .waiting import wait_until
 
 
 def redis_binary(name: str = "redis-server") -> str:
@@ -22,44 +25,54 @@ def redis_binary(name: str = "redis-server") -> str:
     return path
 
 
-def free_port(below: int = 65536) -> int:
-    """A free loopback port (``below`` leaves room for a cluster bus port at port + 10000)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port < below and port != 6379:
-            return port
+# A first start on a port taken meanwhile is tried again on another port, this many times in all.
+START_ATTEMPTS = 5
 
 
-def wait_until(condition, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
-    """Polls ``condition`` until it returns a truthy value or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+class ServerExited(RuntimeError):
+    """The server process exited while starting."""
 
 
 class RedisServer:
     """One redis-server on 127.0.0.1, in a temporary directory; can be killed and restarted."""
 
     def __init__(self, *extra_args: str, port: int | None = None) -> None:
-        self.port = port or free_port(below=55536 if "--cluster-enabled" in extra_args else 65536)
         self.extra_args = list(extra_args)
+        # Another process may take a port picked here before the server binds it: until the
+        # server has started once, it may move to another port.
+        self._may_move = port is None
+        self.port = port or self._pick_port()
         self.dir = Path(tempfile.mkdtemp(prefix="stream-lease-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
+
+    def _pick_port(self) -> int:
+        return free_port(below=55536 if "--cluster-enabled" in self.extra_args else 65536)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        attempts_left = START_ATTEMPTS if self._may_move else 1
+        while True:
+            attempts_left -= 1
+            self.process = subprocess.Popen(
+                self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                cwd=self.dir,
+            )
+            try:
+                wait_until(self._started, what=f"redis-server on port {self.port}")
+                break
+            except ServerExited:
+                if attempts_left == 0:
+                    raise
+                self.port = self._pick_port()
+        self._may_move = False
+        return self
+
+    def _command(self) -> list[str]:
         tls = "--tls-port" in self.extra_args
-        args = [
+        return [
             redis_binary(),
             "--port", "0" if tls else str(self.port),
             "--bind", "127.0.0.1",
@@ -68,17 +81,12 @@ class RedisServer:
             "--dir", str(self.dir),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir
-        )
-        wait_until(self._started, what=f"redis-server on port {self.port}")
-        return self
 
     def _started(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
             code, args = self.process.returncode, self.process.args
-            raise RuntimeError(f"redis-server exited with {code}: {args}")
+            raise ServerExited(f"redis-server exited with {code}: {args}")
         return self.ping()
 
     def ping(self) -> bool:
@@ -153,37 +161,6 @@ class RedisCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
-
-
-def make_tls_files(directory: Path) -> dict[str, Path]:
-    """A private CA and a server certificate for 127.0.0.1 and localhost, made with openssl."""
-    files = {name: directory / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key")}
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=stream-lease test CA",
-            "-keyout", str(files["ca-key"]), "-out", str(files["ca"]))
-    extensions = directory / "san.cnf"
-    extensions.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    request = directory / "server.csr"
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
-            "-keyout", str(files["server-key"]), "-out", str(request))
-    openssl("x509", "-req", "-in", str(request), "-CA", str(files["ca"]),
-            "-CAkey", str(files["ca-key"]), "-CAcreateserial", "-days", "2",
-            "-extfile", str(extensions), "-out", str(files["server"]))
-    return files
-
-
-def tls_server(directory: Path) -> RedisServer:
-    files = make_tls_files(directory)
-    port = free_port()
-    return RedisServer(
-        "--tls-port", str(port), "--tls-cert-file", str(files["server"]),
-        "--tls-key-file", str(files["server-key"]), "--tls-ca-cert-file", str(files["ca"]),
-        "--tls-auth-clients", "no", port=port,
-    )
 
 
 class SentinelSetup:

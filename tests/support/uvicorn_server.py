@@ -9,10 +9,13 @@ from pathlib import Path
 
 import httpx
 
-from redis_servers import free_port, wait_until
+from .ports import free_port
+from .waiting import wait_until
 
 
 class Uvicorn:
+    """``uvicorn <app> --app-dir <app_dir>``, started and answering once built."""
+
     def __init__(
         self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str
     ) -> None:

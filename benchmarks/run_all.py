@@ -1,0 +1,52 @@
+"""Every benchmark against one throwaway Redis: what ``bash benchmarks/run.sh`` runs once the
+virtualenvs are set up.
+
+Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
+tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
+waiting.py, cluster_spread.py (on a cluster of its own) and end_to_end.py in turn, and stops the
+server however the run ends.
+
+Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
+
+    benchmarks/.venv/bin/python benchmarks/run_all.py [extra acquire_release.py options]
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from common import BENCH_DIR
+from support.redis_servers import RedisServer, redis_binary
+
+
+def run(script: str, *args: str) -> None:
+    print(f"\n==> {script}", flush=True)
+    done = subprocess.run([sys.executable, str(BENCH_DIR / script), *args])
+    if done.returncode != 0:
+        sys.exit(f"run_all.py: {script} exited with status {done.returncode}")
+
+
+def main() -> None:
+    # A SIGTERM ends the run as Ctrl-C does: through the clean-up below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server = RedisServer().start()
+    try:
+        version = subprocess.run(
+            [redis_binary(), "--version"], capture_output=True, text=True, check=True
+        ).stdout.split()[2]
+        print(f"==> redis-server {version} on 127.0.0.1:{server.port}", flush=True)
+        run("acquire_release.py", "--url", server.url, *sys.argv[1:])
+        run("plot.py")
+        run("holding.py", "--url", server.url)
+        run("waiting.py", "--url", server.url)
+        run("cluster_spread.py")
+        run("end_to_end.py", "--url", server.url)
+    finally:
+        server.cleanup()
+        print("==> stopped redis-server", flush=True)
+
+
+if __name__ == "__main__":
+    main()
