@@ -33,3 +33,13 @@ pub fn handle() -> &'static Handle {
         .or_insert_with(|| Box::leak(Box::new(build())))
         .handle()
 }
+
+/// Runs `calls` with at most `in_flight` of them at once; their outputs in completion order.
+/// Each call's timeout then covers its own work, not a queue of a hundred others.
+pub async fn a_few_at_a_time<F: std::future::Future>(calls: Vec<F>, in_flight: usize) -> Vec<F::Output> {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(calls)
+        .buffer_unordered(in_flight)
+        .collect()
+        .await
+}

@@ -146,6 +146,16 @@ def test_max_global_needs_the_global_pool():
         LeaseConfig(global_pool=False, max_global=10)
 
 
+async def test_waiting_needs_the_global_pool():
+    # Without a global pool there is no line to wait in: say so instead of never waiting.
+    with pytest.raises(ValueError, match="wait_timeout needs the global pool"):
+        LeaseConfig(global_pool=False, wait_timeout=5)
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(global_pool=False))
+    with pytest.raises(ValueError, match="wait_timeout needs the global pool"):
+        await manager.acquire("alice", wait_timeout=5)
+    await manager.aclose()
+
+
 async def test_a_resource_cannot_pose_as_the_users_own_quota():
     # Its refusals would read as the user's own quota (429, never waiting): the name is reserved.
     manager = StreamLeaseManager(url="memory://")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 from support.waiting import count_is
 
@@ -71,3 +72,25 @@ async def test_cancelled_streams_release_their_leases(make_manager):
     await asyncio.gather(*tasks, return_exceptions=True)
     await count_is(manager, 0)
     assert manager.stats()["held"] == 0
+
+
+async def test_a_grant_for_a_loop_that_went_away_is_released(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(redis_timeout=5)
+    assert await manager.get_active_count() == 0  # connected
+    own_redis.pause()
+
+    def acquire_then_close_the_loop() -> None:
+        async def start() -> None:
+            manager._core.acquire("alice")  # its future is abandoned with its loop
+
+        # A loop of its own (in a thread, as asyncio.run needs), closed before Redis answers.
+        threading.Thread(target=asyncio.run, args=(start(),)).start()
+
+    acquire_then_close_the_loop()
+    await asyncio.sleep(0.2)
+    own_redis.resume()
+    # Redis runs one connection's calls in order: once bob is in, alice's script has run.
+    bob = await manager.acquire("bob")
+    # Alice's grant arrived for a loop that is gone: released, not kept until another loop starts.
+    await count_is(manager, 0, "alice")
+    await bob.release()

@@ -1,5 +1,6 @@
 """Pre-forking servers (gunicorn --preload): a manager built before the fork works in each
-child; one already used before the fork gives a clear error instead of hanging."""
+child; one already used before the fork gives a clear error instead of hanging, and the child
+never releases the parent's leases."""
 
 from __future__ import annotations
 
@@ -16,3 +17,4 @@ def test_managers_across_fork(redis_server, key_prefix):
     assert done.returncode == 0, done.stderr
     assert "child acquired 1" in done.stdout
     assert "used in process" in done.stdout and "before it forked" in done.stdout
+    assert "parent holds 1" in done.stdout

@@ -13,7 +13,16 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+from fastapi_stream_lease import (
+    BackendError,
+    BackendUnavailable,
+    ClientDisconnected,
+    LeaseConfig,
+    LeaseLost,
+    ManagerClosed,
+    StreamLeaseManager,
+    StreamLeaseRejected,
+)
 
 from support.apps import APPS_DIR
 from support.uvicorn_server import Uvicorn
@@ -173,3 +182,17 @@ def test_a_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_pre
         patient.close()
     finally:
         server.stop()
+
+
+def test_every_answer_carries_retry_after():
+    answers = [
+        StreamLeaseRejected("full", "global", 5, 5, 3),
+        BackendError("wrong password"),
+        BackendUnavailable("down"),
+        ManagerClosed("closed"),
+        LeaseLost("lost"),
+        ClientDisconnected("gone"),
+    ]
+    for error in answers:
+        response = error.as_response()
+        assert int(response.headers["retry-after"]) >= 1, type(error).__name__

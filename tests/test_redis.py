@@ -12,6 +12,7 @@ from fastapi_stream_lease import (
     BackendUnavailable,
     LeaseConfig,
     LeaseLost,
+    Resource,
     StreamLeaseManager,
     StreamLeaseRejected,
 )
@@ -216,6 +217,64 @@ async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis,
     await held.release()
 
 
+async def test_fail_open_floors_add_up_to_at_most_the_cap(own_redis, make_own_redis_manager):
+    # Two workers: each may admit half of each cap while Redis is down, counting what it holds.
+    manager = make_own_redis_manager(
+        max_per_user=2, max_global=4, redis_timeout=0.3, failure_mode="open", fallback_workers=2,
+        lease_seconds=3,
+    )
+    alice, bob = await manager.acquire("alice"), await manager.acquire("bob")  # in Redis
+    own_redis.stop()
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")  # her share (1) is her Redis lease
+    assert (refused.value.limit, refused.value.capacity, refused.value.current) == (
+        "per_user", 1, 1
+    )
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("carol")  # the global share (2) is alice's and bob's Redis leases
+    assert (refused.value.limit, refused.value.capacity, refused.value.current) == ("global", 2, 2)
+    bob.release_nowait()  # gone from this process at once (Redis hears of it later)
+    carol = await manager.acquire("carol")
+    with pytest.raises(StreamLeaseRejected, match="global"):
+        await manager.acquire("dave")
+    await carol.release()
+    alice.release_nowait()
+    own_redis.start()
+    await eventually(lambda: manager.stats()["unremoved"] == 0, what="the retries to drain")
+
+
+async def test_a_cap_below_the_number_of_workers_admits_nothing_locally(own_redis,
+                                                                        make_own_redis_manager):
+    # Rounding the share up would make a Resource(1) used as a lock 8-way while Redis is down.
+    manager = make_own_redis_manager(
+        max_per_user=1, redis_timeout=0.3, failure_mode="open", fallback_workers=8
+    )
+    assert await manager.get_active_count() == 0
+    own_redis.stop()
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")
+    assert (refused.value.limit, refused.value.capacity) == ("per_user", 0)
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire(None, resources=[Resource(1, "lock")])
+    assert (refused.value.limit, refused.value.capacity) == ("lock", 0)
+
+
+async def test_refusals_while_redis_is_down_leave_nothing_to_retry(own_redis,
+                                                                  make_own_redis_manager):
+    manager = make_own_redis_manager(redis_timeout=0.3, lease_seconds=3)
+    assert await manager.get_active_count() == 0  # connected
+    own_redis.stop()
+    for _ in range(300):
+        with pytest.raises(BackendUnavailable):
+            await manager.acquire("alice")
+    # Only calls that may have reached Redis (a probe now and then) leave a release to retry;
+    # refusals by the breaker or a refused connection leave nothing.
+    assert manager.stats()["unremoved"] < 10
+    own_redis.start()
+    await admits_again(manager, what="admissions to resume once Redis is back")
+    await eventually(lambda: manager.stats()["unremoved"] == 0, what="the retries to drain")
+
+
 async def test_a_key_of_another_type_gives_an_actionable_error(make_redis_manager, redis_client,
                                                              key_prefix):
     redis_client.set(f"{{{key_prefix}}}:global", "not a sorted set")
@@ -256,9 +315,11 @@ async def test_the_seed_constructor_takes_a_redis_asyncio_client(redis_server, k
 
 
 async def test_many_leases_renew_in_batches(make_redis_manager):
-    manager = make_redis_manager(lease_seconds=1, max_per_user=0, max_global=0)
+    # Two lease periods: kept alive by renewal rounds, not by the acquires (on a busy 2-core
+    # machine a single second is too short a margin for 2,500 acquires).
+    manager = make_redis_manager(lease_seconds=2, max_per_user=0, max_global=0)
     leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(2500)))
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(4)
     assert await manager.get_active_count() == 2500
     assert not any(lease.lost for lease in leases)
     await manager.aclose()

@@ -132,6 +132,7 @@ class ClientDisconnected(StreamLeaseError):
 
     status_code: ClassVar[int] = 499
     title: ClassVar[str] = "Client closed request"
+    retry_after = 1
 
 
 class ManagerClosed(StreamLeaseError):

@@ -25,6 +25,8 @@ pub const MAX_WEIGHT: u32 = 100;
 pub struct Granted {
     record: Option<Arc<LeaseRecord>>,
     deadline_ms: u64,
+    /// Whether the holder's other leases in the tag lived on through this grant.
+    holder_was_alive: bool,
     leases: Arc<Leases>,
 }
 
@@ -32,7 +34,9 @@ impl Granted {
     /// Holds the lease (the renewal loop keeps it alive from now on).
     pub fn hold(mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
-        let held = self.leases.hold(Arc::clone(&record), self.deadline_ms);
+        let held = self
+            .leases
+            .hold(Arc::clone(&record), self.deadline_ms, self.holder_was_alive);
         if held.is_err() {
             self.leases.release_in_background(&record);
         }
@@ -76,15 +80,10 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-/// This process's share of each cap while Redis is down (unlimited stays unlimited).
-fn local_floor(pools: &[Pool], workers: u64) -> Vec<Pool> {
-    pools
-        .iter()
-        .map(|pool| Pool {
-            capacity: pool.capacity.div_ceil(workers),
-            ..pool.clone()
-        })
-        .collect()
+/// This process's share of a cap while Redis is down: rounded down, so the shares of all
+/// workers add up to at most the cap (unlimited stays unlimited).
+fn local_share(capacity: u64, workers: u64) -> u64 {
+    capacity / workers
 }
 
 impl Manager {
@@ -114,6 +113,11 @@ impl Manager {
         }
         for (name, capacity) in &request.resources {
             check_resource(name, *capacity).map_err(invalid)?;
+        }
+        if !request.wait.is_zero() && self.line.is_none() {
+            return Err(invalid(
+                "wait_timeout needs the global pool's waiting line: drop global_pool=False, or pass wait_timeout=0".into(),
+            ));
         }
         if request.identity.is_some() && !request.resources.is_empty() && !self.config.global_pool {
             return Err(invalid(
@@ -230,7 +234,8 @@ impl Manager {
     }
 
     /// Redis did not answer: refuse (`FailureMode::Closed`), or admit against this process's
-    /// share of each cap (`Open`).
+    /// share of each cap (`Open`), counting the slots it already holds there (its Redis leases
+    /// stream on during the outage).
     async fn admit_locally(
         &self,
         record: &LeaseRecord,
@@ -240,13 +245,45 @@ impl Manager {
         if self.config.failure_mode == FailureMode::Closed {
             return Err(unavailable);
         }
-        let local = Arc::new(LeaseRecord::new(
-            local_floor(&record.pools, self.config.fallback_workers),
-            record.weight,
-            Store::Fallback,
-        ));
         let fallback = self.stores.get(Store::Fallback);
-        let outcome = fallback.acquire(&local, self.config.lease_ms(), None).await?;
+        let mut pools = Vec::with_capacity(record.pools.len());
+        // Per pool: its share, and the slots this process holds in Redis.
+        let mut shares = Vec::with_capacity(record.pools.len());
+        for pool in &record.pools {
+            if pool.capacity == 0 {
+                pools.push(pool.clone());
+                shares.push((0, 0));
+                continue;
+            }
+            let share = local_share(pool.capacity, self.config.fallback_workers);
+            // The fallback store checks its own leases against what is left of the share.
+            let local_slots = fallback.count(&pool.key).await?;
+            let redis_slots = self.leases.slots_in(&pool.key).saturating_sub(local_slots);
+            let left = share.saturating_sub(redis_slots);
+            if left < u64::from(record.weight) {
+                return Err(CoreError::Rejected(Rejection {
+                    limit: pool.name.clone(),
+                    capacity: share,
+                    current: share.min(redis_slots + local_slots),
+                    retry_after_ms: self.config.retry_after_ms(),
+                }));
+            }
+            pools.push(Pool {
+                capacity: left,
+                ..pool.clone()
+            });
+            shares.push((share, redis_slots));
+        }
+        let local = Arc::new(LeaseRecord::new(pools, record.weight, Store::Fallback));
+        let mut outcome = fallback.acquire(&local, self.config.lease_ms(), None).await?;
+        if let AcquireOutcome::Rejected(rejection) = &mut outcome {
+            // Said in terms of the share, not of what was left of it.
+            if let Some(i) = local.pools.iter().position(|p| p.name == rejection.limit) {
+                let (share, redis_slots) = shares[i];
+                rejection.capacity = share;
+                rejection.current += redis_slots;
+            }
+        }
         self.settle(local, outcome, sent_at)
     }
 
@@ -263,9 +300,10 @@ impl Manager {
 
     fn settle(&self, record: Arc<LeaseRecord>, outcome: AcquireOutcome, sent_at: u64) -> CoreResult<Granted> {
         match outcome {
-            AcquireOutcome::Granted(_) => Ok(Granted {
+            AcquireOutcome::Granted { holder_was_alive, .. } => Ok(Granted {
                 record: Some(record),
                 deadline_ms: sent_at + self.config.lease_ms(),
+                holder_was_alive,
                 leases: Arc::clone(&self.leases),
             }),
             AcquireOutcome::Rejected(mut rejection) => {

@@ -124,7 +124,10 @@ impl MemoryBackend {
         if let Some(waiter) = waiter {
             line.leave(&waiter.id);
         }
-        AcquireOutcome::Granted(used.iter().map(|used| used + weight).collect())
+        AcquireOutcome::Granted {
+            used: used.iter().map(|used| used + weight).collect(),
+            holder_was_alive: true, // nothing here expires
+        }
     }
 
     pub fn leave(&self, waiter_id: &str) {
@@ -186,14 +189,12 @@ mod tests {
     fn caps_hold_and_all_or_nothing() {
         let store = MemoryBackend::default();
         let p = pools(2, 0);
-        assert_eq!(
-            store.acquire(&lease_in(&p, 1), None),
-            AcquireOutcome::Granted(vec![1, 1])
-        );
-        assert_eq!(
-            store.acquire(&lease_in(&p, 1), None),
-            AcquireOutcome::Granted(vec![2, 2])
-        );
+        let granted = |used: Vec<u64>| AcquireOutcome::Granted {
+            used,
+            holder_was_alive: true,
+        };
+        assert_eq!(store.acquire(&lease_in(&p, 1), None), granted(vec![1, 1]));
+        assert_eq!(store.acquire(&lease_in(&p, 1), None), granted(vec![2, 2]));
         let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), None) else {
             panic!("a third lease must be refused")
         };
@@ -218,7 +219,7 @@ mod tests {
         let p = pools(5, 4);
         assert!(matches!(
             store.acquire(&lease_in(&p, 3), None),
-            AcquireOutcome::Granted(_)
+            AcquireOutcome::Granted { .. }
         ));
         assert!(matches!(
             store.acquire(&lease_in(&p, 2), None),
@@ -231,7 +232,10 @@ mod tests {
     fn release_is_idempotent_and_leaves_no_pool_behind() {
         let store = MemoryBackend::default();
         let held = lease_in(&pools(0, 0), 2);
-        assert!(matches!(store.acquire(&held, None), AcquireOutcome::Granted(_)));
+        assert!(matches!(
+            store.acquire(&held, None),
+            AcquireOutcome::Granted { .. }
+        ));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);
         assert_eq!(store.release(&[held]), 0);
         assert_eq!(store.count("g"), 0);

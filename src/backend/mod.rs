@@ -44,8 +44,13 @@ pub fn batches(leases: &[Arc<LeaseRecord>], one_slot: bool) -> Vec<&[Arc<LeaseRe
 
 #[derive(Debug, PartialEq)]
 pub enum AcquireOutcome {
-    /// Slots in use in each pool after the grant, in pool order.
-    Granted(Vec<u64>),
+    Granted {
+        /// Slots in use in each pool after the grant, in pool order.
+        used: Vec<u64>,
+        /// Whether the holder's entry was live when the lease was added: its other leases in the
+        /// tag lived on (false: it had expired or vanished, and they may have been reaped).
+        holder_was_alive: bool,
+    },
     Rejected(Rejection),
     /// The caller is in line with this ticket (lower is earlier): try again when woken.
     Wait(u64),

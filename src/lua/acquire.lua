@@ -12,8 +12,9 @@
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
--- Returns {GRANTED, used_1, ..., used_n} (slots in use after the grant; also when a retried
--- call finds the lease already granted); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses;
+-- Returns {GRANTED, alive, used_1, ..., used_n} (alive: 1 if the holder's entry was live when
+-- the lease was added, so the holder's other leases in the tag lived on; used: slots in use after
+-- the grant; also when a retried call finds the lease already granted); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses;
 -- {WAIT, ticket} when the caller is in line and should wait (ticket: its place, lower is
 -- earlier). The codes are the prelude's.
 local id = ARGV[1]
@@ -33,9 +34,9 @@ local function already_granted()
   if not redis.call('ZSCORE', KEYS[1], id) then
     return nil
   end
-  local granted = {GRANTED}
+  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
   for i = 1, pools do
-    granted[i + 1] = redis.call('ZCARD', KEYS[i])
+    granted[i + 2] = redis.call('ZCARD', KEYS[i])
   end
   return granted
 end
@@ -102,10 +103,10 @@ end
 -- Adds the lease's members to every pool for this holder.
 local function grant(used)
   local was_alive = hold(holders, holder, ttl)
-  local granted = {GRANTED}
+  local granted = {GRANTED, was_alive and 1 or 0}
   for i = 1, pools do
     add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
-    granted[i + 1] = used[i] + weight
+    granted[i + 2] = used[i] + weight
   end
   if not was_alive then
     refresh(holders, holder) -- its keys may be new

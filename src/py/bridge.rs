@@ -3,8 +3,10 @@
 //! Each event loop gets a `LoopBridge`: a queue of finished results and a socketpair whose read
 //! end the loop watches with `add_reader`. A tokio task pushes its result and writes one byte (only
 //! if no wake-up is pending); the loop thread then drains the queue and settles many futures per
-//! wake-up. Panics settle the future with an error; a future cancelled before its result arrives
-//! drops the result, whose owned resources (a granted lease) release themselves.
+//! wake-up. Panics settle the future with an error. A result nobody can receive is dropped, and
+//! what it owns (a granted lease) releases itself: its future was cancelled, or dropped (futures
+//! are held weakly, so an abandoned one does not keep its loop alive), or its loop closed and went
+//! away (the loop's weakref callback closes the inbox).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -88,7 +90,8 @@ impl LoopGone {
 pub struct LoopBridge {
     inbox: Arc<Inbox>,
     wakeup: UnixStream,
-    pending: Mutex<HashMap<u64, Py<PyAny>>>,
+    /// The futures waiting for a result, held weakly.
+    pending: Mutex<HashMap<u64, Py<PyWeakrefReference>>>,
     next_id: AtomicU64,
 }
 
@@ -109,8 +112,8 @@ impl LoopBridge {
         let finished = std::mem::take(&mut *lock(&self.inbox.finished));
         for (id, completion) in finished {
             let future = lock(&self.pending).remove(&id);
-            if let Some(future) = future {
-                settle(future.bind(py), completion);
+            if let Some(future) = future.and_then(|future| future.bind(py).upgrade()) {
+                settle(&future, completion);
             }
         }
     }
@@ -245,7 +248,7 @@ where
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
     let shared = bridge.get();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    lock(&shared.pending).insert(id, future.clone().unbind());
+    lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
     let inbox = Arc::clone(&shared.inbox);
     let task = runtime::handle().spawn(async move {
         let completion = AssertUnwindSafe(op)

@@ -78,6 +78,12 @@ impl LeaseConfig {
                 "retry_after={retry_after} is out of range: use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
             )));
         }
+        let wait_timeout = args::wait_seconds(wait_timeout, 0.0)?;
+        if wait_timeout > 0.0 && !global_pool {
+            return Err(PyValueError::new_err(
+                "wait_timeout needs the global pool's waiting line: drop global_pool=False, or wait_timeout",
+            ));
+        }
         let config = Config {
             lease_seconds,
             max_per_user: args::capacity("max_per_user", max_per_user, 3)?,
@@ -95,7 +101,7 @@ impl LeaseConfig {
             key_prefix: prefix_field(key_prefix)?,
             renew_every,
             redis_timeout,
-            wait_timeout: args::wait_seconds(wait_timeout, 0.0)?,
+            wait_timeout,
             retry_after,
             on_lost: choice_field(
                 "on_lost",

@@ -29,6 +29,8 @@ pub struct Held {
     main: HashMap<String, HeldGroup>,
     fallback: HashMap<String, HeldGroup>,
     count: usize,
+    /// Slots held in each pool (by key), both stores together: what a local floor counts.
+    slots_by_pool: HashMap<String, u64>,
 }
 
 impl Held {
@@ -46,18 +48,21 @@ impl Held {
         }
     }
 
-    /// Holds `record`, which its store keeps at least until `deadline_ms`. A group whose own
-    /// deadline passed before `now_ms` is not revived by the newcomer: its leases are taken out
-    /// and returned (the caller marks them lost), and the newcomer starts a group of its own.
+    /// Holds `record`, which its store keeps at least until `deadline_ms`. A grant that found the
+    /// holder's entry live (`holder_was_alive`) kept the whole group alive, so it extends the
+    /// group's deadline. One that found it expired does not revive the group: if the group's own
+    /// deadline passed before `now_ms`, its leases are taken out and returned (the caller marks
+    /// them lost, as the sweep would) and the newcomer starts a group of its own.
     pub fn insert(
         &mut self,
         record: Arc<LeaseRecord>,
         deadline_ms: u64,
+        holder_was_alive: bool,
         now_ms: u64,
     ) -> Vec<Arc<LeaseRecord>> {
         let side = self.side_mut(record.store);
         let overdue = match side.get(&record.holders) {
-            Some(group) if group.deadline_ms <= now_ms => side
+            Some(group) if !holder_was_alive && group.deadline_ms <= now_ms => side
                 .remove(&record.holders)
                 .map(|group| group.leases.into_values().collect())
                 .unwrap_or_default(),
@@ -70,10 +75,37 @@ impl Held {
             .or_default();
         group.deadline_ms = group.deadline_ms.max(deadline_ms);
         group.granted_units += record.units();
-        if group.leases.insert(record.id.clone(), record).is_none() {
+        let added = group
+            .leases
+            .insert(record.id.clone(), Arc::clone(&record))
+            .is_none();
+        if added {
             self.count += 1;
+            self.count_slots(&record, true);
+        }
+        for lease in &overdue {
+            self.count_slots(lease, false);
         }
         overdue
+    }
+
+    fn count_slots(&mut self, record: &LeaseRecord, held: bool) {
+        for pool in &record.pools {
+            let slots = self.slots_by_pool.entry(pool.key.clone()).or_default();
+            if held {
+                *slots += u64::from(record.weight);
+            } else {
+                *slots = slots.saturating_sub(u64::from(record.weight));
+                if *slots == 0 {
+                    self.slots_by_pool.remove(&pool.key);
+                }
+            }
+        }
+    }
+
+    /// Slots this process holds in a pool, in either store.
+    pub fn slots_in(&self, pool_key: &str) -> u64 {
+        self.slots_by_pool.get(pool_key).copied().unwrap_or(0)
     }
 
     /// Counts a lease found gone and taken back, if it is still held.
@@ -95,7 +127,10 @@ impl Held {
         if group.leases.is_empty() {
             side.remove(&record.holders);
         }
-        self.count -= usize::from(removed);
+        if removed {
+            self.count -= 1;
+            self.count_slots(record, false);
+        }
         removed
     }
 
@@ -147,6 +182,7 @@ impl Held {
 
     pub fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
         self.count = 0;
+        self.slots_by_pool.clear();
         self.main
             .drain()
             .chain(self.fallback.drain())
@@ -178,10 +214,11 @@ mod tests {
             lease("t", Store::Main),
             lease("t", Store::Fallback),
         );
-        held.insert(Arc::clone(&a), 100, 0);
-        held.insert(Arc::clone(&b), 150, 0);
-        held.insert(Arc::clone(&c), 500, 0);
+        held.insert(Arc::clone(&a), 100, true, 0);
+        held.insert(Arc::clone(&b), 150, true, 0);
+        held.insert(Arc::clone(&c), 500, true, 0);
         assert_eq!(held.len(), 3);
+        assert_eq!(held.slots_in("{t}:global"), 3, "both stores count");
         let group = |granted| Group {
             holders: "{t}:holders".to_owned(),
             granted,
@@ -202,6 +239,7 @@ mod tests {
         assert_eq!(held.overdue(600).0.len(), 1, "only the fallback group is overdue");
         assert!(held.remove(&a) && held.remove(&b) && !held.remove(&b));
         assert_eq!(held.groups(Store::Main), vec![]);
+        assert_eq!(held.slots_in("{t}:global"), 1);
         assert_eq!(held.drain().len(), 1);
         assert_eq!(held.len(), 0);
     }
@@ -210,12 +248,19 @@ mod tests {
     fn a_new_grant_does_not_revive_an_overdue_group() {
         let mut held = Held::default();
         let (old, new) = (lease("t", Store::Main), lease("t", Store::Main));
-        assert!(held.insert(Arc::clone(&old), 100, 0).is_empty());
-        // The group's deadline passed (the store may have dropped `old`) before `new` came.
-        let overdue = held.insert(Arc::clone(&new), 500, 200);
+        assert!(held.insert(Arc::clone(&old), 100, true, 0).is_empty());
+        let late = lease("t", Store::Main);
+        assert!(
+            held.insert(Arc::clone(&late), 300, true, 200).is_empty(),
+            "a grant that found the holder live kept the group alive, however late it lands"
+        );
+        held.remove(&late);
+        // The group's deadline passed and the grant found the holder's entry expired: the store
+        // may have reaped `old` and given its slot away.
+        let overdue = held.insert(Arc::clone(&new), 500, false, 400);
         assert_eq!(overdue.len(), 1);
         assert!(Arc::ptr_eq(&overdue[0], &old));
-        assert_eq!(held.len(), 1);
+        assert_eq!((held.len(), held.slots_in("{t}:global")), (1, 1));
         assert_eq!(held.leases_of(Store::Main, "{t}:holders").len(), 1);
         assert_eq!(
             held.groups(Store::Main)[0].granted,

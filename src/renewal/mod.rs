@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::{stream, FutureExt, StreamExt};
+use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -139,8 +139,14 @@ impl Leases {
     }
 
     /// Holds a granted lease, which its store keeps at least until `deadline_ms` (the embedded
-    /// stores never drop one). Refused once the manager is closed.
-    pub fn hold(self: &Arc<Self>, record: Arc<LeaseRecord>, deadline_ms: u64) -> CoreResult<LeaseHandle> {
+    /// stores never drop one); `holder_was_alive` says whether the grant found the holder's entry
+    /// live (see `Held::insert`). Refused once the manager is closed.
+    pub fn hold(
+        self: &Arc<Self>,
+        record: Arc<LeaseRecord>,
+        deadline_ms: u64,
+        holder_was_alive: bool,
+    ) -> CoreResult<LeaseHandle> {
         let mut held = lock(&self.held);
         // Checked under the lock that close() drains, so no lease slips past a close.
         if self.is_closed() {
@@ -151,7 +157,7 @@ impl Leases {
         } else {
             deadline_ms
         };
-        let overdue = held.insert(Arc::clone(&record), deadline_ms, monotonic_ms());
+        let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         drop(held);
         for lost in &overdue {
             self.lose(lost, true);
@@ -244,12 +250,8 @@ impl Leases {
                 released
             }));
         }
-        // A few calls at a time: each call's timeout then covers its own work, not a queue of
-        // a hundred others (closing a manager that holds 100,000 leases).
-        let released: Vec<_> = stream::iter(releases)
-            .buffer_unordered(RELEASE_CALLS_IN_FLIGHT)
-            .collect()
-            .await;
+        // Closing a manager that holds 100,000 leases makes a hundred calls.
+        let released = runtime::a_few_at_a_time(releases, RELEASE_CALLS_IN_FLIGHT).await;
         released.into_iter().sum()
     }
 
@@ -274,6 +276,11 @@ impl Leases {
             let _ = tokio::time::timeout(leases.redis_timeout, leases.releases.wait()).await;
             released.map(drop)
         }
+    }
+
+    /// Slots this process holds in a pool (both stores).
+    pub fn slots_in(&self, pool_key: &str) -> u64 {
+        lock(&self.held).slots_in(pool_key)
     }
 
     /// Refuses to hold any new lease (the manager is closed).

@@ -4,12 +4,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures_util::{stream, StreamExt};
-
 use super::{batch_invocation, lock, scripts, unexpected_reply, RedisBackend};
 use crate::backend::{batches, Group, RoundReport};
 use crate::errors::CoreResult;
 use crate::lease::LeaseRecord;
+use crate::runtime::a_few_at_a_time;
 
 /// Hash tags kept alive per keep-alive call (standalone; a cluster takes one per call).
 const TAGS_PER_KEEPALIVE: usize = 1000;
@@ -39,10 +38,7 @@ impl RedisBackend {
             .chunks(per_call)
             .map(|chunk| async move { (chunk, self.keepalive(chunk, resync, ttl_ms, period_ms).await) })
             .collect();
-        let outcomes: Vec<_> = stream::iter(calls)
-            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
-            .collect()
-            .await;
+        let outcomes = a_few_at_a_time(calls, RENEW_CALLS_IN_FLIGHT).await;
         let mut stale = Vec::new();
         for (chunk, outcome) in outcomes {
             match outcome {
@@ -126,10 +122,7 @@ impl RedisBackend {
                 )
             })
             .collect();
-        let checks: Vec<_> = stream::iter(checks)
-            .buffer_unordered(RENEW_CALLS_IN_FLIGHT)
-            .collect()
-            .await;
+        let checks = a_few_at_a_time(checks, RENEW_CALLS_IN_FLIGHT).await;
         let mut failed = HashSet::new();
         for (batch, outcome) in checks {
             match outcome {

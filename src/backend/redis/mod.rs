@@ -92,7 +92,12 @@ impl RedisBackend {
         }
         let reply: Vec<u64> = self.link.run(&invocation).await?;
         match reply.as_slice() {
-            [GRANTED, used @ ..] if used.len() == pools.len() => Ok(AcquireOutcome::Granted(used.to_vec())),
+            [GRANTED, alive @ (0 | 1), used @ ..] if used.len() == pools.len() => {
+                Ok(AcquireOutcome::Granted {
+                    used: used.to_vec(),
+                    holder_was_alive: *alive == 1,
+                })
+            }
             [WAIT, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
             [REFUSED, index, current, retry_after_ms] => {
                 let pool = pools
