@@ -9,8 +9,11 @@ mod py;
 mod admission;
 mod renewal;
 
-// Where pools live, and how they are laid out.
+// Where pools live, and what a lease is there.
 mod backend;
+mod lease;
+
+// How the keys are laid out.
 mod keys;
 
 // Values and tools shared by all of the above.
@@ -18,7 +21,6 @@ mod breaker;
 mod config;
 mod errors;
 mod fifo;
-mod lease;
 mod runtime;
 
 use pyo3::prelude::*;
