@@ -5,6 +5,7 @@ leaked and no lease is silently dropped."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ async def test_leases_reaped_while_held_are_checked_and_taken_back(make_redis_ma
     index = f"{holders(key_prefix)}:{holder.decode()}"
     for pool in redis_client.smembers(index):
         redis_client.zremrangebyscore(pool, holder, holder)
-    redis_client.delete(holders(key_prefix), index, f"{index}:granted")
+    redis_client.delete(holders(key_prefix), index, f"{index}:members")
     # This acquire registers the holder again: the next round must not trust the entry alone.
     second = await manager.acquire("bob")
 
@@ -78,7 +79,7 @@ async def test_grants_lost_by_a_failover_are_noticed_and_taken_back(make_redis_m
     (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
     for pool in redis_client.smembers(f"{holders(key_prefix)}:{holder.decode()}"):
         redis_client.zrem(pool, missing.lease_id)
-    redis_client.decrby(f"{holders(key_prefix)}:{holder.decode()}:granted", 2)
+    redis_client.decrby(f"{holders(key_prefix)}:{holder.decode()}:members", 2)
 
     await eventually(
         lambda: manager.stats()["reclaimed"] == 1,
@@ -146,4 +147,61 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
-    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:granted")
+    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:members")
+
+
+def restore(server, snapshot: bytes) -> None:
+    """A failover that lost the last writes: the server comes back with an earlier state."""
+    server.stop()
+    (server.dir / "dump.rdb").write_bytes(snapshot)
+    server.start()
+
+
+def snapshot(server) -> bytes:
+    server.cli("save")
+    return (server.dir / "dump.rdb").read_bytes()
+
+
+async def test_a_grant_lost_in_a_failover_is_found_despite_cancelled_acquires(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(lease_seconds=5, max_per_user=0, max_global=0)
+    kept = await manager.acquire("alice")
+    # Acquires whose scripts ran but whose callers gave up: their grants are given back, and
+    # Redis must not count them for this holder any more (once it did, for good).
+    own_redis.pause()
+    gave_up = [asyncio.create_task(manager.acquire(f"gave-up-{i}")) for i in range(3)]
+    await asyncio.sleep(0.1)
+    for task in gave_up:
+        task.cancel()
+    own_redis.resume()
+    await count_is(manager, 1)
+    before = snapshot(own_redis)
+    granted = await manager.acquire("bob")  # lost in the failover below
+    restore(own_redis, before)
+    await eventually(lambda: manager.stats()["reclaimed"] == 1,
+                     what="the lost grant to be found and taken back")
+    assert not granted.lost and await manager.get_active_count() == 2
+    await kept.release()
+    await granted.release()
+
+
+async def test_a_release_lost_in_a_failover_frees_its_slot(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(lease_seconds=3, max_per_user=2)
+    kept = await manager.acquire("alice")
+    gone = await manager.acquire("alice")
+    before = snapshot(own_redis)
+    await gone.release()  # lost in the failover below: it comes back under a live holder
+    restore(own_redis, before)
+
+    async def alice_has_room() -> bool:
+        try:
+            lease = await manager.acquire("alice")
+        except StreamLeaseError:
+            return False
+        await lease.release()
+        return True
+
+    await eventually(alice_has_room, what="the member of the released lease to be pruned")
+    assert manager.stats()["pruned"] == 2  # one member in her pool, one in the global pool
+    await kept.release()

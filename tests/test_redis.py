@@ -41,7 +41,7 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_man
     lease = await manager.acquire("alice@example.com")
     keys = sorted(k.decode() for k in redis_client.keys(f"{{{key_prefix}}}*"))
     # Two pools, the tag's holders, this manager's list of its pools there and its count of
-    # granted members.
+    # members.
     assert [k.split(":")[1] for k in keys] == ["global", "holders", "holders", "holders", "user"]
     assert all(k.startswith(f"{{{key_prefix}}}:") for k in keys)
     assert not any("alice" in k for k in keys)
@@ -50,7 +50,7 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_man
     assert keys[2].endswith(f":{holder.decode()}")
     expires_in_ms = expiry - 1000 * redis_client.time()[0]
     assert 0 < expires_in_ms <= 31_000, "the holder expires in lease_seconds"
-    assert redis_client.get(f"{keys[2]}:granted") == b"2"
+    assert redis_client.get(f"{keys[2]}:members") == b"2"
     for pool in (keys[0], keys[4]):
         assert redis_client.zrange(pool, 0, -1, withscores=True) == [
             (lease.lease_id.encode(), float(holder))

@@ -34,6 +34,7 @@ class ManagerStats(TypedDict):
     reclaimed: int
     renew_failures: int
     unremoved: int
+    pruned: int
     closed: bool
     breaker_open: bool
     waiting: int
@@ -162,6 +163,8 @@ class StreamLeaseManager:
           later round, or lost at their deadline);
         * ``unremoved``: leases released or lost here whose removal from Redis failed, waiting
           for another try (at most 10,000);
+        * ``pruned``: members found in Redis under this process's name that belong to none of
+          its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;
         * ``breaker_open``: whether the circuit breaker refuses calls instead of sending them;
         * ``waiting``: its acquires waiting in line now.

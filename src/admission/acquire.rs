@@ -67,10 +67,15 @@ struct Cleanup<'a> {
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if self.settled || !self.sent {
+        if self.settled {
             return;
         }
-        // Release is idempotent, so giving back a grant that did not happen costs nothing.
+        if !self.sent {
+            self.manager.leases.flight_end(self.record, false);
+            return;
+        }
+        // Release is idempotent, so giving back a grant that did not happen costs nothing; the
+        // acquire's flight becomes the release's.
         self.manager.leases.release_in_background(self.record);
         if let (Some(waiter), Some(line)) = (self.waiter, &self.manager.line) {
             let (stores, line, id) = (Arc::clone(&self.manager.stores), line.clone(), waiter.id.clone());
@@ -181,6 +186,7 @@ impl Manager {
                 line,
                 waiter: waiter.as_ref(),
             });
+            self.leases.flight_start(&record);
             let outcome = self
                 .stores
                 .call(Store::Main, |main| main.acquire(&record, ttl_ms, in_line))
@@ -308,6 +314,7 @@ impl Manager {
             }),
             AcquireOutcome::Rejected(mut rejection) => {
                 record.mark_released();
+                self.leases.flight_end(&record, false);
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
             }

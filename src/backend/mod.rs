@@ -70,12 +70,15 @@ pub struct InLine<'a> {
     pub waiter: Option<&'a Waiter>,
 }
 
-/// The leases of one holders key (one hash tag) that this process keeps alive together, and the
-/// members granted to them since the group formed (Redis checks that none is missing).
+/// What one keep-alive found for one group (the leases of one holders key, one hash tag).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Group {
+pub struct Kept {
     pub holders: String,
-    pub granted: u64,
+    /// The holder's entry was live, and is extended; else its leases must be checked one by one.
+    pub alive: bool,
+    /// The holder's count of members in the tag (Redis; None for the embedded stores, which
+    /// never lose one).
+    pub members: Option<u64>,
 }
 
 /// What the calls of one renewal round found. Groups whose calls failed are not renewed: their
@@ -84,6 +87,8 @@ pub struct Group {
 pub struct RoundReport {
     /// Holders keys of the groups kept alive (their remaining leases all extended).
     pub renewed: Vec<String>,
+    /// Members removed because their holder held no lease of theirs.
+    pub pruned: u64,
     /// Found gone and taken back.
     pub reclaimed: Vec<Arc<LeaseRecord>>,
     /// Found gone with no room to take them back (now removed everywhere).
@@ -174,25 +179,40 @@ impl Backend {
         }
     }
 
-    /// Keeps the groups alive for `ttl_ms` more: those kept go to `report.renewed`; returns the
-    /// groups whose leases must be checked one by one (`reclaim`). With `resync`, first brings
-    /// each group's count of granted members up to `granted` (its leases were just checked).
-    /// The embedded store keeps what it holds until released: every group is kept.
+    /// Keeps the groups (holders keys) alive for `ttl_ms` more and says what each holder's count
+    /// is; failures go to `report`. With `resync`, each count is first taken again from the
+    /// pools (the group's leases were just checked). The embedded store keeps what it holds until
+    /// released: every group is alive.
     pub async fn keepalive(
         &self,
-        groups: &[Group],
+        groups: &[String],
         resync: bool,
         ttl_ms: u64,
         period_ms: u64,
         report: &mut RoundReport,
-    ) -> Vec<Group> {
+    ) -> Vec<Kept> {
         match self {
             Backend::Memory(_) => {
                 report.answered = true;
-                report.renewed.extend(groups.iter().map(|g| g.holders.clone()));
-                Vec::new()
+                groups
+                    .iter()
+                    .map(|holders| Kept {
+                        holders: holders.clone(),
+                        alive: true,
+                        members: None,
+                    })
+                    .collect()
             }
             Backend::Redis(r) => r.keepalive_all(groups, resync, ttl_ms, period_ms, report).await,
+        }
+    }
+
+    /// Removes the members this holder has in a tag that belong to none of `keep` (lease ids),
+    /// and counts its members again; returns how many were removed. Only Redis can have such.
+    pub async fn prune(&self, holders: &str, keep: &[String]) -> CoreResult<u64> {
+        match self {
+            Backend::Memory(_) => Ok(0),
+            Backend::Redis(r) => r.prune(holders, keep).await,
         }
     }
 

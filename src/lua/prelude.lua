@@ -5,8 +5,9 @@
 -- renewal costs one write per process, not one per lease. Pool members are scored by their
 -- holder's id; <tag>:holders:<id> (set) lists the pools where that holder has members, so the
 -- leases of a holder that stopped renewing are removed pool by pool ("reaped"), and
--- <tag>:holders:<id>:granted counts the members ever added for it, so a holder can tell that
--- grants it was told about are missing (a failover that lost the last writes, a reap).
+-- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
+-- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
+-- it differs from what it holds (a failover that lost the last writes, a reap, a lost release).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
@@ -36,14 +37,14 @@ local function is_alive(holders, holder)
   return expiry and tonumber(expiry) > now
 end
 
-local function granted_key(holders, holder)
-  return holders .. ':' .. holder .. ':granted'
+local function members_key(holders, holder)
+  return holders .. ':' .. holder .. ':members'
 end
 
 -- A holder with no pool left in a tag leaves it.
 local function leave_tag(holders, holder)
   redis.call('ZREM', holders, holder)
-  redis.call('DEL', granted_key(holders, holder))
+  redis.call('DEL', members_key(holders, holder))
 end
 
 -- Removes the members of holders whose entry expired (the first 16 of them), up to REAP_BUDGET
@@ -98,23 +99,23 @@ end
 local function refresh(holders, holder)
   redis.call('PEXPIRE', holders, IDLE_MS)
   redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS)
-  redis.call('PEXPIRE', granted_key(holders, holder), IDLE_MS)
+  redis.call('PEXPIRE', members_key(holders, holder), IDLE_MS)
 end
 
 -- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
--- entry found expired or gone may have been reaped in part: its count of granted members goes,
--- so its next keep-alive finds grants missing and checks its leases one by one.
+-- entry found expired or gone may have been reaped in part: its count goes (from 0 again), so
+-- its next keep-alive finds members missing, checks its leases one by one and recounts.
 local function hold(holders, holder, ttl)
   local alive = is_alive(holders, holder)
   if not alive then
-    redis.call('DEL', granted_key(holders, holder))
+    redis.call('DEL', members_key(holders, holder))
   end
   redis.call('ZADD', holders, now + ttl, holder)
   return alive
 end
 
--- Adds a lease's members to a pool for a holder, and counts them as granted to it. A new pool
--- gets its idle expiry (the keep-alive refreshes the holder's pools).
+-- Adds a lease's members to a pool for a holder, and counts them. A new pool gets its idle
+-- expiry (the keep-alive refreshes the holder's pools).
 local function add_members(pool, holders, holder, id, weight, new_pool)
   local args = {}
   for _, member in ipairs(members(id, weight)) do
@@ -126,5 +127,25 @@ local function add_members(pool, holders, holder, id, weight, new_pool)
     redis.call('PEXPIRE', pool, IDLE_MS)
   end
   redis.call('SADD', holders .. ':' .. holder, pool)
-  redis.call('INCRBY', granted_key(holders, holder), weight)
+  redis.call('INCRBY', members_key(holders, holder), weight)
+end
+
+-- Removes a lease's members from a pool; the holder's count goes down by what was there.
+-- Returns how many were there.
+local function remove_members(pool, holders, holder, id, weight)
+  local removed = redis.call('ZREM', pool, unpack(members(id, weight)))
+  if removed > 0 then
+    redis.call('DECRBY', members_key(holders, holder), removed)
+  end
+  return removed
+end
+
+-- Counts a holder's members in its pools of one tag again, from the pools themselves.
+local function recount(holders, holder)
+  local count = 0
+  for _, pool in ipairs(redis.call('SMEMBERS', holders .. ':' .. holder)) do
+    count = count + redis.call('ZCOUNT', pool, holder, holder)
+  end
+  redis.call('SET', members_key(holders, holder), count, 'PX', IDLE_MS)
+  return count
 end

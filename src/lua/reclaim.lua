@@ -50,10 +50,9 @@ while i <= #ARGV do
   end
 
   if not held then
-    local mine = members(id, weight)
     local room = true
     for j = 1, k do
-      redis.call('ZREM', keys[j], unpack(mine))
+      remove_members(keys[j], holders, holder, id, weight)
       local capacity = capacities[j]
       if capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
         room = false

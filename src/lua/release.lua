@@ -25,7 +25,7 @@ while i <= #ARGV do
   for j = 1, k do
     local key = KEYS[tonumber(ARGV[i + 3 + j])]
     pools[key] = true
-    if redis.call('ZREM', key, unpack(members(id, weight))) > 0 then
+    if remove_members(key, holders, holder, id, weight) > 0 then
       present = true
     end
   end

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::Group;
+use super::tally::Tallies;
 use crate::lease::{LeaseRecord, Store};
 
 /// Leases kept alive together, and when the store drops them unless kept alive meanwhile.
@@ -15,9 +15,6 @@ struct HeldGroup {
     leases: HashMap<String, Arc<LeaseRecord>>,
     /// `monotonic_ms` of the last successful acquire or keep-alive send, plus the lease duration.
     deadline_ms: u64,
-    /// Members granted to this group since it formed (weight x pools per lease, taken back ones
-    /// included): Redis counts the same, so a shortfall there means grants went missing.
-    granted_units: u64,
 }
 
 /// The deadline of leases their store never drops (the embedded stores).
@@ -31,6 +28,8 @@ pub struct Held {
     count: usize,
     /// Slots held in each pool (by key), both stores together: what a local floor counts.
     slots_by_pool: HashMap<String, u64>,
+    /// What the holder's counts in Redis should be (main store).
+    pub tallies: Tallies,
 }
 
 impl Held {
@@ -74,7 +73,6 @@ impl Held {
             .entry(record.holders.clone())
             .or_default();
         group.deadline_ms = group.deadline_ms.max(deadline_ms);
-        group.granted_units += record.units();
         let added = group
             .leases
             .insert(record.id.clone(), Arc::clone(&record))
@@ -89,7 +87,11 @@ impl Held {
         overdue
     }
 
+    /// Counts a lease's slots per pool, and its members in its tag's tally.
     fn count_slots(&mut self, record: &LeaseRecord, held: bool) {
+        if record.store == Store::Main {
+            self.tallies.hold(record, held);
+        }
         for pool in &record.pools {
             let slots = self.slots_by_pool.entry(pool.key.clone()).or_default();
             if held {
@@ -106,15 +108,6 @@ impl Held {
     /// Slots this process holds in a pool, in either store.
     pub fn slots_in(&self, pool_key: &str) -> u64 {
         self.slots_by_pool.get(pool_key).copied().unwrap_or(0)
-    }
-
-    /// Counts a lease found gone and taken back, if it is still held.
-    pub fn taken_back(&mut self, record: &LeaseRecord) {
-        if let Some(group) = self.side_mut(record.store).get_mut(&record.holders) {
-            if group.leases.contains_key(&record.id) {
-                group.granted_units += record.units();
-            }
-        }
     }
 
     /// True if the lease was held.
@@ -138,15 +131,9 @@ impl Held {
         self.count
     }
 
-    /// One store's groups.
-    pub fn groups(&self, store: Store) -> Vec<Group> {
-        self.side(store)
-            .iter()
-            .map(|(holders, group)| Group {
-                holders: holders.clone(),
-                granted: group.granted_units,
-            })
-            .collect()
+    /// The holders keys of one store's groups.
+    pub fn groups(&self, store: Store) -> Vec<String> {
+        self.side(store).keys().cloned().collect()
     }
 
     pub fn leases_of(&self, store: Store, holders: &str) -> Vec<Arc<LeaseRecord>> {
@@ -183,6 +170,7 @@ impl Held {
     pub fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
         self.count = 0;
         self.slots_by_pool.clear();
+        self.tallies = Tallies::default();
         self.main
             .drain()
             .chain(self.fallback.drain())
@@ -219,17 +207,13 @@ mod tests {
         held.insert(Arc::clone(&c), 500, true, 0);
         assert_eq!(held.len(), 3);
         assert_eq!(held.slots_in("{t}:global"), 3, "both stores count");
-        let group = |granted| Group {
-            holders: "{t}:holders".to_owned(),
-            granted,
-        };
-        assert_eq!(held.groups(Store::Main), vec![group(2)]);
-        held.taken_back(&a);
-        assert_eq!(
-            held.groups(Store::Main),
-            vec![group(3)],
-            "a lease taken back was granted again"
+        assert_eq!(held.groups(Store::Main), vec!["{t}:holders".to_owned()]);
+        held.tallies.open_windows();
+        assert!(
+            !held.tallies.close_window("{t}:holders", 2),
+            "the main store's members"
         );
+        assert!(held.tallies.take_excess().is_empty());
         let (overdue, next) = held.overdue(120);
         assert!(
             overdue.is_empty() && next == Some(150),
@@ -238,7 +222,7 @@ mod tests {
         held.extend(Store::Main, "{t}:holders", 1000);
         assert_eq!(held.overdue(600).0.len(), 1, "only the fallback group is overdue");
         assert!(held.remove(&a) && held.remove(&b) && !held.remove(&b));
-        assert_eq!(held.groups(Store::Main), vec![]);
+        assert_eq!(held.groups(Store::Main), Vec::<String>::new());
         assert_eq!(held.slots_in("{t}:global"), 1);
         assert_eq!(held.drain().len(), 1);
         assert_eq!(held.len(), 0);
@@ -262,10 +246,11 @@ mod tests {
         assert!(Arc::ptr_eq(&overdue[0], &old));
         assert_eq!((held.len(), held.slots_in("{t}:global")), (1, 1));
         assert_eq!(held.leases_of(Store::Main, "{t}:holders").len(), 1);
-        assert_eq!(
-            held.groups(Store::Main)[0].granted,
-            1,
-            "the new group counts only its own"
+        held.tallies.open_windows();
+        assert!(
+            !held.tallies.close_window("{t}:holders", 1),
+            "the lost one no longer counts"
         );
+        assert!(held.tallies.take_excess().is_empty());
     }
 }

@@ -7,6 +7,7 @@ mod held;
 mod keeper;
 mod round;
 mod sweep;
+mod tally;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,6 +45,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Counters {
     /// Leases waiting for another release try.
     pub unremoved: usize,
+    /// Members removed from Redis because this holder held no lease of theirs.
+    pub pruned: u64,
     /// Leases this process holds.
     pub held: usize,
     /// Leases found lost, and taken back, so far.
@@ -78,6 +81,7 @@ pub struct Leases {
     freed: watch::Sender<u64>,
     lost: AtomicU64,
     reclaimed: AtomicU64,
+    pruned: AtomicU64,
     renew_failures: AtomicU64,
 }
 
@@ -111,6 +115,7 @@ impl Leases {
             freed: watch::Sender::new(0),
             lost: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
+            pruned: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
         }
     }
@@ -127,14 +132,34 @@ impl Leases {
         owner != 0 && owner != std::process::id()
     }
 
-    /// Keeps leases for another release try (each once, up to `MAX_UNREMOVED`).
+    /// Keeps leases for another release try (each once, up to `MAX_UNREMOVED`; those beyond are
+    /// left to the prune of extra members, or to their holder's expiry).
+    /// Until removed, they are in flight: Redis may still count them.
     fn retry_later(&self, records: impl IntoIterator<Item = Arc<LeaseRecord>>) {
         let mut unremoved = lock(&self.unremoved);
         for record in records {
             if unremoved.len() >= MAX_UNREMOVED {
-                break;
+                self.flight_end(&record, true);
+                continue;
             }
+            self.flight_start(&record);
             unremoved.insert(record.id.clone(), record);
+        }
+    }
+
+    /// An acquire of `record` is about to be sent: until `flight_end`, Redis may or may not
+    /// count it (only the main store keeps counts).
+    pub fn flight_start(&self, record: &LeaseRecord) {
+        if record.store == Store::Main {
+            lock(&self.held).tallies.flight_start(record, false);
+        }
+    }
+
+    /// The calls of `record` are over: its outcome is known or given up; `counted` unless Redis
+    /// certainly never had it (refused, never sent).
+    pub fn flight_end(&self, record: &LeaseRecord, counted: bool) {
+        if record.store == Store::Main {
+            lock(&self.held).tallies.flight_end(record, counted);
         }
     }
 
@@ -158,6 +183,10 @@ impl Leases {
             deadline_ms
         };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
+        // Counted as held before it stops being in flight, so no figure in between misses it.
+        if record.store == Store::Main {
+            held.tallies.flight_end(&record, true);
+        }
         drop(held);
         for lost in &overdue {
             self.lose(lost, true);
@@ -179,7 +208,13 @@ impl Leases {
         if self.in_forked_child() || !record.mark_released() {
             return None;
         }
-        lock(&self.held).remove(record);
+        {
+            let mut held = lock(&self.held);
+            let was_held = held.remove(record);
+            if record.store == Store::Main {
+                held.tallies.flight_start(record, was_held);
+            }
+        }
         let leases = Arc::clone(self);
         let record = Arc::clone(record);
         let embedded = self.stores.get(record.store).is_embedded();
@@ -194,8 +229,9 @@ impl Leases {
                     store.release(std::slice::from_ref(&record), line)
                 })
                 .await;
-            if released.is_err() {
-                leases.retry_later([Arc::clone(&record)]);
+            match released {
+                Ok(_) => leases.flight_end(&record, true),
+                Err(_) => leases.retry_later([Arc::clone(&record)]),
             }
             leases.wake();
             released.map(|n| n > 0)
@@ -244,8 +280,9 @@ impl Leases {
                     .stores
                     .call(store, |backend| backend.release(&batch, line))
                     .await;
-                if released.is_err() {
-                    self.retry_later(batch);
+                match released {
+                    Ok(_) => batch.iter().for_each(|record| self.flight_end(record, true)),
+                    Err(_) => self.retry_later(batch),
                 }
                 released
             }));
@@ -301,6 +338,7 @@ impl Leases {
     pub fn counters(&self) -> Counters {
         Counters {
             unremoved: lock(&self.unremoved).len(),
+            pruned: self.pruned.load(Ordering::Relaxed),
             held: lock(&self.held).len(),
             lost: self.lost.load(Ordering::Relaxed),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),

@@ -1,15 +1,16 @@
 //! One renewal round (see `docs/design.md`): each store's groups are kept alive (Redis: one
-//! keep-alive per hash tag); the leases of groups found stale are checked one by one, taken back
-//! where capacity allows, else lost; the counts of granted members of the groups checked are
-//! brought up to date; then leases whose removal failed are removed again. A failed call leaves
-//! its leases to the next round, and to their deadlines.
+//! keep-alive per hash tag, which also reads the holder's count of members there); a group whose
+//! holder entry lapsed, or whose count is below what this process holds, has its leases checked
+//! one by one (taken back where capacity allows, else lost) and its count taken again; a group
+//! whose count is above what it holds and has in flight has the extra members pruned. Then
+//! leases whose removal failed are removed again. A failed call leaves its leases to the next
+//! round, and to their deadlines.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{lock, Leases};
-use crate::backend::{Group, RoundReport};
+use crate::backend::RoundReport;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 
 impl Leases {
@@ -37,11 +38,11 @@ impl Leases {
             }
             self.renew_failures
                 .fetch_add(report.failures.len() as u64, Ordering::Relaxed);
+            self.pruned.fetch_add(report.pruned, Ordering::Relaxed);
             for record in &report.reclaimed {
                 if record.is_released() {
                     released_meanwhile.push(Arc::clone(record));
                 } else {
-                    lock(&self.held).taken_back(record);
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -59,49 +60,86 @@ impl Leases {
         }
     }
 
-    /// Keeps one store's groups alive; checks the leases of stale groups one by one, then
-    /// resyncs those groups' counts of granted members.
+    /// Keeps one store's groups alive; checks the leases of groups short of members one by one
+    /// and counts them again; prunes the members of groups that have too many.
     async fn renew_store(&self, store: Store) -> RoundReport {
         let backend = self.stores.get(store);
         let period_ms = self.period.as_millis() as u64;
-        let groups = lock(&self.held).groups(store);
         let mut report = RoundReport::default();
-        let stale = backend
+        // Counts found in excess last round are judged now that their calls in flight settled.
+        let (groups, excess) = {
+            let mut held = lock(&self.held);
+            let excess = match store {
+                Store::Main => held.tallies.take_excess(),
+                Store::Fallback => Vec::new(),
+            };
+            if store == Store::Main {
+                held.tallies.open_windows();
+            }
+            (held.groups(store), excess)
+        };
+        let kept = backend
             .keepalive(&groups, false, self.ttl_ms, period_ms, &mut report)
             .await;
-        if stale.is_empty() {
+        let mut short = Vec::new();
+        {
+            let mut held = lock(&self.held);
+            for tag in kept {
+                let is_short = tag
+                    .members
+                    .is_some_and(|members| held.tallies.close_window(&tag.holders, members));
+                if tag.alive {
+                    report.renewed.push(tag.holders.clone());
+                }
+                if !tag.alive || is_short {
+                    short.push(tag.holders);
+                }
+            }
+        }
+        for holders in excess {
+            let keep = {
+                let held = lock(&self.held);
+                let mut keep: Vec<String> = held
+                    .leases_of(store, &holders)
+                    .iter()
+                    .map(|lease| lease.id.clone())
+                    .collect();
+                keep.extend(held.tallies.in_flight(&holders));
+                keep
+            };
+            match backend.prune(&holders, &keep).await {
+                Ok(removed) => report.pruned += removed,
+                Err(e) => report.failures.push(e),
+            }
+        }
+        if short.is_empty() {
             return report;
         }
         let check: Vec<Arc<LeaseRecord>> = {
             let held = lock(&self.held);
-            stale
+            short
                 .iter()
-                .flat_map(|group| held.leases_of(store, &group.holders))
+                .flat_map(|holders| held.leases_of(store, holders))
                 .filter(|lease| !lease.is_released())
                 .collect()
         };
         let failed = backend.reclaim(&check, self.ttl_ms, &mut report).await;
-        // Leases taken back were granted again (the held set counts them after this round).
-        let mut taken_back: HashMap<&str, u64> = HashMap::new();
-        for lease in &report.reclaimed {
-            *taken_back.entry(lease.holders.as_str()).or_default() += lease.units();
-        }
         // A group left unchecked keeps its shortfall, so the next round checks it again.
-        let checked: Vec<Group> = stale
-            .iter()
-            .filter(|group| !failed.contains(&group.holders))
-            .map(|group| Group {
-                holders: group.holders.clone(),
-                granted: group.granted + taken_back.get(group.holders.as_str()).copied().unwrap_or(0),
-            })
+        let checked: Vec<String> = short
+            .into_iter()
+            .filter(|holders| !failed.contains(holders))
             .collect();
-        let mut resynced = RoundReport::default();
-        backend
-            .keepalive(&checked, true, self.ttl_ms, period_ms, &mut resynced)
-            .await;
-        report.renewed.append(&mut resynced.renewed);
-        report.failures.append(&mut resynced.failures);
-        report.answered |= resynced.answered;
+        let mut recounted = RoundReport::default();
+        for tag in backend
+            .keepalive(&checked, true, self.ttl_ms, period_ms, &mut recounted)
+            .await
+        {
+            if tag.alive {
+                report.renewed.push(tag.holders);
+            }
+        }
+        report.failures.append(&mut recounted.failures);
+        report.answered |= recounted.answered;
         report
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{batch_invocation, lock, scripts, unexpected_reply, RedisBackend};
-use crate::backend::{batches, Group, RoundReport};
+use crate::backend::{batches, Kept, RoundReport};
 use crate::errors::CoreResult;
 use crate::lease::LeaseRecord;
 use crate::runtime::a_few_at_a_time;
@@ -17,57 +17,49 @@ const TAGS_PER_KEEPALIVE: usize = 1000;
 const RENEW_CALLS_IN_FLIGHT: usize = 2;
 
 impl RedisBackend {
-    /// Keep-alive calls for many groups, a few in flight at once; the groups kept alive go to
-    /// `report.renewed`, failures to `report.failures`; returns the groups to check one by one.
+    /// Keep-alive calls for many groups, a few in flight at once; failures go to
+    /// `report.failures`, the others say what each tag holds.
     pub async fn keepalive_all(
         &self,
-        groups: &[Group],
+        groups: &[String],
         resync: bool,
         ttl_ms: u64,
         period_ms: u64,
         report: &mut RoundReport,
-    ) -> Vec<Group> {
+    ) -> Vec<Kept> {
         if !resync {
             // A round's first keep-alive: scans of tags no longer held are over.
-            let tags: HashSet<&str> = groups.iter().map(|g| g.holders.as_str()).collect();
+            let tags: HashSet<&str> = groups.iter().map(String::as_str).collect();
             lock(&self.cursors).retain(|tag, _| tags.contains(tag.as_str()));
         }
         let per_call = if self.is_cluster() { 1 } else { TAGS_PER_KEEPALIVE };
         // Futures built first, then streamed: a closure inside the stream would not be `Send`.
         let calls: Vec<_> = groups
             .chunks(per_call)
-            .map(|chunk| async move { (chunk, self.keepalive(chunk, resync, ttl_ms, period_ms).await) })
+            .map(|chunk| self.keepalive(chunk, resync, ttl_ms, period_ms))
             .collect();
         let outcomes = a_few_at_a_time(calls, RENEW_CALLS_IN_FLIGHT).await;
-        let mut stale = Vec::new();
-        for (chunk, outcome) in outcomes {
+        let mut kept = Vec::with_capacity(groups.len());
+        for outcome in outcomes {
             match outcome {
-                Ok(flags) => {
+                Ok(tags) => {
                     report.answered = true;
-                    for (group, alive) in chunk.iter().zip(flags) {
-                        if alive {
-                            report.renewed.push(group.holders.clone());
-                        } else {
-                            stale.push(group.clone());
-                        }
-                    }
+                    kept.extend(tags);
                 }
                 Err(e) => report.failures.push(e),
             }
         }
-        stale
+        kept
     }
 
-    /// Extends this holder's entry in each group's tag; false for a tag where it had expired or
-    /// vanished, or where grants it knows of are missing. With `resync`, first raises each tag's
-    /// count of granted members to what this process knows (its leases were just checked).
+    /// Extends this holder's entry in each group's tag where it is live, and reads its count.
     async fn keepalive(
         &self,
-        groups: &[Group],
+        groups: &[String],
         resync: bool,
         ttl_ms: u64,
         period_ms: u64,
-    ) -> CoreResult<Vec<bool>> {
+    ) -> CoreResult<Vec<Kept>> {
         let mut invocation = scripts::KEEPALIVE.prepare_invoke();
         invocation
             .arg(self.holder)
@@ -76,30 +68,48 @@ impl RedisBackend {
             .arg(u8::from(resync));
         {
             let cursors = lock(&self.cursors);
-            for group in groups {
-                invocation.key(&group.holders);
-                invocation
-                    .arg(cursors.get(&group.holders).map_or("0", String::as_str))
-                    .arg(group.granted);
+            for holders in groups {
+                invocation.key(holders);
+                invocation.arg(cursors.get(holders).map_or("0", String::as_str));
             }
         }
         let reply: Vec<String> = self.link.run(&invocation).await?;
-        if reply.len() != 2 * groups.len() {
+        if reply.len() != 3 * groups.len() {
             return Err(unexpected_reply("keep-alive", &reply));
         }
         let mut cursors = lock(&self.cursors);
-        Ok(groups
+        groups
             .iter()
-            .zip(reply.chunks(2))
-            .map(|(group, pair)| {
-                if pair[1] == "0" {
-                    cursors.remove(&group.holders);
+            .zip(reply.chunks(3))
+            .map(|(holders, tag)| {
+                let [alive, members, cursor] = tag else {
+                    unreachable!("chunks of 3")
+                };
+                if cursor == "0" {
+                    cursors.remove(holders);
                 } else {
-                    cursors.insert(group.holders.clone(), pair[1].clone());
+                    cursors.insert(holders.clone(), cursor.clone());
                 }
-                pair[0] == "1"
+                Ok(Kept {
+                    holders: holders.clone(),
+                    alive: alive == "1",
+                    // A count may go below 0 while a holder registers again; it is then short.
+                    members: Some(
+                        members
+                            .parse::<i64>()
+                            .map_err(|_| unexpected_reply("keep-alive", &reply))?
+                            .max(0) as u64,
+                    ),
+                })
             })
-            .collect())
+            .collect()
+    }
+
+    /// Removes this holder's members in a tag that belong to none of `keep` (`lua/prune.lua`).
+    pub async fn prune(&self, holders: &str, keep: &[String]) -> CoreResult<u64> {
+        let mut invocation = scripts::PRUNE.prepare_invoke();
+        invocation.key(holders).arg(self.holder).arg(keep);
+        self.link.run(&invocation).await
     }
 
     /// Checks leases one by one (`lua/reclaim.lua`), in batches of one slot each (the leases

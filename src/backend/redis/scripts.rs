@@ -24,3 +24,4 @@ pub static COUNT: LazyLock<Script> = script!("count.lua");
 pub static RELEASE: LazyLock<Script> = script!("release.lua");
 pub static LEAVE: LazyLock<Script> = script!("leave.lua");
 pub static HEARTBEAT: LazyLock<Script> = script!("heartbeat.lua");
+pub static PRUNE: LazyLock<Script> = script!("prune.lua");

@@ -1,0 +1,210 @@
+//! What Redis should count for this holder in each tag of the main store: the members of the
+//! leases it holds, give or take those in flight (acquires sent and not settled, releases not
+//! confirmed). A keep-alive's count below the lowest figure seen during its call means members
+//! are missing (the leases are checked one by one, that round); above the highest, members it
+//! does not hold (they are pruned at the next round, once the acquires in flight during the call
+//! have settled: a refused one never counted). So a shortfall is found within one renewal
+//! period, an excess within two.
+
+use std::collections::HashMap;
+
+use crate::lease::LeaseRecord;
+
+#[derive(Default)]
+struct Tally {
+    /// Members of the leases held.
+    held: u64,
+    /// Lease id -> members, of the leases in flight (few: only calls under way).
+    in_flight: HashMap<String, u64>,
+    /// Since the window opened: the lowest and highest `held`, and the leases in flight at any
+    /// moment, less those found to have added nothing (refused, never sent).
+    lo: u64,
+    held_hi: u64,
+    seen_in_flight: HashMap<String, u64>,
+    /// The window is open until the keep-alive's answer arrives.
+    window_open: bool,
+    /// What that answer said: the holder's count in Redis.
+    reported: Option<u64>,
+}
+
+impl Tally {
+    fn seen(&mut self) {
+        if self.window_open {
+            self.lo = self.lo.min(self.held);
+            self.held_hi = self.held_hi.max(self.held);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held == 0 && self.in_flight.is_empty() && self.reported.is_none()
+    }
+
+    /// The most Redis may have counted while the window was open.
+    fn hi(&self) -> u64 {
+        self.held_hi + self.seen_in_flight.values().sum::<u64>()
+    }
+}
+
+#[derive(Default)]
+pub struct Tallies {
+    by_tag: HashMap<String, Tally>,
+}
+
+impl Tallies {
+    fn change(&mut self, holders: &str, change: impl FnOnce(&mut Tally)) {
+        if !self.by_tag.contains_key(holders) {
+            self.by_tag.insert(holders.to_owned(), Tally::default());
+        }
+        let tally = self.by_tag.get_mut(holders).expect("inserted above");
+        change(tally);
+        tally.seen();
+        if tally.is_empty() {
+            self.by_tag.remove(holders);
+        }
+    }
+
+    /// A lease became held (`held`), or stopped being held.
+    pub fn hold(&mut self, record: &LeaseRecord, held: bool) {
+        let units = record.units();
+        self.change(&record.holders, |tally| {
+            tally.held = if held {
+                tally.held + units
+            } else {
+                tally.held.saturating_sub(units)
+            };
+        });
+    }
+
+    /// A call about to change the lease in Redis (an acquire, a release); idempotent. A lease
+    /// `held` until now is counted by the window's highest `held` already.
+    pub fn flight_start(&mut self, record: &LeaseRecord, held: bool) {
+        let units = record.units();
+        self.change(&record.holders, |tally| {
+            tally.in_flight.insert(record.id.clone(), units);
+            if !held && tally.window_open {
+                tally.seen_in_flight.insert(record.id.clone(), units);
+            }
+        });
+    }
+
+    /// The lease's calls are over: `counted` if Redis may have had its members meanwhile (a
+    /// grant, a release), not if it certainly never had them (refused, never sent); idempotent.
+    pub fn flight_end(&mut self, record: &LeaseRecord, counted: bool) {
+        self.change(&record.holders, |tally| {
+            tally.in_flight.remove(&record.id);
+            if !counted {
+                tally.seen_in_flight.remove(&record.id);
+            }
+        });
+    }
+
+    /// Opens a window per tag (at a keep-alive's send): from now, every figure is seen.
+    pub fn open_windows(&mut self) {
+        for tally in self.by_tag.values_mut() {
+            tally.lo = tally.held;
+            tally.held_hi = tally.held;
+            tally.seen_in_flight.clone_from(&tally.in_flight);
+            tally.window_open = true;
+            tally.reported = None;
+        }
+        self.by_tag.retain(|_, tally| !tally.is_empty());
+    }
+
+    /// Closes a tag's window with the keep-alive's count; true if the count is short of what
+    /// was held all along (grants are missing).
+    pub fn close_window(&mut self, holders: &str, members: u64) -> bool {
+        let Some(tally) = self.by_tag.get_mut(holders) else {
+            return false;
+        };
+        tally.window_open = false;
+        tally.reported = Some(members);
+        members < tally.lo
+    }
+
+    /// The tags whose last count exceeded the most they could have had, now that the calls in
+    /// flight during its window have settled: members this holder does not hold.
+    pub fn take_excess(&mut self) -> Vec<String> {
+        let excess = self
+            .by_tag
+            .iter()
+            .filter(|(_, tally)| tally.reported.is_some_and(|members| members > tally.hi()))
+            .map(|(holders, _)| holders.clone())
+            .collect();
+        for tally in self.by_tag.values_mut() {
+            tally.reported = None;
+        }
+        excess
+    }
+
+    /// The ids of the leases in flight in the tag.
+    pub fn in_flight(&self, holders: &str) -> Vec<String> {
+        self.by_tag
+            .get(holders)
+            .map_or_else(Vec::new, |tally| tally.in_flight.keys().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::keys::{Pool, PoolRole};
+    use crate::lease::Store;
+
+    fn lease(weight: u32) -> Arc<LeaseRecord> {
+        let pool = |key: &str| Pool {
+            name: "global".into(),
+            key: key.into(),
+            capacity: 0,
+            role: PoolRole::Shared,
+        };
+        Arc::new(LeaseRecord::new(
+            vec![pool("{t}:user:a"), pool("{t}:global")],
+            weight,
+            Store::Main,
+        ))
+    }
+
+    #[test]
+    fn a_count_is_short_or_in_excess_only_beyond_every_figure_of_its_window() {
+        let tag = "{t}:holders";
+        let mut tallies = Tallies::default();
+        let (a, b) = (lease(1), lease(2));
+        tallies.flight_start(&a, false);
+        tallies.hold(&a, true);
+        tallies.flight_end(&a, true);
+        tallies.open_windows();
+        assert!(
+            !tallies.close_window(tag, 2),
+            "one lease of weight 1 in two pools"
+        );
+        assert!(tallies.take_excess().is_empty());
+
+        tallies.open_windows();
+        tallies.flight_start(&b, false); // its script may or may not run before Redis counts
+        tallies.flight_start(&a, true); // a release, then its call
+        tallies.hold(&a, false);
+        tallies.flight_end(&a, true);
+        assert!(!tallies.close_window(tag, 6));
+        assert!(tallies.take_excess().is_empty(), "b may have been granted");
+
+        tallies.open_windows();
+        tallies.flight_start(&b, false);
+        assert!(!tallies.close_window(tag, 4));
+        tallies.flight_start(&a, false); // after the answer: not part of that window
+        tallies.flight_end(&b, false); // b was refused: it never counted
+        assert_eq!(
+            tallies.take_excess(),
+            vec![tag.to_owned()],
+            "4 members, none held"
+        );
+
+        tallies.flight_start(&a, false);
+        tallies.hold(&a, true);
+        tallies.flight_end(&a, true);
+        tallies.open_windows();
+        assert!(tallies.close_window(tag, 0), "a grant is missing");
+        assert_eq!(tallies.in_flight(tag), Vec::<String>::new());
+    }
+}
