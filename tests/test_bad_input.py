@@ -98,6 +98,37 @@ def test_bad_urls_are_refused_without_leaking_passwords(url, message):
     assert "hunter2" not in str(error.value)
 
 
+# Passwords may hold URL delimiters unencoded: the URL then parses differently, or not at all.
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Zq7/Xk9@127.0.0.1:6390/0",
+        "redis://app:Zq7?Xk9@127.0.0.1:6390/0",
+        "redis://app:Zq7@Xk9:W/q?@127.0.0.1:6390/0",
+        "rediss+cluster://:Zq7?Xk9@127.0.0.1:1,127.0.0.1:2",
+        "http://app:Zq7/Xk9@127.0.0.1",
+    ],
+)
+def test_passwords_holding_url_delimiters_never_reach_an_error(url):
+    with pytest.raises(ValueError, match="URL") as error:
+        StreamLeaseManager(url=url)
+    assert "Zq7" not in str(error.value) and "Xk9" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "redis+sentinel://app:Zq7/Xk9@127.0.0.1:1/master",
+            "redis+sentinel://app:***@127.0.0.1:1/master",
+        ),
+        ("redis://app:Zq7%2FXk9@127.0.0.1:6390/0", "redis://app:***@127.0.0.1:6390/0"),
+    ],
+)
+def test_passwords_holding_url_delimiters_never_reach_the_backend_name(url, shown):
+    assert StreamLeaseManager(url=url).backend == shown
+
+
 def test_wrong_arguments_to_the_manager():
     with pytest.raises(TypeError, match="either redis=<client> or url"):
         StreamLeaseManager(redis=object(), url="memory://")
