@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import quote
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -235,6 +236,21 @@ async def test_wrong_password_gives_an_actionable_error(key_prefix):
         lease = await good.acquire("alice")
         await lease.release()
         await good.aclose()
+        await manager.aclose()
+    finally:
+        server.cleanup()
+
+
+async def test_a_percent_encoded_password_authenticates(key_prefix):
+    password = "p@ss:w/r%d?"
+    server = RedisServer("--requirepass", password).start()
+    try:
+        url = f"redis://default:{quote(password, safe='')}@127.0.0.1:{server.port}/0"
+        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+        assert manager.backend == f"redis://default:***@127.0.0.1:{server.port}/0"
+        lease = await manager.acquire("alice")
+        assert await manager.get_active_count() == 1
+        await lease.release()
         await manager.aclose()
     finally:
         server.cleanup()

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use percent_encoding::percent_decode_str;
 use redis::cluster::ClusterClient;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::TlsCertificates;
@@ -64,7 +65,9 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
     Ok(Link::new(endpoint, target, timeout))
 }
 
-/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`.
+/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`. The
+/// user name and password are percent-decoded, as in `redis://` URLs (`%40` for `@`, `%2F` for
+/// `/`, `%3A` for `:`, `%25` for `%`); the sentinels themselves are reached without them.
 fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
     let bad = |why: String| {
         CoreError::InvalidInput(format!(
@@ -91,18 +94,30 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
         return Err(bad("no sentinel address".into()));
     }
     let mut master = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(userinfo) = userinfo {
-        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-        if !user.is_empty() {
-            master = master.set_username(user);
-        }
-        if !password.is_empty() {
-            master = master.set_password(password);
-        }
+    let (user, password) = credentials(userinfo.unwrap_or_default()).map_err(bad)?;
+    if let Some(user) = user {
+        master = master.set_username(user);
+    }
+    if let Some(password) = password {
+        master = master.set_password(password);
     }
     let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
     SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
         .map_err(|e| bad(e.to_string()))
+}
+
+/// `user:password` (either may be empty) -> both percent-decoded; the first `:` separates them,
+/// so an encoded `%3A` stays in the user name.
+fn credentials(userinfo: &str) -> Result<(Option<String>, Option<String>), String> {
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let decoded = |part: &str, what: &str| match part {
+        "" => Ok(None),
+        _ => percent_decode_str(part)
+            .decode_utf8()
+            .map(|text| Some(text.into_owned()))
+            .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded")),
+    };
+    Ok((decoded(user, "user name")?, decoded(password, "password")?))
 }
 
 /// Hides credentials, for messages and `backend`: everything between `://` and the last `@`
@@ -151,7 +166,23 @@ fn hide_pass_parameter(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{credentials, redact};
+
+    #[test]
+    fn sentinel_credentials_are_percent_decoded() {
+        let pair = |user: &str, password: &str| Ok((Some(user.to_owned()), Some(password.to_owned())));
+        assert_eq!(credentials("app:p%40ss%3Aw%2Frd%25"), pair("app", "p@ss:w/rd%"));
+        assert_eq!(credentials("a%3Ab:pw"), pair("a:b", "pw"));
+        assert_eq!(
+            credentials("app:p:w"),
+            pair("app", "p:w"),
+            "only the first : separates"
+        );
+        assert_eq!(credentials(":pw"), Ok((None, Some("pw".to_owned()))));
+        assert_eq!(credentials("app"), Ok((Some("app".to_owned()), None)));
+        assert_eq!(credentials(""), Ok((None, None)));
+        assert!(credentials(":%FF").unwrap_err().contains("password is not UTF-8"));
+    }
 
     #[test]
     fn passwords_never_reach_messages() {
