@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from urllib.parse import quote
 
 import pytest
@@ -15,6 +16,7 @@ from fastapi_stream_lease import (
     LeaseLost,
     StreamLeaseManager,
     StreamLeaseRejected,
+    StreamLeaseWarning,
 )
 
 from support.redis_servers import RedisServer
@@ -67,6 +69,16 @@ async def test_identity_secret_changes_the_keys(make_redis_manager, redis_client
     assert await plain.get_active_count("alice") == 1
     for lease in leases:
         await lease.release()
+
+
+def test_a_redis_manager_without_identity_secret_warns_its_builder(redis_server):
+    with pytest.warns(StreamLeaseWarning, match="no identity_secret: user ids are hashed") as seen:
+        StreamLeaseManager(url=redis_server.url)
+    assert [warning.filename for warning in seen] == [__file__], "points at the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StreamLeaseManager(url=redis_server.url, config=LeaseConfig(identity_secret=b"k" * 32))
+        StreamLeaseManager(url="memory://")  # the keys never leave the process
 
 
 async def test_script_flush_does_not_break_acquire_renew_or_release(make_redis_manager,

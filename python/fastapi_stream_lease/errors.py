@@ -141,3 +141,9 @@ class ManagerClosed(StreamLeaseError):
     title: ClassVar[str] = "Shutting down"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+
+
+class StreamLeaseWarning(UserWarning):
+    """A setting that works but weakens a guarantee. Emitted by ``StreamLeaseManager`` on Redis
+    without ``identity_secret``: user ids are then hashed with an empty HMAC key, so anyone who
+    can read the keys can test guessed ids against them."""
