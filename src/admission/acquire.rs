@@ -103,7 +103,13 @@ impl Manager {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        Ok(Arc::clone(self).admit(record, request.wait))
+        let admitted = Arc::clone(self).admit(record, request.wait);
+        let disclose = self.config.disclose_usage;
+        Ok(async move {
+            admitted
+                .await
+                .map_err(|e| if disclose { e } else { e.without_shared_usage() })
+        })
     }
 
     /// The pools a request takes, its own quota first; refuses what could never be granted.
@@ -258,6 +264,7 @@ impl Manager {
             capacity: pool.capacity,
             current: pool.capacity,
             retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
+            usage_shown: true,
         })
     }
 

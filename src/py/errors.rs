@@ -17,8 +17,8 @@ impl From<CoreError> for PyErr {
                     cls.call1((
                         error.to_string(),
                         &*r.limit,
-                        r.capacity,
-                        r.current,
+                        r.usage_shown.then_some(r.capacity),
+                        r.usage_shown.then_some(r.current),
                         retry_after_seconds(r.retry_after_ms),
                     ))
                 }),
