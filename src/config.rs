@@ -42,6 +42,9 @@ pub struct Config {
     pub fallback_workers: u64,
     /// Keys the identity hash (HMAC-SHA256).
     pub identity_secret: Vec<u8>,
+    /// Whether a refusal by a shared pool (global, a resource) tells the client its capacity and
+    /// usage (the body, the RateLimit headers). The user's own quota is always told.
+    pub disclose_usage: bool,
 }
 
 impl Config {

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::keys::PER_USER;
+
 /// Which pool refused an acquire, with what it saw.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejection {
@@ -13,6 +15,8 @@ pub struct Rejection {
     pub capacity: u64,
     pub current: u64,
     pub retry_after_ms: u64,
+    /// Whether `capacity` and `current` may be told to the client (`Config::disclose_usage`).
+    pub usage_shown: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -38,12 +42,18 @@ pub enum CoreError {
 impl fmt::Display for CoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CoreError::Rejected(r) => write!(
+            CoreError::Rejected(r) if r.usage_shown => write!(
                 f,
                 "{} stream limit reached ({} of {} in use); retry in {} s",
                 r.limit,
                 r.current,
                 r.capacity,
+                retry_after_seconds(r.retry_after_ms)
+            ),
+            CoreError::Rejected(r) => write!(
+                f,
+                "{} stream limit reached; retry in {} s",
+                r.limit,
                 retry_after_seconds(r.retry_after_ms)
             ),
             CoreError::Unavailable(m)
@@ -68,6 +78,18 @@ impl CoreError {
     /// Redis is not there (whether or not the call left this process).
     pub fn is_unavailable(&self) -> bool {
         matches!(self, CoreError::Unavailable(_) | CoreError::Unreached(_))
+    }
+
+    /// The same error, but a refusal by a shared pool (global, a resource) withholds its usage
+    /// from the client; the user's own quota is still told.
+    pub fn without_shared_usage(self) -> Self {
+        match self {
+            CoreError::Rejected(mut r) if &*r.limit != PER_USER => {
+                r.usage_shown = false;
+                CoreError::Rejected(r)
+            }
+            other => other,
+        }
     }
 
     /// Refused without calling Redis: it failed moments ago and the breaker is open.

@@ -14,7 +14,7 @@ use sha2::Sha256;
 use crate::config::Config;
 
 /// The name of every user's own pool, reserved: no resource may take it.
-const PER_USER: &str = "per_user";
+pub const PER_USER: &str = "per_user";
 
 /// Identities longer than this are rejected: they are bugs (a request body used as a user id).
 pub const MAX_IDENTITY_BYTES: usize = 1024;

@@ -62,16 +62,32 @@ def test_config_defaults_and_repr_hide_the_secret():
     [
         ("", ValueError, "user_id is empty"),
         (None, TypeError, "pass a user_id"),
-        (7, TypeError, r"got int 7: pass str\(...\)"),
-        (b"alice", TypeError, "user_id must be a str"),
+        (7, TypeError, r"got int: pass str\(...\)"),
+        (b"alice", TypeError, "user_id must be a str, got bytes"),
         ("x" * 1025, ValueError, "1025 bytes long"),
+        ("ok\ud800", ValueError, "user_id is not valid text: it holds a lone surrogate at index 2"),
+        ("\udcff", ValueError, "UTF-8 cannot encode"),
     ],
 )
 async def test_bad_identities_are_refused(make_manager, user_id, error, message):
     manager = make_manager()
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as refused:
         await manager.acquire(user_id)
+    assert type(refused.value) is error, "a plain TypeError or ValueError, nothing more obscure"
+    if user_id is not None:  # None counts the global pool
+        with pytest.raises(error, match=message):
+            await manager.get_active_count(user_id)
     assert await manager.get_active_count() == 0
+
+
+@pytest.mark.parametrize("user_id", [b"tok-Zq7Xk9", 12345678987, ["tok-Zq7Xk9"]])
+async def test_a_refused_user_id_is_never_echoed(user_id):
+    # A user id may be a session token: the error names its type only.
+    manager = StreamLeaseManager()
+    with pytest.raises(TypeError) as refused:
+        await manager.acquire(user_id)
+    assert "Zq7Xk9" not in str(refused.value) and "12345678987" not in str(refused.value)
+    await manager.aclose()
 
 
 @pytest.mark.parametrize(
@@ -96,6 +112,37 @@ def test_bad_urls_are_refused_without_leaking_passwords(url, message):
     with pytest.raises(ValueError, match=message) as error:
         StreamLeaseManager(url=url)
     assert "hunter2" not in str(error.value)
+
+
+# Passwords may hold URL delimiters unencoded: the URL then parses differently, or not at all.
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Zq7/Xk9@127.0.0.1:6390/0",
+        "redis://app:Zq7?Xk9@127.0.0.1:6390/0",
+        "redis://app:Zq7@Xk9:W/q?@127.0.0.1:6390/0",
+        "rediss+cluster://:Zq7?Xk9@127.0.0.1:1,127.0.0.1:2",
+        "http://app:Zq7/Xk9@127.0.0.1",
+    ],
+)
+def test_passwords_holding_url_delimiters_never_reach_an_error(url):
+    with pytest.raises(ValueError, match="URL") as error:
+        StreamLeaseManager(url=url)
+    assert "Zq7" not in str(error.value) and "Xk9" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "redis+sentinel://app:Zq7/Xk9@127.0.0.1:1/master",
+            "redis+sentinel://app:***@127.0.0.1:1/master",
+        ),
+        ("redis://app:Zq7%2FXk9@127.0.0.1:6390/0", "redis://app:***@127.0.0.1:6390/0"),
+    ],
+)
+def test_passwords_holding_url_delimiters_never_reach_the_backend_name(url, shown):
+    assert StreamLeaseManager(url=url).backend == shown
 
 
 def test_wrong_arguments_to_the_manager():

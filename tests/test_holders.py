@@ -12,7 +12,11 @@ import pytest
 
 from fastapi_stream_lease import StreamLeaseError
 
+from support.apps import app_command
 from support.waiting import count_is, eventually
+
+# Members of dead holders one script call removes at most (REAP_BUDGET in src/lua/prelude.lua).
+REAP_BUDGET = 1000
 
 
 def global_pool(key_prefix: str) -> str:
@@ -55,8 +59,8 @@ async def test_a_holder_revived_after_a_partial_reap_checks_its_leases(make_redi
                                                                       redis_client, key_prefix):
     manager = make_redis_manager(lease_seconds=3, max_per_user=0)
     held = [await manager.acquire(f"user{i}") for i in range(250)]  # 251 pools
-    # The process stalled: its entry expired. Its next acquire reaps the first 200 of its pools
-    # (the reaper's budget per call), then registers it again, with the other 51 still there.
+    # The process stalled: its entry expired. Its next acquire reaps 200 of its pools (the
+    # reaper visits at most that many per call), then registers it again, with 51 still there.
     (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
     redis_client.zadd(holders(key_prefix), {holder: 0})
     held.append(await manager.acquire("late"))
@@ -131,6 +135,63 @@ async def test_a_dead_holder_is_reaped_by_the_next_acquire(make_redis_manager, r
     await other.aclose()
     await doomed.aclose()
     assert all(lease.released for lease in held)
+
+
+async def test_a_dead_holder_is_reaped_a_bounded_number_of_members_per_call(
+        make_redis_manager, redis_server, redis_client, key_prefix):
+    child = await asyncio.create_subprocess_exec(
+        *app_command("hold_many_leases", redis_server.url, key_prefix, "3000"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert await asyncio.wait_for(child.stdout.readline(), 60) == b"held 3000\n"
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    index = f"{holders(key_prefix)}:{holder.decode()}"
+    pools = redis_client.smembers(index)
+    child.kill()  # SIGKILL: nobody releases, nobody renews
+    await child.wait()
+
+    def members() -> int:
+        return sum(redis_client.zcard(pool) for pool in pools)
+
+    assert len(pools) == 2 and members() == 6000  # alice's pool and the global pool
+    observer = make_redis_manager()
+    removed_per_call: list[int] = []
+
+    async def all_reaped() -> bool:
+        before = members()
+        count = await observer.get_active_count()  # reaps, then counts (one script call)
+        removed_per_call.append(before - members())
+        if members():  # a holder half reaped stays listed, with every pool it has left
+            assert redis_client.zscore(holders(key_prefix), holder) is not None
+            assert {p for p in pools if redis_client.zcount(p, holder, holder)} <= (
+                redis_client.smembers(index)
+            )
+        return count == 0 and members() == 0
+
+    await eventually(all_reaped, timeout=30, what="the dead holder's 6,000 members to go")
+    assert max(removed_per_call) <= REAP_BUDGET, removed_per_call
+    assert len([n for n in removed_per_call if n]) >= 6000 // REAP_BUDGET
+    assert redis_client.zscore(holders(key_prefix), holder) is None
+    assert not redis_client.exists(index), "its index went with its last member"
+
+
+async def test_a_walk_removes_a_bounded_number_of_unknown_members_per_call(make_redis_manager,
+                                                                           redis_client,
+                                                                           key_prefix):
+    # Members of a holder whose keys are gone (evicted): only the walk of a pool removes them.
+    redis_client.zadd(global_pool(key_prefix), {f"ghost{i}": 12345 for i in range(2500)})
+    observer = make_redis_manager()
+    removed_per_call: list[int] = []
+
+    async def all_walked() -> bool:
+        before = redis_client.zcard(global_pool(key_prefix))
+        count = await observer.get_active_count()  # walks the pool at most once a second
+        removed_per_call.append(before - count)
+        return count == 0
+
+    await eventually(all_walked, what="the 2,500 unknown members to go")
+    assert max(removed_per_call) <= REAP_BUDGET, removed_per_call
+    assert len([n for n in removed_per_call if n]) >= 3
 
 
 def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import re
 
 import pytest
 
-from fastapi_stream_lease import Lease, ManagerClosed, StreamLeaseRejected
+from fastapi_stream_lease import (
+    Lease,
+    LeaseConfig,
+    ManagerClosed,
+    Resource,
+    StreamLeaseRejected,
+)
 from fastapi_stream_lease.manager import ManagerStats
 
 from support.apps import app_command
@@ -38,6 +46,41 @@ async def test_per_user_and_global_caps_hold(make_manager):
     assert await manager.get_active_count() == 3
     assert not any(lease.released for lease in (a2, b1, c1))
     assert await manager.get_active_count("alice") == 1
+
+
+async def test_refusals_by_shared_pools_can_withhold_their_usage(make_manager):
+    manager = make_manager(max_per_user=1, max_global=2, disclose_usage=False)
+    assert "disclose_usage=False" in repr(manager.config)
+    held = [await manager.acquire("alice"), await manager.acquire("bob")]
+    resources = make_manager(max_global=0, disclose_usage=False)
+    gpu = Resource(1, "gpu")
+    held.append(await resources.acquire(None, resources=[gpu]))
+
+    for refusing, user_id, pools, limit in [
+        (manager, "carol", (), "global"),
+        (resources, None, [gpu], "gpu"),
+    ]:
+        with pytest.raises(StreamLeaseRejected) as full:
+            await refusing.acquire(user_id, resources=pools)
+        refused = full.value
+        assert (refused.limit, refused.capacity, refused.current) == (limit, None, None)
+        assert str(refused).startswith(f"{limit} stream limit reached; retry in ")
+        response = refused.as_response()
+        assert response.status_code == 503
+        assert 1 <= int(response.headers["retry-after"]) <= 5
+        assert not any(name.startswith("ratelimit") for name in response.headers)
+        body = json.loads(response.body)
+        assert "capacity" not in body and "current" not in body
+        assert not re.search(r"\d+ of \d+", body["detail"])
+
+    # The user's own quota is theirs to know.
+    with pytest.raises(StreamLeaseRejected) as own:
+        await manager.acquire("alice")
+    assert (own.value.capacity, own.value.current) == (1, 1)
+    assert own.value.as_response().headers["ratelimit"] == '"per_user";r=0;t=' + str(
+        own.value.retry_after
+    )
+    assert len(held) == 3 and LeaseConfig().disclose_usage
 
 
 async def test_zero_disables_a_limit(make_manager):

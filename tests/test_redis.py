@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
+from urllib.parse import quote
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -15,6 +17,7 @@ from fastapi_stream_lease import (
     Resource,
     StreamLeaseManager,
     StreamLeaseRejected,
+    StreamLeaseWarning,
 )
 
 from support.redis_servers import RedisServer
@@ -67,6 +70,16 @@ async def test_identity_secret_changes_the_keys(make_redis_manager, redis_client
     assert await plain.get_active_count("alice") == 1
     for lease in leases:
         await lease.release()
+
+
+def test_a_redis_manager_without_identity_secret_warns_its_builder(redis_server):
+    with pytest.warns(StreamLeaseWarning, match="no identity_secret: user ids are hashed") as seen:
+        StreamLeaseManager(url=redis_server.url)
+    assert [warning.filename for warning in seen] == [__file__], "points at the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StreamLeaseManager(url=redis_server.url, config=LeaseConfig(identity_secret=b"k" * 32))
+        StreamLeaseManager(url="memory://")  # the keys never leave the process
 
 
 async def test_script_flush_does_not_break_acquire_renew_or_release(make_redis_manager,
@@ -294,6 +307,21 @@ async def test_wrong_password_gives_an_actionable_error(key_prefix):
         lease = await good.acquire("alice")
         await lease.release()
         await good.aclose()
+        await manager.aclose()
+    finally:
+        server.cleanup()
+
+
+async def test_a_percent_encoded_password_authenticates(key_prefix):
+    password = "p@ss:w/r%d?"
+    server = RedisServer("--requirepass", password).start()
+    try:
+        url = f"redis://default:{quote(password, safe='')}@127.0.0.1:{server.port}/0"
+        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+        assert manager.backend == f"redis://default:***@127.0.0.1:{server.port}/0"
+        lease = await manager.acquire("alice")
+        assert await manager.get_active_count() == 1
+        await lease.release()
         await manager.aclose()
     finally:
         server.cleanup()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 import redis.asyncio as redis_asyncio
 from redis.asyncio.sentinel import Sentinel
@@ -68,3 +70,27 @@ async def test_a_redis_py_sentinel_client_is_followed(sentinel_setup, key_prefix
     await manager.aclose()
     await direct.aclose()
     await client.aclose()
+
+
+async def test_percent_encoded_credentials_authenticate_behind_sentinel(tmp_path, key_prefix):
+    password = "p@ss:w/r%d?"
+    setup = SentinelSetup(tmp_path, password=password).start()
+    try:
+        credentials = f"default:{quote(password, safe='')}@"
+        url = setup.url.replace("://", f"://{credentials}")
+        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+        lease = await manager.acquire("alice")
+        assert await manager.get_active_count("alice") == 1
+        await lease.release()
+        await manager.aclose()
+        # A redis-py Sentinel client's password is carried over percent-encoded too.
+        sentinel = Sentinel([("127.0.0.1", setup.sentinel_port)])
+        client = sentinel.master_for("lease-master", password=password)
+        followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
+        lease = await followed.acquire("alice")
+        assert await client.zcard(f"{{{key_prefix}}}:global") == 1
+        await lease.release()
+        await followed.aclose()
+        await client.aclose()
+    finally:
+        setup.cleanup()

@@ -11,6 +11,7 @@ from .errors import (
     ManagerClosed,
     StreamLeaseError,
     StreamLeaseRejected,
+    StreamLeaseWarning,
 )
 from .handlers import install_exception_handler, stream_lease_exception_handler
 from .lease import Lease
@@ -32,6 +33,7 @@ __all__ = [
     "StreamLeaseError",
     "StreamLeaseManager",
     "StreamLeaseRejected",
+    "StreamLeaseWarning",
     "__version__",
     "install_exception_handler",
     "stream_lease_exception_handler",

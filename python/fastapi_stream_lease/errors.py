@@ -57,10 +57,18 @@ class StreamLeaseError(Exception):
 
 class StreamLeaseRejected(StreamLeaseError):
     """A pool is full. ``limit`` names it: ``"per_user"`` answers 429 (the client's own quota),
-    ``"global"`` answers 503 (shared capacity is saturated). Both carry ``Retry-After``."""
+    ``"global"`` or a resource answers 503 (shared capacity is saturated). Both carry
+    ``Retry-After``. ``capacity`` and ``current`` are the pool's; both are None for a shared pool
+    under ``LeaseConfig(disclose_usage=False)``, and the answer then tells no usage (no
+    RateLimit headers, no figures in the body)."""
 
     def __init__(
-        self, message: str, limit: str, capacity: int, current: int, retry_after: int
+        self,
+        message: str,
+        limit: str,
+        capacity: int | None,
+        current: int | None,
+        retry_after: int,
     ) -> None:
         super().__init__(message)
         self.limit = limit
@@ -81,6 +89,8 @@ class StreamLeaseRejected(StreamLeaseError):
         return _QUOTA_EXCEEDED if self.limit == "per_user" else _REDUCED_CAPACITY
 
     def headers(self) -> dict[str, str]:
+        if self.capacity is None or self.current is None:
+            return super().headers()
         remaining = max(self.capacity - self.current, 0)
         return {
             "Retry-After": str(self.retry_after),
@@ -89,12 +99,10 @@ class StreamLeaseRejected(StreamLeaseError):
         }
 
     def body(self) -> dict[str, object]:
-        return {
-            **super().body(),
-            "limit": self.limit,
-            "capacity": self.capacity,
-            "current": self.current,
-        }
+        body = {**super().body(), "limit": self.limit}
+        if self.capacity is not None and self.current is not None:
+            body.update(capacity=self.capacity, current=self.current)
+        return body
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
@@ -142,3 +150,9 @@ class ManagerClosed(StreamLeaseError):
     title: ClassVar[str] = "Shutting down"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+
+
+class StreamLeaseWarning(UserWarning):
+    """A setting that works but weakens a guarantee. Emitted by ``StreamLeaseManager`` on Redis
+    without ``identity_secret``: user ids are then hashed with an empty HMAC key, so anyone who
+    can read the keys can test guessed ids against them."""

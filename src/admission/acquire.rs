@@ -107,7 +107,13 @@ impl Manager {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        Ok(Arc::clone(self).admit(record, request.wait))
+        let admitted = Arc::clone(self).admit(record, request.wait);
+        let disclose = self.config.disclose_usage;
+        Ok(async move {
+            admitted
+                .await
+                .map_err(|e| if disclose { e } else { e.without_shared_usage() })
+        })
     }
 
     /// The pools a request takes, its own quota first; refuses what could never be granted.
@@ -272,6 +278,7 @@ impl Manager {
                     capacity: share,
                     current: share.min(redis_slots + local_slots),
                     retry_after_ms: self.config.retry_after_ms(),
+                    usage_shown: true,
                 }));
             }
             pools.push(Pool {
@@ -301,6 +308,7 @@ impl Manager {
             capacity: pool.capacity,
             current: pool.capacity,
             retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
+            usage_shown: true,
         })
     }
 

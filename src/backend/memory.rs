@@ -68,6 +68,7 @@ fn refusal(pool: &Pool, used: u64) -> Rejection {
         capacity: pool.capacity,
         current: used,
         retry_after_ms: u64::MAX,
+        usage_shown: true,
     }
 }
 

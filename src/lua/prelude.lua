@@ -13,8 +13,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
 -- and live holders refresh theirs (acquires, keepalives).
 local IDLE_MS = 3600000
--- Pools reaped per call at most, so one call never blocks Redis for long.
-local REAP_BUDGET = 200
+-- Members of dead holders removed per call at most, by the reaper and the walks together, so
+-- one call never blocks Redis for long however many members a holder left; the rest goes on
+-- the next calls. And pools the reaper visits per call at most.
+local REAP_BUDGET = 1000
+local REAP_POOLS = 200
+local reap_left = REAP_BUDGET
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT = 0, 1, 2
 
@@ -47,37 +51,58 @@ local function leave_tag(holders, holder)
   redis.call('DEL', members_key(holders, holder))
 end
 
--- Removes the members of holders whose entry expired (the first 16 of them), up to REAP_BUDGET
--- pools; a holder leaves <tag>:holders once all its pools are clean.
+-- Removes a holder's members from a pool, as many as the call's budget has left (a lease of
+-- weight w is w members); returns whether none of them is left there.
+local function remove_held(pool, holder)
+  if reap_left <= 0 then
+    return false
+  end
+  local limit = reap_left
+  local found = redis.call('ZRANGEBYSCORE', pool, holder, holder, 'LIMIT', 0, limit)
+  if #found > 0 then
+    redis.call('ZREM', pool, unpack(found))
+    reap_left = reap_left - #found
+  end
+  return #found < limit or redis.call('ZCOUNT', pool, holder, holder) == 0
+end
+
+-- Removes the members of holders whose entry expired (the first 16 of them), within the call's
+-- budget of members and REAP_POOLS pools. A pool leaves the holder's index once it holds none
+-- of the holder's members, so a pool half done stays listed for the next call; the holder
+-- leaves <tag>:holders once its index is empty.
 local function reap(holders)
-  local budget = REAP_BUDGET
+  local pools_left = REAP_POOLS
   for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 16)) do
-    local index = holders .. ':' .. holder
-    local pools = redis.call('SPOP', index, budget)
-    for _, pool in ipairs(pools) do
-      redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+    if reap_left <= 0 or pools_left <= 0 then
+      return
     end
-    budget = budget - #pools
+    local index = holders .. ':' .. holder
+    for _, pool in ipairs(redis.call('SRANDMEMBER', index, pools_left)) do
+      pools_left = pools_left - 1
+      if not remove_held(pool, holder) then
+        break
+      end
+      redis.call('SREM', index, pool)
+    end
     if redis.call('EXISTS', index) == 0 then
       leave_tag(holders, holder)
-    end
-    if budget <= 0 then
-      return
     end
   end
 end
 
 -- Slots in use in a pool that looks full, counting live holders only: drops the members of
 -- holders that expired or are gone (the safety net for pools the reaper has not reached, and for
--- holders whose keys were evicted). One step per holder, at most once a second per pool (the
--- <tag>:holders:walked:<pool> marker), so a flood of refusals does not walk it each time.
+-- holders whose keys were evicted). One step per holder, within the call's budget of members
+-- (a walk cut short counts the rest as used, which never admits too many), at most once a
+-- second per pool (the <tag>:holders:walked:<pool> marker), so a flood of refusals does not
+-- walk it each time.
 local function live_count(pool, holders)
-  if redis.call('SET', holders .. ':walked:' .. pool, 1, 'PX', 1000, 'NX') then
+  if reap_left > 0 and redis.call('SET', holders .. ':walked:' .. pool, 1, 'PX', 1000, 'NX') then
     local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
-    while entry[2] do
+    while entry[2] and reap_left > 0 do
       local holder = holder_name(entry[2])
       if not is_alive(holders, holder) then
-        redis.call('ZREMRANGEBYSCORE', pool, holder, holder)
+        remove_held(pool, holder)
       end
       entry = redis.call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     end

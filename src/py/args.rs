@@ -102,17 +102,31 @@ pub fn weight(value: Option<&Bound<'_, PyAny>>, max: u32) -> PyResult<u32> {
     }
 }
 
-/// A user id: a str (the core checks its length).
+/// A user id: a str that UTF-8 can encode (the core checks its length). Errors name its type
+/// and what is wrong, never its value: a user id may be a token.
 pub fn identity(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
     let Some(user_id) = given(value) else {
         return Ok(None);
     };
     let Ok(text) = user_id.cast::<PyString>() else {
         return Err(PyTypeError::new_err(format!(
-            "user_id must be a str, got {} {}: pass str(...) if your ids are numbers",
-            type_name(user_id),
-            user_id.repr()?
+            "user_id must be a str, got {}: pass str(...) if your ids are numbers",
+            type_name(user_id)
         )));
     };
-    Ok(Some(text.to_str()?.to_owned()))
+    match text.to_str() {
+        Ok(text) => Ok(Some(text.to_owned())),
+        Err(error) => {
+            // The UnicodeEncodeError knows where (`start`); its message would show the character.
+            let at = error
+                .value(user_id.py())
+                .getattr("start")
+                .and_then(|start| start.extract::<usize>())
+                .ok();
+            Err(PyValueError::new_err(format!(
+                "user_id is not valid text: it holds a lone surrogate{}, which UTF-8 cannot encode (bytes decoded with errors=\"surrogateescape\"?); decode ids strictly, or pass a clean str such as a hex digest",
+                at.map(|i| format!(" at index {i}")).unwrap_or_default()
+            )))
+        }
+    }
 }

@@ -36,6 +36,7 @@ impl LeaseConfig {
         failure_mode = None,
         fallback_workers = None,
         identity_secret = None,
+        disclose_usage = true,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -52,6 +53,7 @@ impl LeaseConfig {
         failure_mode: Option<&Bound<'_, PyAny>>,
         fallback_workers: Option<&Bound<'_, PyAny>>,
         identity_secret: Option<&Bound<'_, PyAny>>,
+        disclose_usage: bool,
     ) -> PyResult<Self> {
         let lease_seconds = args::seconds("lease_seconds", lease_seconds, 30.0)?;
         if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease_seconds) {
@@ -118,6 +120,7 @@ impl LeaseConfig {
                 n => n,
             },
             identity_secret: secret_field(identity_secret)?,
+            disclose_usage,
         };
         Ok(LeaseConfig { config })
     }
@@ -197,10 +200,17 @@ impl LeaseConfig {
         self.config.fallback_workers
     }
 
+    /// Whether a refusal by a shared pool (global, a resource) tells the client the pool's
+    /// capacity and usage (body, RateLimit headers). The user's own quota is always told.
+    #[getter]
+    fn disclose_usage(&self) -> bool {
+        self.config.disclose_usage
+    }
+
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
@@ -214,6 +224,7 @@ impl LeaseConfig {
             self.failure_mode(),
             c.fallback_workers,
             if c.identity_secret.is_empty() { "None" } else { "'***'" },
+            if c.disclose_usage { "True" } else { "False" },
         )
     }
 }

@@ -17,8 +17,8 @@ impl From<CoreError> for PyErr {
                     cls.call1((
                         error.to_string(),
                         &*r.limit,
-                        r.capacity,
-                        r.current,
+                        r.usage_shown.then_some(r.capacity),
+                        r.usage_shown.then_some(r.current),
                         retry_after_seconds(r.retry_after_ms),
                     ))
                 }),
@@ -39,8 +39,9 @@ impl From<CoreError> for PyErr {
     }
 }
 
-/// The exception classes live in Python (they carry `as_response()`); look each up once.
-fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+/// The exception and warning classes live in Python (the exceptions carry `as_response()`);
+/// the module is imported once.
+pub(super) fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
     let module =
         MODULE.get_or_try_init(py, || py.import("fastapi_stream_lease.errors").map(Bound::unbind))?;

@@ -1,5 +1,6 @@
 //! `_core.Manager`, the core behind `StreamLeaseManager`: arguments in, awaitables out.
 
+use std::ffi::CStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,9 +11,14 @@ use pyo3::types::PyDict;
 use super::args;
 use super::bridge::{self, Delivery};
 use super::config::LeaseConfig;
+use super::errors::error_class;
 use super::lease::LeaseHandle;
 use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
 use crate::backend::Backend;
+
+/// Warned when a manager on Redis hashes user ids with an empty key (the embedded store keeps
+/// them in this process).
+const UNKEYED_IDENTITIES: &CStr = c"no identity_secret: user ids are hashed into Redis keys with an empty HMAC key, so anyone who can read the keys can test guessed user ids against them. Pass LeaseConfig(identity_secret=...) with 16 or more random bytes, the same on every worker (from your secret store or an environment variable).";
 
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
 pub struct Manager {
@@ -23,7 +29,12 @@ pub struct Manager {
 impl Manager {
     #[new]
     #[pyo3(signature = (url, config, tls_ca_file = None))]
-    fn new(url: &str, config: PyRef<'_, LeaseConfig>, tls_ca_file: Option<&str>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        url: &str,
+        config: PyRef<'_, LeaseConfig>,
+        tls_ca_file: Option<&str>,
+    ) -> PyResult<Self> {
         let config = config.config.clone();
         let ca_pem = tls_ca_file
             .map(|path| {
@@ -35,6 +46,15 @@ impl Manager {
             })
             .transpose()?;
         let backend = Backend::open(url, config.redis_timeout(), ca_pem)?;
+        if config.identity_secret.is_empty() && !backend.is_embedded() {
+            // Level 2: the line that built the StreamLeaseManager, past its __init__.
+            PyErr::warn(
+                py,
+                error_class(py, "StreamLeaseWarning")?.as_any(),
+                UNKEYED_IDENTITIES,
+                2,
+            )?;
+        }
         Ok(Manager {
             core: Arc::new(admission::Manager::new(backend, config)),
         })

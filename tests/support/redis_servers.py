@@ -104,9 +104,13 @@ class RedisServer:
             return False
 
     def cli(self, *args: str) -> str:
+        env = None
+        if "--requirepass" in self.extra_args:  # not -a: redis-cli warns about it
+            password = self.extra_args[self.extra_args.index("--requirepass") + 1]
+            env = {**os.environ, "REDISCLI_AUTH": password}
         return subprocess.run(
             [redis_binary("redis-cli"), "-p", str(self.port), *args],
-            check=True, capture_output=True, text=True, timeout=10,
+            check=True, capture_output=True, text=True, timeout=10, env=env,
         ).stdout.strip()
 
     def stop(self) -> None:
@@ -164,11 +168,16 @@ class RedisCluster:
 
 
 class SentinelSetup:
-    """A master, a replica and one sentinel watching them (quorum 1), on loopback."""
+    """A master, a replica and one sentinel watching them (quorum 1), on loopback. With a
+    ``password``, the master and the replica require it (and use it with each other), and the
+    sentinel uses it to watch them; the sentinel itself requires none."""
 
-    def __init__(self, directory: Path) -> None:
-        self.master = RedisServer()
-        self.replica = RedisServer()
+    def __init__(self, directory: Path, password: str | None = None) -> None:
+        auth = ["--requirepass", password, "--masterauth", password] if password else []
+        self.password = password
+        # The replica syncs at once, not after the default 5 s wait for more replicas.
+        self.master = RedisServer(*auth, "--repl-diskless-sync-delay", "0")
+        self.replica = RedisServer(*auth)
         self.sentinel_port = free_port()
         self.config = directory / "sentinel.conf"
         self.sentinel: subprocess.Popen[bytes] | None = None
@@ -188,12 +197,16 @@ class SentinelSetup:
             f"sentinel monitor lease-master 127.0.0.1 {self.master.port} 1\n"
             "sentinel down-after-milliseconds lease-master 1000\n"
             "sentinel failover-timeout lease-master 5000\n"
+            + (f"sentinel auth-pass lease-master {self.password}\n" if self.password else "")
         )
         self.sentinel = subprocess.Popen(
             [redis_binary(), str(self.config), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: RedisServer(port=self.sentinel_port).ping(), what="the sentinel")
+        sentinel = RedisServer(port=self.sentinel_port)
+        wait_until(sentinel.ping, what="the sentinel")
+        wait_until(lambda: "slave" in sentinel.cli("sentinel", "replicas", "lease-master"),
+                   what="the sentinel to find the replica")
         return self
 
     def master_port(self) -> int:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 
 def without_password(url: str) -> str:
-    """``url`` with its password, if it has one, replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its credentials hidden as the core hides them (``src/backend/redis/url.rs``):
+    everything between ``://`` and the last ``@`` becomes ``user:***`` (``***`` when the user
+    name is not plain), since a password may hold ``/ ? @ :`` unencoded."""
+    scheme, separator, rest = url.partition("://")
+    if not separator or scheme.endswith("unix") or "@" not in rest:
         return url
-    userinfo, _, host_and_port = parts.netloc.rpartition("@")
-    username = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{username}:***@{host_and_port}").geturl()
+    userinfo, _, hosts = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    plain = colon and not any(c in user for c in "/?#@[]")
+    return f"{scheme}://{user + ':***' if plain else '***'}@{hosts}"

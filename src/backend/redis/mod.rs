@@ -108,6 +108,7 @@ impl RedisBackend {
                     capacity: pool.capacity,
                     current: *current,
                     retry_after_ms: *retry_after_ms,
+                    usage_shown: true,
                 }))
             }
             _ => Err(unexpected_reply("acquire", &reply)),

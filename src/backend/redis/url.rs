@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use percent_encoding::percent_decode_str;
 use redis::cluster::ClusterClient;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::TlsCertificates;
@@ -64,7 +65,9 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
     Ok(Link::new(endpoint, target, timeout))
 }
 
-/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`.
+/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`. The
+/// user name and password are percent-decoded, as in `redis://` URLs (`%40` for `@`, `%2F` for
+/// `/`, `%3A` for `:`, `%25` for `%`); the sentinels themselves are reached without them.
 fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
     let bad = |why: String| {
         CoreError::InvalidInput(format!(
@@ -91,57 +94,95 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
         return Err(bad("no sentinel address".into()));
     }
     let mut master = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(userinfo) = userinfo {
-        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-        if !user.is_empty() {
-            master = master.set_username(user);
-        }
-        if !password.is_empty() {
-            master = master.set_password(password);
-        }
+    let (user, password) = credentials(userinfo.unwrap_or_default()).map_err(bad)?;
+    if let Some(user) = user {
+        master = master.set_username(user);
+    }
+    if let Some(password) = password {
+        master = master.set_password(password);
     }
     let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
     SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
         .map_err(|e| bad(e.to_string()))
 }
 
-/// Hides passwords: `scheme://user:password@host` -> `scheme://user:***@host`, and the `pass=`
-/// query parameter of socket URLs.
+/// `user:password` (either may be empty) -> both percent-decoded; the first `:` separates them,
+/// so an encoded `%3A` stays in the user name.
+fn credentials(userinfo: &str) -> Result<(Option<String>, Option<String>), String> {
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let decoded = |part: &str, what: &str| match part {
+        "" => Ok(None),
+        _ => percent_decode_str(part)
+            .decode_utf8()
+            .map(|text| Some(text.into_owned()))
+            .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded")),
+    };
+    Ok((decoded(user, "user name")?, decoded(password, "password")?))
+}
+
+/// Hides credentials, for messages and `backend`: everything between `://` and the last `@`
+/// becomes `***`, or `user:***` when the user name is plain (it ends at the first `:` and holds
+/// none of `/ ? # @ [ ]`). Passwords may hold `/ ? @ :` unencoded (then the URL does not parse,
+/// and this is what the error shows), so the authority cannot end at the first `/`: the last
+/// `@` ends it. Socket URLs (`unix://`, `redis+unix://`) have no authority: their `pass=` query
+/// parameter is hidden instead. Text without `://` loses everything before its last `@`.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return match url.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => url.to_owned(),
+        };
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{user}:***@{host}")
-        }
-        None => authority.to_owned(),
+    if scheme.ends_with("unix") {
+        return format!("{scheme}://{}", hide_pass_parameter(rest));
+    }
+    let Some((userinfo, after)) = rest.rsplit_once('@') else {
+        return format!("{scheme}://{}", hide_pass_parameter(rest));
     };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| {
-                    if pair.starts_with("pass=") {
-                        "pass=***".to_owned()
-                    } else {
-                        pair.to_owned()
-                    }
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
+    let shown = match userinfo.split_once(':') {
+        Some((user, _)) if !user.contains(['/', '?', '#', '@', '[', ']']) => format!("{user}:***"),
+        _ => "***".to_owned(),
     };
-    format!("{scheme}://{authority}{tail}")
+    format!("{scheme}://{shown}@{}", hide_pass_parameter(after))
+}
+
+/// `path?a=1&pass=secret` -> `path?a=1&pass=***`.
+fn hide_pass_parameter(text: &str) -> String {
+    let Some((path, query)) = text.split_once('?') else {
+        return text.to_owned();
+    };
+    let query: Vec<&str> = query
+        .split('&')
+        .map(|pair| {
+            if pair.starts_with("pass=") {
+                "pass=***"
+            } else {
+                pair
+            }
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{credentials, redact};
+
+    #[test]
+    fn sentinel_credentials_are_percent_decoded() {
+        let pair = |user: &str, password: &str| Ok((Some(user.to_owned()), Some(password.to_owned())));
+        assert_eq!(credentials("app:p%40ss%3Aw%2Frd%25"), pair("app", "p@ss:w/rd%"));
+        assert_eq!(credentials("a%3Ab:pw"), pair("a:b", "pw"));
+        assert_eq!(
+            credentials("app:p:w"),
+            pair("app", "p:w"),
+            "only the first : separates"
+        );
+        assert_eq!(credentials(":pw"), Ok((None, Some("pw".to_owned()))));
+        assert_eq!(credentials("app"), Ok((Some("app".to_owned()), None)));
+        assert_eq!(credentials(""), Ok((None, None)));
+        assert!(credentials(":%FF").unwrap_err().contains("password is not UTF-8"));
+    }
 
     #[test]
     fn passwords_never_reach_messages() {
@@ -156,5 +197,44 @@ mod tests {
             redact("redis+cluster://:pw@a:1,b:2"),
             "redis+cluster://:***@a:1,b:2"
         );
+    }
+
+    #[test]
+    fn passwords_with_url_delimiters_are_hidden_up_to_the_last_at() {
+        for (url, shown) in [
+            ("redis://:pa/ss@h:1/0", "redis://:***@h:1/0"),
+            ("redis://u:pa?ss@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://u:p@ss:w/o?r#d@h:1", "redis://u:***@h:1"),
+            ("rediss://u:a//b@h:1/2", "rediss://u:***@h:1/2"),
+            (
+                "redis+sentinel://u:p/w@a:1,b:2/master/0",
+                "redis+sentinel://u:***@a:1,b:2/master/0",
+            ),
+            ("rediss+cluster://:p?w@a:1,b:2", "rediss+cluster://:***@a:1,b:2"),
+            ("http://u:p?w@h", "http://u:***@h"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn ambiguous_user_names_are_hidden_too() {
+        // No `:`: the one word may be a password (`redis://password@host` is a common slip).
+        assert_eq!(redact("redis://secret@h:1"), "redis://***@h:1");
+        // A user name cannot hold these unencoded: the split is a guess, so show nothing.
+        assert_eq!(redact("redis://u/x:pw@h"), "redis://***@h");
+        assert_eq!(redact("redis://u@x:pw@h"), "redis://***@h");
+        // Percent-encoded names are shown as written.
+        assert_eq!(redact("redis://app%40eu:p%2Fw@h"), "redis://app%40eu:***@h");
+    }
+
+    #[test]
+    fn socket_urls_and_bare_addresses_keep_no_password() {
+        assert_eq!(
+            redact("redis+unix:///tmp/r@x.sock?pass=a?b&db=1"),
+            "redis+unix:///tmp/r@x.sock?pass=***&db=1"
+        );
+        assert_eq!(redact("u:pw@localhost:6379"), "***@localhost:6379");
+        assert_eq!(redact("localhost:6379"), "localhost:6379");
     }
 }
