@@ -125,7 +125,7 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     stop.set()
     await give_back(current)
     await asyncio.gather(*waiters, return_exceptions=True)
-    await client.unlink(*keys, f"{tag}:holders:{holder_id}", f"{tag}:holders:{holder_id}:granted")
+    await client.unlink(*keys, f"{tag}:holders:{holder_id}", f"{tag}:holders:{holder_id}:members")
     return summary(idle, delays)
 
 

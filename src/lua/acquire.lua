@@ -108,12 +108,14 @@ local function grant(used)
     add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
     granted[i + 2] = used[i] + weight
   end
+  count_members(holders, holder, weight * pools)
   if not was_alive then
     refresh(holders, holder) -- its keys may be new
   end
   return granted
 end
 
+read_clock()
 reap(holders)
 -- A waiter checks first: a resent call must not put it back in line.
 if waiter ~= '' then

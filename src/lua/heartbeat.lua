@@ -9,6 +9,7 @@
 -- KEYS[2]:<holder id>:stray those the last heartbeat missed).
 -- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
 -- Returns the number of waiters taken out.
+read_clock()
 local line, alive = KEYS[1], KEYS[2]
 local mine = alive .. ':' .. holder_name(ARGV[2])
 local missed_before = mine .. ':stray'

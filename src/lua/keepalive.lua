@@ -14,6 +14,7 @@ local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
 local resync = ARGV[4] == '1'
+read_clock()
 local reply = {}
 for i, holders in ipairs(KEYS) do
   local cursor = ARGV[4 + i]

@@ -8,8 +8,13 @@
 -- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
 -- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
 -- it differs from what it holds (a failover that lost the last writes, a reap, a lost release).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The server's time in ms, read by `read_clock()` in the scripts that need it (not in release
+-- or leave, which run for every stream).
+local now
+local function read_clock()
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
 -- and live holders refresh theirs (acquires, keepalives).
 local IDLE_MS = 3600000
@@ -139,8 +144,9 @@ local function hold(holders, holder, ttl)
   return alive
 end
 
--- Adds a lease's members to a pool for a holder, and counts them. A new pool gets its idle
--- expiry (the keep-alive refreshes the holder's pools).
+-- Adds a lease's members to a pool for a holder (the caller counts them, once per lease: see
+-- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
+-- pools).
 local function add_members(pool, holders, holder, id, weight, new_pool)
   local args = {}
   for _, member in ipairs(members(id, weight)) do
@@ -152,17 +158,19 @@ local function add_members(pool, holders, holder, id, weight, new_pool)
     redis.call('PEXPIRE', pool, IDLE_MS)
   end
   redis.call('SADD', holders .. ':' .. holder, pool)
-  redis.call('INCRBY', members_key(holders, holder), weight)
 end
 
--- Removes a lease's members from a pool; the holder's count goes down by what was there.
--- Returns how many were there.
-local function remove_members(pool, holders, holder, id, weight)
-  local removed = redis.call('ZREM', pool, unpack(members(id, weight)))
-  if removed > 0 then
-    redis.call('DECRBY', members_key(holders, holder), removed)
+-- Removes a lease's members from a pool; returns how many were there (the caller counts them
+-- down, once per tag or lease: see `count_members`).
+local function remove_members(pool, id, weight)
+  return redis.call('ZREM', pool, unpack(members(id, weight)))
+end
+
+-- Moves a holder's count of members in a tag by `change`.
+local function count_members(holders, holder, change)
+  if change ~= 0 then
+    redis.call('INCRBY', members_key(holders, holder), change)
   end
-  return removed
 end
 
 -- Counts a holder's members in its pools of one tag again, from the pools themselves.

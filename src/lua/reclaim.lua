@@ -10,6 +10,7 @@
 -- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
 -- Returns {lost, reclaimed}: the 1-based positions (in ARGV order) of the leases found gone with
 -- no room to take them back (now removed everywhere), and of those taken back.
+read_clock()
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local lost = {}
@@ -51,8 +52,9 @@ while i <= #ARGV do
 
   if not held then
     local room = true
+    local removed = 0
     for j = 1, k do
-      remove_members(keys[j], holders, holder, id, weight)
+      removed = removed + remove_members(keys[j], id, weight)
       local capacity = capacities[j]
       if capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
         room = false
@@ -62,8 +64,10 @@ while i <= #ARGV do
       for j = 1, k do
         add_members(keys[j], holders, holder, id, weight, true)
       end
+      count_members(holders, holder, weight * k - removed)
       reclaimed[#reclaimed + 1] = position
     else
+      count_members(holders, holder, -removed)
       lost[#lost + 1] = position
     end
   end

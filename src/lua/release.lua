@@ -11,8 +11,9 @@
 -- Returns the number of leases that were still present in at least one pool.
 local holder = holder_name(ARGV[2])
 local released = 0
--- holders key -> set of the pools touched in its tag
+-- holders key -> set of the pools touched in its tag, and the members removed there
 local touched = {}
+local removed_in = {}
 local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
@@ -25,8 +26,10 @@ while i <= #ARGV do
   for j = 1, k do
     local key = KEYS[tonumber(ARGV[i + 3 + j])]
     pools[key] = true
-    if remove_members(key, holders, holder, id, weight) > 0 then
+    local removed = remove_members(key, id, weight)
+    if removed > 0 then
       present = true
+      removed_in[holders] = (removed_in[holders] or 0) + removed
     end
   end
   if present then
@@ -35,6 +38,7 @@ while i <= #ARGV do
   i = i + 4 + k
 end
 for holders, pools in pairs(touched) do
+  count_members(holders, holder, -(removed_in[holders] or 0))
   local index = holders .. ':' .. holder
   local left_a_pool = false
   for pool in pairs(pools) do
