@@ -92,15 +92,21 @@ impl Held {
         if record.store == Store::Main {
             self.tallies.hold(record, held);
         }
+        let weight = u64::from(record.weight);
         for pool in &record.pools {
-            let slots = self.slots_by_pool.entry(pool.key.clone()).or_default();
-            if held {
-                *slots += u64::from(record.weight);
-            } else {
-                *slots = slots.saturating_sub(u64::from(record.weight));
-                if *slots == 0 {
-                    self.slots_by_pool.remove(&pool.key);
+            // Looked up by reference first: a pool key is copied only when it starts to count.
+            match self.slots_by_pool.get_mut(&pool.key) {
+                Some(slots) if held => *slots += weight,
+                Some(slots) => {
+                    *slots = slots.saturating_sub(weight);
+                    if *slots == 0 {
+                        self.slots_by_pool.remove(&pool.key);
+                    }
                 }
+                None if held => {
+                    self.slots_by_pool.insert(pool.key.clone(), weight);
+                }
+                None => {}
             }
         }
     }

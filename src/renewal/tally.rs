@@ -52,10 +52,11 @@ pub struct Tallies {
 
 impl Tallies {
     fn change(&mut self, holders: &str, change: impl FnOnce(&mut Tally)) {
-        if !self.by_tag.contains_key(holders) {
-            self.by_tag.insert(holders.to_owned(), Tally::default());
-        }
-        let tally = self.by_tag.get_mut(holders).expect("inserted above");
+        // Looked up by reference first: the key is copied only for a tag seen the first time.
+        let tally = match self.by_tag.get_mut(holders) {
+            Some(tally) => tally,
+            None => self.by_tag.entry(holders.to_owned()).or_default(),
+        };
         change(tally);
         tally.seen();
         if tally.is_empty() {
@@ -80,7 +81,10 @@ impl Tallies {
     pub fn flight_start(&mut self, record: &LeaseRecord, held: bool) {
         let units = record.units();
         self.change(&record.holders, |tally| {
-            tally.in_flight.insert(record.id.clone(), units);
+            // A waiter's acquire is sent again and again: its id is copied once.
+            if !tally.in_flight.contains_key(&record.id) {
+                tally.in_flight.insert(record.id.clone(), units);
+            }
             if !held && tally.window_open {
                 tally.seen_in_flight.insert(record.id.clone(), units);
             }
