@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseError
+from fastapi_stream_lease import StreamLeaseError, StreamLeaseRejected
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -266,3 +266,61 @@ async def test_a_release_lost_in_a_failover_frees_its_slot(own_redis, make_own_r
     await eventually(alice_has_room, what="the member of the released lease to be pruned")
     assert manager.stats()["pruned"] == 2  # one member in her pool, one in the global pool
     await kept.release()
+
+
+# What a step of the Redis server's clock looks like to the scripts: every expiry and clock time
+# they stored moves by the opposite amount, in one atomic call. (A real step of a server's wall
+# clock needs root, or libfaketime, which cannot start redis-server.)
+STEP_CLOCK = """
+for _, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok == 'zset' then
+    local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      redis.call('ZADD', key, tonumber(entries[i + 1]) - ARGV[1], entries[i])
+    end
+  else
+    redis.call('SET', key, tonumber(redis.call('GET', key)) - ARGV[1], 'KEEPTTL')
+  end
+end
+"""
+
+
+def step_server_clock(redis_client, key_prefix: str, seconds: int) -> None:
+    """Makes every holder's expiry (and each tag's last clock reading) look as if the Redis
+    server's clock had just stepped by ``seconds``."""
+    times = [holders(key_prefix)]
+    if redis_client.exists(f"{holders(key_prefix)}:clock"):  # absent before the clock guard
+        times.append(f"{holders(key_prefix)}:clock")
+    redis_client.eval(STEP_CLOCK, len(times), *times, seconds * 1000)
+
+
+async def test_a_forward_step_of_the_redis_clock_reaps_no_live_holder(make_redis_manager,
+                                                                      redis_client, key_prefix):
+    # Long leases: no renewal round runs during the test, so only the guard can save them.
+    config = {"lease_seconds": 30, "max_per_user": 0, "max_global": 2}
+    first = make_redis_manager(**config)
+    held = [await first.acquire(f"user{i}") for i in range(2)]
+    step_server_clock(redis_client, key_prefix, 3600)  # NTP, or a replica whose clock runs ahead
+    second = make_redis_manager(**config)
+    with pytest.raises(StreamLeaseRejected):  # the pool is full: its holder is alive
+        await second.acquire("carol")
+    assert await first.get_active_count() == 2
+    assert not any(lease.lost for lease in held)
+    assert first.stats()["reclaimed"] == 0
+
+
+async def test_a_backward_step_of_the_redis_clock_keeps_no_dead_holder(make_redis_manager,
+                                                                       redis_server, redis_client,
+                                                                       key_prefix):
+    holder = await asyncio.create_subprocess_exec(
+        *app_command("hold_one_lease", redis_server.url, key_prefix),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert (await asyncio.wait_for(holder.stdout.readline(), 30)).startswith(b"held")
+    holder.kill()  # SIGKILL: nobody releases, nobody renews
+    await holder.wait()
+    step_server_clock(redis_client, key_prefix, -3600)
+    manager = make_redis_manager(max_per_user=1, lease_seconds=2)
+    # Its 2 s lease frees within one more lease, not an hour later.
+    await count_is(manager, 0, "alice")
+    assert await manager.acquire("alice")

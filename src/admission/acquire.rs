@@ -269,7 +269,7 @@ impl Manager {
             }
             let share = local_share(pool.capacity, self.config.fallback_workers);
             // The fallback store checks its own leases against what is left of the share.
-            let local_slots = fallback.count(&pool.key).await?;
+            let local_slots = fallback.count(&pool.key, self.config.lease_ms()).await?;
             let redis_slots = self.leases.slots_in(&pool.key).saturating_sub(local_slots);
             let left = share.saturating_sub(redis_slots);
             if left < u64::from(record.weight) {

@@ -140,10 +140,11 @@ impl Manager {
         };
         self.start_here()?;
         let manager = Arc::clone(self);
+        let ttl_ms = self.config.lease_ms();
         Ok(async move {
             manager
                 .stores
-                .call(Store::Main, |main| main.count(&pool.key))
+                .call(Store::Main, |main| main.count(&pool.key, ttl_ms))
                 .await
         })
     }

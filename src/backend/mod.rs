@@ -240,11 +240,12 @@ impl Backend {
         }
     }
 
-    /// Slots in use in one pool, leases of dead holders excluded (Redis: as far as reaped).
-    pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
+    /// Slots in use in one pool, leases of dead holders excluded (Redis: as far as reaped;
+    /// `ttl_ms`, this manager's lease duration, sizes the clock-step guard).
+    pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
         match self {
             Backend::Memory(m) => Ok(m.count(pool_key)),
-            Backend::Redis(r) => r.count(pool_key).await,
+            Backend::Redis(r) => r.count(pool_key, ttl_ms).await,
         }
     }
 }

@@ -116,6 +116,7 @@ local function grant(used)
 end
 
 read_clock()
+steady_clock(holders, ttl)
 reap(holders)
 -- A waiter checks first: a resent call must not put it back in line.
 if waiter ~= '' then

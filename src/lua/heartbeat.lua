@@ -1,5 +1,4 @@
 -- Keep this process's waiters in the line: one write for all of them (see acquire.lua), so the
--- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- cost of waiting does not grow with the number of waiters. A waiter this process no longer has
 -- (an acquire cancelled while its call was in flight re-entered the line after leaving it) is
 -- taken out when two heartbeats in a row miss it: a waiter whose first call ran between this
@@ -9,6 +8,7 @@
 -- KEYS[2]:<holder id>:stray those the last heartbeat missed).
 -- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
 -- Returns the number of waiters taken out.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
 local line, alive = KEYS[1], KEYS[2]
 local mine = alive .. ':' .. holder_name(ARGV[2])

@@ -18,6 +18,7 @@ read_clock()
 local reply = {}
 for i, holders in ipairs(KEYS) do
   local cursor = ARGV[4 + i]
+  steady_clock(holders, ttl)
   reap(holders)
   local count
   if resync then

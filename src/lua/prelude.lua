@@ -27,6 +27,42 @@ local reap_left = REAP_BUDGET
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT = 0, 1, 2
 
+-- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
+-- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would
+-- make live holders look dead. Each tag keeps the time a script last read the clock there
+-- (<tag>:holders:clock, written at most every CLOCK_GRAIN ms); a live holder calls at least
+-- every renewal period (at most half a lease), so a call that finds more than half a lease
+-- since then grants every holder of the tag the excess (their expiries move forward by it),
+-- and a step back moves them back. The price: after a tag was quiet for longer than half a
+-- lease, the slots of a holder that died meanwhile free up at most half a lease later.
+local CLOCK_GRAIN = 100
+local function steady_clock(holders, lease)
+  local clock = holders .. ':clock'
+  local last = tonumber(redis.call('GET', clock))
+  local step = last and now - last or 0
+  local shift = 0
+  if step > lease / 2 then
+    shift = step - math.floor(lease / 2)
+  elseif step < 0 then
+    shift = step
+  end
+  if shift ~= 0 then
+    -- In slices of 500 holders: unpack has a limit.
+    local entries = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
+    for first = 1, #entries, 1000 do
+      local args = {}
+      for i = first, math.min(first + 998, #entries - 1), 2 do
+        args[#args + 1] = tonumber(entries[i + 1]) + shift
+        args[#args + 1] = entries[i]
+      end
+      redis.call('ZADD', holders, 'XX', unpack(args))
+    end
+  end
+  if not last or step >= CLOCK_GRAIN or shift ~= 0 then
+    redis.call('SET', clock, now, 'PX', IDLE_MS)
+  end
+end
+
 -- A holder id as stored in <tag>:holders (scores come back as text in any float format).
 local function holder_name(text)
   return string.format('%d', tonumber(text))
@@ -50,10 +86,13 @@ local function members_key(holders, holder)
   return holders .. ':' .. holder .. ':members'
 end
 
--- A holder with no pool left in a tag leaves it.
+-- A holder with no pool left in a tag leaves it (the last one takes the tag's clock along).
 local function leave_tag(holders, holder)
   redis.call('ZREM', holders, holder)
   redis.call('DEL', members_key(holders, holder))
+  if redis.call('EXISTS', holders) == 0 then
+    redis.call('DEL', holders .. ':clock')
+  end
 end
 
 -- Removes a holder's members from a pool, as many as the call's budget has left (a lease of

@@ -1,5 +1,4 @@
 -- Check leases one by one after their holder's entry expired or vanished, or grants went missing
--- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- (a stall, an outage, a restart, a failover; see the prelude): a lease still present in every
 -- pool is kept; one gone anywhere is cleared, then taken back if every pool has room, and
 -- reported lost otherwise: never re-added past a capacity.
@@ -10,6 +9,7 @@
 -- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
 -- Returns {lost, reclaimed}: the 1-based positions (in ARGV order) of the leases found gone with
 -- no room to take them back (now removed everywhere), and of those taken back.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
@@ -24,6 +24,7 @@ while i <= #ARGV do
   local holders = KEYS[tonumber(ARGV[i + 2])]
   if not tags[holders] then
     tags[holders] = true
+    steady_clock(holders, ttl)
     hold(holders, holder, ttl)
   end
   i = i + 4 + 2 * tonumber(ARGV[i + 3])

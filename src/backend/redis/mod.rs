@@ -155,9 +155,12 @@ impl RedisBackend {
         Ok(())
     }
 
-    pub async fn count(&self, pool_key: &str) -> CoreResult<u64> {
+    pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
         let mut invocation = scripts::COUNT.prepare_invoke();
-        invocation.key(pool_key).key(keys::holders_key(pool_key));
+        invocation
+            .key(pool_key)
+            .key(keys::holders_key(pool_key))
+            .arg(ttl_ms);
         self.link.run(&invocation).await
     }
 }
