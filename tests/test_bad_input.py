@@ -40,6 +40,8 @@ from support.ports import free_port
         ({"key_prefix": 7}, TypeError, "key_prefix must be a str"),
         ({"identity_secret": ""}, ValueError, "identity_secret is empty"),
         ({"identity_secret": 5}, TypeError, "str or bytes"),
+        ({"key_prefix": "app\udc80"}, ValueError, "key_prefix is not valid text: .* at index 3"),
+        ({"identity_secret": "s\udc80"}, ValueError, "identity_secret is not valid text"),
         ({"retry_after": 0}, ValueError, "retry_after"),
     ],
 )
@@ -208,5 +210,13 @@ async def test_a_resource_cannot_pose_as_the_users_own_quota():
     manager = StreamLeaseManager(url="memory://")
     with pytest.raises(ValueError, match="reserved for each user's own quota"):
         await manager.acquire(None, resources=[Resource(1, "per_user")])
+    assert manager.stats()["held"] == 0
+    await manager.aclose()
+
+
+async def test_a_resource_name_that_is_not_text_is_refused_clearly():
+    manager = StreamLeaseManager(url="memory://")
+    with pytest.raises(ValueError, match=r"resource name is not valid text: .* at index 2"):
+        await manager.acquire("alice", resources=[Resource(1, "db\udc80")])
     assert manager.stats()["held"] == 0
     await manager.aclose()

@@ -94,3 +94,29 @@ async def test_percent_encoded_credentials_authenticate_behind_sentinel(tmp_path
         await client.aclose()
     finally:
         setup.cleanup()
+
+
+async def test_sentinels_that_require_their_own_password(tmp_path, key_prefix):
+    password, sentinel_password = "master-pw", "s3nt/n@l:pw"
+    setup = SentinelSetup(tmp_path, password=password, sentinel_password=sentinel_password).start()
+    try:
+        url = (setup.url.replace("://", f"://:{password}@")
+               + f"?sentinel_password={quote(sentinel_password, safe='')}")
+        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+        assert sentinel_password not in manager.backend
+        lease = await manager.acquire("alice")
+        assert await manager.get_active_count("alice") == 1
+        await lease.release()
+        await manager.aclose()
+        # A redis-py Sentinel client's sentinel password is carried over too.
+        sentinel = Sentinel([("127.0.0.1", setup.sentinel_port)],
+                            sentinel_kwargs={"password": sentinel_password})
+        client = sentinel.master_for("lease-master", password=password)
+        followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
+        lease = await followed.acquire("alice")
+        assert await client.zcard(f"{{{key_prefix}}}:global") == 1
+        await lease.release()
+        await followed.aclose()
+        await client.aclose()
+    finally:
+        setup.cleanup()

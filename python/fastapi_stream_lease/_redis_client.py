@@ -37,7 +37,14 @@ def connection_of_redis_client(client: Any) -> tuple[str, str | None]:
             for s in sentinels
         )
         db = kwargs.get("db", 0) or 0
-        return f"redis+sentinel://{_userinfo(kwargs)}{hosts}/{pool.service_name}/{db}", None
+        # The sentinels' own credentials (redis-py's sentinel_kwargs), the same on each.
+        own = sentinels[0].connection_pool.connection_kwargs if sentinels else {}
+        auth = urlencode(
+            {f"sentinel_{k}": own[k] for k in ("username", "password") if own.get(k)},
+            quote_via=quote,
+        )
+        url = f"redis+sentinel://{_userinfo(kwargs)}{hosts}/{pool.service_name}/{db}"
+        return (f"{url}?{auth}" if auth else url), None
     scheme = _scheme(kwargs, pool.connection_class)
     db = kwargs.get("db", 0) or 0
     if kwargs.get("path"):

@@ -114,19 +114,36 @@ pub fn identity(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
             type_name(user_id)
         )));
     };
-    match text.to_str() {
-        Ok(text) => Ok(Some(text.to_owned())),
-        Err(error) => {
-            // The UnicodeEncodeError knows where (`start`); its message would show the character.
-            let at = error
-                .value(user_id.py())
-                .getattr("start")
-                .and_then(|start| start.extract::<usize>())
-                .ok();
-            Err(PyValueError::new_err(format!(
-                "user_id is not valid text: it holds a lone surrogate{}, which UTF-8 cannot encode (bytes decoded with errors=\"surrogateescape\"?); decode ids strictly, or pass a clean str such as a hex digest",
-                at.map(|i| format!(" at index {i}")).unwrap_or_default()
-            )))
-        }
-    }
+    utf8("user_id", text).map(Some)
+}
+
+/// A str as UTF-8. A lone surrogate is a ValueError naming the argument and where, never the
+/// value (a user id may be a token, a secret is a secret).
+pub fn utf8(name: &str, text: &Bound<'_, PyString>) -> PyResult<String> {
+    text.to_str().map(str::to_owned).map_err(|error| {
+        // The UnicodeEncodeError knows where (`start`); its message would show the character.
+        let at = error
+            .value(text.py())
+            .getattr("start")
+            .and_then(|start| start.extract::<usize>())
+            .ok();
+        PyValueError::new_err(format!(
+            "{name} is not valid text: it holds a lone surrogate{}, which UTF-8 cannot encode (bytes decoded with errors=\"surrogateescape\"?); decode it strictly, or pass a clean str",
+            at.map(|i| format!(" at index {i}")).unwrap_or_default()
+        ))
+    })
+}
+
+/// Resources as `(name, capacity)` pairs (the core checks names and capacities).
+pub fn resources(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, u64)>> {
+    let Some(value) = given(value) else {
+        return Ok(Vec::new());
+    };
+    value
+        .try_iter()?
+        .map(|pair| {
+            let (name, capacity): (Bound<'_, PyString>, u64) = pair?.extract()?;
+            Ok((utf8("resource name", &name)?, capacity))
+        })
+        .collect()
 }

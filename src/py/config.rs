@@ -240,7 +240,7 @@ fn prefix_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
             value.repr()?
         )));
     };
-    let prefix = prefix.to_str()?.to_owned();
+    let prefix = args::utf8("key_prefix", prefix)?;
     if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
         return Err(PyValueError::new_err(format!(
             "key_prefix must be 1 to {MAX_PREFIX_LEN} bytes long, got {} bytes",
@@ -284,7 +284,7 @@ fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
         return Ok(Vec::new());
     };
     let secret = if let Ok(s) = value.cast::<PyString>() {
-        s.to_str()?.as_bytes().to_vec()
+        args::utf8("identity_secret", s)?.into_bytes()
     } else if let Ok(b) = value.cast::<PyBytes>() {
         b.as_bytes().to_vec()
     } else {

@@ -81,11 +81,11 @@ impl Manager {
         weight: Option<&Bound<'py, PyAny>>,
         max_per_user: Option<&Bound<'py, PyAny>>,
         wait_timeout: Option<&Bound<'py, PyAny>>,
-        resources: Option<Vec<(String, u64)>>,
+        resources: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = AcquireRequest {
             identity: args::identity(user_id)?,
-            resources: resources.unwrap_or_default(),
+            resources: args::resources(resources)?,
             weight: args::weight(weight, MAX_WEIGHT)?,
             max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
             wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),

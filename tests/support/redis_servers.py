@@ -170,11 +170,14 @@ class RedisCluster:
 class SentinelSetup:
     """A master, a replica and one sentinel watching them (quorum 1), on loopback. With a
     ``password``, the master and the replica require it (and use it with each other), and the
-    sentinel uses it to watch them; the sentinel itself requires none."""
+    sentinel uses it to watch them; with a ``sentinel_password``, the sentinel requires one of
+    its own."""
 
-    def __init__(self, directory: Path, password: str | None = None) -> None:
+    def __init__(self, directory: Path, password: str | None = None,
+                 sentinel_password: str | None = None) -> None:
         auth = ["--requirepass", password, "--masterauth", password] if password else []
         self.password = password
+        self.sentinel_password = sentinel_password
         # The replica syncs at once, not after the default 5 s wait for more replicas.
         self.master = RedisServer(*auth, "--repl-diskless-sync-delay", "0")
         self.replica = RedisServer(*auth)
@@ -198,24 +201,26 @@ class SentinelSetup:
             "sentinel down-after-milliseconds lease-master 1000\n"
             "sentinel failover-timeout lease-master 5000\n"
             + (f"sentinel auth-pass lease-master {self.password}\n" if self.password else "")
+            + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
         )
         self.sentinel = subprocess.Popen(
             [redis_binary(), str(self.config), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        sentinel = RedisServer(port=self.sentinel_port)
+        sentinel = self.sentinel_node()
         wait_until(sentinel.ping, what="the sentinel")
         wait_until(lambda: "slave" in sentinel.cli("sentinel", "replicas", "lease-master"),
                    what="the sentinel to find the replica")
         return self
 
+    def sentinel_node(self) -> RedisServer:
+        """The running sentinel, to ping and query (never started nor stopped through this)."""
+        auth = ["--requirepass", self.sentinel_password] if self.sentinel_password else []
+        return RedisServer(*auth, port=self.sentinel_port)
+
     def master_port(self) -> int:
-        reply = subprocess.run(
-            [redis_binary("redis-cli"), "-p", str(self.sentinel_port),
-             "sentinel", "get-master-addr-by-name", "lease-master"],
-            check=True, capture_output=True, text=True, timeout=10,
-        ).stdout.split()
-        return int(reply[1])
+        reply = self.sentinel_node().cli("sentinel", "get-master-addr-by-name", "lease-master")
+        return int(reply.split()[1])
 
     def cleanup(self) -> None:
         if self.sentinel is not None:

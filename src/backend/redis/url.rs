@@ -5,7 +5,7 @@ use std::time::Duration;
 use percent_encoding::percent_decode_str;
 use redis::cluster::ClusterClient;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::TlsCertificates;
+use redis::{IntoConnectionInfo, TlsCertificates};
 use tokio::sync::Mutex;
 
 use super::connection::{Endpoint, Link};
@@ -13,7 +13,8 @@ use crate::errors::{CoreError, CoreResult};
 
 /// Parses `redis://`, `rediss://`, `unix://`, `redis+unix://`,
 /// `redis[s]+cluster://[user:password@]host:port,host:port` and
-/// `redis+sentinel://[user:password@]host:port,host:port/master_name[/db]`. `ca_pem` replaces the
+/// `redis+sentinel://[user:password@]host:port,host:port/master_name[/db][?sentinel_username=u&sentinel_password=p]`.
+/// `ca_pem` replaces the
 /// system's trusted roots for TLS (a private CA). Nothing is connected yet.
 pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Link> {
     // rustls needs one crypto provider per process; a second install is a harmless no-op.
@@ -65,16 +66,29 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
     Ok(Link::new(endpoint, target, timeout))
 }
 
-/// `[user:password@]host:port,host:port/service[/db]` -> a client of the master `service`. The
-/// user name and password are percent-decoded, as in `redis://` URLs (`%40` for `@`, `%2F` for
-/// `/`, `%3A` for `:`, `%25` for `%`); the sentinels themselves are reached without them.
+/// `[user:password@]host:port,host:port/service[/db][?query]` -> a client of the master
+/// `service`. The user name and password (the master's and its replicas') are percent-decoded,
+/// as in `redis://` URLs (`%40` for `@`, `%2F` for `/`, `%3A` for `:`, `%25` for `%`); the
+/// sentinels are reached with `sentinel_username` and `sentinel_password` from the query (also
+/// percent-decoded), or without credentials.
 fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
     let bad = |why: String| {
         CoreError::InvalidInput(format!(
-            "cannot use Sentinel URL {target:?}: {why}; use redis+sentinel://[user:password@]host:port,host:port/master_name[/db]"
+            "cannot use Sentinel URL {target:?}: {why}; use redis+sentinel://[user:password@]host:port,host:port/master_name[/db][?sentinel_username=u&sentinel_password=p]"
         ))
     };
     let (userinfo, rest) = rest.rsplit_once('@').map_or((None, rest), |(u, r)| (Some(u), r));
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut sentinel_auth = redis::RedisConnectionInfo::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decoded(value).map_err(|_| bad(format!("{key} is not UTF-8 once percent-decoded")))?;
+        sentinel_auth = match key {
+            "sentinel_username" => sentinel_auth.set_username(value),
+            "sentinel_password" => sentinel_auth.set_password(value),
+            _ => return Err(bad(format!("unknown parameter {key:?}"))),
+        };
+    }
     let mut parts = rest.split('/');
     let hosts = parts.next().unwrap_or_default();
     let service = parts
@@ -85,11 +99,16 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
         Some(db) => db.parse().map_err(|_| bad(format!("bad db {db:?}")))?,
         None => 0,
     };
-    let sentinels: Vec<String> = hosts
+    let sentinels = hosts
         .split(',')
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{h}"))
-        .collect();
+        .map(|h| {
+            let node = format!("redis://{h}").into_connection_info();
+            Ok(node
+                .map_err(|e| bad(e.to_string()))?
+                .set_redis_settings(sentinel_auth.clone()))
+        })
+        .collect::<CoreResult<Vec<_>>>()?;
     if sentinels.is_empty() {
         return Err(bad("no sentinel address".into()));
     }
@@ -110,14 +129,19 @@ fn sentinel_client(rest: &str, target: &str) -> CoreResult<SentinelClient> {
 /// so an encoded `%3A` stays in the user name.
 fn credentials(userinfo: &str) -> Result<(Option<String>, Option<String>), String> {
     let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let decoded = |part: &str, what: &str| match part {
+    let part = |part: &str, what: &str| match part {
         "" => Ok(None),
-        _ => percent_decode_str(part)
-            .decode_utf8()
-            .map(|text| Some(text.into_owned()))
+        _ => decoded(part)
+            .map(Some)
             .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded")),
     };
-    Ok((decoded(user, "user name")?, decoded(password, "password")?))
+    Ok((part(user, "user name")?, part(password, "password")?))
+}
+
+fn decoded(text: &str) -> Result<String, std::str::Utf8Error> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|text| text.into_owned())
 }
 
 /// Hides credentials, for messages and `backend`: everything between `://` and the last `@`
@@ -146,19 +170,17 @@ pub fn redact(url: &str) -> String {
     format!("{scheme}://{shown}@{}", hide_pass_parameter(after))
 }
 
-/// `path?a=1&pass=secret` -> `path?a=1&pass=***`.
+/// `path?a=1&pass=secret` -> `path?a=1&pass=***` (also `sentinel_password=`).
 fn hide_pass_parameter(text: &str) -> String {
     let Some((path, query)) = text.split_once('?') else {
         return text.to_owned();
     };
     let query: Vec<&str> = query
         .split('&')
-        .map(|pair| {
-            if pair.starts_with("pass=") {
-                "pass=***"
-            } else {
-                pair
-            }
+        .map(|pair| match pair.split_once('=') {
+            Some(("pass", _)) => "pass=***",
+            Some(("sentinel_password", _)) => "sentinel_password=***",
+            _ => pair,
         })
         .collect();
     format!("{path}?{}", query.join("&"))
@@ -196,6 +218,10 @@ mod tests {
         assert_eq!(
             redact("redis+cluster://:pw@a:1,b:2"),
             "redis+cluster://:***@a:1,b:2"
+        );
+        assert_eq!(
+            redact("redis+sentinel://a:1/m?sentinel_username=s&sentinel_password=pw"),
+            "redis+sentinel://a:1/m?sentinel_username=s&sentinel_password=***"
         );
     }
 
