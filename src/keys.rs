@@ -12,6 +12,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::config::Config;
+use crate::rate::RatePolicy;
 
 /// The name of every user's own pool, reserved: no resource may take it.
 pub const PER_USER: &str = "per_user";
@@ -97,6 +98,24 @@ impl KeySpace {
             key,
             capacity: self.max_per_user,
             role: PoolRole::Own,
+        }
+    }
+
+    /// The counter of one rate policy for one identity, in the hash tag of the identity's own
+    /// pool (so a hit's policies and the stream's pools share a slot). The policy's name,
+    /// window and algorithm are in the key: two scopes never share a counter.
+    pub fn rate_key(&self, identity: &str, policy: &RatePolicy) -> String {
+        let digest = self.identity_digest(identity);
+        let scope = format!(
+            "rate:{}:{}{}",
+            policy.name,
+            policy.window_ms,
+            policy.algorithm.code()
+        );
+        if self.global_pool {
+            format!("{}:{scope}:{digest}", self.shared_tag())
+        } else {
+            format!("{{{}:{digest}}}:{scope}", self.prefix)
         }
     }
 

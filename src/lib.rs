@@ -21,6 +21,7 @@ mod breaker;
 mod config;
 mod errors;
 mod fifo;
+mod rate;
 mod runtime;
 
 use pyo3::prelude::*;

@@ -9,6 +9,7 @@ from .errors import (
     ClientDisconnected,
     LeaseLost,
     ManagerClosed,
+    RateLimited,
     StreamLeaseError,
     StreamLeaseRejected,
     StreamLeaseWarning,
@@ -17,6 +18,7 @@ from .handlers import install_exception_handler, stream_lease_exception_handler
 from .lease import Lease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
+from .rates import RateDecision, RateLimit, rate_limit_headers
 from .resources import Resource
 
 __all__ = [
@@ -29,6 +31,9 @@ __all__ = [
     "LeaseScope",
     "Limiter",
     "ManagerClosed",
+    "RateDecision",
+    "RateLimit",
+    "RateLimited",
     "Resource",
     "StreamLeaseError",
     "StreamLeaseManager",
@@ -36,5 +41,6 @@ __all__ = [
     "StreamLeaseWarning",
     "__version__",
     "install_exception_handler",
+    "rate_limit_headers",
     "stream_lease_exception_handler",
 ]

@@ -6,10 +6,13 @@ Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from starlette.responses import Response
+
+    from .rates import RateDecision
 
 # Problem types of draft-ietf-httpapi-ratelimit-headers (RFC 9457 problem details).
 _QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -109,6 +112,40 @@ class StreamLeaseRejected(StreamLeaseError):
             type(self),
             (str(self), self.limit, self.capacity, self.current, self.retry_after),
         )
+
+
+class RateLimited(StreamLeaseError):
+    """A request-rate policy refused the hit (429); nothing was consumed from any policy.
+    ``policy`` names the first that refused; ``decisions`` are every policy's, for the
+    ``RateLimit-Policy`` and ``RateLimit`` headers; ``retry_after`` is when the hit's cost fits
+    again (never earlier than the window allows)."""
+
+    status_code: ClassVar[int] = 429
+    title: ClassVar[str] = "Too many requests"
+    problem_type: ClassVar[str] = _QUOTA_EXCEEDED
+
+    def __init__(
+        self,
+        message: str,
+        policy: str,
+        decisions: Sequence[RateDecision],
+        retry_after: int,
+    ) -> None:
+        super().__init__(message)
+        self.policy = policy
+        self.decisions = tuple(decisions)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        from .rates import rate_limit_headers
+
+        return {**super().headers(), **rate_limit_headers(self.decisions)}
+
+    def body(self) -> dict[str, object]:
+        return {**super().body(), "violated-policies": [self.policy]}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.policy, self.decisions, self.retry_after))
 
 
 class BackendError(StreamLeaseError):

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
-from .errors import ClientDisconnected
+from .errors import ClientDisconnected, RateLimited
 from .lease import Lease
+from .rates import RateDecision, RateLimit
 from .resources import Resource
 
 if TYPE_CHECKING:
@@ -148,6 +149,27 @@ class StreamLeaseManager:
         async with lease._held():
             yield lease
 
+    async def hit(self, identity: str, *policies: RateLimit, cost: int = 1) -> list[RateDecision]:
+        """Counts one request of ``identity`` (a user id, an IP address, a username + IP)
+        against every policy at once, all or nothing, across every worker: a hit refused by one
+        policy consumes from none. Returns each policy's decision, in the order given; raises
+        :class:`RateLimited` (429, ``Retry-After``) when one refuses. ``cost`` is how many units
+        the request takes (1 by default)."""
+        refused, retry_ms, states = await self._core.hit(identity, policies, cost, True)
+        decisions = _decisions(policies, states)
+        if refused is not None:
+            raise _rate_limited(decisions, refused, retry_ms)
+        return decisions
+
+    async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
+        """What ``policy`` has left for ``identity``, without consuming anything."""
+        _, _, states = await self._core.hit(identity, (policy,), 0, False)
+        return _decisions((policy,), states)[0]
+
+    async def reset(self, identity: str, *policies: RateLimit) -> None:
+        """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
+        await self._core.forget_rates(identity, policies)
+
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
         return await self._core.count(user_id)
@@ -205,3 +227,25 @@ async def _unless_disconnected(
         if await request.is_disconnected():
             waiting.cancel()
             raise ClientDisconnected("the client went away while waiting in line")
+
+
+def _decisions(
+    policies: Sequence[RateLimit], states: Sequence[tuple[int, int, int]]
+) -> list[RateDecision]:
+    return [
+        RateDecision(policy, limit, remaining, reset_ms / 1000)
+        for policy, (limit, remaining, reset_ms) in zip(policies, states, strict=True)
+    ]
+
+
+def _rate_limited(decisions: list[RateDecision], refused: int, retry_ms: int) -> RateLimited:
+    decision = decisions[refused]
+    policy = decision.policy
+    retry_after = max(1, -(-retry_ms // 1000))
+    return RateLimited(
+        f"rate limit {policy.name!r} reached ({decision.limit} per {policy.per:g} s); "
+        f"retry in {retry_after} s",
+        policy.name,
+        decisions,
+        retry_after,
+    )

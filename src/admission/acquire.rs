@@ -87,7 +87,7 @@ impl Drop for Cleanup<'_> {
 
 /// This process's share of a cap while Redis is down: rounded down, so the shares of all
 /// workers add up to at most the cap (unlimited stays unlimited).
-fn local_share(capacity: u64, workers: u64) -> u64 {
+pub(super) fn local_share(capacity: u64, workers: u64) -> u64 {
     capacity / workers
 }
 

@@ -4,6 +4,7 @@
 //! (`py/manager.rs`) calls it and turns what it returns into Python objects.
 
 mod acquire;
+mod rate;
 mod waiting;
 
 use std::future::Future;

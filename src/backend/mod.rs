@@ -13,6 +13,7 @@ use crate::breaker::{Breaker, Permit};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
+use crate::rate::{HitOutcome, RatePolicy};
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
@@ -99,7 +100,7 @@ pub struct RoundReport {
 }
 
 pub enum Backend {
-    Memory(MemoryBackend),
+    Memory(Box<MemoryBackend>),
     Redis(Box<RedisBackend>),
 }
 
@@ -107,7 +108,7 @@ impl Backend {
     /// Opens the backend a URL names (nothing is connected yet).
     pub fn open(url: &str, redis_timeout: std::time::Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
         match url.split_once("://").map(|(scheme, _)| scheme) {
-            Some("memory") => Ok(Backend::Memory(MemoryBackend::default())),
+            Some("memory") => Ok(Backend::Memory(Box::default())),
             Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel") => {
                 RedisBackend::new(url, redis_timeout, ca_pem).map(|redis| Backend::Redis(Box::new(redis)))
             }
@@ -240,6 +241,32 @@ impl Backend {
         }
     }
 
+    /// One hit of `cost` against every policy (`keys[i]` counts `policies[i]`, all in one hash
+    /// tag), all or nothing; `consume: false` only looks.
+    pub async fn hit(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        consume: bool,
+    ) -> CoreResult<HitOutcome> {
+        match self {
+            Backend::Memory(m) => Ok(m.hit(keys, policies, cost, consume)),
+            Backend::Redis(r) => r.hit(keys, policies, cost, consume).await,
+        }
+    }
+
+    /// Forgets the counters (support staff giving a user a fresh allowance).
+    pub async fn forget_rates(&self, keys: &[String]) -> CoreResult<()> {
+        match self {
+            Backend::Memory(m) => {
+                m.forget_rates(keys);
+                Ok(())
+            }
+            Backend::Redis(r) => r.forget_rates(keys).await,
+        }
+    }
+
     /// Slots in use in one pool, leases of dead holders excluded (Redis: as far as reaped;
     /// `ttl_ms`, this manager's lease duration, sizes the clock-step guard).
     pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
@@ -262,7 +289,7 @@ impl Stores {
     pub fn new(main: Backend) -> Self {
         Stores {
             main,
-            fallback: Backend::Memory(MemoryBackend::default()),
+            fallback: Backend::Memory(Box::default()),
             breaker: Breaker::default(),
         }
     }

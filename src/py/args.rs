@@ -1,6 +1,8 @@
 //! Arguments from Python: their types checked, with errors that say how to fix them. Value rules
 //! that do not depend on Python (identities, resources) are the core's.
 
+use std::ops::RangeInclusive;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
@@ -75,6 +77,36 @@ pub fn capacity(name: &str, value: Option<&Bound<'_, PyAny>>, default: u64) -> P
         )));
     }
     Ok(n as u64)
+}
+
+/// An int in `range` (a bool is not one).
+pub fn int_in(name: &str, value: &Bound<'_, PyAny>, range: RangeInclusive<u64>) -> PyResult<u64> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {} {}",
+            type_name(value),
+            value.repr()?
+        )));
+    }
+    let out_of_range = || {
+        PyValueError::new_err(format!(
+            "{name}={} is out of range: use {} to {}",
+            value.repr().map(|r| r.to_string()).unwrap_or_default(),
+            range.start(),
+            range.end()
+        ))
+    };
+    let n: u64 = value.extract().map_err(|_| out_of_range())?;
+    if range.contains(&n) {
+        Ok(n)
+    } else {
+        Err(out_of_range())
+    }
+}
+
+/// A core validation message as a ValueError.
+pub fn invalid(message: String) -> PyErr {
+    PyValueError::new_err(message)
 }
 
 /// A per-call cap, if given.

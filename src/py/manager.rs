@@ -13,8 +13,10 @@ use super::bridge::{self, Delivery};
 use super::config::LeaseConfig;
 use super::errors::error_class;
 use super::lease::LeaseHandle;
+use super::rate;
 use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
 use crate::backend::Backend;
+use crate::rate::MAX_LIMIT;
 
 /// Warned when a manager on Redis hashes user ids with an empty key (the embedded store keeps
 /// them in this process).
@@ -116,6 +118,57 @@ impl Manager {
         }
     }
 
+    /// One hit of `cost` against every policy of `user_id`, all or nothing (`consume=False`
+    /// only looks). Resolves to `(refused, retry_after_ms, [(limit, remaining, reset_ms), ...])`,
+    /// `refused` being the index of the first policy that refused, or None; `limit` is this
+    /// process's share of it while Redis is down under `failure_mode="open"`.
+    #[pyo3(signature = (user_id, policies, cost, consume))]
+    fn hit<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        policies: &Bound<'py, PyAny>,
+        cost: &Bound<'py, PyAny>,
+        consume: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = required_identity(user_id)?;
+        let policies = rate::policies(policies)?;
+        let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
+        let hit = self.core.hit(&identity, policies, cost, consume)?;
+        let op = async move {
+            let outcome = hit.await?;
+            Ok(Box::new(move |py: Python<'_>| {
+                let decisions: Vec<(u64, u64, u64)> = outcome
+                    .decisions
+                    .iter()
+                    .map(|d| (d.policy.limit, d.remaining, d.reset_ms))
+                    .collect();
+                let (refused, retry_ms) = outcome.refused.map_or((None, 0), |(i, ms)| (Some(i), ms));
+                Ok((refused, retry_ms, decisions)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind())
+            }) as Delivery)
+        };
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
+    /// Forgets `user_id`'s counters of `policies`.
+    fn forget_rates<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        policies: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = required_identity(user_id)?;
+        let forgotten = self.core.forget_rates(&identity, rate::policies(policies)?)?;
+        let op = async move {
+            forgotten.await?;
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Delivery)
+        };
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
     #[pyo3(signature = (user_id = None))]
     fn count<'py>(
         &self,
@@ -159,4 +212,11 @@ impl Manager {
         dict.set_item("waiting", stats.waiting)?;
         Ok(dict)
     }
+}
+
+/// The identity a rate limit counts (never None: a hit needs someone to count).
+fn required_identity(user_id: &Bound<'_, PyAny>) -> PyResult<String> {
+    args::identity(Some(user_id))?.ok_or_else(|| {
+        PyTypeError::new_err("a rate limit needs an identity (a user id, an IP address), got None")
+    })
 }

@@ -7,6 +7,7 @@ mod config;
 mod errors;
 mod lease;
 mod manager;
+mod rate;
 
 use pyo3::prelude::*;
 
@@ -14,6 +15,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::LeaseConfig>()?;
     m.add_class::<lease::LeaseHandle>()?;
     m.add_class::<manager::Manager>()?;
+    m.add_class::<rate::RateLimit>()?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -20,6 +20,7 @@ use super::{AcquireOutcome, InLine};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
+use crate::rate::{Decision, HitOutcome, RatePolicy};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -153,6 +154,48 @@ impl RedisBackend {
             woken();
         }
         Ok(())
+    }
+
+    pub async fn hit(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        consume: bool,
+    ) -> CoreResult<HitOutcome> {
+        let mut invocation = scripts::HIT.prepare_invoke();
+        invocation.key(keys).arg(cost).arg(u8::from(consume));
+        for policy in policies {
+            invocation
+                .arg(policy.algorithm.code())
+                .arg(policy.limit)
+                .arg(policy.window_ms);
+        }
+        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
+            return Err(unexpected_reply("hit", &reply));
+        };
+        if per_policy.len() != 2 * policies.len() || *refused as usize > policies.len() {
+            return Err(unexpected_reply("hit", &reply));
+        }
+        Ok(HitOutcome {
+            decisions: policies
+                .iter()
+                .zip(per_policy.chunks(2))
+                .map(|(policy, pair)| Decision {
+                    policy: policy.clone(),
+                    remaining: pair[0],
+                    reset_ms: pair[1],
+                })
+                .collect(),
+            refused: (*refused > 0).then(|| (*refused as usize - 1, *retry_ms)),
+        })
+    }
+
+    pub async fn forget_rates(&self, keys: &[String]) -> CoreResult<()> {
+        let mut invocation = scripts::FORGET.prepare_invoke();
+        invocation.key(keys);
+        self.link.run::<u64>(&invocation).await.map(drop)
     }
 
     pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {

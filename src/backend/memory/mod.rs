@@ -3,14 +3,18 @@
 //! as their holder, this process: a lease dropped without a release releases itself, so nothing
 //! here expires or is renewed. Nothing in it ever waits.
 
+mod rate;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine, Waiter};
 use crate::errors::Rejection;
 use crate::fifo::Fifo;
 use crate::keys::{Pool, PoolRole};
 use crate::lease::LeaseRecord;
+use crate::rate::{HitOutcome, RatePolicy};
 
 #[derive(Default)]
 struct MemoryPool {
@@ -58,6 +62,7 @@ struct State {
 #[derive(Default)]
 pub struct MemoryBackend {
     state: Mutex<State>,
+    rates: Mutex<RateCounters>,
 }
 
 /// Why `pool` refuses, with `used` slots taken. A slot frees only when a lease is released, so
@@ -154,6 +159,19 @@ impl MemoryBackend {
             released += u64::from(present);
         }
         released
+    }
+
+    /// The same decisions as `hit.lua`.
+    pub fn hit(&self, keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> HitOutcome {
+        let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+        rates.hit(keys, policies, cost, consume)
+    }
+
+    pub fn forget_rates(&self, keys: &[String]) {
+        self.rates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reset(keys);
     }
 
     pub fn count(&self, pool_key: &str) -> u64 {

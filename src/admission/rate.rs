@@ -1,0 +1,105 @@
+//! Request-rate hits: every policy of one identity decided in one call (Redis: `lua/hit.lua`),
+//! through the circuit breaker; while Redis is down, as `failure_mode` says: refused (503), or
+//! counted in this process against its share of each limit.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::acquire::local_share;
+use super::Manager;
+use crate::config::FailureMode;
+use crate::errors::{CoreError, CoreResult};
+use crate::keys::check_identity;
+use crate::lease::Store;
+use crate::rate::{check_hit, Decision, HitOutcome, RatePolicy};
+
+impl Manager {
+    /// Checks the hit and returns the call to await: `cost` units from every policy of
+    /// `identity` if all of them allow it, none otherwise (`consume: false` only looks).
+    pub fn hit(
+        self: &Arc<Self>,
+        identity: &str,
+        policies: Vec<RatePolicy>,
+        cost: u64,
+        consume: bool,
+    ) -> CoreResult<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static> {
+        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        check_hit(&policies, cost).map_err(CoreError::InvalidInput)?;
+        self.start_here()?;
+        let keys = self.rate_keys(identity, &policies);
+        let manager = Arc::clone(self);
+        Ok(async move {
+            let outcome = manager
+                .stores
+                .call(Store::Main, |main| main.hit(&keys, &policies, cost, consume))
+                .await;
+            match outcome {
+                Err(error) if error.is_unavailable() && manager.config.failure_mode == FailureMode::Open => {
+                    manager.hit_locally(&keys, &policies, cost, consume).await
+                }
+                other => other,
+            }
+        })
+    }
+
+    /// Forgets `identity`'s counters of `policies` (a fresh allowance).
+    pub fn forget_rates(
+        self: &Arc<Self>,
+        identity: &str,
+        policies: Vec<RatePolicy>,
+    ) -> CoreResult<impl Future<Output = CoreResult<()>> + Send + 'static> {
+        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        check_hit(&policies, 0).map_err(CoreError::InvalidInput)?;
+        self.start_here()?;
+        let keys = self.rate_keys(identity, &policies);
+        let manager = Arc::clone(self);
+        Ok(async move {
+            manager
+                .stores
+                .call(Store::Main, |main| main.forget_rates(&keys))
+                .await
+        })
+    }
+
+    fn rate_keys(&self, identity: &str, policies: &[RatePolicy]) -> Vec<String> {
+        policies
+            .iter()
+            .map(|policy| self.keys.rate_key(identity, policy))
+            .collect()
+    }
+
+    /// While Redis is down (`failure_mode="open"`): the same hit in this process, against its
+    /// share of each limit (rounded down, so the shares add up to at most the limit; a share of
+    /// 0 allows nothing).
+    async fn hit_locally(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        consume: bool,
+    ) -> CoreResult<HitOutcome> {
+        let shares: Vec<RatePolicy> = policies
+            .iter()
+            .map(|policy| RatePolicy {
+                limit: local_share(policy.limit, self.config.fallback_workers),
+                ..policy.clone()
+            })
+            .collect();
+        if let Some(empty) = shares.iter().position(|share| share.limit < cost.max(1)) {
+            let decisions = shares
+                .into_iter()
+                .map(|policy| Decision {
+                    remaining: policy.limit,
+                    policy,
+                    reset_ms: 0,
+                })
+                .collect();
+            return Ok(HitOutcome {
+                decisions,
+                refused: Some((empty, self.config.retry_after_ms())),
+            });
+        }
+        let fallback = self.stores.get(Store::Fallback);
+        fallback.hit(keys, &shares, cost, consume).await
+    }
+}

@@ -1,0 +1,267 @@
+//! Rate counters for one process: the decisions of `lua/hit.lua`, on this process's monotonic
+//! clock. Counters of identities not seen for a while are swept, so memory follows the
+//! identities of the last windows, not every identity ever seen.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use crate::rate::{Algorithm, Decision, HitOutcome, RatePolicy, SLICES};
+
+/// Hits between two sweeps of counters whose windows have passed.
+const SWEEP_EVERY: u32 = 1024;
+
+enum Counter {
+    /// Slice start (ms / slice length) -> units.
+    Sliding(BTreeMap<u64, u64>),
+    /// Units, and when the window ends (ms).
+    Fixed { used: u64, ends_at: u64 },
+}
+
+/// What one policy's counter holds now.
+struct Look {
+    used: u64,
+    /// ms until `excess` units have left the window (argument: the excess).
+    wait: Box<dyn Fn(u64) -> u64>,
+    /// ms until the next units free up, with `used` units in use after the hit.
+    reset: Box<dyn Fn(u64) -> u64>,
+}
+
+pub struct RateCounters {
+    epoch: Instant,
+    counters: HashMap<String, (Counter, u64)>,
+    hits_since_sweep: u32,
+}
+
+impl Default for RateCounters {
+    fn default() -> Self {
+        RateCounters {
+            epoch: Instant::now(),
+            counters: HashMap::new(),
+            hits_since_sweep: 0,
+        }
+    }
+}
+
+impl RateCounters {
+    fn now(&self) -> u64 {
+        // Starts one year in, so `now - window` never goes below 0.
+        self.epoch.elapsed().as_millis() as u64 + crate::rate::MAX_WINDOW_MS
+    }
+
+    /// One hit of `cost` against every policy (`keys[i]` counts `policies[i]`), all or nothing.
+    pub fn hit(&mut self, keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> HitOutcome {
+        let now = self.now();
+        self.hit_at(now, keys, policies, cost, consume)
+    }
+
+    fn hit_at(
+        &mut self,
+        now: u64,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        consume: bool,
+    ) -> HitOutcome {
+        self.sweep(now);
+        let looks: Vec<Look> = keys
+            .iter()
+            .zip(policies)
+            .map(|(key, policy)| self.look(key, policy, now))
+            .collect();
+        let refused = looks
+            .iter()
+            .zip(policies)
+            .enumerate()
+            .find(|(_, (look, policy))| look.used + cost > policy.limit)
+            .map(|(i, (look, policy))| (i, (look.wait)(look.used + cost - policy.limit)));
+        let taken = consume && refused.is_none();
+        let decisions = keys
+            .iter()
+            .zip(policies)
+            .zip(&looks)
+            .map(|((key, policy), look)| {
+                let mut used = look.used;
+                if taken {
+                    self.take(key, policy, cost, now);
+                    used += cost;
+                }
+                Decision {
+                    policy: policy.clone(),
+                    remaining: policy.limit.saturating_sub(used),
+                    reset_ms: (look.reset)(used),
+                }
+            })
+            .collect();
+        HitOutcome { decisions, refused }
+    }
+
+    pub fn reset(&mut self, keys: &[String]) {
+        for key in keys {
+            self.counters.remove(key);
+        }
+    }
+
+    fn look(&mut self, key: &str, policy: &RatePolicy, now: u64) -> Look {
+        let window = policy.window_ms;
+        match (policy.algorithm, self.counters.get_mut(key)) {
+            (Algorithm::SlidingWindow, entry) => {
+                let slice = window / SLICES;
+                let oldest = (now - window) / slice;
+                let live: Vec<(u64, u64)> = match entry {
+                    Some((Counter::Sliding(slices), _)) => {
+                        slices.retain(|at, _| *at >= oldest);
+                        slices.iter().map(|(at, units)| (*at, *units)).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let freed_after = {
+                    let live = live.clone();
+                    move |units: u64| {
+                        let mut freed = 0;
+                        for (at, n) in &live {
+                            freed += n;
+                            if freed >= units {
+                                return (at + 1) * slice + window - now;
+                            }
+                        }
+                        0
+                    }
+                };
+                let first_free = freed_after.clone();
+                let empty = live.is_empty();
+                Look {
+                    used: live.iter().map(|(_, n)| n).sum(),
+                    wait: Box::new(freed_after),
+                    reset: Box::new(move |used| match (used, empty) {
+                        (0, _) => 0,
+                        (_, true) => slice + window - now % slice,
+                        (_, false) => first_free(1),
+                    }),
+                }
+            }
+            (Algorithm::FixedWindow, entry) => {
+                let (used, left) = match entry {
+                    Some((Counter::Fixed { used, ends_at }, _)) if *ends_at > now => (*used, *ends_at - now),
+                    _ => (0, window),
+                };
+                Look {
+                    used,
+                    wait: Box::new(move |_| left),
+                    reset: Box::new(move |used| if used == 0 { 0 } else { left }),
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) {
+        let window = policy.window_ms;
+        let entry = self
+            .counters
+            .entry(key.to_owned())
+            .or_insert_with(|| (Counter::Sliding(BTreeMap::new()), 0));
+        match policy.algorithm {
+            Algorithm::SlidingWindow => {
+                if !matches!(entry.0, Counter::Sliding(_)) {
+                    entry.0 = Counter::Sliding(BTreeMap::new());
+                }
+                if let Counter::Sliding(slices) = &mut entry.0 {
+                    *slices.entry(now / (window / SLICES)).or_default() += cost;
+                }
+                entry.1 = now + window + window / SLICES;
+            }
+            Algorithm::FixedWindow => {
+                match &mut entry.0 {
+                    Counter::Fixed { used, ends_at } if *ends_at > now => *used += cost,
+                    counter => {
+                        *counter = Counter::Fixed {
+                            used: cost,
+                            ends_at: now + window,
+                        }
+                    }
+                }
+                if let Counter::Fixed { ends_at, .. } = entry.0 {
+                    entry.1 = ends_at;
+                }
+            }
+        }
+    }
+
+    /// Drops counters whose last window has passed (the second field: when it stops counting).
+    fn sweep(&mut self, now: u64) {
+        self.hits_since_sweep += 1;
+        if self.hits_since_sweep >= SWEEP_EVERY {
+            self.hits_since_sweep = 0;
+            self.counters.retain(|_, (_, stale_at)| *stale_at > now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::MAX_WINDOW_MS;
+
+    fn policy(name: &str, limit: u64, algorithm: Algorithm) -> RatePolicy {
+        RatePolicy::new(name, limit, 60_000, algorithm).unwrap()
+    }
+
+    /// Hits at random times never put more than the limit in any window (the sliding window's
+    /// promise), and a refusal's retry time is when the hit would really fit.
+    #[test]
+    fn no_window_ever_holds_more_than_the_limit() {
+        let mut seed: u64 = 0x5eed;
+        let mut random = move |below: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % below
+        };
+        for _ in 0..20 {
+            let limit = 1 + random(20);
+            let window = 10 * (1 + random(100));
+            let policy = RatePolicy::new("p", limit, window, Algorithm::SlidingWindow).unwrap();
+            let mut counters = RateCounters::default();
+            let keys = ["k".to_owned()];
+            let mut now = MAX_WINDOW_MS;
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for _ in 0..2000 {
+                now += random(window / 4 + 1);
+                let cost = 1 + random(limit);
+                let outcome = counters.hit_at(now, &keys, std::slice::from_ref(&policy), cost, true);
+                match outcome.refused {
+                    None => admitted.push((now, cost)),
+                    Some((_, retry)) => assert!(retry > 0 && retry <= window + window / SLICES),
+                }
+                let in_window: u64 = admitted
+                    .iter()
+                    .filter(|(at, _)| *at + window > now)
+                    .map(|(_, cost)| cost)
+                    .sum();
+                assert!(in_window <= limit, "{in_window} > {limit} in {window} ms");
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_hit_consumes_from_no_policy() {
+        let mut counters = RateCounters::default();
+        let minute = policy("minute", 5, Algorithm::SlidingWindow);
+        let day = policy("day", 3, Algorithm::FixedWindow);
+        let keys = ["m".to_owned(), "d".to_owned()];
+        let both = [minute.clone(), day.clone()];
+        for left in (0..3).rev() {
+            let outcome = counters.hit(&keys, &both, 1, true);
+            assert_eq!(outcome.refused, None);
+            assert_eq!(outcome.decisions[1].remaining, left);
+        }
+        let outcome = counters.hit(&keys, &both, 1, true);
+        let (index, retry) = outcome.refused.unwrap();
+        assert_eq!(index, 1);
+        assert!(retry > 59_000 && retry <= 60_000, "{retry}");
+        assert_eq!(outcome.decisions[0].remaining, 2, "the minute lost nothing");
+        let alone = counters.hit(&keys[..1], &both[..1], 2, true);
+        assert_eq!((alone.refused, alone.decisions[0].remaining), (None, 0));
+        counters.reset(&keys);
+        assert_eq!(counters.hit(&keys, &both, 0, false).decisions[0].remaining, 5);
+    }
+}

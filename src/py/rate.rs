@@ -1,0 +1,107 @@
+//! `RateLimit`: a request-rate policy, checked once at construction (the core's `RatePolicy`).
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use super::args::{self, type_name};
+use crate::rate::{Algorithm, RatePolicy, MAX_LIMIT};
+
+/// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
+///
+/// ``name`` scopes the counter (``"chat_per_minute"``): two policies with different names never
+/// share one. ``algorithm="sliding_window"`` (the default) never lets any ``per``-second window
+/// hold more than ``limit``; ``"fixed_window"`` counts from a window's first hit until ``per``
+/// seconds later, then starts again.
+#[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    pub policy: RatePolicy,
+}
+
+#[pymethods]
+impl RateLimit {
+    #[new]
+    #[pyo3(signature = (name, limit, per, algorithm = None))]
+    fn py_new(
+        name: &Bound<'_, PyAny>,
+        limit: &Bound<'_, PyAny>,
+        per: &Bound<'_, PyAny>,
+        algorithm: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let Ok(name) = name.cast::<PyString>() else {
+            return Err(PyTypeError::new_err(format!(
+                "name must be a str, got {}",
+                type_name(name)
+            )));
+        };
+        let name = args::utf8("name", name)?;
+        let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
+        let per = args::seconds("per", Some(per), 0.0)?;
+        let algorithm = match args::given(algorithm) {
+            None => Algorithm::SlidingWindow,
+            Some(value) => match value.cast::<PyString>() {
+                Ok(text) => Algorithm::parse(&args::utf8("algorithm", text)?).map_err(args::invalid)?,
+                Err(_) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "algorithm must be a str, got {}",
+                        type_name(value)
+                    )))
+                }
+            },
+        };
+        let window_ms = (per.max(0.0) * 1000.0).round() as u64;
+        RatePolicy::new(&name, limit, window_ms, algorithm)
+            .map(|policy| RateLimit { policy })
+            .map_err(args::invalid)
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.policy.name
+    }
+
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.policy.limit
+    }
+
+    /// The window, in seconds.
+    #[getter]
+    fn per(&self) -> f64 {
+        self.policy.window_ms as f64 / 1000.0
+    }
+
+    #[getter]
+    fn algorithm(&self) -> &'static str {
+        self.policy.algorithm.name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            // Names are plain ASCII (checked), so quoting them is enough.
+            "RateLimit('{}', {}, per={:?}, algorithm='{}')",
+            &*self.policy.name,
+            self.policy.limit,
+            self.per(),
+            self.policy.algorithm.name()
+        )
+    }
+}
+
+/// The policies of one call, each a `RateLimit`.
+pub fn policies(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
+    value
+        .try_iter()?
+        .map(|item| {
+            let item = item?;
+            match item.cast::<RateLimit>() {
+                Ok(limit) => Ok(limit.get().policy.clone()),
+                Err(_) => Err(PyTypeError::new_err(format!(
+                    "rate limits must be RateLimit values, got {}: build them with RateLimit(name, limit, per=seconds)",
+                    type_name(&item)
+                ))),
+            }
+        })
+        .collect()
+}

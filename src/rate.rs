@@ -1,0 +1,163 @@
+//! Request-rate policies: at most `limit` units per window, counted per identity, every policy
+//! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory.rs`).
+
+use std::sync::Arc;
+
+/// Largest limit: counts stay exact as Lua numbers (doubles) far beyond it.
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+/// Windows from 10 ms (ten 1 ms slices) to a leap year.
+pub const MIN_WINDOW_MS: u64 = 10;
+pub const MAX_WINDOW_MS: u64 = 366 * 24 * 3600 * 1000;
+/// Slices of a sliding window (`lua/hit.lua`): every slice that overlaps the last window counts.
+pub const SLICES: u64 = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// No window of `per` seconds ever holds more than the limit (the default).
+    SlidingWindow,
+    /// The article's counter: a window starts with its first hit and ends `per` seconds later.
+    FixedWindow,
+}
+
+impl Algorithm {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "sliding_window" => Ok(Algorithm::SlidingWindow),
+            "fixed_window" => Ok(Algorithm::FixedWindow),
+            other => Err(format!(
+                "unknown algorithm {other:?}: use \"sliding_window\" (the default) or \"fixed_window\""
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    /// Its code in `lua/hit.lua` and in keys.
+    pub fn code(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "s",
+            Algorithm::FixedWindow => "f",
+        }
+    }
+}
+
+/// One policy: a name (its scope, part of the key), a limit per window, an algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RatePolicy {
+    pub name: Arc<str>,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub algorithm: Algorithm,
+}
+
+impl RatePolicy {
+    pub fn new(name: &str, limit: u64, window_ms: u64, algorithm: Algorithm) -> Result<Self, String> {
+        check_name(name)?;
+        if limit == 0 || limit > MAX_LIMIT {
+            return Err(format!(
+                "rate limit {name:?}: limit={limit} is out of range: use 1 to {MAX_LIMIT} (to block everyone, refuse the route itself)"
+            ));
+        }
+        if !(MIN_WINDOW_MS..=MAX_WINDOW_MS).contains(&window_ms) {
+            return Err(format!(
+                "rate limit {name:?}: per={} s is out of range: use 0.01 s to one year ({} s)",
+                window_ms as f64 / 1000.0,
+                MAX_WINDOW_MS / 1000
+            ));
+        }
+        Ok(RatePolicy {
+            name: name.into(),
+            limit,
+            window_ms,
+            algorithm,
+        })
+    }
+}
+
+/// Policy names key the counters and appear in headers: short, and plain.
+fn check_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "rate limit name {name:?} is not valid: use 1 to 64 letters, digits, '_', '-' or '.'"
+        ))
+    }
+}
+
+/// Checks the policies of one hit: at least one, no name twice, a cost each can ever allow.
+pub fn check_hit(policies: &[RatePolicy], cost: u64) -> Result<(), String> {
+    if policies.is_empty() {
+        return Err("pass at least one RateLimit".into());
+    }
+    for (i, policy) in policies.iter().enumerate() {
+        if policies[..i].iter().any(|p| p.name == policy.name) {
+            return Err(format!(
+                "rate limit {:?} is given twice in one call: give each policy its own name",
+                policy.name
+            ));
+        }
+        if cost > policy.limit {
+            return Err(format!(
+                "cost={cost} is more than the limit of {:?} ({}): such a hit could never be allowed",
+                policy.name, policy.limit
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What one policy said about a hit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub policy: RatePolicy,
+    /// Units left in the window after the hit (before it, when refused or only looked at).
+    pub remaining: u64,
+    /// When the next units free up, in ms (0: nothing in use).
+    pub reset_ms: u64,
+}
+
+/// The answer to one hit: every policy's decision, and the first that refused, if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HitOutcome {
+    pub decisions: Vec<Decision>,
+    /// Index (into `decisions`) of the first policy that refused, and when the cost fits again.
+    pub refused: Option<(usize, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, limit: u64) -> RatePolicy {
+        RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow).unwrap()
+    }
+
+    #[test]
+    fn bad_policies_are_refused_clearly() {
+        let err = |r: Result<RatePolicy, String>| r.unwrap_err();
+        assert!(err(RatePolicy::new("a b", 1, 1000, Algorithm::FixedWindow)).contains("not valid"));
+        assert!(err(RatePolicy::new("a", 0, 1000, Algorithm::FixedWindow)).contains("out of range"));
+        assert!(err(RatePolicy::new("a", 1, 5, Algorithm::FixedWindow)).contains("per=0.005 s"));
+        assert!(Algorithm::parse("leaky")
+            .unwrap_err()
+            .contains("unknown algorithm"));
+        let twice = check_hit(&[policy("m", 5), policy("m", 9)], 1).unwrap_err();
+        assert!(twice.contains("twice"));
+        assert!(check_hit(&[policy("m", 5)], 6)
+            .unwrap_err()
+            .contains("never be allowed"));
+        assert!(check_hit(&[], 1).is_err());
+        assert!(check_hit(&[policy("m", 5), policy("d", 100)], 5).is_ok());
+    }
+}

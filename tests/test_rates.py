@@ -1,0 +1,212 @@
+"""Request-rate limits: several policies per hit, all or nothing, exact across workers
+(issue 11). Each behavioural test runs on the embedded store and on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from fastapi_stream_lease import (
+    BackendUnavailable,
+    RateDecision,
+    RateLimit,
+    RateLimited,
+)
+
+from support.apps import app_command
+from support.waiting import eventually
+
+PER_MINUTE = RateLimit("chat_per_minute", 5, per=60)
+PER_DAY = RateLimit("chat_per_day", 3, per=86_400, algorithm="fixed_window")
+
+
+async def test_a_hit_refused_by_one_policy_consumes_from_none(make_manager):
+    manager = make_manager()
+    for left in (2, 1, 0):
+        minute, day = await manager.hit("alice", PER_MINUTE, PER_DAY)
+        assert (minute.remaining, day.remaining) == (left + 2, left)
+        assert day.limit == 3 and 0 < day.reset <= 86_400
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", PER_MINUTE, PER_DAY)
+    assert refused.value.policy == "chat_per_day"
+    assert 86_000 < refused.value.retry_after <= 86_400
+    # The day refused: the minute lost nothing.
+    assert (await manager.peek("alice", PER_MINUTE)).remaining == 2
+    assert (await manager.hit("alice", PER_MINUTE, cost=2))[0].remaining == 0
+
+
+async def test_simultaneous_hits_admit_exactly_the_limit(make_manager):
+    manager = make_manager()
+    burst = RateLimit("burst", 10, per=60)
+    results = await asyncio.gather(
+        *(manager.hit(f"user{i % 2}", burst) for i in range(200)), return_exceptions=True
+    )
+    admitted = [r for r in results if isinstance(r, list)]
+    refused = [r for r in results if isinstance(r, RateLimited)]
+    assert (len(admitted), len(refused)) == (20, 180)  # 10 each for two users
+
+
+async def test_hits_from_four_processes_admit_exactly_the_limit(redis_server, key_prefix):
+    processes = [
+        await asyncio.create_subprocess_exec(
+            *app_command("hit_burst", redis_server.url, key_prefix, "50"),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
+    outputs = [await asyncio.wait_for(p.communicate(), 60) for p in processes]
+    admitted = sum(int(out.split()[0]) for out, _ in outputs)
+    assert admitted == 10
+    assert all(p.returncode == 0 for p in processes)
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window", "fixed_window"])
+async def test_a_fresh_allowance_after_the_window(make_manager, algorithm):
+    manager = make_manager()
+    short = RateLimit("short", 2, per=0.5, algorithm=algorithm)
+    await manager.hit("alice", short)
+    await manager.hit("alice", short)
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", short)
+    assert refused.value.retry_after == 1  # whole seconds, never 0
+
+    async def allowed() -> bool:
+        try:
+            await manager.hit("alice", short)
+        except RateLimited:
+            return False
+        return True
+
+    await eventually(allowed, what="a fresh allowance")
+
+
+async def test_users_and_scopes_have_separate_counters(make_manager):
+    manager = make_manager()
+    one = RateLimit("scope_a", 1, per=60)
+    other = RateLimit("scope_b", 1, per=60)
+    longer = RateLimit("scope_a", 1, per=120)  # same name, another window: another counter
+    await manager.hit("alice", one)
+    await manager.hit("bob", one)
+    await manager.hit("alice", other)
+    await manager.hit("alice", longer)
+    with pytest.raises(RateLimited):
+        await manager.hit("alice", one)
+
+
+async def test_peek_consumes_nothing_and_reset_gives_a_fresh_allowance(make_manager):
+    manager = make_manager()
+    limit = RateLimit("login_per_ip", 2, per=60)
+    assert await manager.peek("10.0.0.7", limit) == RateDecision(limit, 2, 2, 0.0)
+    await manager.hit("10.0.0.7", limit, cost=2)
+    assert (await manager.peek("10.0.0.7", limit)).remaining == 0
+    assert (await manager.peek("10.0.0.7", limit)).remaining == 0
+    await manager.reset("10.0.0.7", limit)
+    assert (await manager.peek("10.0.0.7", limit)).remaining == 2
+
+
+async def test_limits_up_to_a_trillion_count_exactly(make_manager):
+    manager = make_manager()
+    huge = RateLimit("bytes_per_day", 10**12, per=86_400)
+    (decision,) = await manager.hit("alice", huge, cost=10**12 - 1)
+    assert decision.remaining == 1
+    await manager.hit("alice", huge)
+    with pytest.raises(RateLimited):
+        await manager.hit("alice", huge)
+
+
+async def test_a_refusal_answers_429_with_headers_and_the_violated_policy(make_manager):
+    manager = make_manager()
+    await manager.hit("alice", PER_MINUTE, cost=5)
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", PER_MINUTE, PER_DAY)
+    response = refused.value.as_response()
+    assert response.status_code == 429
+    # Slices of a tenth of the window count whole: the units leave within 60 to 66 s.
+    assert 59 <= int(response.headers["Retry-After"]) <= 66
+    assert response.headers["RateLimit-Policy"] == (
+        '"chat_per_minute";q=5;w=60, "chat_per_day";q=3;w=86400'
+    )
+    minute, day = response.headers["RateLimit"].split(", ")
+    assert minute.startswith('"chat_per_minute";r=0;t=') and day == '"chat_per_day";r=3;t=0'
+    body = json.loads(response.body)
+    assert body["violated-policies"] == ["chat_per_minute"] and body["status"] == 429
+
+
+async def test_a_counter_found_without_expiry_is_repaired(make_redis_manager, redis_client,
+                                                          key_prefix):
+    manager = make_redis_manager()
+    for limit in (PER_MINUTE, PER_DAY):
+        await manager.hit("alice", limit)
+        (key,) = redis_client.keys(f"{{{key_prefix}}}:rate:{limit.name}:*")
+        redis_client.persist(key)  # an operator, a restore or a bug left it without one
+        assert redis_client.pttl(key) == -1
+        await manager.peek("alice", limit)
+        assert 0 < redis_client.pttl(key) <= math.ceil(limit.per * 1.1 * 1000)
+        assert "alice" not in key.decode(), "identities are hashed"
+
+
+async def test_closed_refuses_and_open_counts_a_local_share_while_redis_is_down(
+        own_redis, make_own_redis_manager):
+    closed = make_own_redis_manager(redis_timeout=0.5)
+    opened = make_own_redis_manager(redis_timeout=0.5, failure_mode="open", fallback_workers=2)
+    limit = RateLimit("per_minute", 5, per=60)
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable):
+        await closed.hit("alice", limit)
+    # Half of 5, rounded down: the two workers together never allow more than the limit.
+    (decision,) = await opened.hit("alice", limit)
+    assert (decision.limit, decision.remaining) == (2, 1)
+    await opened.hit("alice", limit)
+    with pytest.raises(RateLimited):
+        await opened.hit("alice", limit)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        (("a", 0), {"per": 60}, ValueError, "limit=0 is out of range"),
+        (("a", -1), {"per": 60}, ValueError, "limit=-1 is out of range"),
+        (("a", True), {"per": 60}, TypeError, "limit must be an int"),
+        (("a", 10**13), {"per": 60}, ValueError, "out of range"),
+        (("a", 5), {"per": 0}, ValueError, "per=0 s is out of range"),
+        (("a", 5), {"per": float("nan")}, ValueError, "per must be finite"),
+        (("a", 5), {"per": 400 * 86_400}, ValueError, "one year"),
+        (("a", 5), {"per": "60"}, TypeError, "per must be a number"),
+        (("a", 5), {"per": 60, "algorithm": "leaky"}, ValueError, "unknown algorithm"),
+        (("a b", 5), {"per": 60}, ValueError, "name 'a b' is not valid|\"a b\" is not valid"),
+        ((7, 5), {"per": 60}, TypeError, "name must be a str"),
+    ],
+)
+def test_bad_policies_are_refused_at_construction(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        RateLimit(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("identity", "policies", "cost", "error", "message"),
+    [
+        ("alice", (PER_MINUTE, PER_MINUTE), 1, ValueError, "given twice"),
+        ("alice", (PER_MINUTE,), 6, ValueError, "could never be allowed"),
+        ("alice", (PER_MINUTE,), -1, ValueError, "cost=-1 is out of range"),
+        ("alice", (), 1, ValueError, "at least one RateLimit"),
+        ("alice", ("per_minute",), 1, TypeError, "must be RateLimit values"),
+        ("", (PER_MINUTE,), 1, ValueError, "user_id is empty"),
+        ("x" * 2000, (PER_MINUTE,), 1, ValueError, "more than the 1024 allowed"),
+        (None, (PER_MINUTE,), 1, TypeError, "needs an identity"),
+    ],
+)
+async def test_bad_hits_are_refused_and_consume_nothing(make_manager, identity, policies, cost,
+                                                        error, message):
+    manager = make_manager()
+    with pytest.raises(error, match=message):
+        await manager.hit(identity, *policies, cost=cost)
+    assert (await manager.peek("alice", PER_MINUTE)).remaining == 5
+
+
+def test_policies_are_values():
+    assert RateLimit("a", 5, per=60) == RateLimit("a", 5, per=60.0, algorithm="sliding_window")
+    assert len({RateLimit("a", 5, per=60), RateLimit("a", 5, per=60)}) == 1
+    assert repr(PER_DAY) == "RateLimit('chat_per_day', 3, per=86400.0, algorithm='fixed_window')"
