@@ -95,7 +95,10 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     async def take(lease_id: str) -> bool:
         # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
         # holder, cap 1
-        reply = await acquire(keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1])
+        # no waiter, no line, no own pool, 1 pool of capacity 1, no rate policy (cost 1)
+        reply = await acquire(
+            keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 1, 1]
+        )
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::keys::PER_USER;
+use crate::rate::HitOutcome;
 
 /// Which pool refused an acquire, with what it saw.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +24,8 @@ pub struct Rejection {
 pub enum CoreError {
     /// A pool is full.
     Rejected(Rejection),
+    /// A request-rate policy refused (nothing was consumed anywhere); `refused` is set.
+    RateLimited(HitOutcome),
     /// Redis did not answer (in time): the call may have run there.
     Unavailable(String),
     /// The call never left this process (no connection, the breaker open): it did not run.
@@ -56,6 +59,20 @@ impl fmt::Display for CoreError {
                 r.limit,
                 retry_after_seconds(r.retry_after_ms)
             ),
+            CoreError::RateLimited(outcome) => {
+                let (index, retry_ms) = outcome.refused.unwrap_or_default();
+                match outcome.decisions.get(index) {
+                    Some(d) => write!(
+                        f,
+                        "rate limit {:?} reached ({} per {} s); retry in {} s",
+                        &*d.policy.name,
+                        d.policy.limit,
+                        d.policy.window_ms as f64 / 1000.0,
+                        retry_after_seconds(retry_ms)
+                    ),
+                    None => f.write_str("rate limit reached"),
+                }
+            }
             CoreError::Unavailable(m)
             | CoreError::Unreached(m)
             | CoreError::Backend(m)

@@ -117,6 +117,16 @@ pub fn check_hit(policies: &[RatePolicy], cost: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The rate policies a stream's start counts against, with the caller's counters (`keys[i]`
+/// counts `policies[i]`); empty for an acquire without rate limits.
+#[derive(Debug, Clone, Default)]
+pub struct RateCheck {
+    pub keys: Vec<String>,
+    pub policies: Vec<RatePolicy>,
+    /// Units a start takes from each policy.
+    pub cost: u64,
+}
+
 /// What one policy said about a hit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {

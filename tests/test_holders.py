@@ -203,12 +203,13 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
         (lua / "prelude.lua").read_text() + (lua / "acquire.lua").read_text()
     )
     keys = [global_pool(key_prefix), holders(key_prefix)]
-    # lease, ttl, weight, no waiter, no line, own pools 0, holder, capacity 1
-    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1]
+    # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool of capacity 1, no rate
+    # policy (a start costs 1)
+    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 1, 1]
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
-    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:members")
+    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:members", f"{keys[1]}:clock")
 
 
 def restore(server, snapshot: bytes) -> None:

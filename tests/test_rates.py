@@ -14,6 +14,8 @@ from fastapi_stream_lease import (
     RateDecision,
     RateLimit,
     RateLimited,
+    Resource,
+    StreamLeaseRejected,
 )
 
 from support.apps import app_command
@@ -210,3 +212,51 @@ def test_policies_are_values():
     assert RateLimit("a", 5, per=60) == RateLimit("a", 5, per=60.0, algorithm="sliding_window")
     assert len({RateLimit("a", 5, per=60), RateLimit("a", 5, per=60)}) == 1
     assert repr(PER_DAY) == "RateLimit('chat_per_day', 3, per=86400.0, algorithm='fixed_window')"
+
+
+async def test_a_stream_refused_a_slot_consumes_no_rate(make_manager):
+    manager = make_manager(max_per_user=1)
+    starts = RateLimit("starts_per_minute", 5, per=60)
+    lease = await manager.acquire("alice", rate_limits=[starts])
+    (decision,) = lease.rate_decisions
+    assert (decision.policy, decision.remaining) == (starts, 4)
+    with pytest.raises(StreamLeaseRejected):
+        await manager.acquire("alice", rate_limits=[starts])
+    assert (await manager.peek("alice", starts)).remaining == 4
+    await lease.release()
+
+
+async def test_a_start_refused_for_rate_takes_no_slot_nor_waits(make_manager):
+    manager = make_manager(max_global=10)
+    starts = RateLimit("starts_per_minute", 1, per=60)
+    await (await manager.acquire("alice", rate_limits=[starts])).release()
+    with pytest.raises(RateLimited) as refused:
+        await manager.acquire("alice", wait_timeout=30, rate_limits=[starts, PER_DAY])
+    assert refused.value.policy == "starts_per_minute"
+    assert [d.remaining for d in refused.value.decisions] == [0, 3]
+    assert await manager.get_active_count("alice") == 0
+    assert await manager.get_active_count() == 0
+    assert manager.stats()["waiting"] == 0
+    assert (await manager.peek("alice", PER_DAY)).remaining == 3, "nothing consumed"
+    lease = await manager.acquire("bob", rate_limits=[starts])  # bob has his own counter
+    await lease.release()
+
+
+async def test_rate_limits_need_a_user(make_manager):
+    manager = make_manager()
+    with pytest.raises(ValueError, match="pass a user_id with them"):
+        await manager.acquire(None, resources=[Resource(1, "db")], rate_limits=[PER_DAY])
+    with pytest.raises(TypeError, match="must be RateLimit values"):
+        await manager.acquire("alice", rate_limits=["per_minute"])
+    assert manager.stats()["held"] == 0
+
+
+async def test_open_mode_counts_starts_against_a_local_share(own_redis, make_own_redis_manager):
+    manager = make_own_redis_manager(redis_timeout=0.5, failure_mode="open", fallback_workers=2)
+    starts = RateLimit("starts_per_minute", 3, per=60)
+    own_redis.stop()
+    lease = await manager.acquire("alice", rate_limits=[starts])
+    assert [(d.limit, d.remaining) for d in lease.rate_decisions] == [(1, 0)]
+    with pytest.raises(RateLimited):
+        await manager.acquire("alice", rate_limits=[starts])
+    await lease.release()

@@ -15,12 +15,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.concurrency import iterate_in_threadpool
 
 from ._core import LeaseHandle
 from .errors import LeaseLost, StreamLeaseError
+
+if TYPE_CHECKING:
+    from .rates import RateDecision
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
@@ -63,6 +66,12 @@ class Lease:
     def released(self) -> bool:
         """True once :meth:`release` ran (or the manager was closed)."""
         return self._handle.released
+
+    @property
+    def rate_decisions(self) -> list[RateDecision]:
+        """What each of the acquire's ``rate_limits`` said, the start counted (empty without
+        them): for the ``RateLimit`` headers of the response (:func:`rate_limit_headers`)."""
+        return self._handle.rate_decisions
 
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms

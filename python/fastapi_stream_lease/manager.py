@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
-from .errors import ClientDisconnected, RateLimited
+from .errors import ClientDisconnected
 from .lease import Lease
 from .rates import RateDecision, RateLimit
 from .resources import Resource
@@ -105,6 +105,7 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | None = None,
+        rate_limits: Sequence[RateLimit] = (),
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -115,12 +116,19 @@ class StreamLeaseManager:
         over their own cap is refused at once. Pass the ``request`` so that a client that goes
         away while waiting leaves the line at once (:class:`ClientDisconnected`).
 
+        ``rate_limits`` count the start against the user's request-rate policies in the same
+        atomic step: a stream refused a slot consumes no rate, and a start refused for rate
+        (:class:`RateLimited`, 429) takes no slot; ``lease.rate_decisions`` holds what each
+        policy said.
+
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
         pools = [(resource.name, resource.capacity) for resource in resources] or None
-        acquired = self._core.acquire(user_id, weight, max_per_user, wait_timeout, pools)
+        acquired = self._core.acquire(
+            user_id, weight, max_per_user, wait_timeout, pools, rate_limits or None
+        )
         handle = await (acquired if request is None else _unless_disconnected(request, acquired))
         return Lease(handle, cancel_on_lost=self._cancel_on_lost)
 
@@ -134,6 +142,7 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | None = None,
+        rate_limits: Sequence[RateLimit] = (),
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -145,6 +154,7 @@ class StreamLeaseManager:
             wait_timeout=wait_timeout,
             resources=resources,
             request=request,
+            rate_limits=rate_limits,
         )
         async with lease._held():
             yield lease
@@ -155,16 +165,12 @@ class StreamLeaseManager:
         policy consumes from none. Returns each policy's decision, in the order given; raises
         :class:`RateLimited` (429, ``Retry-After``) when one refuses. ``cost`` is how many units
         the request takes (1 by default)."""
-        refused, retry_ms, states = await self._core.hit(identity, policies, cost, True)
-        decisions = _decisions(policies, states)
-        if refused is not None:
-            raise _rate_limited(decisions, refused, retry_ms)
-        return decisions
+        return await self._core.hit(identity, policies, cost, True)
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
         """What ``policy`` has left for ``identity``, without consuming anything."""
-        _, _, states = await self._core.hit(identity, (policy,), 0, False)
-        return _decisions((policy,), states)[0]
+        (decision,) = await self._core.hit(identity, (policy,), 0, False)
+        return decision
 
     async def reset(self, identity: str, *policies: RateLimit) -> None:
         """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
@@ -227,25 +233,3 @@ async def _unless_disconnected(
         if await request.is_disconnected():
             waiting.cancel()
             raise ClientDisconnected("the client went away while waiting in line")
-
-
-def _decisions(
-    policies: Sequence[RateLimit], states: Sequence[tuple[int, int, int]]
-) -> list[RateDecision]:
-    return [
-        RateDecision(policy, limit, remaining, reset_ms / 1000)
-        for policy, (limit, remaining, reset_ms) in zip(policies, states, strict=True)
-    ]
-
-
-def _rate_limited(decisions: list[RateDecision], refused: int, retry_ms: int) -> RateLimited:
-    decision = decisions[refused]
-    policy = decision.policy
-    retry_after = max(1, -(-retry_ms // 1000))
-    return RateLimited(
-        f"rate limit {policy.name!r} reached ({decision.limit} per {policy.per:g} s); "
-        f"retry in {retry_after} s",
-        policy.name,
-        decisions,
-        retry_after,
-    )

@@ -15,6 +15,7 @@ use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, check_resource, Pool};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
+use crate::rate::{Decision, RateCheck};
 use crate::renewal::{LeaseHandle, Leases};
 
 /// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
@@ -27,10 +28,17 @@ pub struct Granted {
     deadline_ms: u64,
     /// Whether the holder's other leases in the tag lived on through this grant.
     holder_was_alive: bool,
+    /// Each rate policy's decision, the start counted.
+    rates: Vec<Decision>,
     leases: Arc<Leases>,
 }
 
 impl Granted {
+    /// What each rate policy said, the start counted (empty without rate limits).
+    pub fn rate_decisions(&self) -> &[Decision] {
+        &self.rates
+    }
+
     /// Holds the lease (the renewal loop keeps it alive from now on).
     pub fn hold(mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
@@ -103,11 +111,12 @@ impl Manager {
             request.weight,
             Store::Main,
         ));
+        let rates = self.rate_check(request.identity.as_deref(), request.rate_limits)?;
         if self.leases.is_closed() {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        let admitted = Arc::clone(self).admit(record, request.wait);
+        let admitted = Arc::clone(self).admit(record, rates, request.wait);
         let disclose = self.config.disclose_usage;
         Ok(async move {
             admitted
@@ -155,7 +164,12 @@ impl Manager {
         Ok(pools)
     }
 
-    async fn admit(self: Arc<Self>, record: Arc<LeaseRecord>, wait: Duration) -> CoreResult<Granted> {
+    async fn admit(
+        self: Arc<Self>,
+        record: Arc<LeaseRecord>,
+        rates: RateCheck,
+        wait: Duration,
+    ) -> CoreResult<Granted> {
         let ttl_ms = self.config.lease_ms();
         let deadline = Instant::now() + wait;
         let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
@@ -195,7 +209,7 @@ impl Manager {
             self.leases.flight_start(&record);
             let outcome = self
                 .stores
-                .call(Store::Main, |main| main.acquire(&record, ttl_ms, in_line))
+                .call(Store::Main, |main| main.acquire(&record, ttl_ms, in_line, &rates))
                 .await;
             cleanup.sent |= !matches!(outcome, Err(CoreError::Unreached(_)));
             let unavailable = match outcome {
@@ -222,7 +236,7 @@ impl Manager {
             };
             if let Some(unavailable) = unavailable {
                 drop(cleanup);
-                return self.admit_locally(&record, unavailable, sent_at).await;
+                return self.admit_locally(&record, &rates, unavailable, sent_at).await;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -251,12 +265,17 @@ impl Manager {
     async fn admit_locally(
         &self,
         record: &LeaseRecord,
+        rates: &RateCheck,
         unavailable: CoreError,
         sent_at: u64,
     ) -> CoreResult<Granted> {
         if self.config.failure_mode == FailureMode::Closed {
             return Err(unavailable);
         }
+        let rates = RateCheck {
+            policies: self.rate_shares(&rates.policies, rates.cost)?,
+            ..rates.clone()
+        };
         let fallback = self.stores.get(Store::Fallback);
         let mut pools = Vec::with_capacity(record.pools.len());
         // Per pool: its share, and the slots this process holds in Redis.
@@ -288,7 +307,9 @@ impl Manager {
             shares.push((share, redis_slots));
         }
         let local = Arc::new(LeaseRecord::new(pools, record.weight, Store::Fallback));
-        let mut outcome = fallback.acquire(&local, self.config.lease_ms(), None).await?;
+        let mut outcome = fallback
+            .acquire(&local, self.config.lease_ms(), None, &rates)
+            .await?;
         if let AcquireOutcome::Rejected(rejection) = &mut outcome {
             // Said in terms of the share, not of what was left of it.
             if let Some(i) = local.pools.iter().position(|p| p.name == rejection.limit) {
@@ -314,12 +335,22 @@ impl Manager {
 
     fn settle(&self, record: Arc<LeaseRecord>, outcome: AcquireOutcome, sent_at: u64) -> CoreResult<Granted> {
         match outcome {
-            AcquireOutcome::Granted { holder_was_alive, .. } => Ok(Granted {
+            AcquireOutcome::Granted {
+                holder_was_alive,
+                rates,
+                ..
+            } => Ok(Granted {
                 record: Some(record),
                 deadline_ms: sent_at + self.config.lease_ms(),
                 holder_was_alive,
+                rates,
                 leases: Arc::clone(&self.leases),
             }),
+            AcquireOutcome::RateLimited(outcome) => {
+                record.mark_released();
+                self.leases.flight_end(&record, false);
+                Err(CoreError::RateLimited(outcome))
+            }
             AcquireOutcome::Rejected(mut rejection) => {
                 record.mark_released();
                 self.leases.flight_end(&record, false);

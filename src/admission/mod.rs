@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace, LineKeys};
 use crate::lease::Store;
+use crate::rate::RatePolicy;
 use crate::renewal::{Counters, Leases};
 
 /// What one acquire asks for; the binding has checked the types.
@@ -36,6 +37,8 @@ pub struct AcquireRequest {
     pub max_per_user: Option<u64>,
     /// How long to wait in line for shared capacity.
     pub wait: Duration,
+    /// Request-rate policies of the user that the start counts against, in the same step.
+    pub rate_limits: Vec<RatePolicy>,
 }
 
 /// Counters for monitoring.

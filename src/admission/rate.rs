@@ -11,11 +11,12 @@ use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::check_identity;
 use crate::lease::Store;
-use crate::rate::{check_hit, Decision, HitOutcome, RatePolicy};
+use crate::rate::{check_hit, Decision, HitOutcome, RateCheck, RatePolicy};
 
 impl Manager {
     /// Checks the hit and returns the call to await: `cost` units from every policy of
-    /// `identity` if all of them allow it, none otherwise (`consume: false` only looks).
+    /// `identity` if all of them allow it, none otherwise and `CoreError::RateLimited`
+    /// (`consume: false` only looks, and never fails for rate).
     pub fn hit(
         self: &Arc<Self>,
         identity: &str,
@@ -33,11 +34,15 @@ impl Manager {
                 .stores
                 .call(Store::Main, |main| main.hit(&keys, &policies, cost, consume))
                 .await;
-            match outcome {
+            let outcome = match outcome {
                 Err(error) if error.is_unavailable() && manager.config.failure_mode == FailureMode::Open => {
                     manager.hit_locally(&keys, &policies, cost, consume).await
                 }
                 other => other,
+            }?;
+            match outcome.refused {
+                Some(_) if consume => Err(CoreError::RateLimited(outcome)),
+                _ => Ok(outcome),
             }
         })
     }
@@ -68,16 +73,32 @@ impl Manager {
             .collect()
     }
 
-    /// While Redis is down (`failure_mode="open"`): the same hit in this process, against its
-    /// share of each limit (rounded down, so the shares add up to at most the limit; a share of
-    /// 0 allows nothing).
-    async fn hit_locally(
+    /// The rate check of a stream's start: one unit from each policy of `identity`.
+    pub(super) fn rate_check(
         &self,
-        keys: &[String],
-        policies: &[RatePolicy],
-        cost: u64,
-        consume: bool,
-    ) -> CoreResult<HitOutcome> {
+        identity: Option<&str>,
+        policies: Vec<RatePolicy>,
+    ) -> CoreResult<RateCheck> {
+        if policies.is_empty() {
+            return Ok(RateCheck::default());
+        }
+        let Some(identity) = identity else {
+            return Err(CoreError::InvalidInput(
+                "rate_limits count a user's starts: pass a user_id with them".into(),
+            ));
+        };
+        check_hit(&policies, 1).map_err(CoreError::InvalidInput)?;
+        Ok(RateCheck {
+            keys: self.rate_keys(identity, &policies),
+            policies,
+            cost: 1,
+        })
+    }
+
+    /// While Redis is down (`failure_mode="open"`): this process's share of each policy
+    /// (rounded down, so the shares add up to at most the limit); a share too small for `cost`
+    /// refuses (a share of 0 allows nothing).
+    pub(super) fn rate_shares(&self, policies: &[RatePolicy], cost: u64) -> CoreResult<Vec<RatePolicy>> {
         let shares: Vec<RatePolicy> = policies
             .iter()
             .map(|policy| RatePolicy {
@@ -85,20 +106,32 @@ impl Manager {
                 ..policy.clone()
             })
             .collect();
-        if let Some(empty) = shares.iter().position(|share| share.limit < cost.max(1)) {
-            let decisions = shares
-                .into_iter()
-                .map(|policy| Decision {
-                    remaining: policy.limit,
-                    policy,
-                    reset_ms: 0,
-                })
-                .collect();
-            return Ok(HitOutcome {
-                decisions,
+        match shares.iter().position(|share| share.limit < cost.max(1)) {
+            None => Ok(shares),
+            Some(empty) => Err(CoreError::RateLimited(HitOutcome {
+                decisions: shares
+                    .into_iter()
+                    .map(|policy| Decision {
+                        remaining: policy.limit,
+                        policy,
+                        reset_ms: 0,
+                    })
+                    .collect(),
                 refused: Some((empty, self.config.retry_after_ms())),
-            });
+            })),
         }
+    }
+
+    /// While Redis is down (`failure_mode="open"`): the same hit in this process, against its
+    /// share of each limit.
+    async fn hit_locally(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        consume: bool,
+    ) -> CoreResult<HitOutcome> {
+        let shares = self.rate_shares(policies, cost)?;
         let fallback = self.stores.get(Store::Fallback);
         fallback.hit(keys, &shares, cost, consume).await
     }

@@ -13,7 +13,7 @@ use crate::breaker::{Breaker, Permit};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::{HitOutcome, RatePolicy};
+use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy};
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
@@ -51,8 +51,12 @@ pub enum AcquireOutcome {
         /// Whether the holder's entry was live when the lease was added: its other leases in the
         /// tag lived on (false: it had expired or vanished, and they may have been reaped).
         holder_was_alive: bool,
+        /// Each rate policy's decision, the start counted.
+        rates: Vec<Decision>,
     },
     Rejected(Rejection),
+    /// A rate policy refused the start (nothing was taken anywhere).
+    RateLimited(HitOutcome),
     /// The caller is in line with this ticket (lower is earlier): try again when woken.
     Wait(u64),
 }
@@ -136,16 +140,17 @@ impl Backend {
         }
     }
 
-    /// Takes `weight` slots in every pool, all or nothing.
+    /// Takes `weight` slots in every pool and the start from every rate policy, all or nothing.
     pub async fn acquire(
         &self,
         lease: &LeaseRecord,
         ttl_ms: u64,
         in_line: Option<InLine<'_>>,
+        rates: &RateCheck,
     ) -> CoreResult<AcquireOutcome> {
         match self {
-            Backend::Memory(m) => Ok(m.acquire(lease, in_line)),
-            Backend::Redis(r) => r.acquire(lease, ttl_ms, in_line).await,
+            Backend::Memory(m) => Ok(m.acquire(lease, in_line, rates)),
+            Backend::Redis(r) => r.acquire(lease, ttl_ms, in_line, rates).await,
         }
     }
 

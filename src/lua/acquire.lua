@@ -1,4 +1,6 @@
--- Acquire one lease in every pool at once, all or nothing, first come first served.
+-- Acquire one lease in every pool at once, all or nothing, first come first served, and count
+-- its start against the caller's rate policies in the same step: a start refused for rate takes
+-- no slot, a stream refused for a slot consumes no rate.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
@@ -6,27 +8,34 @@
 -- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line (sorted set: waiter id by
 -- ticket), the liveness of the processes that have waiters (sorted set: holder id by expiry in
 -- ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket counter.
+-- The keys left after those: the caller's rate counters (see hit.lua).
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
 -- process in ms (its heartbeat extends it);
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
--- (0 or 1); ARGV[9]: holder id; ARGV[9 + i]: capacity of KEYS[i] (0 = unlimited).
--- Returns {GRANTED, alive, used_1, ..., used_n} (alive: 1 if the holder's entry was live when
--- the lease was added, so the holder's other leases in the tag lived on; used: slots in use after
--- the grant; also when a retried call finds the lease already granted); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses;
--- {WAIT, ticket} when the caller is in line and should wait (ticket: its place, lower is
--- earlier). The codes are the prelude's.
+-- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[10 + i]: capacity of
+-- KEYS[i] (0 = unlimited); ARGV[11 + n]: units a start takes from each rate policy; then per
+-- rate policy: algorithm, limit, window in ms (as in hit.lua).
+-- Returns {GRANTED, alive, used_1, ..., used_n, remaining_1, reset_ms_1, ...} (alive: 1 if the
+-- holder's entry was live when the lease was added, so the holder's other leases in the tag
+-- lived on; used: slots in use after the grant; then each rate policy's remaining units and
+-- reset, as hit.lua answers; also when a retried call finds the lease already granted);
+-- {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i, retry_ms, remaining_1,
+-- reset_ms_1, ...} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
+-- should wait (ticket: its place, lower is earlier). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
 local waiter = ARGV[4]
 local queued = ARGV[6] == '1'
-local pools = queued and #KEYS - 4 or #KEYS - 1
+local pools = tonumber(ARGV[10])
 local holders = KEYS[pools + 1]
 local own = tonumber(ARGV[8])
 local holder = holder_name(ARGV[9])
 local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
+local first_rate = pools + (queued and 5 or 2)
+local rate_cost = tonumber(ARGV[11 + pools])
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
@@ -38,6 +47,7 @@ local function already_granted()
   for i = 1, pools do
     granted[i + 2] = redis.call('ZCARD', KEYS[i])
   end
+  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, 12 + pools, 0)), 0, false)
   return granted
 end
 
@@ -87,7 +97,7 @@ end
 local function check_pools(ticket)
   local used = {}
   for i = 1, pools do
-    local capacity = tonumber(ARGV[9 + i])
+    local capacity = tonumber(ARGV[10 + i])
     used[i] = used_slots(KEYS[i], holders, weight, capacity)
     if capacity > 0 and used[i] + weight > capacity then
       if i <= own or waiter == '' then
@@ -100,8 +110,9 @@ local function check_pools(ticket)
   return used, nil
 end
 
--- Adds the lease's members to every pool for this holder.
-local function grant(used)
+-- Adds the lease's members to every pool for this holder, and takes the start from every rate
+-- policy.
+local function grant(used, rates)
   local was_alive = hold(holders, holder, ttl)
   local granted = {GRANTED, was_alive and 1 or 0}
   for i = 1, pools do
@@ -112,6 +123,7 @@ local function grant(used)
   if not was_alive then
     refresh(holders, holder) -- its keys may be new
   end
+  answer_rates(granted, rates, rate_cost, true)
   return granted
 end
 
@@ -124,6 +136,19 @@ if waiter ~= '' then
   if granted then
     return granted
   end
+end
+
+-- Over a rate limit: refused before taking a place in line or a slot.
+local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, 12 + pools, rate_cost)
+if rate_refused > 0 then
+  local granted = waiter == '' and already_granted()
+  if granted then
+    return granted
+  end
+  leave_line()
+  local refused = {RATE_LIMITED, rate_refused, rate_retry}
+  answer_rates(refused, rates, rate_cost, false)
+  return refused
 end
 
 local ahead, ticket = 0, 0
@@ -149,7 +174,7 @@ if ahead > 0 then
   return {WAIT, ticket}
 end
 
-local granted = grant(used)
+local granted = grant(used, rates)
 if queued and waiter ~= '' then
   leave_line()
   if redis.call('ZCARD', line) > 0 then

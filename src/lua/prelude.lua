@@ -25,7 +25,7 @@ local REAP_BUDGET = 1000
 local REAP_POOLS = 200
 local reap_left = REAP_BUDGET
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
-local REFUSED, GRANTED, WAIT = 0, 1, 2
+local REFUSED, GRANTED, WAIT, RATE_LIMITED = 0, 1, 2, 3
 
 -- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
 -- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would
@@ -220,4 +220,121 @@ local function recount(holders, holder)
   end
   redis.call('SET', members_key(holders, holder), count, 'PX', IDLE_MS)
   return count
+end
+
+-- Rate policies (hit.lua, acquire.lua; docs/design.md, "Rate limits"): a window of SLICES
+-- slices, each counted whole while it overlaps the last window.
+local SLICES = 10
+
+-- A sliding window's slices in use, oldest first, as {start, units}; stale ones are dropped.
+local function slices_in_use(key, slice, window)
+  local oldest = math.floor((now - window) / slice)
+  local fields = redis.call('HGETALL', key)
+  local live, stale = {}, {}
+  for i = 1, #fields, 2 do
+    local at = tonumber(fields[i])
+    if at < oldest then
+      stale[#stale + 1] = fields[i]
+    else
+      live[#live + 1] = {at, tonumber(fields[i + 1])}
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', key, unpack(stale))
+  end
+  table.sort(live, function(a, b) return a[1] < b[1] end)
+  return live
+end
+
+-- ms from now until `units` of the slices in use have left the window.
+local function freed_after(live, units, slice, window)
+  local freed = 0
+  for _, entry in ipairs(live) do
+    freed = freed + entry[2]
+    if freed >= units then
+      return (entry[1] + 1) * slice + window - now
+    end
+  end
+  return 0
+end
+
+-- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
+-- take units or repair a missing expiry (see hit.lua for the two algorithms).
+local function look_rate(key, algorithm, window)
+  if algorithm == 's' then
+    local slice = math.floor(window / SLICES)
+    local live = slices_in_use(key, slice, window)
+    local used = 0
+    for _, entry in ipairs(live) do
+      used = used + entry[2]
+    end
+    return {
+      used = used,
+      wait = function(excess) return freed_after(live, excess, slice, window) end,
+      reset = function(units)
+        if units == 0 then return 0 end
+        if #live == 0 then return slice + window - (now - math.floor(now / slice) * slice) end
+        return freed_after(live, 1, slice, window)
+      end,
+      take = function(cost)
+        redis.call('HINCRBY', key, math.floor(now / slice), cost)
+        redis.call('PEXPIRE', key, window + slice)
+      end,
+      repair = function()
+        if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, window + slice) end
+      end,
+    }
+  end
+  local used = tonumber(redis.call('GET', key) or 0)
+  local left = redis.call('PTTL', key)
+  if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
+    redis.call('PEXPIRE', key, window)
+    left = window
+  end
+  return {
+    used = used,
+    wait = function() return left > 0 and left or window end,
+    reset = function(units)
+      if units == 0 then return 0 end
+      return left > 0 and left or window
+    end,
+    take = function(cost)
+      redis.call('INCRBY', key, cost)
+      if left <= 0 then redis.call('PEXPIRE', key, window) end
+    end,
+    repair = function() end,
+  }
+end
+
+-- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window) are
+-- args[a0..]: their states, the 1-based index of the first that cannot take `cost` more (0:
+-- none) and when it could.
+local function look_rates(keys, k0, args, a0, cost)
+  local states, refused, retry = {}, 0, 0
+  for i = k0, #keys do
+    local at = a0 + (i - k0) * 3
+    local state = look_rate(keys[i], args[at], tonumber(args[at + 2]))
+    state.limit = tonumber(args[at + 1])
+    states[#states + 1] = state
+    if refused == 0 and state.used + cost > state.limit then
+      refused, retry = #states, state.wait(state.used + cost - state.limit)
+    end
+  end
+  return states, refused, retry
+end
+
+-- Takes `cost` from every policy (when `take`) and appends each one's remaining units and
+-- reset (ms) to `reply`.
+local function answer_rates(reply, states, cost, take)
+  for _, state in ipairs(states) do
+    local used = state.used
+    if take then
+      state.take(cost)
+      used = used + cost
+    else
+      state.repair()
+    end
+    reply[#reply + 1] = math.max(state.limit - used, 0)
+    reply[#reply + 1] = state.reset(used)
+  end
 end

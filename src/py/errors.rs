@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
+use super::rate;
 use crate::errors::{retry_after_seconds, CoreError};
 
 impl From<CoreError> for PyErr {
@@ -20,6 +21,16 @@ impl From<CoreError> for PyErr {
                         r.usage_shown.then_some(r.capacity),
                         r.usage_shown.then_some(r.current),
                         retry_after_seconds(r.retry_after_ms),
+                    ))
+                }),
+                CoreError::RateLimited(outcome) => class("RateLimited").and_then(|cls| {
+                    let (index, retry_ms) = outcome.refused.unwrap_or_default();
+                    let policy = outcome.decisions.get(index).map_or("", |d| &*d.policy.name);
+                    cls.call1((
+                        error.to_string(),
+                        policy,
+                        rate::decisions(py, &outcome.decisions)?,
+                        retry_after_seconds(retry_ms),
                     ))
                 }),
                 CoreError::Unavailable(m) | CoreError::Unreached(m) => {

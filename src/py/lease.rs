@@ -2,9 +2,10 @@
 //! `wrap()` and the lost watch. Dropped without a release, it frees its slot.
 
 use pyo3::prelude::*;
-use pyo3::types::PyBool;
+use pyo3::types::{PyBool, PyList};
 
-use super::bridge;
+use super::{bridge, rate};
+use crate::rate::Decision;
 use crate::renewal::LeaseHandle as CoreHandle;
 
 /// A slot held in every pool of one acquire, renewed by the manager until released.
@@ -13,11 +14,17 @@ pub struct LeaseHandle {
     handle: CoreHandle,
     /// Embedded leases are released at once: their awaitables are settled on the spot.
     embedded: bool,
+    /// What the acquire's rate policies said, the start counted.
+    rates: Vec<Decision>,
 }
 
 impl LeaseHandle {
-    pub fn new(handle: CoreHandle, embedded: bool) -> Self {
-        LeaseHandle { handle, embedded }
+    pub fn new(handle: CoreHandle, embedded: bool, rates: Vec<Decision>) -> Self {
+        LeaseHandle {
+            handle,
+            embedded,
+            rates,
+        }
     }
 }
 
@@ -33,6 +40,12 @@ impl LeaseHandle {
     #[getter]
     fn weight(&self) -> u32 {
         self.handle.record().weight
+    }
+
+    /// What each rate policy of the acquire said (`RateDecision`s), the start counted.
+    #[getter]
+    fn rate_decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        rate::decisions(py, &self.rates)
     }
 
     /// True once renewal found the lease gone from the store.

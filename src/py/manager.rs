@@ -75,7 +75,8 @@ impl Manager {
         self.core.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
@@ -84,6 +85,7 @@ impl Manager {
         max_per_user: Option<&Bound<'py, PyAny>>,
         wait_timeout: Option<&Bound<'py, PyAny>>,
         resources: Option<&Bound<'py, PyAny>>,
+        rate_limits: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = AcquireRequest {
             identity: args::identity(user_id)?,
@@ -91,6 +93,10 @@ impl Manager {
             weight: args::weight(weight, MAX_WEIGHT)?,
             max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
             wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),
+            rate_limits: args::given(rate_limits)
+                .map(rate::policies)
+                .transpose()?
+                .unwrap_or_default(),
         };
         if request.identity.is_none() && request.resources.is_empty() {
             return Err(PyTypeError::new_err(
@@ -105,8 +111,9 @@ impl Manager {
             // Held only once delivered on the loop thread, so a result nobody receives (loop
             // gone, future cancelled) is released, not kept alive.
             Ok(Box::new(move |py: Python<'_>| {
+                let rates = granted.rate_decisions().to_vec();
                 let handle = granted.hold()?;
-                Ok(Py::new(py, LeaseHandle::new(handle, embedded))?.into_any())
+                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates))?.into_any())
             }) as Delivery)
         };
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
@@ -118,10 +125,9 @@ impl Manager {
         }
     }
 
-    /// One hit of `cost` against every policy of `user_id`, all or nothing (`consume=False`
-    /// only looks). Resolves to `(refused, retry_after_ms, [(limit, remaining, reset_ms), ...])`,
-    /// `refused` being the index of the first policy that refused, or None; `limit` is this
-    /// process's share of it while Redis is down under `failure_mode="open"`.
+    /// One hit of `cost` against every policy of `user_id`, all or nothing; resolves to each
+    /// policy's `RateDecision`, or raises `RateLimited` (`consume=False` only looks, and never
+    /// raises for rate).
     #[pyo3(signature = (user_id, policies, cost, consume))]
     fn hit<'py>(
         &self,
@@ -138,16 +144,7 @@ impl Manager {
         let op = async move {
             let outcome = hit.await?;
             Ok(Box::new(move |py: Python<'_>| {
-                let decisions: Vec<(u64, u64, u64)> = outcome
-                    .decisions
-                    .iter()
-                    .map(|d| (d.policy.limit, d.remaining, d.reset_ms))
-                    .collect();
-                let (refused, retry_ms) = outcome.refused.map_or((None, 0), |(i, ms)| (Some(i), ms));
-                Ok((refused, retry_ms, decisions)
-                    .into_pyobject(py)?
-                    .into_any()
-                    .unbind())
+                Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind())
             }) as Delivery)
         };
         bridge::submit(py, op, self.core.is_embedded(), true)

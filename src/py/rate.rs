@@ -2,10 +2,11 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyList, PyString};
 
 use super::args::{self, type_name};
-use crate::rate::{Algorithm, RatePolicy, MAX_LIMIT};
+use crate::rate::{Algorithm, Decision, RatePolicy, MAX_LIMIT};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
@@ -104,4 +105,30 @@ pub fn policies(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
             }
         })
         .collect()
+}
+
+/// The decisions as `fastapi_stream_lease.rates.RateDecision` values (the class lives in
+/// Python, a frozen dataclass; it is looked up once).
+pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound<'py, PyList>> {
+    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let class = CLASS.get_or_try_init(py, || {
+        py.import("fastapi_stream_lease.rates")?
+            .getattr("RateDecision")
+            .map(Bound::unbind)
+    })?;
+    let items = decisions
+        .iter()
+        .map(|d| {
+            let policy = Py::new(
+                py,
+                RateLimit {
+                    policy: d.policy.clone(),
+                },
+            )?;
+            class
+                .bind(py)
+                .call1((policy, d.policy.limit, d.remaining, d.reset_ms as f64 / 1000.0))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
 }

@@ -14,7 +14,7 @@ use crate::errors::Rejection;
 use crate::fifo::Fifo;
 use crate::keys::{Pool, PoolRole};
 use crate::lease::LeaseRecord;
-use crate::rate::{HitOutcome, RatePolicy};
+use crate::rate::{HitOutcome, RateCheck, RatePolicy};
 
 #[derive(Default)]
 struct MemoryPool {
@@ -82,13 +82,28 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The same decisions as `acquire.lua`: the caller's own quota refuses at once, shared pools
-    /// make a waiter wait, and nobody passes an earlier waiter.
-    pub fn acquire(&self, lease: &LeaseRecord, in_line: Option<InLine<'_>>) -> AcquireOutcome {
+    /// The same decisions as `acquire.lua`: a start over a rate limit is refused first, the
+    /// caller's own quota refuses at once, shared pools make a waiter wait, and nobody passes an
+    /// earlier waiter.
+    pub fn acquire(
+        &self,
+        lease: &LeaseRecord,
+        in_line: Option<InLine<'_>>,
+        rates: &RateCheck,
+    ) -> AcquireOutcome {
         let weight = u64::from(lease.weight);
         let mut state = self.state();
         let State { pools: store, line } = &mut *state;
         let waiter = in_line.and_then(|l| l.waiter);
+        // Locked after the state, as everywhere: both decide together.
+        let mut counters = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+        let looked = counters.hit(&rates.keys, &rates.policies, rates.cost, false);
+        if looked.refused.is_some() {
+            if let Some(waiter) = waiter {
+                line.leave(&waiter.id);
+            }
+            return AcquireOutcome::RateLimited(looked);
+        }
         let (ahead, ticket) = match (in_line, waiter) {
             (Some(_), Some(waiter)) => line.enter(waiter),
             (Some(_), None) => (line.order.len(), 0),
@@ -133,6 +148,9 @@ impl MemoryBackend {
         AcquireOutcome::Granted {
             used: used.iter().map(|used| used + weight).collect(),
             holder_was_alive: true, // nothing here expires
+            rates: counters
+                .hit(&rates.keys, &rates.policies, rates.cost, true)
+                .decisions,
         }
     }
 
@@ -211,10 +229,17 @@ mod tests {
         let granted = |used: Vec<u64>| AcquireOutcome::Granted {
             used,
             holder_was_alive: true,
+            rates: Vec::new(),
         };
-        assert_eq!(store.acquire(&lease_in(&p, 1), None), granted(vec![1, 1]));
-        assert_eq!(store.acquire(&lease_in(&p, 1), None), granted(vec![2, 2]));
-        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), None) else {
+        assert_eq!(
+            store.acquire(&lease_in(&p, 1), None, &RateCheck::default()),
+            granted(vec![1, 1])
+        );
+        assert_eq!(
+            store.acquire(&lease_in(&p, 1), None, &RateCheck::default()),
+            granted(vec![2, 2])
+        );
+        let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), None, &RateCheck::default()) else {
             panic!("a third lease must be refused")
         };
         assert_eq!((&*r.limit, r.capacity, r.current), ("per_user", 2, 2));
@@ -226,7 +251,7 @@ mod tests {
             pool("global", "g", 2, PoolRole::Shared),
         ];
         assert!(matches!(
-            store.acquire(&lease_in(&other, 1), None),
+            store.acquire(&lease_in(&other, 1), None, &RateCheck::default()),
             AcquireOutcome::Rejected(_)
         ));
         assert!(!store.state().pools.contains_key("u2"));
@@ -237,11 +262,11 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(5, 4);
         assert!(matches!(
-            store.acquire(&lease_in(&p, 3), None),
+            store.acquire(&lease_in(&p, 3), None, &RateCheck::default()),
             AcquireOutcome::Granted { .. }
         ));
         assert!(matches!(
-            store.acquire(&lease_in(&p, 2), None),
+            store.acquire(&lease_in(&p, 2), None, &RateCheck::default()),
             AcquireOutcome::Rejected(_)
         ));
         assert_eq!(store.count("u"), 3);
@@ -252,7 +277,7 @@ mod tests {
         let store = MemoryBackend::default();
         let held = lease_in(&pools(0, 0), 2);
         assert!(matches!(
-            store.acquire(&held, None),
+            store.acquire(&held, None, &RateCheck::default()),
             AcquireOutcome::Granted { .. }
         ));
         assert_eq!(store.release(std::slice::from_ref(&held)), 1);

@@ -20,7 +20,7 @@ use super::{AcquireOutcome, InLine};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Decision, HitOutcome, RatePolicy};
+use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -29,6 +29,7 @@ const HOLDER_IDS: u64 = 1 << 48;
 const REFUSED: u64 = 0;
 const GRANTED: u64 = 1;
 const WAIT: u64 = 2;
+const RATE_LIMITED: u64 = 3;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -66,6 +67,7 @@ impl RedisBackend {
         lease: &LeaseRecord,
         ttl_ms: u64,
         in_line: Option<InLine<'_>>,
+        rates: &RateCheck,
     ) -> CoreResult<AcquireOutcome> {
         let pools = &lease.pools;
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
@@ -83,7 +85,8 @@ impl RedisBackend {
             .arg(u8::from(in_line.is_some()))
             .arg(in_line.map_or("", |l| l.line.channel.as_str()))
             .arg(lease.own_pools)
-            .arg(self.holder);
+            .arg(self.holder)
+            .arg(pools.len());
         if let Some(in_line) = in_line {
             line_keys(&mut invocation, in_line.line);
             invocation.key(&in_line.line.tickets);
@@ -91,13 +94,26 @@ impl RedisBackend {
         for pool in pools {
             invocation.arg(pool.capacity);
         }
+        invocation.key(&rates.keys).arg(rates.cost);
+        rate_args(&mut invocation, &rates.policies);
         let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let n = pools.len();
         match reply.as_slice() {
-            [GRANTED, alive @ (0 | 1), used @ ..] if used.len() == pools.len() => {
+            [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 2 * rates.policies.len() => {
                 Ok(AcquireOutcome::Granted {
-                    used: used.to_vec(),
+                    used: rest[..n].to_vec(),
                     holder_was_alive: *alive == 1,
+                    rates: decisions(&rates.policies, &rest[n..]),
                 })
+            }
+            [RATE_LIMITED, index, retry_ms, states @ ..]
+                if states.len() == 2 * rates.policies.len()
+                    && (1..=rates.policies.len() as u64).contains(index) =>
+            {
+                Ok(AcquireOutcome::RateLimited(HitOutcome {
+                    decisions: decisions(&rates.policies, states),
+                    refused: Some((*index as usize - 1, *retry_ms)),
+                }))
             }
             [WAIT, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
             [REFUSED, index, current, retry_after_ms] => {
@@ -165,12 +181,7 @@ impl RedisBackend {
     ) -> CoreResult<HitOutcome> {
         let mut invocation = scripts::HIT.prepare_invoke();
         invocation.key(keys).arg(cost).arg(u8::from(consume));
-        for policy in policies {
-            invocation
-                .arg(policy.algorithm.code())
-                .arg(policy.limit)
-                .arg(policy.window_ms);
-        }
+        rate_args(&mut invocation, policies);
         let reply: Vec<u64> = self.link.run(&invocation).await?;
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
@@ -179,15 +190,7 @@ impl RedisBackend {
             return Err(unexpected_reply("hit", &reply));
         }
         Ok(HitOutcome {
-            decisions: policies
-                .iter()
-                .zip(per_policy.chunks(2))
-                .map(|(policy, pair)| Decision {
-                    policy: policy.clone(),
-                    remaining: pair[0],
-                    reset_ms: pair[1],
-                })
-                .collect(),
+            decisions: decisions(policies, per_policy),
             refused: (*refused > 0).then(|| (*refused as usize - 1, *retry_ms)),
         })
     }
@@ -206,6 +209,29 @@ impl RedisBackend {
             .arg(ttl_ms);
         self.link.run(&invocation).await
     }
+}
+
+/// Each rate policy as the scripts take it: algorithm, limit, window in ms.
+fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy]) {
+    for policy in policies {
+        invocation
+            .arg(policy.algorithm.code())
+            .arg(policy.limit)
+            .arg(policy.window_ms);
+    }
+}
+
+/// The policies' decisions from a reply's (remaining, reset_ms) pairs.
+fn decisions(policies: &[RatePolicy], pairs: &[u64]) -> Vec<Decision> {
+    policies
+        .iter()
+        .zip(pairs.chunks(2))
+        .map(|(policy, pair)| Decision {
+            policy: policy.clone(),
+            remaining: pair[0],
+            reset_ms: pair[1],
+        })
+        .collect()
 }
 
 /// The line's keys in the order every script takes them: the line, then the liveness of the
