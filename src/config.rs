@@ -45,6 +45,8 @@ pub struct Config {
     /// Whether a refusal by a shared pool (global, a resource) tells the client its capacity and
     /// usage (the body, the RateLimit headers). The user's own quota is always told.
     pub disclose_usage: bool,
+    /// Reverse proxies whose forwarding headers are believed (for the client's IP address).
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Config {

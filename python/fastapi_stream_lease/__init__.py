@@ -3,6 +3,7 @@ streams, WebSockets) in FastAPI and Starlette, with a Rust core.
 """
 
 from ._core import LeaseConfig, __version__
+from .client_ip import client_ip
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -20,11 +21,13 @@ from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .rates import RateDecision, RateLimit, rate_limit_headers
 from .resources import Resource
+from .web import GuardedWebSocket, RateLimitHeaders, RateLimitMiddleware
 
 __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ClientDisconnected",
+    "GuardedWebSocket",
     "Lease",
     "LeaseConfig",
     "LeaseLost",
@@ -33,6 +36,8 @@ __all__ = [
     "ManagerClosed",
     "RateDecision",
     "RateLimit",
+    "RateLimitHeaders",
+    "RateLimitMiddleware",
     "RateLimited",
     "Resource",
     "StreamLeaseError",
@@ -40,6 +45,7 @@ __all__ = [
     "StreamLeaseRejected",
     "StreamLeaseWarning",
     "__version__",
+    "client_ip",
     "install_exception_handler",
     "rate_limit_headers",
     "stream_lease_exception_handler",

@@ -5,7 +5,15 @@ from typing import final
 
 from .rates import RateDecision
 
-__all__ = ["LeaseConfig", "LeaseHandle", "LoopBridge", "Manager", "RateLimit", "__version__"]
+__all__ = [
+    "LeaseConfig",
+    "LeaseHandle",
+    "LoopBridge",
+    "Manager",
+    "RateLimit",
+    "__version__",
+    "check_rate_limits",
+]
 __version__: str
 
 @final
@@ -38,6 +46,8 @@ class LeaseConfig:
     def fallback_workers(self) -> int: ...
     @property
     def disclose_usage(self) -> bool: ...
+    @property
+    def trusted_proxies(self) -> list[str]: ...
     def __new__(
         cls,
         lease_seconds: float | None = None,
@@ -55,6 +65,7 @@ class LeaseConfig:
         fallback_workers: int | None = None,
         identity_secret: str | bytes | None = None,
         disclose_usage: bool = True,
+        trusted_proxies: Iterable[str] | None = None,
     ) -> LeaseConfig: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...
@@ -123,3 +134,6 @@ class RateLimit:
     def algorithm(self) -> str: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+
+def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
+    """Checks the policies of a hit of ``cost`` as every hit does."""

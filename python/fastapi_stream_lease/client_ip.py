@@ -18,7 +18,9 @@ def trusted_networks(proxies: Iterable[str | Network]) -> tuple[Network, ...]:
     """``["10.0.0.0/8", "127.0.0.1"]`` as networks; an entry that is not one is a ValueError
     that names it (so a typo fails at start-up, not per request)."""
     if isinstance(proxies, str):
-        raise TypeError("trusted_proxies must be a list of networks, e.g. ['10.0.0.0/8'], not a str")
+        raise TypeError(
+            "trusted_proxies must be a list of networks, e.g. ['10.0.0.0/8'], not a str"
+        )
     networks = []
     for entry in proxies:
         try:

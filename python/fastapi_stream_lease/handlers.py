@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import StreamLeaseError
+from .web import RateLimitHeaders
 
 
 async def stream_lease_exception_handler(request: Request, exc: Exception) -> Response:
@@ -17,6 +18,10 @@ async def stream_lease_exception_handler(request: Request, exc: Exception) -> Re
     return exc.as_response()
 
 
-def install_exception_handler(app: Any) -> None:
-    """One line for a whole app: 429/503 with ``Retry-After`` for every library error."""
+def install_exception_handler(app: Any, *, legacy_rate_limit_headers: bool = False) -> None:
+    """One line for a whole app: 429/503 with ``Retry-After`` for every library error, and
+    :class:`RateLimitHeaders` so the rate-limit headers of every hit reach the response, a
+    stream included (call it before the app starts). ``legacy_rate_limit_headers=True`` adds
+    the ``X-RateLimit-*`` headers some clients expect."""
     app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)
+    app.add_middleware(RateLimitHeaders, legacy=legacy_rate_limit_headers)

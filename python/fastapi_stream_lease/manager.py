@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
@@ -11,13 +11,23 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
-from .errors import ClientDisconnected
+from .client_ip import Network, trusted_networks
+from .errors import ClientDisconnected, RateLimited
 from .lease import Lease
 from .rates import RateDecision, RateLimit
 from .resources import Resource
+from .web import (
+    GuardedWebSocket,
+    KeyFunction,
+    guard_websocket,
+    rate_limit_decorator,
+    rate_limit_dependency,
+    remember,
+)
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+    from starlette.websockets import WebSocket
 
 # How often a waiting request checks that its client is still there (no Redis involved).
 DISCONNECT_CHECK_SECONDS = 0.2
@@ -85,11 +95,18 @@ class StreamLeaseManager:
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
         self._core = _core.Manager(url, config, tls_ca_file)
         self._cancel_on_lost = config.on_lost == "cancel"
+        self._trusted_proxies = trusted_networks(config.trusted_proxies)
 
     @property
     def config(self) -> LeaseConfig:
         """The limits and timings in force."""
         return self._core.config
+
+    @property
+    def trusted_proxies(self) -> tuple[Network, ...]:
+        """``LeaseConfig.trusted_proxies`` as networks: the proxies whose forwarding headers
+        :func:`client_ip` believes when a rate limit counts per client address."""
+        return self._trusted_proxies
 
     @property
     def backend(self) -> str:
@@ -129,7 +146,14 @@ class StreamLeaseManager:
         acquired = self._core.acquire(
             user_id, weight, max_per_user, wait_timeout, pools, rate_limits or None
         )
-        handle = await (acquired if request is None else _unless_disconnected(request, acquired))
+        if request is None:
+            return Lease(await acquired, cancel_on_lost=self._cancel_on_lost)
+        try:
+            handle = await _unless_disconnected(request, acquired)
+        except RateLimited as refused:
+            remember(request.scope, refused.decisions)
+            raise
+        remember(request.scope, handle.rate_decisions)  # for RateLimitHeaders
         return Lease(handle, cancel_on_lost=self._cancel_on_lost)
 
     @asynccontextmanager
@@ -175,6 +199,38 @@ class StreamLeaseManager:
     async def reset(self, identity: str, *policies: RateLimit) -> None:
         """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
         await self._core.forget_rates(identity, policies)
+
+    def rate_limit(
+        self, *policies: RateLimit, key: KeyFunction | None = None, cost: int = 1
+    ) -> Callable[[Request], Awaitable[list[RateDecision]]]:
+        """A FastAPI dependency: ``Depends(manager.rate_limit(per_minute, per_day))`` counts
+        each request against the policies (all or nothing) and answers 429 when one refuses
+        (through :func:`install_exception_handler`). ``key`` maps the request (sync or async)
+        to the identity to count, e.g. the authenticated user; left out, the client's IP
+        address (:func:`client_ip` with ``LeaseConfig.trusted_proxies``). The headers reach the
+        response, a ``StreamingResponse`` included, through :class:`RateLimitHeaders`."""
+        return rate_limit_dependency(self, policies, key, cost)
+
+    def rate_limited(
+        self, *policies: RateLimit, key: KeyFunction | None = None, cost: int = 1
+    ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+        """The route decorator form of :meth:`rate_limit` (put it below ``@app.get``); the
+        endpoint needs no ``Request`` parameter, FastAPI still sees its signature."""
+        return rate_limit_decorator(self, policies, key, cost)
+
+    async def guard_websocket(
+        self,
+        websocket: WebSocket,
+        *,
+        connects: Sequence[RateLimit] = (),
+        messages: Sequence[RateLimit] = (),
+        key: KeyFunction | None = None,
+    ) -> GuardedWebSocket:
+        """Call before ``accept()``: counts the connect against ``connects``; returns the socket
+        wrapped so that each inbound message counts against ``messages``. A refusal closes the
+        socket with 1008 (before the handshake completes, clients see HTTP 403) and raises
+        ``WebSocketDisconnect``, so the endpoint ends as when a client leaves."""
+        return await guard_websocket(self, websocket, connects, messages, key)
 
     async def get_active_count(self, user_id: str | None = None) -> int:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""

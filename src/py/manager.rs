@@ -94,7 +94,7 @@ impl Manager {
             max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
             wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),
             rate_limits: args::given(rate_limits)
-                .map(rate::policies)
+                .map(rate::policies_of)
                 .transpose()?
                 .unwrap_or_default(),
         };
@@ -138,7 +138,7 @@ impl Manager {
         consume: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
-        let policies = rate::policies(policies)?;
+        let policies = rate::policies_of(policies)?;
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
         let hit = self.core.hit(&identity, policies, cost, consume)?;
         let op = async move {
@@ -158,7 +158,7 @@ impl Manager {
         policies: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
-        let forgotten = self.core.forget_rates(&identity, rate::policies(policies)?)?;
+        let forgotten = self.core.forget_rates(&identity, rate::policies_of(policies)?)?;
         let op = async move {
             forgotten.await?;
             Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Delivery)

@@ -6,7 +6,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString};
 
 use super::args::{self, type_name};
-use crate::rate::{Algorithm, Decision, RatePolicy, MAX_LIMIT};
+use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, MAX_LIMIT};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
@@ -90,8 +90,16 @@ impl RateLimit {
     }
 }
 
+/// Checks the policies of a hit of `cost` as every hit does (at least one, each named once,
+/// each able to allow the cost), so that route forms fail at start-up, not per request.
+#[pyfunction]
+pub fn check_rate_limits(policies: &Bound<'_, PyAny>, cost: &Bound<'_, PyAny>) -> PyResult<()> {
+    let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
+    check_hit(&policies_of(policies)?, cost).map_err(args::invalid)
+}
+
 /// The policies of one call, each a `RateLimit`.
-pub fn policies(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
+pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
     value
         .try_iter()?
         .map(|item| {

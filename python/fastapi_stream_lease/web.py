@@ -1,0 +1,322 @@
+"""Rate limits in FastAPI and Starlette apps: a dependency, a route decorator, an ASGI middleware
+with per-route policies, a WebSocket guard, and the middleware that puts the headers on every
+response (streams included, before their first byte).
+
+The forms record each hit's decisions in the request's scope; :class:`RateLimitHeaders`
+(installed by :func:`~fastapi_stream_lease.install_exception_handler`) writes them as
+``RateLimit-Policy`` / ``RateLimit`` headers when the response starts, so they reach a
+``StreamingResponse`` that the endpoint returns itself (FastAPI drops a dependency's headers
+there).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+from starlette.requests import HTTPConnection, Request
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ._core import check_rate_limits
+from .client_ip import client_ip, trusted_networks
+from .errors import RateLimited
+from .rates import RateDecision, RateLimit, rate_limit_headers
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from .manager import StreamLeaseManager
+
+#: How a form finds the identity a request counts against: a function (sync or async) of the
+#: request or WebSocket. Left out: the client's IP address (``LeaseConfig.trusted_proxies``).
+KeyFunction: TypeAlias = Callable[[HTTPConnection], str | Awaitable[str]]
+
+#: Where a hit's decisions wait in the scope for :class:`RateLimitHeaders`.
+_DECISIONS = "fastapi_stream_lease.rate_decisions"
+
+#: The close code for a WebSocket over its limits (RFC 6455: policy violation).
+POLICY_VIOLATION = 1008
+
+
+def remember(scope: Scope, decisions: Sequence[RateDecision]) -> None:
+    """Records a hit's decisions for the response's headers (several hits add up)."""
+    scope.setdefault("state", {}).setdefault(_DECISIONS, []).extend(decisions)
+
+
+def legacy_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
+    """The article's ``X-RateLimit-Scope/Limit/Remaining/Reset`` for the most restrictive
+    policy (fewest units left); ``Reset`` is in seconds from now, not a timestamp."""
+    if not decisions:
+        return {}
+    tightest = min(decisions, key=lambda d: (d.remaining, -d.reset))
+    return {
+        "X-RateLimit-Scope": tightest.policy.name,
+        "X-RateLimit-Limit": str(tightest.limit),
+        "X-RateLimit-Remaining": str(tightest.remaining),
+        "X-RateLimit-Reset": str(math.ceil(tightest.reset)),
+    }
+
+
+class RateLimitHeaders:
+    """ASGI middleware: adds the ``RateLimit-Policy`` and ``RateLimit`` headers of the hits a
+    request made (through :meth:`StreamLeaseManager.rate_limit` and the other forms) to its
+    response when it starts, unless the response set them itself; with ``legacy=True`` also the
+    article's ``X-RateLimit-*`` headers."""
+
+    def __init__(self, app: ASGIApp, *, legacy: bool = False) -> None:
+        self.app = app
+        self.legacy = legacy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            decisions = scope.get("state", {}).get(_DECISIONS)
+            if message["type"] == "http.response.start" and decisions:
+                headers = rate_limit_headers(decisions)
+                if self.legacy:
+                    headers.update(legacy_headers(decisions))
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                added = [
+                    (name.lower().encode("latin-1"), value.encode("latin-1"))
+                    for name, value in headers.items()
+                    if name.lower().encode("latin-1") not in present
+                ]
+                message = {**message, "headers": [*message.get("headers", []), *added]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def identity_of(
+    connection: HTTPConnection, key: KeyFunction | None, manager: StreamLeaseManager
+) -> str:
+    """The identity ``connection`` counts against: ``key(connection)``, or its client's IP."""
+    if key is None:
+        return client_ip(connection, manager.trusted_proxies)
+    identity = key(connection)
+    if inspect.isawaitable(identity):
+        identity = await identity
+    return identity
+
+
+async def hit_for(
+    connection: HTTPConnection,
+    manager: StreamLeaseManager,
+    policies: Sequence[RateLimit],
+    key: KeyFunction | None,
+    cost: int,
+) -> list[RateDecision]:
+    """One hit for the connection; its decisions (or the refusal's) go to the headers."""
+    identity = await identity_of(connection, key, manager)
+    try:
+        decisions = await manager.hit(identity, *policies, cost=cost)
+    except RateLimited as refused:
+        remember(connection.scope, refused.decisions)
+        raise
+    remember(connection.scope, decisions)
+    return decisions
+
+
+def rate_limit_dependency(
+    manager: StreamLeaseManager,
+    policies: Sequence[RateLimit],
+    key: KeyFunction | None,
+    cost: int,
+) -> Callable[[Request], Awaitable[list[RateDecision]]]:
+    """See :meth:`StreamLeaseManager.rate_limit`."""
+    _check(policies, cost)
+
+    async def rate_limit(request: Request) -> list[RateDecision]:
+        return await hit_for(request, manager, policies, key, cost)
+
+    return rate_limit
+
+
+def rate_limit_decorator(
+    manager: StreamLeaseManager,
+    policies: Sequence[RateLimit],
+    key: KeyFunction | None,
+    cost: int,
+) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+    """See :meth:`StreamLeaseManager.rate_limited`."""
+    _check(policies, cost)
+
+    def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        signature = inspect.signature(endpoint)
+        own = next(
+            (
+                name
+                for name, p in signature.parameters.items()
+                if p.annotation in (Request, "Request")
+            ),
+            None,
+        )
+        # FastAPI passes the request to a parameter annotated Request: add one if the endpoint
+        # has none, and keep it from the endpoint.
+        added = "_rate_limited_request"
+        if own is None:
+            parameters = [
+                *signature.parameters.values(),
+                inspect.Parameter(added, inspect.Parameter.KEYWORD_ONLY, annotation=Request),
+            ]
+            signature = signature.replace(parameters=parameters)
+        is_async = inspect.iscoroutinefunction(endpoint)
+
+        @functools.wraps(endpoint)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = kwargs[own] if own is not None else kwargs.pop(added)
+            await hit_for(request, manager, policies, key, cost)
+            if is_async:
+                return await endpoint(*args, **kwargs)
+            from starlette.concurrency import run_in_threadpool
+
+            return await run_in_threadpool(endpoint, *args, **kwargs)
+
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+class RateLimitMiddleware:
+    """ASGI middleware with per-route policies: ``routes`` maps a path to the policies its
+    requests count against (a path also covers the paths below it: ``"/api/chat"`` covers
+    ``"/api/chat/stream"``; the longest match wins). A refused request is answered with 429 and
+    the headers without reaching the app; WebSocket connects are refused before ``accept()``
+    (HTTP 403). Add :class:`RateLimitHeaders` outside it (``install_exception_handler`` does) for
+    the headers of admitted responses."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        manager: StreamLeaseManager,
+        routes: Mapping[str, Sequence[RateLimit]],
+        key: KeyFunction | None = None,
+    ) -> None:
+        for path, policies in routes.items():
+            if not path.startswith("/"):
+                raise ValueError(f"route {path!r} must be a path starting with '/'")
+            _check(policies, 1)
+        self.app = app
+        self.manager = manager
+        self.key = key
+        # Longest first, so the most specific route wins.
+        self.routes = sorted(
+            ((path.rstrip("/") or "/", tuple(p)) for path, p in routes.items()),
+            key=lambda route: -len(route[0]),
+        )
+
+    def _policies(self, path: str) -> tuple[RateLimit, ...]:
+        for prefix, policies in self.routes:
+            if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+                return policies
+        return ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        policies = self._policies(scope.get("path", "")) if scope["type"] != "lifespan" else ()
+        if policies:
+            connection = HTTPConnection(scope)
+            try:
+                await hit_for(connection, self.manager, policies, self.key, 1)
+            except RateLimited as refused:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": POLICY_VIOLATION})
+                    return
+                await refused.as_response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class GuardedWebSocket:
+    """A WebSocket whose inbound messages count against rate limits: :meth:`receive_text`,
+    :meth:`receive_bytes` and :meth:`receive_json` hit the message policies per message; when
+    one refuses, the socket is closed with 1008 (policy violation) and ``WebSocketDisconnect``
+    raised, as when the client leaves. Everything else is the WebSocket's
+    (``guarded.send_text(...)``)."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: StreamLeaseManager,
+        identity: str,
+        policies: Sequence[RateLimit],
+    ) -> None:
+        self.websocket = websocket
+        self._manager = manager
+        self._identity = identity
+        self._policies = tuple(policies)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.websocket, name)
+
+    async def _count(self) -> None:
+        if not self._policies:
+            return
+        try:
+            await self._manager.hit(self._identity, *self._policies)
+        except RateLimited as refused:
+            await _refuse(self.websocket, refused)
+
+    async def receive_text(self) -> str:
+        text = await self.websocket.receive_text()
+        await self._count()
+        return text
+
+    async def receive_bytes(self) -> bytes:
+        data = await self.websocket.receive_bytes()
+        await self._count()
+        return data
+
+    async def receive_json(self, mode: str = "text") -> Any:
+        value = await self.websocket.receive_json(mode=mode)
+        await self._count()
+        return value
+
+
+async def guard_websocket(
+    manager: StreamLeaseManager,
+    websocket: WebSocket,
+    connects: Sequence[RateLimit],
+    messages: Sequence[RateLimit],
+    key: KeyFunction | None,
+) -> GuardedWebSocket:
+    """See :meth:`StreamLeaseManager.guard_websocket`."""
+    for policies in (connects, messages):
+        if policies:
+            _check(policies, 1)
+    identity = await identity_of(websocket, key, manager)
+    if connects:
+        try:
+            await manager.hit(identity, *connects)
+        except RateLimited as refused:
+            await _refuse(websocket, refused)  # before accept(): HTTP 403
+    return GuardedWebSocket(websocket, manager, identity, messages)
+
+
+async def _refuse(websocket: WebSocket, refused: RateLimited) -> NoReturn:
+    """Closes with 1008 and ends the endpoint as a disconnect does (apps handle that already)."""
+    reason = str(refused)[:120]  # a close frame's reason is at most 123 bytes
+    await websocket.close(code=POLICY_VIOLATION, reason=reason)
+    raise WebSocketDisconnect(code=POLICY_VIOLATION, reason=reason) from refused
+
+
+def _check(policies: Sequence[RateLimit], cost: int) -> None:
+    """Fails at start-up, not per request (the core's checks of a hit)."""
+    check_rate_limits(policies, cost)
+
+
+__all__ = [
+    "GuardedWebSocket",
+    "KeyFunction",
+    "RateLimitHeaders",
+    "RateLimitMiddleware",
+    "legacy_headers",
+    "trusted_networks",
+]
