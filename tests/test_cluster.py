@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
+from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, StreamLeaseRejected
 
 from support.redis_servers import RedisCluster
 from support.waiting import eventually
@@ -120,3 +120,28 @@ async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, k
         ),
         what="every key to be gone",
     )
+
+
+async def test_rate_limits_share_a_slot_per_hit_and_spread_users(redis_cluster, key_prefix):
+    minute, day = RateLimit("per_minute", 5, per=60), RateLimit("per_day", 50, per=86_400)
+    spread = StreamLeaseManager(
+        url=redis_cluster.url, config=LeaseConfig(key_prefix=key_prefix, global_pool=False)
+    )
+    for i in range(30):  # both policies of one user in one script call: no CROSSSLOT
+        await spread.hit(f"user{i}", minute, day)
+    keys_per_node = [
+        len(node.cli("--scan", "--pattern", f"{{{key_prefix}:*:rate:*").split())
+        for node in redis_cluster.nodes
+    ]
+    assert sum(keys_per_node) == 60 and all(keys_per_node), keys_per_node
+    with pytest.raises(ValueError, match="need one hash tag"):
+        await spread.hit("198.51.100.7", minute, (day, "alice|198.51.100.7"))
+    await spread.aclose()
+    shared = StreamLeaseManager(
+        url=redis_cluster.url, config=LeaseConfig(key_prefix=key_prefix + "s")
+    )
+    await shared.hit("198.51.100.7", minute, (day, "alice|198.51.100.7"))
+    lease = await shared.acquire("alice", rate_limits=[minute, day])
+    assert [d.remaining for d in lease.rate_decisions] == [4, 49]
+    await lease.release()
+    await shared.aclose()

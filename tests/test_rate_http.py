@@ -134,6 +134,10 @@ async def test_a_leased_stream_counts_its_start_and_sends_the_headers(make_manag
             response = await http.get("/lease", headers={"x-user": "alice"})
             assert response.status_code == 200 and "data: b" in response.text
             assert states(response)["stream_starts"]["r"] == left
+            # The stream's own slots, alongside: 5 per user, 1000 in all, this one in use.
+            assert dict(policies(response))["per_user"] == {"q": 5, "qu": "concurrent-requests"}
+            assert states(response)["per_user"] == {"r": 4}
+            assert states(response)["global"] == {"r": 999}
         refused = await http.get("/lease", headers={"x-user": "alice"})
         assert refused.status_code == 429
         assert states(refused)["stream_starts"]["r"] == 0

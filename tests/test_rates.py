@@ -166,6 +166,29 @@ async def test_closed_refuses_and_open_counts_a_local_share_while_redis_is_down(
         await opened.hit("alice", limit)
 
 
+
+async def test_a_paused_redis_answers_within_the_timeout_under_each_mode(
+        own_redis, make_own_redis_manager):
+    closed = make_own_redis_manager(redis_timeout=0.3)
+    opened = make_own_redis_manager(redis_timeout=0.3, failure_mode="open")
+    limit = RateLimit("per_minute", 5, per=60)
+    own_redis.pause()  # SIGSTOP: connections hang, nothing is refused
+    try:
+        with pytest.raises(BackendUnavailable):
+            await closed.hit("alice", limit)
+        (decision,) = await opened.hit("alice", limit)  # one worker: the whole limit, locally
+        assert (decision.limit, decision.remaining) == (5, 4)
+    finally:
+        own_redis.resume()
+    # Back: counted in Redis again (the breaker lets a probe through within 5 s).
+    async def counted_in_redis() -> bool:
+        try:
+            return (await closed.hit("alice", limit))[0].remaining == 4
+        except BackendUnavailable:
+            return False
+
+    await eventually(counted_in_redis, what="Redis to count again")
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"),
     [
@@ -260,3 +283,26 @@ async def test_open_mode_counts_starts_against_a_local_share(own_redis, make_own
     with pytest.raises(RateLimited):
         await manager.acquire("alice", rate_limits=[starts])
     await lease.release()
+
+
+async def test_a_login_counts_per_ip_and_per_user_and_ip_in_one_step(make_manager):
+    manager = make_manager()
+    per_ip = RateLimit("login_ip_per_minute", 3, per=60)
+    per_user_ip = RateLimit("login_user_ip_per_minute", 2, per=60)
+
+    async def attempt(username: str) -> None:
+        ip = "198.51.100.7"
+        await manager.hit(ip, per_ip, (per_user_ip, f"{username}|{ip}"))
+
+    await attempt("alice")
+    await attempt("alice")
+    with pytest.raises(RateLimited) as refused:
+        await attempt("alice")  # alice's pair is spent; the IP is not charged for it
+    assert refused.value.policy == "login_user_ip_per_minute"
+    assert (await manager.peek("198.51.100.7", per_ip)).remaining == 1
+    await attempt("bob")  # another user from the same address: the IP's last one
+    with pytest.raises(RateLimited) as refused:
+        await attempt("carol")
+    assert refused.value.policy == "login_ip_per_minute"
+    with pytest.raises(ValueError, match="user_id is empty"):
+        await manager.hit("198.51.100.7", per_ip, (per_user_ip, ""))

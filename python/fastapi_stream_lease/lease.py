@@ -73,6 +73,13 @@ class Lease:
         them): for the ``RateLimit`` headers of the response (:func:`rate_limit_headers`)."""
         return self._handle.rate_decisions
 
+    @property
+    def pool_usage(self) -> list[tuple[str, int, int]]:
+        """The capped pools of this lease the client may be told about (its own quota always,
+        shared pools unless ``disclose_usage=False``): ``(name, capacity, slots in use)`` right
+        after the grant, for the ``concurrent-requests`` entries of the ``RateLimit`` headers."""
+        return self._handle.pool_usage
+
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.

@@ -153,7 +153,7 @@ class StreamLeaseManager:
         except RateLimited as refused:
             remember(request.scope, refused.decisions)
             raise
-        remember(request.scope, handle.rate_decisions)  # for RateLimitHeaders
+        remember(request.scope, handle.rate_decisions, handle.pool_usage)  # RateLimitHeaders
         return Lease(handle, cancel_on_lost=self._cancel_on_lost)
 
     @asynccontextmanager
@@ -183,12 +183,16 @@ class StreamLeaseManager:
         async with lease._held():
             yield lease
 
-    async def hit(self, identity: str, *policies: RateLimit, cost: int = 1) -> list[RateDecision]:
-        """Counts one request of ``identity`` (a user id, an IP address, a username + IP)
-        against every policy at once, all or nothing, across every worker: a hit refused by one
-        policy consumes from none. Returns each policy's decision, in the order given; raises
-        :class:`RateLimited` (429, ``Retry-After``) when one refuses. ``cost`` is how many units
-        the request takes (1 by default)."""
+    async def hit(
+        self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
+    ) -> list[RateDecision]:
+        """Counts one request of ``identity`` (a user id, an IP address) against every policy at
+        once, all or nothing, across every worker: a hit refused by one policy consumes from
+        none. A policy paired with an identity of its own counts that one instead, in the same
+        step: ``hit(ip, per_ip, (per_user_and_ip, f"{username}|{ip}"))`` (on a Redis Cluster
+        this needs ``global_pool=True``, the default). Returns each policy's decision, in the
+        order given; raises :class:`RateLimited` (429, ``Retry-After``) when one refuses.
+        ``cost`` is how many units the request takes (1 by default)."""
         return await self._core.hit(identity, policies, cost, True)
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:

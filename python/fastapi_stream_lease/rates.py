@@ -29,16 +29,19 @@ def _seconds(value: float) -> int:
     return math.ceil(value)
 
 
-def rate_limit_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
+def rate_limit_headers(
+    decisions: Sequence[RateDecision], pools: Sequence[tuple[str, int, int]] = ()
+) -> dict[str, str]:
     """``RateLimit-Policy`` and ``RateLimit`` (draft-ietf-httpapi-ratelimit-headers-11) for the
     decisions of one hit: quota ``q`` per window ``w`` seconds, ``r`` remaining, ``t`` seconds
-    until units free up. Send them before a stream's first byte (never in trailers)."""
-    if not decisions:
+    until units free up; and for a stream's capped ``pools`` (``lease.pool_usage``: name,
+    capacity, slots in use), ``q`` slots with ``qu="concurrent-requests"``. Send them before a
+    stream's first byte (never in trailers)."""
+    policies = [f'"{d.policy.name}";q={d.limit};w={_seconds(d.policy.per)}' for d in decisions]
+    states = [f'"{d.policy.name}";r={d.remaining};t={_seconds(d.reset)}' for d in decisions]
+    for name, capacity, used in pools:
+        policies.append(f'"{name}";q={capacity};qu="concurrent-requests"')
+        states.append(f'"{name}";r={max(capacity - used, 0)}')
+    if not policies:
         return {}
-    policies = ", ".join(
-        f'"{d.policy.name}";q={d.limit};w={_seconds(d.policy.per)}' for d in decisions
-    )
-    states = ", ".join(
-        f'"{d.policy.name}";r={d.remaining};t={_seconds(d.reset)}' for d in decisions
-    )
-    return {"RateLimit-Policy": policies, "RateLimit": states}
+    return {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}

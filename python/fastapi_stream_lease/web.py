@@ -34,16 +34,25 @@ if TYPE_CHECKING:
 #: request or WebSocket. Left out: the client's IP address (``LeaseConfig.trusted_proxies``).
 KeyFunction: TypeAlias = Callable[[HTTPConnection], str | Awaitable[str]]
 
-#: Where a hit's decisions wait in the scope for :class:`RateLimitHeaders`.
+#: Where a hit's decisions, and a stream's capped pools, wait in the scope for
+#: :class:`RateLimitHeaders`.
 _DECISIONS = "fastapi_stream_lease.rate_decisions"
+_POOLS = "fastapi_stream_lease.pool_usage"
 
 #: The close code for a WebSocket over its limits (RFC 6455: policy violation).
 POLICY_VIOLATION = 1008
 
 
-def remember(scope: Scope, decisions: Sequence[RateDecision]) -> None:
-    """Records a hit's decisions for the response's headers (several hits add up)."""
-    scope.setdefault("state", {}).setdefault(_DECISIONS, []).extend(decisions)
+def remember(
+    scope: Scope,
+    decisions: Sequence[RateDecision],
+    pools: Sequence[tuple[str, int, int]] = (),
+) -> None:
+    """Records a hit's decisions (and a stream's capped pools: name, capacity, slots in use) for
+    the response's headers; several hits add up."""
+    state = scope.setdefault("state", {})
+    state.setdefault(_DECISIONS, []).extend(decisions)
+    state.setdefault(_POOLS, []).extend(pools)
 
 
 def legacy_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
@@ -62,9 +71,9 @@ def legacy_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
 
 class RateLimitHeaders:
     """ASGI middleware: adds the ``RateLimit-Policy`` and ``RateLimit`` headers of the hits a
-    request made (through :meth:`StreamLeaseManager.rate_limit` and the other forms) to its
-    response when it starts, unless the response set them itself; with ``legacy=True`` also the
-    article's ``X-RateLimit-*`` headers."""
+    request made (through :meth:`StreamLeaseManager.rate_limit` and the other forms) and of the
+    streams it acquired with ``request=`` to its response when it starts, unless the response
+    set them itself; with ``legacy=True`` also the article's ``X-RateLimit-*`` headers."""
 
     def __init__(self, app: ASGIApp, *, legacy: bool = False) -> None:
         self.app = app
@@ -76,9 +85,10 @@ class RateLimitHeaders:
             return
 
         async def send_with_headers(message: Message) -> None:
-            decisions = scope.get("state", {}).get(_DECISIONS)
-            if message["type"] == "http.response.start" and decisions:
-                headers = rate_limit_headers(decisions)
+            state = scope.get("state", {})
+            decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
+            if message["type"] == "http.response.start" and (decisions or pools):
+                headers = rate_limit_headers(decisions, pools)
                 if self.legacy:
                     headers.update(legacy_headers(decisions))
                 present = {name.lower() for name, _ in message.get("headers", [])}

@@ -13,7 +13,7 @@ use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
-use crate::keys::{check_identity, check_resource, Pool};
+use crate::keys::{check_identity, check_resource, Pool, PoolRole};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::rate::{Decision, RateCheck};
 use crate::renewal::{LeaseHandle, Leases};
@@ -30,13 +30,28 @@ pub struct Granted {
     holder_was_alive: bool,
     /// Each rate policy's decision, the start counted.
     rates: Vec<Decision>,
+    /// The capped pools the client may be told about, after the grant.
+    usage: Vec<PoolUsage>,
     leases: Arc<Leases>,
+}
+
+/// Slots in use in one capped pool (for the `RateLimit` headers' `concurrent-requests`).
+#[derive(Debug, Clone)]
+pub struct PoolUsage {
+    pub name: Arc<str>,
+    pub capacity: u64,
+    pub used: u64,
 }
 
 impl Granted {
     /// What each rate policy said, the start counted (empty without rate limits).
     pub fn rate_decisions(&self) -> &[Decision] {
         &self.rates
+    }
+
+    /// The capped pools the client may be told about, with their use after the grant.
+    pub fn usage(&self) -> &[PoolUsage] {
+        &self.usage
     }
 
     /// Holds the lease (the renewal loop keeps it alive from now on).
@@ -333,13 +348,32 @@ impl Manager {
         })
     }
 
+    /// The capped pools a grant may tell the client about, with their slots in use after it:
+    /// the user's own always, shared ones under `disclose_usage`.
+    fn usage_shown(&self, record: &LeaseRecord, used: &[u64]) -> Vec<PoolUsage> {
+        record
+            .pools
+            .iter()
+            .zip(used)
+            .filter(|(pool, _)| {
+                pool.capacity > 0 && (pool.role == PoolRole::Own || self.config.disclose_usage)
+            })
+            .map(|(pool, used)| PoolUsage {
+                name: pool.name.clone(),
+                capacity: pool.capacity,
+                used: *used,
+            })
+            .collect()
+    }
+
     fn settle(&self, record: Arc<LeaseRecord>, outcome: AcquireOutcome, sent_at: u64) -> CoreResult<Granted> {
         match outcome {
             AcquireOutcome::Granted {
                 holder_was_alive,
                 rates,
-                ..
+                used,
             } => Ok(Granted {
+                usage: self.usage_shown(&record, &used),
                 record: Some(record),
                 deadline_ms: sent_at + self.config.lease_ms(),
                 holder_was_alive,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use self::acquire::MAX_WEIGHT;
+pub use self::acquire::{PoolUsage, MAX_WEIGHT};
 use self::waiting::LocalLine;
 use crate::backend::{Backend, Stores};
 use crate::config::Config;

@@ -9,25 +9,39 @@ use super::acquire::local_share;
 use super::Manager;
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult};
-use crate::keys::check_identity;
+use crate::keys::{check_identity, hash_tag};
 use crate::lease::Store;
 use crate::rate::{check_hit, Decision, HitOutcome, RateCheck, RatePolicy};
 
 impl Manager {
-    /// Checks the hit and returns the call to await: `cost` units from every policy of
-    /// `identity` if all of them allow it, none otherwise and `CoreError::RateLimited`
-    /// (`consume: false` only looks, and never fails for rate).
+    /// Checks the hit and returns the call to await: `cost` units from every policy if all of
+    /// them allow it, none otherwise and `CoreError::RateLimited` (`consume: false` only looks,
+    /// and never fails for rate). Each policy counts `identity`, or the identity paired with it
+    /// (a login's per-IP and per-user-and-IP pair).
     pub fn hit(
         self: &Arc<Self>,
         identity: &str,
-        policies: Vec<RatePolicy>,
+        keyed: Vec<(RatePolicy, Option<String>)>,
         cost: u64,
         consume: bool,
     ) -> CoreResult<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static> {
-        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
         check_hit(&policies, cost).map_err(CoreError::InvalidInput)?;
+        let keys = policies
+            .iter()
+            .zip(&identities)
+            .map(|(policy, own)| {
+                let identity = own.as_deref().unwrap_or(identity);
+                check_identity(identity).map_err(CoreError::InvalidInput)?;
+                Ok(self.keys.rate_key(identity, policy))
+            })
+            .collect::<CoreResult<Vec<String>>>()?;
+        if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != hash_tag(&keys[0])) {
+            return Err(CoreError::InvalidInput(
+                "the policies of several identities in one hit need one hash tag on a Redis Cluster: keep global_pool=True, or hit them separately".into(),
+            ));
+        }
         self.start_here()?;
-        let keys = self.rate_keys(identity, &policies);
         let manager = Arc::clone(self);
         Ok(async move {
             let outcome = manager

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, rate};
+use crate::admission::PoolUsage;
 use crate::rate::Decision;
 use crate::renewal::LeaseHandle as CoreHandle;
 
@@ -16,14 +17,20 @@ pub struct LeaseHandle {
     embedded: bool,
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
+    /// The capped pools the client may be told about: (name, capacity, slots in use).
+    usage: Vec<(String, u64, u64)>,
 }
 
 impl LeaseHandle {
-    pub fn new(handle: CoreHandle, embedded: bool, rates: Vec<Decision>) -> Self {
+    pub fn new(handle: CoreHandle, embedded: bool, rates: Vec<Decision>, usage: &[PoolUsage]) -> Self {
         LeaseHandle {
             handle,
             embedded,
             rates,
+            usage: usage
+                .iter()
+                .map(|u| (u.name.to_string(), u.capacity, u.used))
+                .collect(),
         }
     }
 }
@@ -46,6 +53,13 @@ impl LeaseHandle {
     #[getter]
     fn rate_decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         rate::decisions(py, &self.rates)
+    }
+
+    /// The capped pools of the grant the client may be told about (the user's own always,
+    /// shared ones under `disclose_usage`): `(name, capacity, slots in use)` after the grant.
+    #[getter]
+    fn pool_usage(&self) -> Vec<(String, u64, u64)> {
+        self.usage.clone()
     }
 
     /// True once renewal found the lease gone from the store.

@@ -112,8 +112,9 @@ impl Manager {
             // gone, future cancelled) is released, not kept alive.
             Ok(Box::new(move |py: Python<'_>| {
                 let rates = granted.rate_decisions().to_vec();
+                let usage = granted.usage().to_vec();
                 let handle = granted.hold()?;
-                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates))?.into_any())
+                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates, &usage))?.into_any())
             }) as Delivery)
         };
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
@@ -138,7 +139,7 @@ impl Manager {
         consume: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
-        let policies = rate::policies_of(policies)?;
+        let policies = rate::keyed_policies_of(policies)?;
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
         let hit = self.core.hit(&identity, policies, cost, consume)?;
         let op = async move {

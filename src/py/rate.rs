@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyString};
+use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
 use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, MAX_LIMIT};
@@ -100,19 +100,35 @@ pub fn check_rate_limits(policies: &Bound<'_, PyAny>, cost: &Bound<'_, PyAny>) -
 
 /// The policies of one call, each a `RateLimit`.
 pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
+    value.try_iter()?.map(|item| policy_of(&item?)).collect()
+}
+
+/// The policies of one hit, each a `RateLimit` (counting the hit's identity) or a
+/// `(RateLimit, identity)` pair (counting that identity).
+pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<(RatePolicy, Option<String>)>> {
     value
         .try_iter()?
         .map(|item| {
             let item = item?;
-            match item.cast::<RateLimit>() {
-                Ok(limit) => Ok(limit.get().policy.clone()),
-                Err(_) => Err(PyTypeError::new_err(format!(
-                    "rate limits must be RateLimit values, got {}: build them with RateLimit(name, limit, per=seconds)",
-                    type_name(&item)
-                ))),
+            match item.cast::<PyTuple>() {
+                Ok(pair) if pair.len() == 2 => {
+                    let identity = args::identity(Some(&pair.get_item(1)?))?;
+                    Ok((policy_of(&pair.get_item(0)?)?, identity))
+                }
+                _ => Ok((policy_of(&item)?, None)),
             }
         })
         .collect()
+}
+
+fn policy_of(item: &Bound<'_, PyAny>) -> PyResult<RatePolicy> {
+    match item.cast::<RateLimit>() {
+        Ok(limit) => Ok(limit.get().policy.clone()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "rate limits must be RateLimit values (or (RateLimit, identity) pairs in a hit), got {}: build them with RateLimit(name, limit, per=seconds)",
+            type_name(item)
+        ))),
+    }
 }
 
 /// The decisions as `fastapi_stream_lease.rates.RateDecision` values (the class lives in

@@ -1,0 +1,59 @@
+"""The rate-limit examples run as their docstrings say (here on the test's Redis)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import http_sf
+import pytest
+from starlette.testclient import TestClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def example(monkeypatch, redis_server):
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.syspath_prepend(str(ROOT))
+
+    def load(name: str):
+        sys.modules.pop(f"examples.{name}", None)
+        return importlib.import_module(f"examples.{name}")
+
+    yield load
+
+
+def test_the_chat_example_streams_with_headers_and_refuses_the_eleventh(example):
+    module = example("rate_limited_chat")
+    user = {"authorization": "Bearer chat-example-user"}
+    with TestClient(module.app) as client:
+        assert client.get("/api/chat/stream").status_code == 401
+        for left in range(9, -1, -1):
+            response = client.get("/api/chat/stream", params={"prompt": "hi"}, headers=user)
+            assert response.status_code == 200 and "data: hi" in response.text
+            states = dict(http_sf.parse(response.headers["RateLimit"].encode(), tltype="list"))
+            assert states["chat_per_minute"]["r"] == left
+        refused = client.get("/api/chat/stream", headers=user)
+        assert refused.status_code == 429 and "Retry-After" in refused.headers
+        assert client.get("/api/chat/quota", headers=user).json() == {
+            "per_minute": 0, "per_day": 190,
+        }
+
+
+def test_the_login_example_limits_per_address_and_per_user(example):
+    module = example("login")
+    with TestClient(module.app) as client:
+        attempt = {"username": "alice", "password": "wrong"}
+        for _ in range(5):
+            assert client.post("/login", json=attempt).status_code == 401
+        refused = client.post("/login", json=attempt)
+        assert refused.status_code == 429
+        assert refused.json()["violated-policies"] == ["login_user_ip_per_minute"]
+        # An unknown user is counted the same way, and another name from the address still
+        # gets through (the address has 15 attempts left).
+        unknown = {"username": "mallory", "password": "x"}
+        assert client.post("/login", json=unknown).status_code == 401
+        good = {"username": "alice", "password": "correct horse battery staple"}
+        assert client.post("/login", json=good).status_code == 429  # alice's pair is spent
