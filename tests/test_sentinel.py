@@ -72,26 +72,32 @@ async def test_a_redis_py_sentinel_client_is_followed(sentinel_setup, key_prefix
     await client.aclose()
 
 
+async def leases_through(url: str, sentinel: Sentinel, password: str, key_prefix: str) -> None:
+    """A lease through ``url``, then through a redis-py client of ``sentinel``'s master: both
+    reach the master with the credentials they carry."""
+    manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+    assert "@" not in manager.backend.replace("***@", "")
+    lease = await manager.acquire("alice")
+    assert await manager.get_active_count("alice") == 1
+    await lease.release()
+    await manager.aclose()
+    client = sentinel.master_for("lease-master", password=password)
+    followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
+    lease = await followed.acquire("alice")
+    assert await client.zcard(f"{{{key_prefix}}}:global") == 1
+    await lease.release()
+    await followed.aclose()
+    await client.aclose()
+
+
 async def test_percent_encoded_credentials_authenticate_behind_sentinel(tmp_path, key_prefix):
     password = "p@ss:w/r%d?"
     setup = SentinelSetup(tmp_path, password=password).start()
     try:
-        credentials = f"default:{quote(password, safe='')}@"
-        url = setup.url.replace("://", f"://{credentials}")
-        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
-        lease = await manager.acquire("alice")
-        assert await manager.get_active_count("alice") == 1
-        await lease.release()
-        await manager.aclose()
+        url = setup.url.replace("://", f"://default:{quote(password, safe='')}@")
         # A redis-py Sentinel client's password is carried over percent-encoded too.
         sentinel = Sentinel([("127.0.0.1", setup.sentinel_port)])
-        client = sentinel.master_for("lease-master", password=password)
-        followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
-        lease = await followed.acquire("alice")
-        assert await client.zcard(f"{{{key_prefix}}}:global") == 1
-        await lease.release()
-        await followed.aclose()
-        await client.aclose()
+        await leases_through(url, sentinel, password, key_prefix)
     finally:
         setup.cleanup()
 
@@ -102,21 +108,9 @@ async def test_sentinels_that_require_their_own_password(tmp_path, key_prefix):
     try:
         url = (setup.url.replace("://", f"://:{password}@")
                + f"?sentinel_password={quote(sentinel_password, safe='')}")
-        manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
-        assert sentinel_password not in manager.backend
-        lease = await manager.acquire("alice")
-        assert await manager.get_active_count("alice") == 1
-        await lease.release()
-        await manager.aclose()
         # A redis-py Sentinel client's sentinel password is carried over too.
         sentinel = Sentinel([("127.0.0.1", setup.sentinel_port)],
                             sentinel_kwargs={"password": sentinel_password})
-        client = sentinel.master_for("lease-master", password=password)
-        followed = StreamLeaseManager(redis=client, config=LeaseConfig(key_prefix=key_prefix))
-        lease = await followed.acquire("alice")
-        assert await client.zcard(f"{{{key_prefix}}}:global") == 1
-        await lease.release()
-        await followed.aclose()
-        await client.aclose()
+        await leases_through(url, sentinel, password, key_prefix)
     finally:
         setup.cleanup()
