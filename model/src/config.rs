@@ -109,6 +109,11 @@ pub struct ModelConfig {
     /// leases checked one by one in the same round (members in excess may hide missing ones:
     /// a restore that brings back a released lease and loses a held one).
     pub check_on_excess: bool,
+    /// A proposed fix: `reclaim.lua` ends by counting the holder's members again (today the
+    /// second keep-alive does; `hold` drops the count of a holder found expired but not yet
+    /// reaped, so a check whose recount never comes, one answered late or lost, leaves the
+    /// count below the members, and members in excess go unseen).
+    pub reclaim_recounts: bool,
 }
 
 impl ModelConfig {
@@ -132,6 +137,7 @@ impl ModelConfig {
             windows_survive: false,
             late_grants_lost: false,
             check_on_excess: false,
+            reclaim_recounts: false,
         }
     }
 
@@ -154,6 +160,7 @@ impl ModelConfig {
             windows_survive: true,
             late_grants_lost: true,
             check_on_excess: true,
+            reclaim_recounts: true,
             ..self
         }
     }

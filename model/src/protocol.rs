@@ -1041,11 +1041,11 @@ impl State {
         };
         let renumber = |old: usize| perm.iter().position(|&o| o == old).expect("a permutation");
         let mut s = self.clone();
-        for new in 0..MAX_LEASES {
-            s.leases[new] = self.leases[perm[new]];
-            s.redis.members[new] = self.redis.members[perm[new]];
+        for (new, &old) in perm.iter().enumerate() {
+            s.leases[new] = self.leases[old];
+            s.redis.members[new] = self.redis.members[old];
             if let (Some(to), Some(from)) = (&mut s.snapshot, &self.snapshot) {
-                to.members[new] = from.members[perm[new]];
+                to.members[new] = from.members[old];
             }
         }
         for h in s.holders.iter_mut() {

@@ -251,6 +251,8 @@ impl Redis {
         }
         if self.index[holder] == 0 {
             self.leave_tag(holder);
+        } else if cfg.reclaim_recounts {
+            self.recount(cfg, holder);
         }
         (lost, reclaimed)
     }
