@@ -1,15 +1,22 @@
-//! Runs the protocol model's check and prints what it found:
-//! `cargo run -p protocol-model --release -- [old] [key=value ...]`
-//! (keys: leases=H,Hk,.. the holder of each lease, k: held from the start, caps=C,C,.. pool capacities, ttl, restores,
-//! restarts, stalls, failures, observer=0/1, limit=max states).
+//! Checks one configuration of the protocol model and prints what it found, each
+//! counterexample as a trace: `cargo run -p protocol-model --release -- [old|fixed] [key=value ...]`.
+//! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
+//! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
+//! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
+//! symmetry reduction: every trace is a shortest one); after `fixed`, one fix off:
+//! `two_step=0`, `windows_survive=0`, `late_grants_lost=0`, `check_on_excess=0`,
+//! `reclaim_recounts=0`.
 
-use protocol_model::trace::check;
+use protocol_model::config::Prune;
+use protocol_model::trace::explore;
 use protocol_model::{LeaseSpec, ModelConfig};
 
 fn main() {
     let mut cfg = ModelConfig::small();
     let mut old = false;
+    let mut fixes_off: Vec<String> = Vec::new();
     let mut fixed = false;
+    let mut shortest = false;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for arg in std::env::args().skip(1) {
         if arg == "old" || arg == "fixed" {
@@ -41,6 +48,12 @@ fn main() {
             "failures" => cfg.failures = n(),
             "observer" => cfg.observer = n() == 1,
             "threads" => threads = n() as usize,
+            "shortest" => shortest = n() == 1,
+            "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "reclaim_recounts" => {
+                if n() == 0 {
+                    fixes_off.push(key.to_owned());
+                }
+            }
             other => panic!("unknown key {other}"),
         }
     }
@@ -50,7 +63,19 @@ fn main() {
     if fixed {
         cfg = cfg.fixed();
     }
-    let outcome = check(cfg, threads);
+    for fix in &fixes_off {
+        match fix.as_str() {
+            "two_step" => cfg.prune = Prune::KeepList,
+            "windows_survive" => cfg.windows_survive = false,
+            "late_grants_lost" => cfg.late_grants_lost = false,
+            "check_on_excess" => cfg.check_on_excess = false,
+            _ => cfg.reclaim_recounts = false,
+        }
+    }
+    if shortest {
+        threads = 1;
+    }
+    let outcome = explore(cfg, threads, shortest);
     println!("{}", outcome.summary());
     for (name, trace) in &outcome.counterexamples {
         println!("\n== {name}\n{trace}");

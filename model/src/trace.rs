@@ -38,13 +38,28 @@ impl Outcome {
     }
 }
 
-/// Explores every state of the configuration (breadth first, so counterexamples are shortest).
+/// Explores every state of the configuration, depth first with leases of one class taken as
+/// interchangeable (symmetry reduction).
 pub fn check(cfg: ModelConfig, threads: usize) -> Outcome {
-    let model = ProtocolModel::new(cfg);
-    let properties = model.properties();
+    explore(cfg, threads, false)
+}
+
+/// Explores every state of the configuration; `shortest`: breadth first, without symmetry
+/// reduction (more states, slower), so that each counterexample found on one thread is a
+/// shortest one.
+pub fn explore(cfg: ModelConfig, threads: usize, shortest: bool) -> Outcome {
     let started = Instant::now();
-    let checker = model.checker().threads(threads).symmetry().spawn_dfs().join();
+    let builder = ProtocolModel::new(cfg).checker().threads(threads);
+    if shortest {
+        outcome(builder.spawn_bfs().join(), started)
+    } else {
+        outcome(builder.symmetry().spawn_dfs().join(), started)
+    }
+}
+
+fn outcome(checker: impl Checker<ProtocolModel>, started: Instant) -> Outcome {
     let elapsed = started.elapsed();
+    let properties = checker.model().properties();
     let mut discoveries = checker.discoveries();
     let mut counterexamples = Vec::new();
     let mut unreached = Vec::new();
