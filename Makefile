@@ -27,20 +27,20 @@ build: venv ## Build the Rust core (debug) into .venv
 redis: ## Make sure redis-server is installed (the tests start their own servers)
 	@scripts/ensure-redis.sh
 
-test: build redis ## Run every test: Rust unit tests, stub check, pytest on real Redis servers
-	cargo test --quiet
+test: build redis ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real Redis servers
+	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
 	$(BIN)/pytest
 
 lint: venv ## cargo fmt --check, clippy, ruff and mypy
-	cargo fmt --check
-	cargo clippy --quiet --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --quiet --workspace --all-targets -- -D warnings
 	$(BIN)/ruff check python tests examples benchmarks
 	$(BIN)/ruff format --check python
 	$(BIN)/mypy
 
 fmt: venv ## Format the Rust and Python code
-	cargo fmt
+	cargo fmt --all
 	$(BIN)/ruff format python
 	$(BIN)/ruff check --fix python tests examples benchmarks
 

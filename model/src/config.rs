@@ -1,0 +1,226 @@
+//! The sizes of a model run and the protocol variant it checks.
+
+/// Holders (processes) a configuration may have at most.
+pub const MAX_HOLDERS: usize = 3;
+/// Leases (acquires) a configuration may have at most.
+pub const MAX_LEASES: usize = 4;
+/// Pools a configuration may have at most.
+pub const MAX_POOLS: usize = 3;
+
+/// One acquire of the run: one lease id, tried once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSpec {
+    /// The holder (process) that acquires it.
+    pub holder: usize,
+    /// Members per pool (`id`, `id#2`, ...).
+    pub weight: u8,
+    /// The pools it takes, in the order of the acquire's KEYS (its own quota first).
+    pub pools: Vec<usize>,
+    /// Held from the start (granted before the run) and its stream never ends by itself (it
+    /// may still be lost): its holder keeps renewing.
+    pub kept: bool,
+}
+
+impl LeaseSpec {
+    /// A lease of weight 1 in pool 0, acquired during the run.
+    pub fn new(holder: usize) -> Self {
+        LeaseSpec {
+            holder,
+            weight: 1,
+            pools: vec![0],
+            kept: false,
+        }
+    }
+
+    /// The same, held from the start and never ended by its stream.
+    pub fn kept(holder: usize) -> Self {
+        LeaseSpec {
+            kept: true,
+            ..LeaseSpec::new(holder)
+        }
+    }
+}
+
+/// Which count of a holder's members Redis keeps and the process compares with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Count {
+    /// Today's: `T:holders:<id>:members` is exact (scripts count up and down what they add and
+    /// remove, a check or a prune recounts), the keep-alive returns it, the process compares it
+    /// with its tallies both ways (`renewal/tally.rs`).
+    Exact,
+    /// Before 8db04e2 (issue 10, finding 1): `T:holders:<id>:granted` only grew (every member
+    /// added counted, none removed); the keep-alive said "not alive" when it was below the
+    /// members the process knew were granted to the group (`granted_units`, which also only grew
+    /// while the group lived), and the resync after a check raised it to that figure.
+    GrantedOnlyGrows,
+}
+
+/// How members in excess are pruned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Prune {
+    /// Before 8db04e2 (finding 2): never.
+    Never,
+    /// Today's `prune.lua`: one call removes the holder's members whose lease is not in the
+    /// list of leases held or in flight, taken when the call is sent.
+    KeepList,
+    /// A proposed fix: the first call only lists the holder's members not in that list; the
+    /// process then removes, by id, those that are still neither held nor in flight (a lease id
+    /// that is neither is never used again, so no grant made meanwhile can be among them).
+    TwoStep,
+}
+
+/// The sizes of a run, its fault budgets and the protocol variant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Holders (processes), each with one renewal loop.
+    pub holders: usize,
+    /// Capacity of each pool (0 = unlimited); pools share one hash tag.
+    pub capacities: Vec<u8>,
+    /// The acquires of the run.
+    pub leases: Vec<LeaseSpec>,
+    /// Whether time passes (ticks): holder entries expire, deadlines pass.
+    pub time: bool,
+    /// `lease_seconds` in ticks: a holder entry lives `ttl` ticks after its last extension.
+    pub ttl: u8,
+    /// Failovers: restores of an earlier snapshot of the whole Redis state.
+    pub restores: u8,
+    /// Redis restarts that come back empty.
+    pub restarts: u8,
+    /// Holder stalls (the process frozen: no sweep at its deadlines, no calls, no replies).
+    pub stalls: u8,
+    /// Calls that time out (a script that ran with its reply lost, or a request that runs
+    /// later or never).
+    pub failures: u8,
+    /// Another client's `get_active_count()` (count.lua: reap, then walk the pools).
+    pub observer: bool,
+    /// The count Redis keeps (today's exact one, or the old one that only grew).
+    pub count: Count,
+    /// How members in excess are pruned (`prune.lua`, added with the exact count: finding 2).
+    pub prune: Prune,
+    /// A proposed fix: a tally whose keep-alive window is open is kept even when it holds nothing
+    /// (today it is dropped as empty, and the keep-alive's answer then meets a new tally with no
+    /// window: a count of members just released looks like an excess).
+    pub windows_survive: bool,
+    /// A proposed fix: a grant held after its own deadline (`sent_at + lease duration`) is lost
+    /// on arrival, as the sweep would have found it (today it joins a live group, though its
+    /// holder's entry may have expired, and its members been reaped, since its script ran).
+    pub late_grants_lost: bool,
+    /// A proposed fix: a keep-alive count above the window's highest figure also has the tag's
+    /// leases checked one by one in the same round (members in excess may hide missing ones:
+    /// a restore that brings back a released lease and loses a held one).
+    pub check_on_excess: bool,
+    /// A proposed fix: `reclaim.lua` ends by counting the holder's members again (today the
+    /// second keep-alive does; `hold` drops the count of a holder found expired but not yet
+    /// reaped, so a check whose recount never comes, one answered late or lost, leaves the
+    /// count below the members, and members in excess go unseen).
+    pub reclaim_recounts: bool,
+}
+
+impl ModelConfig {
+    /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
+    /// holder, one for the second), one failover, one call that times out: today's protocol.
+    pub fn small() -> Self {
+        let lease = |holder| LeaseSpec::new(holder);
+        ModelConfig {
+            holders: 2,
+            capacities: vec![2],
+            leases: vec![lease(0), lease(0), lease(1)],
+            time: true,
+            ttl: 2,
+            restores: 1,
+            restarts: 0,
+            stalls: 0,
+            failures: 1,
+            observer: false,
+            count: Count::Exact,
+            prune: Prune::KeepList,
+            windows_survive: false,
+            late_grants_lost: false,
+            check_on_excess: false,
+            reclaim_recounts: false,
+        }
+    }
+
+    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
+    /// grew, and no prune.
+    pub fn old(self) -> Self {
+        ModelConfig {
+            count: Count::GrantedOnlyGrows,
+            prune: Prune::Never,
+            ..self
+        }
+    }
+
+    /// Today's protocol with the fixes proposed for what this model found: a two-step prune, and
+    /// tallies that keep their open window.
+    pub fn fixed(self) -> Self {
+        ModelConfig {
+            count: Count::Exact,
+            prune: Prune::TwoStep,
+            windows_survive: true,
+            late_grants_lost: true,
+            check_on_excess: true,
+            reclaim_recounts: true,
+            ..self
+        }
+    }
+
+    /// Checks the sizes against the model's fixed arrays.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.holders == 0 || self.holders > MAX_HOLDERS {
+            return Err(format!("1 to {MAX_HOLDERS} holders"));
+        }
+        if self.capacities.is_empty() || self.capacities.len() > MAX_POOLS {
+            return Err(format!("1 to {MAX_POOLS} pools"));
+        }
+        if self.leases.is_empty() || self.leases.len() > MAX_LEASES {
+            return Err(format!("1 to {MAX_LEASES} leases"));
+        }
+        if self.ttl == 0 {
+            return Err("ttl of at least one tick".into());
+        }
+        for lease in &self.leases {
+            if lease.holder >= self.holders || lease.weight == 0 || lease.pools.is_empty() {
+                return Err(format!("bad lease {lease:?}"));
+            }
+            if lease.pools.iter().any(|&p| p >= self.capacities.len()) {
+                return Err(format!("lease {lease:?} names an unknown pool"));
+            }
+        }
+        for (pool, &capacity) in self.capacities.iter().enumerate() {
+            let kept: u8 = self
+                .leases
+                .iter()
+                .filter(|l| l.kept && l.pools.contains(&pool))
+                .map(|l| l.weight)
+                .sum();
+            if capacity > 0 && kept > capacity {
+                return Err(format!("kept leases exceed pool {pool}'s capacity"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Members a lease has in all its pools (what the tallies count).
+    pub fn units(&self, lease: usize) -> u8 {
+        let spec = &self.leases[lease];
+        spec.weight * spec.pools.len() as u8
+    }
+
+    /// The pools of a lease as a bit mask.
+    pub fn pool_mask(&self, lease: usize) -> u8 {
+        self.leases[lease].pools.iter().fold(0, |mask, p| mask | 1 << p)
+    }
+
+    /// The leases of a holder as a bit mask.
+    pub fn leases_of(&self, holder: usize) -> u8 {
+        (0..self.leases.len())
+            .filter(|&l| self.leases[l].holder == holder)
+            .fold(0, |mask, l| mask | 1 << l)
+    }
+}
+
+/// The set bits of a mask, lowest first.
+pub fn bits(mask: u8) -> impl Iterator<Item = usize> {
+    (0..8).filter(move |i| mask & (1 << i) != 0)
+}

@@ -1,0 +1,83 @@
+//! Checks one configuration of the protocol model and prints what it found, each
+//! counterexample as a trace: `cargo run -p protocol-model --release -- [old|fixed] [key=value ...]`.
+//! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
+//! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
+//! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
+//! symmetry reduction: every trace is a shortest one); after `fixed`, one fix off:
+//! `two_step=0`, `windows_survive=0`, `late_grants_lost=0`, `check_on_excess=0`,
+//! `reclaim_recounts=0`.
+
+use protocol_model::config::Prune;
+use protocol_model::trace::explore;
+use protocol_model::{LeaseSpec, ModelConfig};
+
+fn main() {
+    let mut cfg = ModelConfig::small();
+    let mut old = false;
+    let mut fixes_off: Vec<String> = Vec::new();
+    let mut fixed = false;
+    let mut shortest = false;
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for arg in std::env::args().skip(1) {
+        if arg == "old" || arg == "fixed" {
+            old |= arg == "old";
+            fixed |= arg == "fixed";
+            continue;
+        }
+        let (key, value) = arg.split_once('=').expect("key=value");
+        let list = || value.split(',').map(|v| v.parse::<usize>().expect("a number"));
+        let n = || value.parse::<u8>().expect("a number");
+        match key {
+            "leases" => {
+                // A holder per lease; "0k": held from the start and never ended.
+                cfg.leases = value
+                    .split(',')
+                    .map(|l| match l.strip_suffix('k') {
+                        Some(holder) => LeaseSpec::kept(holder.parse().expect("a holder")),
+                        None => LeaseSpec::new(l.parse().expect("a holder")),
+                    })
+                    .collect();
+                cfg.holders = cfg.leases.iter().map(|l| l.holder + 1).max().unwrap_or(1);
+            }
+            "caps" => cfg.capacities = list().map(|c| c as u8).collect(),
+            "ttl" => cfg.ttl = n(),
+            "time" => cfg.time = n() == 1,
+            "restores" => cfg.restores = n(),
+            "restarts" => cfg.restarts = n(),
+            "stalls" => cfg.stalls = n(),
+            "failures" => cfg.failures = n(),
+            "observer" => cfg.observer = n() == 1,
+            "threads" => threads = n() as usize,
+            "shortest" => shortest = n() == 1,
+            "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "reclaim_recounts" => {
+                if n() == 0 {
+                    fixes_off.push(key.to_owned());
+                }
+            }
+            other => panic!("unknown key {other}"),
+        }
+    }
+    if old {
+        cfg = cfg.old();
+    }
+    if fixed {
+        cfg = cfg.fixed();
+    }
+    for fix in &fixes_off {
+        match fix.as_str() {
+            "two_step" => cfg.prune = Prune::KeepList,
+            "windows_survive" => cfg.windows_survive = false,
+            "late_grants_lost" => cfg.late_grants_lost = false,
+            "check_on_excess" => cfg.check_on_excess = false,
+            _ => cfg.reclaim_recounts = false,
+        }
+    }
+    if shortest {
+        threads = 1;
+    }
+    let outcome = explore(cfg, threads, shortest);
+    println!("{}", outcome.summary());
+    for (name, trace) in &outcome.counterexamples {
+        println!("\n== {name}\n{trace}");
+    }
+}
