@@ -75,12 +75,17 @@ while i <= #ARGV do
   i = i + 4 + 2 * k
 end
 
--- A holder left with no pool in a tag (every lease lost) leaves it.
+-- A holder left with no pool in a tag (every lease lost) leaves it. Else its count is taken
+-- again from its pools: `hold` dropped the count of an entry found expired, and this call
+-- counted only what it added, so the count is exact whatever happens to the next keep-alive
+-- (found by the protocol model: a check whose resync never came left the count short, and a
+-- member a failover brought back was never pruned).
 for holders in pairs(tags) do
   if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
     leave_tag(holders, holder)
   else
     refresh(holders, holder)
+    recount(holders, holder)
   end
 end
 return {lost, reclaimed}

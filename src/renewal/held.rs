@@ -51,7 +51,9 @@ impl Held {
     /// holder's entry live (`holder_was_alive`) kept the whole group alive, so it extends the
     /// group's deadline. One that found it expired does not revive the group: if the group's own
     /// deadline passed before `now_ms`, its leases are taken out and returned (the caller marks
-    /// them lost, as the sweep would) and the newcomer starts a group of its own.
+    /// them lost, as the sweep would) and the newcomer starts a group of its own. A grant that
+    /// arrives after its own deadline is returned too, not held: the holder's entry may have
+    /// expired since its script ran, and its members been reaped (found by the protocol model).
     pub fn insert(
         &mut self,
         record: Arc<LeaseRecord>,
@@ -68,6 +70,14 @@ impl Held {
             _ => Vec::new(),
         };
         self.count -= overdue.len();
+        for lease in &overdue {
+            self.count_slots(lease, false);
+        }
+        if deadline_ms <= now_ms {
+            let mut overdue = overdue;
+            overdue.push(record);
+            return overdue;
+        }
         let group = self
             .side_mut(record.store)
             .entry(record.holders.clone())
@@ -80,9 +90,6 @@ impl Held {
         if added {
             self.count += 1;
             self.count_slots(&record, true);
-        }
-        for lease in &overdue {
-            self.count_slots(lease, false);
         }
         overdue
     }
@@ -258,5 +265,19 @@ mod tests {
             "the lost one no longer counts"
         );
         assert!(held.tallies.take_excess().is_empty());
+    }
+
+    /// Found by the protocol model: a grant delivered after its own deadline (an event loop
+    /// blocked longer than a lease) must not join a group a later grant revived, since the
+    /// holder's entry may have expired, and its members been reaped, since its script ran.
+    #[test]
+    fn a_grant_arriving_after_its_deadline_is_not_held() {
+        let mut held = Held::default();
+        let (alive, late) = (lease("t", Store::Main), lease("t", Store::Main));
+        assert!(held.insert(Arc::clone(&alive), 900, false, 500).is_empty());
+        let overdue = held.insert(Arc::clone(&late), 400, true, 500);
+        assert_eq!(overdue.len(), 1);
+        assert!(Arc::ptr_eq(&overdue[0], &late));
+        assert_eq!((held.len(), held.slots_in("{t}:global")), (1, 1));
     }
 }

@@ -35,8 +35,11 @@ impl Tally {
         }
     }
 
+    /// Nothing to keep: nothing held or in flight, no count to judge, and no window open (a
+    /// tally dropped while its keep-alive is under way would come back without the window's
+    /// figures, and its answer would look like an excess).
     fn is_empty(&self) -> bool {
-        self.held == 0 && self.in_flight.is_empty() && self.reported.is_none()
+        self.held == 0 && self.in_flight.is_empty() && self.reported.is_none() && !self.window_open
     }
 
     /// The most Redis may have counted while the window was open.
@@ -104,6 +107,10 @@ impl Tallies {
 
     /// Opens a window per tag (at a keep-alive's send): from now, every figure is seen.
     pub fn open_windows(&mut self) {
+        // A tag with nothing held or in flight gets no keep-alive, so no window (a window left
+        // open by a keep-alive that failed closes here).
+        self.by_tag
+            .retain(|_, tally| tally.held > 0 || !tally.in_flight.is_empty());
         for tally in self.by_tag.values_mut() {
             tally.lo = tally.held;
             tally.held_hi = tally.held;
@@ -111,7 +118,6 @@ impl Tallies {
             tally.window_open = true;
             tally.reported = None;
         }
-        self.by_tag.retain(|_, tally| !tally.is_empty());
     }
 
     /// Closes a tag's window with the keep-alive's count; true if the count is short of what
@@ -210,5 +216,29 @@ mod tests {
         tallies.open_windows();
         assert!(tallies.close_window(tag, 0), "a grant is missing");
         assert_eq!(tallies.in_flight(tag), Vec::<String>::new());
+    }
+
+    /// Found by the protocol model: the last lease of a tag lost (swept) while its keep-alive
+    /// was under way, then its release started, used to drop and recreate the tally without the
+    /// window's figures, so the answer looked like an excess and a prune followed, no fault.
+    #[test]
+    fn a_tally_keeps_its_window_while_its_last_lease_goes() {
+        let tag = "{t}:holders";
+        let mut tallies = Tallies::default();
+        let a = lease(1);
+        tallies.flight_start(&a, false);
+        tallies.hold(&a, true);
+        tallies.flight_end(&a, true);
+        tallies.open_windows();
+        tallies.hold(&a, false); // lost at its deadline
+        tallies.flight_start(&a, true); // its release
+        assert!(!tallies.close_window(tag, 2));
+        tallies.flight_end(&a, true);
+        assert!(
+            tallies.take_excess().is_empty(),
+            "2 members were held in the window"
+        );
+        tallies.open_windows();
+        assert!(tallies.by_tag.is_empty(), "then the tally goes");
     }
 }
