@@ -387,8 +387,8 @@ def print_results(summary: Sequence[dict[str, Any]], connections: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="HTTP cost of rate limits under uvicorn + wrk.")
     parser.add_argument("--url", help="Redis URL, e.g. redis://127.0.0.1:6380/0")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per variant")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds of each wrk run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per variant")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds of each wrk run")
     parser.add_argument("--connections", type=int, default=64, help="wrk's connections")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     internal = parser.add_argument_group("internal mode (started by this script)")
