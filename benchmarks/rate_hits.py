@@ -12,7 +12,9 @@ Every implementation is set up as its README shows, with limits far above what a
   ``SlidingWindowCounterRateLimiter`` and ``FixedWindowRateLimiter``: ``await
   strategy.hit(item, namespace, user)``; two policies are two ``hit`` calls in a row (``limits``
   has no multi-limit hit, and the two are not atomic). One more row runs the sliding window
-  counter on redis-py (``implementation="redispy"``, the same hiredis client as the floor);
+  counter on redis-py (``implementation="redispy"``, given the floor's hiredis client and
+  blocking pool of 64 connections: with its own pool, redis-py 8's default of 100 connections
+  that raises ``MaxConnectionsError`` when exhausted, it fails at 256 coroutines);
 * fastapi-limiter 0.2: its ``RateLimiter`` dependency needs a FastAPI request (it walks
   ``request.app.routes``), so ``rate_http.py`` runs it behind uvicorn; here its engine is
   measured directly, as that dependency calls it: ``await limiter.try_acquire_async(key,
@@ -350,7 +352,15 @@ async def compare(
         floor_client = redis_py_client(url)
         stack.push_async_callback(floor_client.aclose)
         storage = RedisStorage("async+" + url)
-        redispy_storage = RedisStorage("async+" + url, implementation="redispy")
+        # The floor's kind of pool: on redis-py 8 limits' own pool (redis-py's default, 100
+        # connections, not blocking) raises MaxConnectionsError beyond 100 concurrent hits.
+        redispy_pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=REDIS_PY_POOL_SIZE, timeout=10.0, socket_timeout=5.0
+        )
+        stack.push_async_callback(redispy_pool.aclose)
+        redispy_storage = RedisStorage(
+            "async+" + url, implementation="redispy", connection_pool=redispy_pool
+        )
         server_version = str((await counters.info("server"))["redis_version"])
         sha = str(await floor_client.script_load(FLOOR_SCRIPT))
         hitters = [
