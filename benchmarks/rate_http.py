@@ -1,7 +1,7 @@
 """What a rate limit costs an HTTP endpoint: one uvicorn worker under wrk, unprotected against
 the same endpoint behind this project's limits and behind two Python peers, in one run.
 
-Four uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log, as
+Five uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log, as
 ``end_to_end.py`` starts them) serve ``GET /`` answering ``{"msg": "Hello World"}``:
 
 * ``plain``: no limiter;
@@ -9,6 +9,11 @@ Four uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no a
   ``dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))]``, and
   ``install_exception_handler(app)``, which adds the ``RateLimitHeaders`` middleware: every
   response carries ``RateLimit-Policy`` and ``RateLimit`` for both policies;
+* ``fastapi_stream_lease-middleware``: the same two policies through the library's ASGI
+  middleware instead of a FastAPI dependency, ``app.add_middleware(RateLimitMiddleware,
+  manager=manager, routes={"/": (per_minute, per_day)}, key=user)``, then
+  ``install_exception_handler(app)`` (its ``RateLimitHeaders`` wraps it): the same Redis work
+  without FastAPI's dependency solving;
 * ``slowapi``: as its README shows, ``Limiter(key_func=user, storage_uri=<redis>,
   headers_enabled=True)``, ``app.state.limiter``, its exception handler, and
   ``@limiter.limit("<n>/minute;<n>/day")`` on the endpoint (which then takes ``request`` and
@@ -21,7 +26,7 @@ Four uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no a
 
 ``user`` is the ``X-User`` request header: wrk (a Lua ``request()``) spreads the requests over
 16 users. Limits are far above what a run reaches: nothing is refused (a non-2xx answer fails
-the benchmark). Each server gets a 1 s wrk warm-up, then the four take turns, ``--repeats``
+the benchmark). Each server gets a 1 s wrk warm-up, then the five take turns, ``--repeats``
 times each: ``wrk -t1 -c64 -d<window>s`` (HTTP/1.1 keep-alive, 64 connections). Measured:
 requests/s, wrk's latency percentiles, and the server process's CPU per request
 (``/proc/<pid>/stat``). The table gives the medians and each limiter's cost against ``plain``:
@@ -67,6 +72,7 @@ from slowapi.errors import RateLimitExceeded
 from fastapi_stream_lease import (
     LeaseConfig,
     RateLimit,
+    RateLimitMiddleware,
     StreamLeaseManager,
     install_exception_handler,
 )
@@ -77,7 +83,8 @@ from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "rate_http.json"
-VARIANTS = ("plain", PROJECT, "slowapi", "fastapi-limiter")
+MIDDLEWARE = f"{PROJECT}-middleware"
+VARIANTS = ("plain", PROJECT, MIDDLEWARE, "slowapi", "fastapi-limiter")
 USERS = 16
 PER_MINUTE = 10**8
 PER_DAY = 10**11
@@ -129,6 +136,23 @@ async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
 
         @app.get("/", dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))])
         async def limited() -> dict[str, str]:
+            return {"msg": "Hello World"}
+
+    elif variant == MIDDLEWARE:
+        manager = StreamLeaseManager(
+            url=url,
+            config=LeaseConfig(
+                key_prefix=f"{prefix}-mw", identity_secret=b"rate_http.py bench secret"
+            ),
+        )
+        per_minute = RateLimit("per_minute", PER_MINUTE, per=60)
+        per_day = RateLimit("per_day", PER_DAY, per=86_400)
+        routes = {"/": (per_minute, per_day)}
+        app.add_middleware(RateLimitMiddleware, manager=manager, routes=routes, key=user)
+        install_exception_handler(app)  # RateLimitHeaders, added last, wraps it
+
+        @app.get("/")
+        async def behind_middleware() -> dict[str, str]:
             return {"msg": "Hello World"}
 
     elif variant == "slowapi":
@@ -355,6 +379,7 @@ def summarize(runs: Sequence[HttpRun]) -> list[dict[str, Any]]:
 ENDPOINTS = {
     "plain": "plain endpoint, no limiter",
     PROJECT: f"{PROJECT}, 2 policies + headers",
+    MIDDLEWARE: f"{PROJECT} RateLimitMiddleware, same",
     "slowapi": f"slowapi {version('slowapi')}, 2 limits + headers",
     "fastapi-limiter": f"fastapi-limiter {version('fastapi-limiter')}, 2 limiters",
 }
