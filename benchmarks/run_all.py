@@ -3,8 +3,10 @@ virtualenvs are set up.
 
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
 tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
-waiting.py, cluster_spread.py (on a cluster of its own) and end_to_end.py in turn, and stops the
-server however the run ends.
+waiting.py, cluster_spread.py (on a cluster of its own), end_to_end.py, then the rate limits'
+rate_hits.py, plot.py again and rate_http.py in turn, and stops the server however the run ends.
+(The rate limits come last: the keys they leave behind expire in the server's background, which
+must not weigh on holding.py's figures.)
 
 Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
 
@@ -38,11 +40,14 @@ def main() -> None:
         ).stdout.split()[2]
         print(f"==> redis-server {version} on 127.0.0.1:{server.port}", flush=True)
         run("acquire_release.py", "--url", server.url, *sys.argv[1:])
-        run("plot.py")
+        run("plot.py", "--figure", "cycles")
         run("holding.py", "--url", server.url)
         run("waiting.py", "--url", server.url)
         run("cluster_spread.py")
         run("end_to_end.py", "--url", server.url)
+        run("rate_hits.py", "--url", server.url)
+        run("plot.py", "--figure", "rates")
+        run("rate_http.py", "--url", server.url)
     finally:
         server.cleanup()
         print("==> stopped redis-server", flush=True)
