@@ -118,7 +118,9 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
-    /// holder, one for the second), one failover, one call that times out: today's protocol.
+    /// holder, one for the second), one failover, one call that times out: today's protocol
+    /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
+    /// reclaim recounts).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -134,25 +136,38 @@ impl ModelConfig {
             observer: false,
             count: Count::Exact,
             prune: Prune::KeepList,
+            windows_survive: true,
+            late_grants_lost: true,
+            check_on_excess: false,
+            reclaim_recounts: true,
+        }
+    }
+
+    /// The protocol at 669650f, when this model first ran: today's count and one-call prune,
+    /// none of the fixes the model led to.
+    pub fn unfixed(self) -> Self {
+        ModelConfig {
+            count: Count::Exact,
+            prune: Prune::KeepList,
             windows_survive: false,
             late_grants_lost: false,
             check_on_excess: false,
             reclaim_recounts: false,
-        }
-    }
-
-    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
-    /// grew, and no prune.
-    pub fn old(self) -> Self {
-        ModelConfig {
-            count: Count::GrantedOnlyGrows,
-            prune: Prune::Never,
             ..self
         }
     }
 
-    /// Today's protocol with the fixes proposed for what this model found: a two-step prune, and
-    /// tallies that keep their open window.
+    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
+    /// grew, and no prune (nor any later fix).
+    pub fn old(self) -> Self {
+        ModelConfig {
+            count: Count::GrantedOnlyGrows,
+            prune: Prune::Never,
+            ..self.unfixed()
+        }
+    }
+
+    /// Today's protocol with every fix the model proposed, whether or not the code has it yet.
     pub fn fixed(self) -> Self {
         ModelConfig {
             count: Count::Exact,
