@@ -60,12 +60,13 @@ pub enum Count {
 pub enum Prune {
     /// Before 8db04e2 (finding 2): never.
     Never,
-    /// Today's `prune.lua`: one call removes the holder's members whose lease is not in the
+    /// `prune.lua` at 0826417: one call removes the holder's members whose lease is not in the
     /// list of leases held or in flight, taken when the call is sent.
     KeepList,
-    /// A proposed fix: the first call only lists the holder's members not in that list; the
-    /// process then removes, by id, those that are still neither held nor in flight (a lease id
-    /// that is neither is never used again, so no grant made meanwhile can be among them).
+    /// Today's: `strays.lua` only lists the holder's leases with members not in that list; the
+    /// process then removes (`prune.lua`), by id, those that are still neither held nor in
+    /// flight (a lease id that is neither is never used again, so no grant made meanwhile can be
+    /// among them).
     TwoStep,
 }
 
@@ -120,7 +121,7 @@ impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
     /// holder, one for the second), one failover, one call that times out: today's protocol
     /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
-    /// reclaim recounts).
+    /// reclaim recounts; and the two-step prune).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -135,7 +136,7 @@ impl ModelConfig {
             failures: 1,
             observer: false,
             count: Count::Exact,
-            prune: Prune::KeepList,
+            prune: Prune::TwoStep,
             windows_survive: true,
             late_grants_lost: true,
             check_on_excess: false,

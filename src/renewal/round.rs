@@ -107,7 +107,20 @@ impl Leases {
                 keep.extend(held.tallies.in_flight(&holders));
                 keep
             };
-            match backend.prune(&holders, &keep).await {
+            // Two steps (found by the protocol model): the leases listed are filtered against
+            // what is held and in flight when the list comes back, since an acquire sent after
+            // `keep` was taken may have been granted before the list; the rest are removed by id.
+            let strays = match backend.strays(&holders, &keep).await {
+                Ok(listed) => lock(&self.held).strays(store, &holders, listed),
+                Err(e) => {
+                    report.failures.push(e);
+                    continue;
+                }
+            };
+            if strays.is_empty() {
+                continue;
+            }
+            match backend.prune(&holders, &strays).await {
                 Ok(removed) => report.pruned += removed,
                 Err(e) => report.failures.push(e),
             }

@@ -152,6 +152,13 @@ impl Tallies {
             .get(holders)
             .map_or_else(Vec::new, |tally| tally.in_flight.keys().cloned().collect())
     }
+
+    /// Whether a lease is in flight in the tag.
+    pub fn is_in_flight(&self, holders: &str, id: &str) -> bool {
+        self.by_tag
+            .get(holders)
+            .is_some_and(|tally| tally.in_flight.contains_key(id))
+    }
 }
 
 #[cfg(test)]
