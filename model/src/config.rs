@@ -106,7 +106,7 @@ pub struct ModelConfig {
     /// on arrival, as the sweep would have found it (today it joins a live group, though its
     /// holder's entry may have expired, and its members been reaped, since its script ran).
     pub late_grants_lost: bool,
-    /// A proposed fix: a keep-alive count above the window's highest figure also has the tag's
+    /// A fix: a keep-alive count above the window's highest figure also has the tag's
     /// leases checked one by one in the same round (members in excess may hide missing ones:
     /// a restore that brings back a released lease and loses a held one).
     pub check_on_excess: bool,
@@ -121,7 +121,7 @@ impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
     /// holder, one for the second), one failover, one call that times out: today's protocol
     /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
-    /// reclaim recounts; and the two-step prune).
+    /// reclaim recounts; and the two-step prune, and a count in excess checked one by one).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -139,7 +139,7 @@ impl ModelConfig {
             prune: Prune::TwoStep,
             windows_survive: true,
             late_grants_lost: true,
-            check_on_excess: false,
+            check_on_excess: true,
             reclaim_recounts: true,
         }
     }
@@ -168,7 +168,8 @@ impl ModelConfig {
         }
     }
 
-    /// Today's protocol with every fix the model proposed, whether or not the code has it yet.
+    /// Today's protocol with every fix the model proposed, whether or not the code has it (today
+    /// it has them all; the variant stays for fixes to come).
     pub fn fixed(self) -> Self {
         ModelConfig {
             count: Count::Exact,
