@@ -98,22 +98,23 @@ pub struct ModelConfig {
     pub count: Count,
     /// How members in excess are pruned (`prune.lua`, added with the exact count: finding 2).
     pub prune: Prune,
-    /// A proposed fix: a tally whose keep-alive window is open is kept even when it holds nothing
-    /// (today it is dropped as empty, and the keep-alive's answer then meets a new tally with no
-    /// window: a count of members just released looks like an excess).
+    /// Model finding 2, fixed at 0826417: a tally whose keep-alive window is open is kept even
+    /// when it holds nothing (before, it was dropped as empty, and the keep-alive's answer met a
+    /// new tally with no window: a count of members just released looked like an excess).
     pub windows_survive: bool,
-    /// A proposed fix: a grant held after its own deadline (`sent_at + lease duration`) is lost
-    /// on arrival, as the sweep would have found it (today it joins a live group, though its
-    /// holder's entry may have expired, and its members been reaped, since its script ran).
+    /// Model finding 3, fixed at 0826417: a grant held after its own deadline (`sent_at + lease
+    /// duration`) is lost on arrival, as the sweep would have found it (before, it joined a live
+    /// group, though its holder's entry may have expired, and its members been reaped, since its
+    /// script ran).
     pub late_grants_lost: bool,
-    /// A fix: a keep-alive count above the window's highest figure also has the tag's
-    /// leases checked one by one in the same round (members in excess may hide missing ones:
-    /// a restore that brings back a released lease and loses a held one).
+    /// Model finding 5, in part: a keep-alive count above the window's highest figure also has
+    /// the tag's leases checked one by one in the same round (members in excess may hide missing
+    /// ones: a restore that brings back a released lease and loses a held one).
     pub check_on_excess: bool,
-    /// A proposed fix: `reclaim.lua` ends by counting the holder's members again (today the
-    /// second keep-alive does; `hold` drops the count of a holder found expired but not yet
-    /// reaped, so a check whose recount never comes, one answered late or lost, leaves the
-    /// count below the members, and members in excess go unseen).
+    /// Model finding 4, fixed at 0826417: `reclaim.lua` ends by counting the holder's members
+    /// again (before, only the second keep-alive did; `hold` drops the count of a holder found
+    /// expired but not yet reaped, so a check whose recount never came, one answered late or
+    /// lost, left the count below the members, and members in excess unseen).
     pub reclaim_recounts: bool,
 }
 
