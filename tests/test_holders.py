@@ -212,6 +212,46 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:members", f"{keys[1]}:clock")
 
 
+def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):
+    # The scripts as src/backend/redis/scripts.rs builds them, called in the order of the race
+    # the protocol model found: the prune's list is asked for, an acquire sent after the ids to
+    # keep were taken is run by Redis, then the removal runs (and runs again, late).
+    lua = Path(__file__).resolve().parent.parent / "src" / "lua"
+
+    def script(name: str):
+        return redis_client.register_script(
+            (lua / "prelude.lua").read_text() + (lua / name).read_text()
+        )
+
+    acquire, strays, prune = script("acquire.lua"), script("strays.lua"), script("prune.lua")
+    pool, tag = global_pool(key_prefix), holders(key_prefix)
+    members = f"{tag}:777:members"
+
+    def grant(lease: str, weight: int) -> None:
+        # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 unlimited pool, a start
+        # costs 1
+        args = [lease, 30_000, weight, "", 0, 0, "", 0, 777, 1, 0, 1]
+        assert acquire(keys=[pool, tag], args=args)[0] == 1
+
+    grant("held", 1)
+    grant("released", 2)  # its release lost in a failover: in Redis, neither held nor in flight
+    keep = ["held"]  # what the process holds and has in flight when it sends the list
+    grant("granted-meanwhile", 1)  # sent after that, run first: the one-step prune removed it
+    listed = strays(keys=[tag], args=[777, 1000, *keep])
+    assert listed == [b"granted-meanwhile", 1, b"released", 2]
+    assert redis_client.zcard(pool) == 4, "the list changes nothing"
+    # The process drops from the list what is held or in flight by now (`Held::strays`, tested
+    # in src/renewal/held.rs): the grant made meanwhile is; the released lease is not.
+    assert prune(keys=[tag], args=[777, "released", 2]) == 2
+    assert sorted(redis_client.zrange(pool, 0, -1)) == [b"granted-meanwhile", b"held"]
+    assert redis_client.get(members) == b"2"
+    # The removal sent again (a timeout, a late run): the id is never used again, so nothing.
+    assert prune(keys=[tag], args=[777, "released", 2]) == 0
+    assert redis_client.zcard(pool) == 2 and redis_client.get(members) == b"2"
+    assert strays(keys=[tag], args=[777, 1000, "held", "granted-meanwhile"]) == []
+    redis_client.delete(pool, tag, f"{tag}:777", members, f"{tag}:clock")
+
+
 def restore(server, snapshot: bytes) -> None:
     """A failover that lost the last writes: the server comes back with an earlier state."""
     server.stop()

@@ -60,12 +60,13 @@ pub enum Count {
 pub enum Prune {
     /// Before 8db04e2 (finding 2): never.
     Never,
-    /// Today's `prune.lua`: one call removes the holder's members whose lease is not in the
+    /// `prune.lua` at 0826417: one call removes the holder's members whose lease is not in the
     /// list of leases held or in flight, taken when the call is sent.
     KeepList,
-    /// A proposed fix: the first call only lists the holder's members not in that list; the
-    /// process then removes, by id, those that are still neither held nor in flight (a lease id
-    /// that is neither is never used again, so no grant made meanwhile can be among them).
+    /// Today's: `strays.lua` only lists the holder's leases with members not in that list; the
+    /// process then removes (`prune.lua`), by id, those that are still neither held nor in
+    /// flight (a lease id that is neither is never used again, so no grant made meanwhile can be
+    /// among them).
     TwoStep,
 }
 
@@ -97,28 +98,31 @@ pub struct ModelConfig {
     pub count: Count,
     /// How members in excess are pruned (`prune.lua`, added with the exact count: finding 2).
     pub prune: Prune,
-    /// A proposed fix: a tally whose keep-alive window is open is kept even when it holds nothing
-    /// (today it is dropped as empty, and the keep-alive's answer then meets a new tally with no
-    /// window: a count of members just released looks like an excess).
+    /// Model finding 2, fixed at 0826417: a tally whose keep-alive window is open is kept even
+    /// when it holds nothing (before, it was dropped as empty, and the keep-alive's answer met a
+    /// new tally with no window: a count of members just released looked like an excess).
     pub windows_survive: bool,
-    /// A proposed fix: a grant held after its own deadline (`sent_at + lease duration`) is lost
-    /// on arrival, as the sweep would have found it (today it joins a live group, though its
-    /// holder's entry may have expired, and its members been reaped, since its script ran).
+    /// Model finding 3, fixed at 0826417: a grant held after its own deadline (`sent_at + lease
+    /// duration`) is lost on arrival, as the sweep would have found it (before, it joined a live
+    /// group, though its holder's entry may have expired, and its members been reaped, since its
+    /// script ran).
     pub late_grants_lost: bool,
-    /// A proposed fix: a keep-alive count above the window's highest figure also has the tag's
-    /// leases checked one by one in the same round (members in excess may hide missing ones:
-    /// a restore that brings back a released lease and loses a held one).
+    /// Model finding 5, in part: a keep-alive count above the window's highest figure also has
+    /// the tag's leases checked one by one in the same round (members in excess may hide missing
+    /// ones: a restore that brings back a released lease and loses a held one).
     pub check_on_excess: bool,
-    /// A proposed fix: `reclaim.lua` ends by counting the holder's members again (today the
-    /// second keep-alive does; `hold` drops the count of a holder found expired but not yet
-    /// reaped, so a check whose recount never comes, one answered late or lost, leaves the
-    /// count below the members, and members in excess go unseen).
+    /// Model finding 4, fixed at 0826417: `reclaim.lua` ends by counting the holder's members
+    /// again (before, only the second keep-alive did; `hold` drops the count of a holder found
+    /// expired but not yet reaped, so a check whose recount never came, one answered late or
+    /// lost, left the count below the members, and members in excess unseen).
     pub reclaim_recounts: bool,
 }
 
 impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
-    /// holder, one for the second), one failover, one call that times out: today's protocol.
+    /// holder, one for the second), one failover, one call that times out: today's protocol
+    /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
+    /// reclaim recounts; and the two-step prune, and a count in excess checked one by one).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -133,26 +137,40 @@ impl ModelConfig {
             failures: 1,
             observer: false,
             count: Count::Exact,
+            prune: Prune::TwoStep,
+            windows_survive: true,
+            late_grants_lost: true,
+            check_on_excess: true,
+            reclaim_recounts: true,
+        }
+    }
+
+    /// The protocol at 669650f, when this model first ran: today's count and one-call prune,
+    /// none of the fixes the model led to.
+    pub fn unfixed(self) -> Self {
+        ModelConfig {
+            count: Count::Exact,
             prune: Prune::KeepList,
             windows_survive: false,
             late_grants_lost: false,
             check_on_excess: false,
             reclaim_recounts: false,
-        }
-    }
-
-    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
-    /// grew, and no prune.
-    pub fn old(self) -> Self {
-        ModelConfig {
-            count: Count::GrantedOnlyGrows,
-            prune: Prune::Never,
             ..self
         }
     }
 
-    /// Today's protocol with the fixes proposed for what this model found: a two-step prune, and
-    /// tallies that keep their open window.
+    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
+    /// grew, and no prune (nor any later fix).
+    pub fn old(self) -> Self {
+        ModelConfig {
+            count: Count::GrantedOnlyGrows,
+            prune: Prune::Never,
+            ..self.unfixed()
+        }
+    }
+
+    /// Today's protocol with every fix the model proposed, whether or not the code has it (today
+    /// it has them all; the variant stays for fixes to come).
     pub fn fixed(self) -> Self {
         ModelConfig {
             count: Count::Exact,

@@ -1,11 +1,13 @@
 //! Checks one configuration of the protocol model and prints what it found, each
-//! counterexample as a trace: `cargo run -p protocol-model --release -- [old|fixed] [key=value ...]`.
+//! counterexample as a trace: `cargo run -p protocol-model --release -- [old|unfixed|fixed]
+//! [key=value ...]` (today's protocol by default; `unfixed`: at 669650f, before the fixes the
+//! model led to; `old`: before issue 10's findings 1 and 2).
 //! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
 //! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
-//! symmetry reduction: every trace is a shortest one); after `fixed`, one fix off:
-//! `two_step=0`, `windows_survive=0`, `late_grants_lost=0`, `check_on_excess=0`,
-//! `reclaim_recounts=0`.
+//! symmetry reduction: every trace is a shortest one); then one fix on or off, whatever the
+//! variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`, `check_on_excess=0/1`,
+//! `reclaim_recounts=0/1`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
@@ -13,15 +15,19 @@ use protocol_model::{LeaseSpec, ModelConfig};
 
 fn main() {
     let mut cfg = ModelConfig::small();
-    let mut old = false;
-    let mut fixes_off: Vec<String> = Vec::new();
-    let mut fixed = false;
+    let mut variant = "";
+    let mut switches: Vec<(String, bool)> = Vec::new();
     let mut shortest = false;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for arg in std::env::args().skip(1) {
-        if arg == "old" || arg == "fixed" {
-            old |= arg == "old";
-            fixed |= arg == "fixed";
+        if ["old", "unfixed", "fixed"].contains(&arg.as_str()) {
+            variant = if arg == "old" {
+                "old"
+            } else if arg == "unfixed" {
+                "unfixed"
+            } else {
+                "fixed"
+            };
             continue;
         }
         let (key, value) = arg.split_once('=').expect("key=value");
@@ -50,26 +56,24 @@ fn main() {
             "threads" => threads = n() as usize,
             "shortest" => shortest = n() == 1,
             "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "reclaim_recounts" => {
-                if n() == 0 {
-                    fixes_off.push(key.to_owned());
-                }
+                switches.push((key.to_owned(), n() == 1));
             }
             other => panic!("unknown key {other}"),
         }
     }
-    if old {
-        cfg = cfg.old();
-    }
-    if fixed {
-        cfg = cfg.fixed();
-    }
-    for fix in &fixes_off {
+    cfg = match variant {
+        "old" => cfg.old(),
+        "unfixed" => cfg.unfixed(),
+        "fixed" => cfg.fixed(),
+        _ => cfg,
+    };
+    for (fix, on) in switches {
         match fix.as_str() {
-            "two_step" => cfg.prune = Prune::KeepList,
-            "windows_survive" => cfg.windows_survive = false,
-            "late_grants_lost" => cfg.late_grants_lost = false,
-            "check_on_excess" => cfg.check_on_excess = false,
-            _ => cfg.reclaim_recounts = false,
+            "two_step" => cfg.prune = if on { Prune::TwoStep } else { Prune::KeepList },
+            "windows_survive" => cfg.windows_survive = on,
+            "late_grants_lost" => cfg.late_grants_lost = on,
+            "check_on_excess" => cfg.check_on_excess = on,
+            _ => cfg.reclaim_recounts = on,
         }
     }
     if shortest {

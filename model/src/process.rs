@@ -140,7 +140,8 @@ pub fn open_windows(tally: &mut Option<Tally>) {
         t.seen_in_flight = t.in_flight;
         t.window_open = true;
         t.reported = None;
-        // Today's `retain`: an empty tally goes, open window or not.
+        // `retain`: an empty tally goes, open window or not (so does one kept by
+        // `windows_survive`: a new keep-alive is on its way only for a tag held or in flight).
         if t.held == 0 && t.in_flight == 0 {
             *tally = None;
         }

@@ -287,8 +287,8 @@ impl Redis {
         released
     }
 
-    /// `prune.lua`: removes the holder's members whose lease is not in `keep` (a mask), then
-    /// recounts; returns the members removed.
+    /// `prune.lua` at 0826417, in one step: removes the holder's members whose lease is not in
+    /// `keep` (a mask), then recounts; returns the members removed.
     pub fn prune(&mut self, cfg: &ModelConfig, holder: usize, keep: u8) -> u8 {
         let mut removed = 0;
         for pool in bits(self.index[holder]) {
@@ -303,8 +303,8 @@ impl Redis {
         removed
     }
 
-    /// A proposed first step of the prune: the holder's leases with members in its pools that
-    /// are not in `keep` (a mask); changes nothing.
+    /// `strays.lua`, the first step of today's prune: the holder's leases with members in its
+    /// pools that are not in `keep` (a mask); changes nothing.
     pub fn list_strays(&self, cfg: &ModelConfig, holder: usize, keep: u8) -> u8 {
         bits(self.index[holder])
             .flat_map(|pool| {
@@ -313,8 +313,8 @@ impl Redis {
             .fold(0, |mask, l| mask | 1 << l)
     }
 
-    /// A proposed second step of the prune: removes the members of the holder's leases in
-    /// `strays` (a mask), then recounts; returns the members removed.
+    /// `prune.lua`, the second step: removes the members of the holder's leases in `strays` (a
+    /// mask), then recounts; returns the members removed.
     pub fn prune_ids(&mut self, cfg: &ModelConfig, holder: usize, strays: u8) -> u8 {
         let mut removed = 0;
         for pool in bits(self.index[holder]) {

@@ -213,12 +213,23 @@ impl Backend {
         }
     }
 
-    /// Removes the members this holder has in a tag that belong to none of `keep` (lease ids),
-    /// and counts its members again; returns how many were removed. Only Redis can have such.
-    pub async fn prune(&self, holders: &str, keep: &[String]) -> CoreResult<u64> {
+    /// The first step of a prune: the leases this holder has members of in a tag that are none
+    /// of `keep` (lease ids), each with its weight as found; changes nothing. Only Redis can
+    /// have such.
+    pub async fn strays(&self, holders: &str, keep: &[String]) -> CoreResult<Vec<(String, u32)>> {
+        match self {
+            Backend::Memory(_) => Ok(Vec::new()),
+            Backend::Redis(r) => r.strays(holders, keep).await,
+        }
+    }
+
+    /// The second step: removes the members of `strays` (lease ids neither held nor in flight,
+    /// never used again) this holder has in a tag, and counts its members again; returns how
+    /// many were removed.
+    pub async fn prune(&self, holders: &str, strays: &[(String, u32)]) -> CoreResult<u64> {
         match self {
             Backend::Memory(_) => Ok(0),
-            Backend::Redis(r) => r.prune(holders, keep).await,
+            Backend::Redis(r) => r.prune(holders, strays).await,
         }
     }
 

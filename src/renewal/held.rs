@@ -155,6 +155,20 @@ impl Held {
             .map_or_else(Vec::new, |group| group.leases.values().cloned().collect())
     }
 
+    /// Of the leases a prune listed in a tag (id, weight), those neither held nor in flight now:
+    /// their ids are never used again, so their members can be removed whenever the call runs.
+    /// A lease granted after the list was asked for is held or in flight, so it stays.
+    pub fn strays(&self, store: Store, holders: &str, listed: Vec<(String, u32)>) -> Vec<(String, u32)> {
+        let group = self.side(store).get(holders);
+        listed
+            .into_iter()
+            .filter(|(id, _)| {
+                !group.is_some_and(|group| group.leases.contains_key(id))
+                    && !self.tallies.is_in_flight(holders, id)
+            })
+            .collect()
+    }
+
     /// Records that the store keeps a whole group at least until `deadline_ms`.
     pub fn extend(&mut self, store: Store, holders: &str, deadline_ms: u64) {
         if let Some(group) = self.side_mut(store).get_mut(holders) {
@@ -279,5 +293,41 @@ mod tests {
         assert_eq!(overdue.len(), 1);
         assert!(Arc::ptr_eq(&overdue[0], &late));
         assert_eq!((held.len(), held.slots_in("{t}:global")), (1, 1));
+    }
+
+    /// Found by the protocol model: a prune's list of leases to keep was taken before its call,
+    /// so an acquire sent meanwhile, and run by Redis first, lost its member. The strays are
+    /// now filtered when the list comes back: a grant made meanwhile is held or in flight.
+    #[test]
+    fn a_prune_removes_only_leases_neither_held_nor_in_flight() {
+        let mut held = Held::default();
+        let (kept, granted, sent, released) = (
+            lease("t", Store::Main),
+            lease("t", Store::Main),
+            lease("t", Store::Main),
+            lease("t", Store::Main),
+        );
+        held.insert(Arc::clone(&kept), 100, true, 0);
+        let listed = |leases: &[&Arc<LeaseRecord>]| -> Vec<(String, u32)> {
+            leases
+                .iter()
+                .map(|lease| (lease.id.clone(), lease.weight))
+                .collect()
+        };
+        // What a list may name: any lease granted after the ids to keep were taken.
+        let all = listed(&[&kept, &granted, &sent, &released]);
+        // Since then: `granted` was acquired and held, `sent` is being acquired, `released`
+        // was held, then released, and its release is still under way.
+        held.tallies.flight_start(&granted, false);
+        held.insert(Arc::clone(&granted), 100, true, 0);
+        held.tallies.flight_end(&granted, true);
+        held.tallies.flight_start(&sent, false);
+        held.insert(Arc::clone(&released), 100, true, 0);
+        held.remove(&released);
+        held.tallies.flight_start(&released, true);
+        assert!(held.strays(Store::Main, "{t}:holders", all.clone()).is_empty());
+        // Once the release is confirmed, the released lease's id is never used again.
+        held.tallies.flight_end(&released, true);
+        assert_eq!(held.strays(Store::Main, "{t}:holders", all), listed(&[&released]));
     }
 }

@@ -2,7 +2,10 @@
 //! keep-alive per hash tag, which also reads the holder's count of members there); a group whose
 //! holder entry lapsed, or whose count is below what this process holds, has its leases checked
 //! one by one (taken back where capacity allows, else lost) and its count taken again; a group
-//! whose count is above what it holds and has in flight has the extra members pruned. Then
+//! whose count is above what it holds and has in flight is checked so too (the excess may hide
+//! members missing), and has the extra members pruned at the next round, in two steps: the
+//! leases listed (`strays.lua`) that are neither held nor in flight by then are removed by id
+//! (`prune.lua`). Then
 //! leases whose removal failed are removed again. A failed call leaves its leases to the next
 //! round, and to their deadlines.
 
@@ -107,7 +110,20 @@ impl Leases {
                 keep.extend(held.tallies.in_flight(&holders));
                 keep
             };
-            match backend.prune(&holders, &keep).await {
+            // Two steps (found by the protocol model): the leases listed are filtered against
+            // what is held and in flight when the list comes back, since an acquire sent after
+            // `keep` was taken may have been granted before the list; the rest are removed by id.
+            let strays = match backend.strays(&holders, &keep).await {
+                Ok(listed) => lock(&self.held).strays(store, &holders, listed),
+                Err(e) => {
+                    report.failures.push(e);
+                    continue;
+                }
+            };
+            if strays.is_empty() {
+                continue;
+            }
+            match backend.prune(&holders, &strays).await {
                 Ok(removed) => report.pruned += removed,
                 Err(e) => report.failures.push(e),
             }

@@ -3,8 +3,9 @@
 //! confirmed). A keep-alive's count below the lowest figure seen during its call means members
 //! are missing (the leases are checked one by one, that round); above the highest, members it
 //! does not hold (they are pruned at the next round, once the acquires in flight during the call
-//! have settled: a refused one never counted). So a shortfall is found within one renewal
-//! period, an excess within two.
+//! have settled: a refused one never counted), and the leases are checked one by one too, that
+//! round, since the excess may hide members missing. So a shortfall is found within one renewal
+//! period, an excess within two; a shortfall exactly matched by an excess is not found.
 
 use std::collections::HashMap;
 
@@ -120,15 +121,18 @@ impl Tallies {
         }
     }
 
-    /// Closes a tag's window with the keep-alive's count; true if the count is short of what
-    /// was held all along (grants are missing).
+    /// Closes a tag's window with the keep-alive's count; true if its leases must be checked one
+    /// by one: the count is short of what was held all along (grants are missing), or above the
+    /// most the window saw (members it does not hold, which may hide missing ones: a failover
+    /// that brings back more released members than it loses held ones; found by the protocol
+    /// model). An excess is also pruned at the next round.
     pub fn close_window(&mut self, holders: &str, members: u64) -> bool {
         let Some(tally) = self.by_tag.get_mut(holders) else {
             return false;
         };
         tally.window_open = false;
         tally.reported = Some(members);
-        members < tally.lo
+        members < tally.lo || members > tally.hi()
     }
 
     /// The tags whose last count exceeded the most they could have had, now that the calls in
@@ -151,6 +155,13 @@ impl Tallies {
         self.by_tag
             .get(holders)
             .map_or_else(Vec::new, |tally| tally.in_flight.keys().cloned().collect())
+    }
+
+    /// Whether a lease is in flight in the tag.
+    pub fn is_in_flight(&self, holders: &str, id: &str) -> bool {
+        self.by_tag
+            .get(holders)
+            .is_some_and(|tally| tally.in_flight.contains_key(id))
     }
 }
 
@@ -215,6 +226,11 @@ mod tests {
         tallies.flight_end(&a, true);
         tallies.open_windows();
         assert!(tallies.close_window(tag, 0), "a grant is missing");
+        tallies.open_windows();
+        assert!(
+            tallies.close_window(tag, 3),
+            "above the most it may have: checked one by one too"
+        );
         assert_eq!(tallies.in_flight(tag), Vec::<String>::new());
     }
 

@@ -13,6 +13,9 @@ use crate::runtime::a_few_at_a_time;
 /// Hash tags kept alive per keep-alive call (standalone; a cluster takes one per call).
 const TAGS_PER_KEEPALIVE: usize = 1000;
 
+/// Lease ids one prune lists (and removes) at most; more wait for the next round's prune.
+const STRAYS_PER_CALL: usize = 1000;
+
 /// Script calls of one renewal round in flight at once, so acquires are not queued behind it.
 const RENEW_CALLS_IN_FLIGHT: usize = 2;
 
@@ -105,10 +108,26 @@ impl RedisBackend {
             .collect()
     }
 
-    /// Removes this holder's members in a tag that belong to none of `keep` (`lua/prune.lua`).
-    pub async fn prune(&self, holders: &str, keep: &[String]) -> CoreResult<u64> {
+    /// Lists the leases this holder has members of in a tag that are none of `keep`, with the
+    /// highest unit of each found (`lua/strays.lua`, the first step of a prune; changes nothing).
+    pub async fn strays(&self, holders: &str, keep: &[String]) -> CoreResult<Vec<(String, u32)>> {
+        let mut invocation = scripts::STRAYS.prepare_invoke();
+        invocation
+            .key(holders)
+            .arg(self.holder)
+            .arg(STRAYS_PER_CALL)
+            .arg(keep);
+        self.link.run(&invocation).await
+    }
+
+    /// Removes the members of `strays` (lease ids and weights) this holder has in a tag, then
+    /// counts its members again (`lua/prune.lua`, the second step of a prune).
+    pub async fn prune(&self, holders: &str, strays: &[(String, u32)]) -> CoreResult<u64> {
         let mut invocation = scripts::PRUNE.prepare_invoke();
-        invocation.key(holders).arg(self.holder).arg(keep);
+        invocation.key(holders).arg(self.holder);
+        for (id, weight) in strays {
+            invocation.arg(id).arg(*weight);
+        }
         self.link.run(&invocation).await
     }
 

@@ -24,6 +24,7 @@ pub static COUNT: LazyLock<Script> = script!("count.lua");
 pub static RELEASE: LazyLock<Script> = script!("release.lua");
 pub static LEAVE: LazyLock<Script> = script!("leave.lua");
 pub static HEARTBEAT: LazyLock<Script> = script!("heartbeat.lua");
+pub static STRAYS: LazyLock<Script> = script!("strays.lua");
 pub static PRUNE: LazyLock<Script> = script!("prune.lua");
 pub static HIT: LazyLock<Script> = script!("hit.lua");
 pub static FORGET: LazyLock<Script> = script!("forget.lua");
