@@ -1,0 +1,69 @@
+"""What a chaos run prints at its end: the seed, the schedule, the counts, the invariants and
+every violation."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from chaos.auditor import Audit
+from chaos.faults import KINDS
+
+INVARIANTS = ["caps", "counted", "redis caps", "leftovers", "drain", "ttl", "errors", "memory"]
+# Violations listed per invariant (the count is always complete).
+LISTED = 12
+
+
+def summary(audit: Audit, seed: int, target: str, seconds: float, workers: int) -> list[str]:
+    b = audit.bounds
+    lines = [
+        f"chaos run: seed {seed}, {target}, {workers} workers, {seconds:.0f} s of faults and "
+        f"streams",
+        f"settings: lease_seconds {b.lease}, renew_every {b.renew:.3f}, redis_timeout "
+        f"{b.timeout}, max_per_user {audit.settings.max_per_user}, max_global "
+        f"{audit.settings.max_global}, resources {audit.settings.resources}",
+        f"bounds: notice {b.notice} s; settle = 2 x renew_every + 4 x redis_timeout = "
+        f"{b.settle:.2f} s; after a kill lease_seconds = {b.lease} s",
+        "schedule (seconds after the start; actual duration):",
+    ]
+    for fault in audit.faults:
+        actual = fault.t1 - fault.t0
+        lines.append(f"  {fault.describe()}  [{actual:.2f}s]")
+    kinds = Counter(f.kind for f in audit.faults)
+    lines.append("faults by kind: " + ", ".join(f"{k} {kinds[k]}" for k in KINDS if kinds[k]))
+    lines.append("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(audit.outcomes.items())))
+    stats: Counter[str] = Counter()
+    for life in audit.workers.values():
+        for key, value in (life.bye or {}).items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                stats[key] += value
+    lines.append("workers' stats at exit (those not killed): "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(stats.items())))
+    lines.append("checked: " + ", ".join(f"{k} {v}" for k, v in audit.checked.items()))
+    worst: dict[str, float] = defaultdict(float)
+    after: dict[str, float] = defaultdict(lambda: float("-inf"))
+    excess: dict[str, int] = defaultdict(int)
+    for episode in audit.episodes:
+        kind = episode.fault.split(" at ")[0]
+        worst[kind] = max(worst[kind], episode.end - episode.start)
+        after[kind] = max(after[kind], episode.after_fault)
+        excess[kind] += 1
+    lines.append(
+        f"over a cap before the windows: {len(audit.episodes)} episodes"
+        + ("; by the fault before: " + ", ".join(
+            f"{k} {excess[k]} (longest {worst[k]:.2f}s, over until {after[k]:+.2f}s after "
+            f"it ended)" for k in sorted(worst)) if worst else ""))
+    for key, value in audit.figures.items():
+        lines.append(f"{key}: {value}")
+    lines.append("drain: " + ", ".join(f"{k} {v}" for k, v in audit.drain.items()))
+    by_invariant = defaultdict(list)
+    for violation in audit.violations:
+        by_invariant[violation.invariant].append(violation)
+    lines.append("invariants:")
+    for name in INVARIANTS:
+        found = by_invariant.get(name, [])
+        lines.append(f"  {name:11s} {'ok' if not found else f'{len(found)} VIOLATIONS'}")
+        for violation in sorted(found, key=lambda v: v.at)[:LISTED]:
+            lines.append(f"    at {audit.rel(violation.at):7.2f}s: {violation.detail}")
+    lines.append(f"result: {'PASS' if not audit.violations else 'FAIL'} "
+                 f"({len(audit.violations)} violations), seed {seed}, {target}")
+    return lines
