@@ -232,6 +232,33 @@ class Audit:
         self.check_caps()
         self.check_samples()
         self.check_workers()
+        self.measure_losses()
+
+    def measure_losses(self) -> None:
+        """How long after the fault ended its lost streams ended: a stopped worker's after it
+        ran again, those open when Redis lost writes after Redis answered again."""
+        b = self.bounds
+        for kind, label in (("worker_stop", "a stopped worker's lost streams ended after "
+                                             "SIGCONT"),
+                            ("redis_restart", "streams lost to a restart ended after Redis "
+                                              "answered"),
+                            ("redis_restore", "streams lost to a restore ended after Redis "
+                                              "answered")):
+            worst = None
+            for fault in self.faults:
+                if fault.kind != kind:
+                    continue
+                for stream in self.streams.values():
+                    assert stream.t_end is not None
+                    if stream.how != "lost" or stream.t_req >= fault.t1 or not (
+                            fault.t0 <= stream.t_end <= fault.t1 + b.settle + b.notice + 5):
+                        continue
+                    if kind == "worker_stop" and stream.worker != fault.notes.get("worker"):
+                        continue
+                    late = stream.t_end - fault.t1
+                    worst = late if worst is None else max(worst, late)
+            if worst is not None:
+                self.figures[f"{label}, at most (s)"] = round(worst, 2)
 
     def windows_of(self, stream: Stream) -> list[tuple[float, float, str]]:
         b = self.bounds
@@ -332,23 +359,35 @@ class Audit:
                         owners.setdefault(holder, stream.worker)
         return owners
 
-    def allowed_until(self, worker: str | None, since: float) -> float:
-        """The latest moment a slot of ``worker`` whose stream ended (or that was first seen)
-        at ``since`` may still be counted."""
+    def recovered(self, worker: str | None, since: float) -> float:
+        """When a slot of ``worker`` whose stream ended (or that was first seen) at ``since``
+        could start to be removed: then, or when the last fault that overlapped its removal
+        ended (Redis, the worker's link or the worker back)."""
         b = self.bounds
-        allowed = since + b.leftover
+        start = since
         for fault in self.faults:
             # A restore brings back what its snapshot held: from the SAVE on, it may matter.
             began = float(fault.notes.get("t_snapshot", fault.t0))  # type: ignore[arg-type]
-            if began > allowed:
+            if began > start + b.leftover:
                 continue
             touches = fault.kind in REDIS_WIDE or (
                 fault.kind in ("net_cut", "worker_stop") and fault.notes.get("worker") == worker)
             if touches and fault.t1 >= since - b.leftover:
-                allowed = max(allowed, fault.t1 + b.leftover)
+                start = max(start, fault.t1)
+        return start
+
+    def died(self, worker: str | None) -> float | None:
         life = self.workers.get(worker) if worker is not None else None
-        if life is not None and life.t_dead is not None and life.t_dead <= allowed:
-            allowed = max(allowed, life.t_dead + b.lease + CLOCK_SLACK)
+        return life.t_dead if life is not None else None
+
+    def allowed_until(self, worker: str | None, since: float) -> float:
+        """The latest moment such a slot may still be counted: ``leftover`` after it could
+        start to be removed, or ``lease_seconds`` after its worker died, if it died first."""
+        b = self.bounds
+        allowed = self.recovered(worker, since) + b.leftover
+        died = self.died(worker)
+        if died is not None and died <= allowed:
+            allowed = max(allowed, died + b.lease + CLOCK_SLACK)
         return allowed
 
     def check_samples(self) -> None:
@@ -417,8 +456,13 @@ class Audit:
                         worker, since = known.worker, known.t_end
                     else:
                         worker, since = owners.get(holder), first_seen[lease]
-                    kind = "known" if known is not None else "unknown"
-                    leftover_worst[kind] = max(leftover_worst[kind], sample.r0 - since)
+                    died = self.died(worker)
+                    if died is not None and died <= sample.r0:
+                        leftover_worst["killed"] = max(leftover_worst["killed"],
+                                                       sample.r0 - died)
+                    else:
+                        leftover_worst["alive"] = max(
+                            leftover_worst["alive"], sample.r0 - self.recovered(worker, since))
                     if sample.r0 > self.allowed_until(worker, since):
                         late = overdue.setdefault((lease, pool), Overdue(
                             sample.r0, sample.r0, since, worker,
@@ -435,10 +479,10 @@ class Audit:
                 f"{self.allowed_until(late.worker, late.since) - late.since:.2f}s); "
                 f"last fault {self.fault_before(late.first)}"))
         self.checked["samples"] = len(samples)
-        self.figures["longest leftover after a stream's end (s)"] = round(
-            leftover_worst["known"], 2)
-        self.figures["longest leftover of a lease no stream told of (s)"] = round(
-            leftover_worst["unknown"], 2)
+        self.figures["leftover: longest a slot was counted after its stream ended, or Redis "
+                     "(the link, the worker) came back (s)"] = round(leftover_worst["alive"], 2)
+        self.figures["leftover: longest a killed worker's slot was counted after it died (s)"] = (
+            round(leftover_worst["killed"], 2))
 
     def check_workers(self) -> None:
         for life in self.workers.values():

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import time
 
-from chaos.report import summary
+from chaos.report import overall, summary
 from chaos.run import ChaosRun
 
 
@@ -44,6 +44,8 @@ def main(argv: list[str]) -> int:
                 print(line, flush=True)
             results.append((seed, target, seconds, audit))
     print(f"== all runs: {(time.monotonic() - began) / 60:.1f} minutes", flush=True)
+    for line in overall(results):
+        print(line, flush=True)
     for seed, target, seconds, audit in results:
         print(f"  seed {seed} {target:8s} {seconds:5.0f} s: {len(audit.faults)} faults, "
               f"{audit.outcomes['started']} streams, {len(audit.violations)} violations",

@@ -67,3 +67,42 @@ def summary(audit: Audit, seed: int, target: str, seconds: float, workers: int) 
     lines.append(f"result: {'PASS' if not audit.violations else 'FAIL'} "
                  f"({len(audit.violations)} violations), seed {seed}, {target}")
     return lines
+
+
+def overall(results: list[tuple[int, str, float, Audit]]) -> list[str]:
+    """The figures of every run together (what the README quotes)."""
+    kinds: Counter[str] = Counter()
+    episodes: Counter[str] = Counter()
+    after: dict[str, float] = {}
+    outcomes: Counter[str] = Counter()
+    figures: dict[str, float] = {}
+    violations = 0
+    for *_, audit in results:
+        kinds.update(f.kind for f in audit.faults)
+        outcomes.update(audit.outcomes)
+        violations += len(audit.violations)
+        for episode in audit.episodes:
+            kind = episode.fault.split(" at ")[0]
+            episodes[kind] += 1
+            after[kind] = max(after.get(kind, float("-inf")), episode.after_fault)
+        for key, value in audit.figures.items():
+            if isinstance(value, (int, float)):
+                figures[key] = max(figures.get(key, float("-inf")), value)
+    seconds = sum(seconds for _, _, seconds, _ in results)
+    lines = [
+        f"all runs: {len(results)} runs, {seconds / 60:.1f} minutes of streams and faults, "
+        f"seeds {sorted({seed for seed, *_ in results})}",
+        f"faults: {sum(kinds.values())}: " + ", ".join(
+            f"{k} {kinds[k]}" for k in KINDS if kinds[k]),
+        f"streams: {outcomes['started']} started; " + ", ".join(
+            f"{k} {v}" for k, v in sorted(outcomes.items()) if k.startswith("ended")),
+        "acquires without a stream: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(outcomes.items())
+            if not k.startswith(("ended", "started", "logged"))),
+        "over a cap before the windows, by the fault before: " + (", ".join(
+            f"{k} {episodes[k]} (over until {after[k]:+.2f}s after it ended)"
+            for k in sorted(episodes)) or "never"),
+    ]
+    lines += [f"{key}: {value}" for key, value in figures.items()]
+    lines.append(f"violations: {violations}")
+    return lines

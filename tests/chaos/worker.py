@@ -123,7 +123,8 @@ class Worker:
         user: str | None = self.settings.user_name(rng.randrange(self.settings.users))
         if resources and rng.random() < 0.2:
             user = None  # resources only: neither the user's pool nor the global one
-        length = rng.uniform(0.05, self.settings.longest_stream)
+        length = (rng.uniform(0.05, self.settings.short_stream) if rng.random() < 0.8
+                  else rng.uniform(self.settings.short_stream, self.settings.long_stream))
         wait = rng.uniform(0.2, 2.0) if rng.random() < 0.35 else 0.0
         cancel_acquire = rng.uniform(0.0, 0.3) if rng.random() < 0.08 else None
         cancel_stream = wait + length * rng.uniform(0.1, 0.9) if rng.random() < 0.1 else None
