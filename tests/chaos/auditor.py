@@ -259,6 +259,30 @@ class Audit:
                     worst = late if worst is None else max(worst, late)
             if worst is not None:
                 self.figures[f"{label}, at most (s)"] = round(worst, 2)
+        unexplained = [s for s in self.streams.values()
+                       if s.how == "lost" and not self.may_lose(s)]
+        self.figures["lost with no fault that can lose a lease"] = len(unexplained)
+        if unexplained:
+            self.figures["lost with no fault that can lose a lease: the first"] = ", ".join(
+                self.describe(s) for s in unexplained[:5])
+
+    def may_lose(self, stream: Stream) -> bool:
+        """Whether a fault could have cost this stream its lease: Redis losing writes, or Redis,
+        its worker or its worker's link stalled for longer than a renewal can make up for
+        (``lease_seconds - renew_every - redis_timeout``), shortly before it ended."""
+        b = self.bounds
+        assert stream.t_end is not None
+        for fault in self.faults:
+            if not fault.t0 <= stream.t_end <= fault.t1 + b.settle + b.notice + b.lease:
+                continue
+            if fault.kind in STATE_LOSS:
+                return True
+            long = fault.t1 - fault.t0 >= b.lease - b.renew - b.timeout
+            mine = fault.notes.get("worker") == stream.worker
+            if long and (fault.kind == "redis_pause" or (
+                    fault.kind in ("net_cut", "worker_stop") and mine)):
+                return True
+        return False
 
     def windows_of(self, stream: Stream) -> list[tuple[float, float, str]]:
         b = self.bounds
