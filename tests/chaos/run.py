@@ -296,8 +296,9 @@ class ChaosRun:
         bound: released slots within ``settle``, a killed worker's within ``lease_seconds`` of
         its death, then the line's keys, which live 2 x max(lease_seconds, 3 s) after the last
         waiter's call. An observer's count (any call in the tag reaps expired holders) runs
-        until every pool is empty; then the walk markers it leaves expire (1 s). Every key
-        seen meanwhile must have a TTL."""
+        until every pool is empty; then the walk markers it leaves expire (1 s). The tag's
+        clock (``holders:clock``, the clock-step guard's) is written by any call in the tag and
+        lives 1 h. Every key seen meanwhile must have a TTL."""
         b = self.bounds
         t_gone = now()
         kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
@@ -307,9 +308,10 @@ class ChaosRun:
             key_prefix=self.settings.key_prefix, identity_secret=self.settings.identity_secret,
             lease_seconds=self.settings.lease_seconds))
         client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
-        keys: list[bytes] = []
+        left: list[bytes] = []
         no_ttl: set[bytes] = set()
         last_seen: dict[str, float] = {}
+        clock = f"{self.settings.holders_key}:clock".encode()
         counting = True
         try:
             while True:
@@ -323,8 +325,9 @@ class ChaosRun:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
                     if await client.pttl(key) == -1:
                         no_ttl.add(key)
-                counting = counting or any(b":walked:" not in key for key in keys)
-                if not keys or now() > deadline:
+                left = [key for key in keys if key != clock]
+                counting = counting or any(b":walked:" not in key for key in left)
+                if not left or now() > deadline:
                     break
                 await asyncio.sleep(0.2)
         finally:
@@ -336,14 +339,33 @@ class ChaosRun:
             "bound (s)": round(deadline - t_gone, 2),
             "last seen (s)": {k: round(t - t_gone, 2) for k, t in sorted(last_seen.items())},
         }
-        if keys:
+        if left:
             self.audit.violations.append(Violation(
-                "drain", now(), f"{len(keys)} keys left {now() - t_gone:.1f}s after the workers "
-                f"were gone: {sorted(k.decode() for k in keys)[:10]}"))
+                "drain", now(), f"{len(left)} keys left {now() - t_gone:.1f}s after the workers "
+                f"were gone: {await self.describe_keys(left[:10])}"))
         for key in sorted(no_ttl):
             self.audit.violations.append(Violation(
                 "ttl", now(), f"key {key.decode()} had no expiry"))
         self.redis_memory_after = await asyncio.to_thread(targets.used_memory, self.target.node)
+
+    async def describe_keys(self, keys: list[bytes]) -> str:
+        """Each key with its TTL and what it holds, and Redis' clock, for the report."""
+        client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
+        try:
+            seconds, micros = await client.time()
+            parts = [f"TIME {seconds * 1000 + micros // 1000}"]
+            for key in sorted(keys):
+                kind = (await client.type(key)).decode()
+                if kind == "zset":
+                    held: object = await client.zrange(key, 0, 9, withscores=True)
+                elif kind == "set":
+                    held = sorted(await client.smembers(key))[:10]  # type: ignore[misc]
+                else:
+                    held = await client.get(key)
+                parts.append(f"{key.decode()} ({kind}, pttl {await client.pttl(key)}): {held}")
+            return "; ".join(parts)
+        finally:
+            await client.aclose()
 
     def check_memory(self) -> None:
         """A worker's RSS, from 20 s after it started to its end, grows by at most
@@ -369,8 +391,9 @@ def _kind_of_key(key: str, tag: str) -> str:
     """A key's family: ``holders:*``, ``line``, ``user:*``..."""
     parts = key[len(tag) + 1:].split(":")
     if parts[0] == "holders" and len(parts) > 1:
-        return "holders:walked" if parts[1] == "walked" else (
-            "holders:<id>:members" if parts[-1] == "members" else "holders:<id>")
+        if parts[1] in ("walked", "clock"):
+            return f"holders:{parts[1]}"
+        return "holders:<id>:members" if parts[-1] == "members" else "holders:<id>"
     if parts[0] == "user":
         return "user:*"
     return ":".join(parts)
