@@ -21,8 +21,11 @@ def summary(audit: Audit, seed: int, target: str, seconds: float, workers: int) 
         f"settings: lease_seconds {b.lease}, renew_every {b.renew:.3f}, redis_timeout "
         f"{b.timeout}, max_per_user {audit.settings.max_per_user}, max_global "
         f"{audit.settings.max_global}, resources {audit.settings.resources}",
-        f"bounds: notice {b.notice} s; settle = 2 x renew_every + 4 x redis_timeout = "
-        f"{b.settle:.2f} s; after a kill lease_seconds = {b.lease} s",
+        f"bounds: notice {b.notice} s; settle after a restart = 3 x renew_every + 4 x "
+        f"redis_timeout = {b.settle('redis_restart'):.2f} s, after a restore 5 x renew_every "
+        f"+ 4 x redis_timeout = {b.settle('redis_restore'):.2f} s; "
+        f"leftover = 5 s + renew_every + 3 x redis_timeout = "
+        f"{b.leftover:.2f} s; after a kill lease_seconds = {b.lease} s",
         "schedule (seconds after the start; actual duration):",
     ]
     for fault in audit.faults:
@@ -52,6 +55,17 @@ def summary(audit: Audit, seed: int, target: str, seconds: float, workers: int) 
         + ("; by the fault before: " + ", ".join(
             f"{k} {excess[k]} (longest {worst[k]:.2f}s, over until {after[k]:+.2f}s after "
             f"it ended)" for k in sorted(worst)) if worst else ""))
+    longest = {}
+    for episode in audit.episodes:
+        kind = episode.fault.split(" at ")[0]
+        if kind not in longest or episode.after_fault > longest[kind].after_fault:
+            longest[kind] = episode
+    for kind in sorted(longest):
+        episode = longest[kind]
+        lines.append(
+            f"  the latest after {episode.fault}: {audit.settings.pool_name(episode.pool)} over "
+            f"by {episode.excess} from {audit.rel(episode.start):.2f}s to "
+            f"{audit.rel(episode.end):.2f}s; open: {episode.streams}")
     for key, value in audit.figures.items():
         lines.append(f"{key}: {value}")
     lines.append("drain: " + ", ".join(f"{k} {v}" for k, v in audit.drain.items()))

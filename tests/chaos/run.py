@@ -50,7 +50,7 @@ class ChaosRun:
     def __init__(
         self, seed: int, seconds: float, cluster: bool = False, workers: int = 4,
         settings: Settings | None = None, bounds: Bounds | None = None,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = print, kinds: list[str] | None = None,
     ) -> None:
         self.seed = seed
         self.seconds = seconds
@@ -59,7 +59,8 @@ class ChaosRun:
         self.settings = settings or Settings(key_prefix=f"chaos{seed}")
         self.bounds = bounds or Bounds.of(self.settings)
         self.say = say
-        kinds = CLUSTER_KINDS if cluster else list(KINDS)
+        if kinds is None:
+            kinds = CLUSTER_KINDS if cluster else list(KINDS)
         self.schedule = draw_schedule(
             seed, seconds, kinds, workers, self.settings.lease_seconds)
         self.workers: dict[int, Worker] = {}
@@ -293,17 +294,17 @@ class ChaosRun:
 
     async def drain(self, t_told: float) -> None:
         """After the workers are gone, every pool must count 0 and every key go, within the
-        bound: released slots within ``settle``, a killed worker's within ``lease_seconds`` of
-        its death, then the line's keys, which live 2 x max(lease_seconds, 3 s) after the last
-        waiter's call. An observer's count (any call in the tag reaps expired holders) runs
-        until every pool is empty; then the walk markers it leaves expire (1 s). The tag's
+        bound: a worker's leases within ``lease_seconds`` of its exit or death (those it could
+        not release expire with its holder), then the line's keys, which live
+        2 x max(lease_seconds, 3 s) after the last waiter's call. An observer's count (any
+        call in the tag reaps expired holders) runs until every pool is empty; then the walk
+        markers it leaves expire (1 s). The tag's
         clock (``holders:clock``, the clock-step guard's) is written by any call in the tag and
         lives 1 h. Every key seen meanwhile must have a TTL."""
         b = self.bounds
         t_gone = now()
         kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
-        deadline = max(t_gone + b.settle, max(kills, default=0.0) + b.lease) \
-            + 2 * max(b.lease, 3.0) + 1.0
+        deadline = max(t_gone, max(kills, default=0.0)) + b.lease + 2 * max(b.lease, 3.0) + 1.0
         observer = StreamLeaseManager(url=self.target.url, config=LeaseConfig(
             key_prefix=self.settings.key_prefix, identity_secret=self.settings.identity_secret,
             lease_seconds=self.settings.lease_seconds))

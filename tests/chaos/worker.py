@@ -102,9 +102,23 @@ class Worker:
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         emit("hello", t=now())
         runners = [asyncio.create_task(self.runner(i)) for i in range(self.settings.concurrency)]
+        watch = asyncio.create_task(self.watch_stats())
         await asyncio.gather(*runners)
+        watch.cancel()
         await self.manager.aclose()
         emit("bye", t=now(), stats=dict(self.manager.stats()))
+
+    async def watch_stats(self) -> None:
+        """Tells the auditor when the library finds leases lost or takes them back, or prunes
+        (polled every 0.1 s: when it happened, give or take that)."""
+        told: dict[str, object] = {}
+        while True:
+            stats = self.manager.stats()
+            now_told = {k: stats[k] for k in ("lost", "reclaimed", "pruned")}  # type: ignore[literal-required]
+            if now_told != told:
+                emit("stats", t=now(), **now_told)
+                told = now_told
+            await asyncio.sleep(0.1)
 
     async def runner(self, index: int) -> None:
         # Runners start spread out, not all at once.
