@@ -101,6 +101,7 @@ class Stream:
     pools: list[str]
     t_end: float | None = None
     how: str = "open"
+    lost: bool = False  # its lease was lost by the time it ended (by LeaseLost or not)
     exempt: list[tuple[float, float, str]] = field(default_factory=list)
 
 
@@ -201,8 +202,13 @@ class Audit:
         elif kind == "end":
             stream = self.streams[str(event["id"])]
             stream.t_end = float(event["t_end"])  # type: ignore[arg-type]
-            stream.how = "lost" if event["lost"] or event["how"] == "lost" else str(event["how"])
+            # "lost": ended by LeaseLost. A stream can also end by itself just as its lease is
+            # lost, before the cancellation reaches it: ``lost`` is set then too.
+            stream.how = str(event["how"])
+            stream.lost = bool(event["lost"]) or stream.how == "lost"
             self.outcomes[f"ended {stream.how}"] += 1
+            if stream.lost and stream.how != "lost":
+                self.outcomes["ended by itself as its lease was lost"] += 1
         elif kind == "refused":
             waited = " after waiting" if event.get("waited") else ""
             self.outcomes[f"refused ({event['limit']}){waited}"] += 1
@@ -306,8 +312,7 @@ class Audit:
         if notice is not None:
             self.figures["a lost stream ended after its worker counted it lost, at most (s; "
                          "polled every 0.1 s)"] = round(notice, 2)
-        unexplained = [s for s in self.streams.values()
-                       if s.how == "lost" and not self.may_lose(s)]
+        unexplained = [s for s in self.streams.values() if s.lost and not self.may_lose(s)]
         self.figures["lost with no fault that can lose a lease"] = len(unexplained)
         if unexplained:
             self.figures["lost with no fault that can lose a lease: the first"] = ", ".join(
@@ -335,7 +340,7 @@ class Audit:
         b = self.bounds
         assert stream.t_end is not None
         windows = []
-        if stream.how == "lost":
+        if stream.lost:
             windows.append((stream.t_end - b.notice, stream.t_end, "lost"))
         for fault in self.faults:
             if fault.kind == "worker_stop" and fault.notes.get("worker") == stream.worker:
