@@ -427,6 +427,13 @@ class Audit:
         return (f"{stream.id}(w{stream.weight} {self.rel(stream.t_req):.3f}/"
                 f"{self.rel(stream.t_start):.3f}-{self.rel(stream.t_end):.3f} {stream.how})")
 
+    def counters_near(self, worker: str, t: float) -> str:
+        """The worker's lost, reclaimed and pruned counters as they moved around ``t``."""
+        life = self.workers[worker]
+        return "; ".join(
+            f"{self.rel(at):.2f}s {counts}" for at, counts in life.stats
+            if t - 5 <= at <= t + 2) or "no change"
+
     def holder_workers(self) -> dict[int, str]:
         """Holder ids to the workers they belong to, from the leases seen under them."""
         owners: dict[int, str] = {}
@@ -506,7 +513,8 @@ class Audit:
                                 f"open stream {self.describe(stream)} of worker {stream.worker}"
                                 f" not counted in {self.settings.pool_name(pool)} "
                                 f"({'absent' if holder is None else 'holder expired'}); "
-                                f"last fault {self.fault_before(sample.r0)}"))
+                                f"last fault {self.fault_before(sample.r0)}; its worker's "
+                                f"counters: {self.counters_near(stream.worker, sample.r0)}"))
                             break
                     else:
                         continue
