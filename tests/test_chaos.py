@@ -11,8 +11,8 @@ from chaos.run import ChaosRun
 from chaos.settings import Settings
 
 # No restore here: a restore that swaps a grant for a release of as many members goes unnoticed
-# (docs/design.md, known gaps, #12; test_holders.py has its reproducer), so a run with one
-# fails now and then until that is fixed.
+# (docs/design.md, the protocol model's finding 5; test_holders.py has a reproducer), so a run
+# with one fails now and then until that is fixed.
 KINDS_HERE = [kind for kind in KINDS if kind != "redis_restore"]
 # This seed's 45 s draw each of them, and stall Redis, a worker and a worker's network past
 # lease_seconds (see chaos.faults.draw_schedule).

@@ -401,7 +401,8 @@ async def test_a_release_lost_in_a_failover_frees_its_slot_while_others_wait(
 
 
 @pytest.mark.xfail(strict=True, reason="open: a failover that loses as many members granted as "
-                   "it brings back released goes unnoticed (docs/design.md, known gaps, #12)")
+                   "it brings back released goes unnoticed (docs/design.md, the protocol "
+                   "model's finding 5)")
 async def test_a_failover_that_swaps_a_grant_for_a_release_is_noticed(own_redis,
                                                                       make_own_redis_manager):
     # Found by the chaos run (issue 10): the holder's count of members is all the keep-alive

@@ -26,7 +26,7 @@ Windows (``notice``, ``settle`` and ``leftover`` are :class:`Bounds`):
   again: frozen, they are still open, while their leases may expire and their slots go to
   others;
 * after Redis lost writes (restarted empty, restored from an earlier snapshot), the streams
-  whose acquire began before it came back, from the fault until ``settle(kind) + notice``
+  whose acquire began before it came back, from the fault until ``settle + notice``
   after Redis answers again: each worker's next keep-alive finds its grants missing and takes them
   back where there is room, else reports them lost.
 """
@@ -57,20 +57,19 @@ class Bounds:
     # From the core reporting a lease lost to its stream ending (the event loop's latency).
     notice: float = 0.5
 
-    def settle(self, kind: str = "redis_restart") -> float:
-        """From Redis answering again after it lost writes to every worker's leases checked
-        (taken back or reported lost). The round running then ends within two calls; rounds
-        tick every ``renew``. The first keep-alive on the connection Redis dropped may fail (it
-        reconnects): a round. Restarted empty, the next keep-alive finds the holder gone, or
-        its count short, and the reclaim checks its leases in the same round. A grant still in
-        flight during a keep-alive can hide a missing one until the next: a round. So
-        ``3 x renew + 4 x timeout`` (each call at most ``timeout``). Restored from a snapshot,
-        the releases it brings back can outnumber the grants it lost: the count is in excess
-        (flagged), pruned at the next round after its keep-alive, and found short at the round
-        after that: two rounds more, ``5 x renew + 4 x timeout``. (When they are exactly as
-        many, nothing is found: a known gap, docs/design.md.)"""
-        rounds = 5 if kind == "redis_restore" else 3
-        return rounds * self.renew + 4 * self.timeout
+    @property
+    def settle(self) -> float:
+        """From Redis answering again after it lost writes (restarted empty, restored from a
+        snapshot) to every worker's leases checked (taken back or reported lost). The round
+        running then ends within two calls; rounds tick every ``renew``. The first keep-alive on
+        the connection Redis dropped may fail (it reconnects): a round. The next finds the
+        holder gone, or its count short, or above what it holds (a snapshot that brought back
+        more released members than it lost), and the reclaim checks its leases in the same
+        round. A grant still in flight during a keep-alive can hide a missing one until the
+        next: a round. Each call takes at most ``timeout``: ``3 x renew + 4 x timeout``, for
+        either kind. (A snapshot that brings back exactly as many members as it lost is not
+        found: the protocol model's finding 5, docs/design.md.)"""
+        return 3 * self.renew + 4 * self.timeout
 
     @property
     def leftover(self) -> float:
@@ -273,7 +272,7 @@ class Audit:
                 for stream in self.streams.values():
                     assert stream.t_end is not None
                     if stream.how != "lost" or stream.t_req >= fault.t1 or not (
-                            fault.t0 <= stream.t_end < min(until, fault.t1 + b.settle(kind)
+                            fault.t0 <= stream.t_end < min(until, fault.t1 + b.settle
                                                            + b.notice + b.lease)):
                         continue
                     if kind == "worker_stop" and stream.worker != fault.notes.get("worker"):
@@ -325,7 +324,7 @@ class Audit:
         b = self.bounds
         assert stream.t_end is not None
         for fault in self.faults:
-            if not fault.t0 <= stream.t_end <= fault.t1 + b.settle(fault.kind) + b.notice + b.lease:
+            if not fault.t0 <= stream.t_end <= fault.t1 + b.settle + b.notice + b.lease:
                 continue
             if fault.kind in STATE_LOSS:
                 return True
@@ -347,7 +346,7 @@ class Audit:
                 if stream.t_req < fault.t1:
                     windows.append((fault.t0, fault.t1 + b.notice, "worker_stop"))
             elif fault.kind in STATE_LOSS and stream.t_req < fault.t1:
-                windows.append((fault.t0, fault.t1 + b.settle(fault.kind) + b.notice, fault.kind))
+                windows.append((fault.t0, fault.t1 + b.settle + b.notice, fault.kind))
         return [(lo, hi, why) for lo, hi, why in windows
                 if lo < stream.t_end and hi > stream.t_start]
 

@@ -21,9 +21,8 @@ def summary(audit: Audit, seed: int, target: str, seconds: float, workers: int) 
         f"settings: lease_seconds {b.lease}, renew_every {b.renew:.3f}, redis_timeout "
         f"{b.timeout}, max_per_user {audit.settings.max_per_user}, max_global "
         f"{audit.settings.max_global}, resources {audit.settings.resources}",
-        f"bounds: notice {b.notice} s; settle after a restart = 3 x renew_every + 4 x "
-        f"redis_timeout = {b.settle('redis_restart'):.2f} s, after a restore 5 x renew_every "
-        f"+ 4 x redis_timeout = {b.settle('redis_restore'):.2f} s; "
+        f"bounds: notice {b.notice} s; settle after Redis lost writes = 3 x renew_every + 4 x "
+        f"redis_timeout = {b.settle:.2f} s; "
         f"leftover = 5 s + renew_every + 3 x redis_timeout = "
         f"{b.leftover:.2f} s; after a kill lease_seconds = {b.lease} s",
         "schedule (seconds after the start; actual duration):",
