@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis test lint fmt demo bench clean
+.PHONY: help venv build redis test chaos lint fmt demo bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,11 @@ test: build redis ## Run every test: Rust unit tests, the protocol model, stub c
 	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
 	$(BIN)/pytest
+
+CHAOS_MINUTES ?= 10
+CHAOS_SEEDS ?= 1 2 3
+chaos: build redis ## Randomized fault run, CHAOS_MINUTES (10) over CHAOS_SEEDS ("1 2 3"), Redis then cluster
+	$(BIN)/python -m tests.chaos --minutes $(CHAOS_MINUTES) --seeds $(CHAOS_SEEDS)
 
 lint: venv ## cargo fmt --check, clippy, ruff and mypy
 	cargo fmt --all --check

@@ -229,6 +229,10 @@ impl Manager {
             cleanup.sent |= !matches!(outcome, Err(CoreError::Unreached(_)));
             let unavailable = match outcome {
                 Ok(AcquireOutcome::Wait(ticket)) => {
+                    // Told to wait, the script added nothing: while it waits, the lease is not in
+                    // flight (else its weight would hide members its holder does not hold from
+                    // the keep-alive's count for as long as anyone of this process waits).
+                    self.leases.flight_end(&record, false);
                     // A waiter taken out of the shared line (its process was late to keep it
                     // alive) came back with a later ticket: it takes that place here too, so
                     // this process's order stays the shared line's.

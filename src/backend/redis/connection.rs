@@ -204,6 +204,21 @@ impl Link {
                 "the sentinels of {target} name no reachable master ({err}); a failover may be under way"
             ));
         }
+        // A cluster whose shard is down (MOVED back to it once redirects run out, CLUSTERDOWN),
+        // a master loading its data or cut from its own: answers, but about availability.
+        if err.is_cluster_error()
+            || matches!(
+                err.kind(),
+                redis::ErrorKind::ClusterConnectionNotFound
+                    | redis::ErrorKind::Server(
+                        redis::ServerErrorKind::MasterDown | redis::ServerErrorKind::BusyLoading
+                    )
+            )
+        {
+            return CoreError::Unavailable(format!(
+                "Redis at {target} cannot serve the call now ({err}); a node may be down, loading its data or failing over"
+            ));
+        }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             let message = format!(
                 "cannot reach Redis at {target} ({err}); check the URL and that the server is running"

@@ -1,0 +1,414 @@
+"""One chaos run: a Redis (or the cluster), the proxy, the workers, the fault schedule, the
+samples of Redis, then the drain and the auditor's judgement."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import redis.asyncio as redis_asyncio
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+from chaos import targets
+from chaos.auditor import Audit, Bounds, Sample, Violation, WorkerLife
+from chaos.faults import CLUSTER_KINDS, KINDS, Fault, draw_schedule
+from chaos.settings import Settings
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+SAMPLE_EVERY = 0.3
+RSS_EVERY = 2.0
+# Read by the auditor's own script: Redis' clock, the holders, every pool, in one atomic step.
+SAMPLE_SCRIPT = """
+local t = redis.call('TIME')
+local out = {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
+for i = 2, #KEYS do
+  out[#out + 1] = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES')
+end
+return out
+"""
+now = time.monotonic
+
+
+class Worker:
+    def __init__(self, life: WorkerLife, process: asyncio.subprocess.Process,
+                 reader: asyncio.Task[None]) -> None:
+        self.life = life
+        self.process = process
+        self.reader = reader
+
+
+class ChaosRun:
+    def __init__(
+        self, seed: int, seconds: float, cluster: bool = False, workers: int = 4,
+        settings: Settings | None = None, bounds: Bounds | None = None,
+        say: Callable[[str], None] = print, kinds: list[str] | None = None,
+    ) -> None:
+        self.seed = seed
+        self.seconds = seconds
+        self.cluster = cluster
+        self.worker_count = workers
+        self.settings = settings or Settings(key_prefix=f"chaos{seed}")
+        self.bounds = bounds or Bounds.of(self.settings)
+        self.say = say
+        if kinds is None:
+            kinds = CLUSTER_KINDS if cluster else list(KINDS)
+        self.schedule = draw_schedule(
+            seed, seconds, kinds, workers, self.settings.lease_seconds)
+        self.workers: dict[int, Worker] = {}
+        self.generation: Counter[int] = Counter()
+        self.proxy: asyncio.subprocess.Process | None = None
+        self.ports: list[int] = []
+        self.stopping = False
+
+    # -- setting up --
+
+    async def run(self) -> Audit:
+        target: targets.SingleRedis | targets.Cluster = (
+            targets.Cluster(self.settings.tag) if self.cluster else targets.SingleRedis())
+        self.target = target
+        await asyncio.to_thread(target.start)
+        try:
+            return await self._run()
+        finally:
+            if self.proxy is not None and self.proxy.returncode is None:
+                self.proxy.kill()
+                await self.proxy.wait()
+            for worker in self.workers.values():
+                if worker.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(worker.process.pid, signal.SIGCONT)
+                    worker.process.kill()
+                    await worker.process.wait()
+            await asyncio.to_thread(target.cleanup)
+
+    async def _run(self) -> Audit:
+        if not self.cluster:
+            self.proxy = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "chaos.proxy", str(self.target.node.port),
+                str(self.worker_count), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, env=self.env())
+            assert self.proxy.stdout is not None
+            line = (await asyncio.wait_for(self.proxy.stdout.readline(), 30)).decode().split()
+            assert line[0] == "ports", line
+            self.ports = [int(p) for p in line[1:]]
+        self.redis_memory_before = await asyncio.to_thread(targets.used_memory, self.target.node)
+        self.t_origin = now()
+        self.audit = Audit(self.settings, self.bounds, self.t_origin)
+        for slot in range(self.worker_count):
+            await self.spawn(slot)
+        sampler = asyncio.create_task(self.sample_forever())
+        rss = asyncio.create_task(self.watch_rss())
+        progress = asyncio.create_task(self.progress())
+        try:
+            await self.run_schedule()
+            await asyncio.sleep(max(0.0, self.t_origin + self.seconds - now()))
+            t_told = now()
+            await self.stop_workers()
+            await self.drain(t_told)
+        finally:
+            for task in (sampler, rss, progress):
+                task.cancel()
+            await asyncio.gather(sampler, rss, progress, return_exceptions=True)
+        self.audit.faults = [f for f in self.schedule if f.t0]
+        self.audit.judge(now())
+        self.check_memory()
+        return self.audit
+
+    def env(self) -> dict[str, str]:
+        path = os.environ.get("PYTHONPATH", "")
+        return {**os.environ, "PYTHONPATH": str(TESTS_DIR) + (os.pathsep + path if path else "")}
+
+    def url_for(self, slot: int) -> str:
+        if self.cluster:
+            return self.target.url
+        return f"redis://127.0.0.1:{self.ports[slot]}/0"
+
+    async def spawn(self, slot: int) -> None:
+        self.generation[slot] += 1
+        name = f"{slot}.{self.generation[slot]}"
+        seed = self.seed * 1000 + slot * 37 + self.generation[slot]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "chaos.worker", self.url_for(slot), name, str(seed),
+            json.dumps(self.settings.to_json()),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env())
+        life = WorkerLife(name, slot, process.pid, now())
+        self.audit.workers[name] = life
+        reader = asyncio.create_task(self.read_events(life, process))
+        self.workers[slot] = Worker(life, process, reader)
+
+    async def read_events(self, life: WorkerLife, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None and process.stderr is not None
+
+        async def read_stderr() -> None:
+            assert process.stderr is not None
+            async for line in process.stderr:
+                life.stderr.append(line.decode(errors="replace").rstrip())
+
+        stderr = asyncio.create_task(read_stderr())
+        async for line in process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self.audit.violations.append(Violation("errors", now(), f"{life.name}: {line!r}"))
+                continue
+            self.audit.event(life.name, event)
+        await stderr
+        life.exit_code = await process.wait()
+
+    # -- the faults --
+
+    async def run_schedule(self) -> None:
+        for fault in self.schedule:
+            if fault.snapshot_age:
+                await self.sleep_until(fault.at - fault.snapshot_age)
+                fault.notes["t_snapshot"] = now()
+                fault.notes["snapshot"] = await asyncio.to_thread(
+                    targets.snapshot, self.target.node)
+            await self.sleep_until(fault.at)
+            await self.inject(fault)
+            fault.notes.pop("snapshot", None)
+
+    async def sleep_until(self, at: float) -> None:
+        await asyncio.sleep(max(0.0, self.t_origin + at - now()))
+
+    async def inject(self, fault: Fault) -> None:
+        node = self.target.node
+        worker = self.workers[fault.slot] if fault.slot is not None else None
+        if worker is not None:
+            fault.notes["worker"] = worker.life.name
+        fault.t0 = now()
+        if fault.kind == "redis_pause":
+            node.pause()
+            await asyncio.sleep(fault.duration)
+            node.resume()
+        elif fault.kind == "redis_restart":
+            await asyncio.to_thread(targets.kill, node)
+            await asyncio.sleep(fault.duration)
+            await asyncio.to_thread(targets.start_empty, self.target)
+        elif fault.kind == "redis_restore":
+            snapshot = fault.notes["snapshot"]
+            assert isinstance(snapshot, bytes)
+            await asyncio.to_thread(targets.kill, node)
+            await asyncio.sleep(fault.duration)
+            await asyncio.to_thread(targets.start_from, self.target, snapshot)
+        elif fault.kind == "script_flush":
+            await asyncio.to_thread(targets.script_flush, self.target)
+        elif fault.kind == "worker_kill":
+            assert worker is not None and fault.slot is not None
+            worker.process.kill()
+            await worker.process.wait()
+            t_dead = now()
+            await worker.reader  # every event it wrote before it died
+            self.audit.killed(worker.life.name, t_dead)
+            await asyncio.sleep(fault.duration)
+            await self.spawn(fault.slot)
+        elif fault.kind == "worker_stop":
+            assert worker is not None
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            await asyncio.sleep(fault.duration)
+            os.kill(worker.process.pid, signal.SIGCONT)
+        elif fault.kind == "net_cut":
+            await self.tell_proxy(f"cut {fault.slot} {fault.mode}")
+            await asyncio.sleep(fault.duration)
+            await self.tell_proxy(f"heal {fault.slot}")
+        fault.t1 = now()
+
+    async def tell_proxy(self, command: str) -> None:
+        assert self.proxy is not None and self.proxy.stdin and self.proxy.stdout
+        self.proxy.stdin.write(command.encode() + b"\n")
+        await self.proxy.stdin.drain()
+        assert (await self.proxy.stdout.readline()).strip() == b"ok"
+
+    # -- watching --
+
+    def pool_keys(self) -> list[str]:
+        return list(self.settings.pools())
+
+    async def sample_forever(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(SAMPLE_EVERY)
+
+    async def sample(self) -> Sample | None:
+        keys = [self.settings.holders_key, *self.pool_keys()]
+        client = redis_asyncio.Redis(
+            host="127.0.0.1", port=self.target.node.port, socket_timeout=1.0,
+            socket_connect_timeout=1.0)
+        try:
+            r0 = now()
+            reply = await client.eval(SAMPLE_SCRIPT, len(keys), *keys)
+            r1 = now()
+        except (redis_asyncio.RedisError, OSError):
+            return None
+        finally:
+            await client.aclose()
+        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
+        holders = {int(float(h)): int(float(e)) for h, e in _pairs(reply[2])}
+        pools = {}
+        for key, entries in zip(keys[1:], reply[3:], strict=True):
+            if entries:
+                pools[key] = [(m.decode(), int(float(h))) for m, h in _pairs(entries)]
+        sample = Sample(r0, r1, now_ms, holders, pools)
+        self.audit.samples.append(sample)
+        return sample
+
+    async def watch_rss(self) -> None:
+        while True:
+            for worker in list(self.workers.values()):
+                rss = _rss(worker.process.pid)
+                if rss is not None and worker.process.returncode is None:
+                    worker.life.rss.append((now(), rss))
+            await asyncio.sleep(RSS_EVERY)
+
+    async def progress(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            done = sum(1 for f in self.schedule if f.t1)
+            self.say(
+                f"  [{now() - self.t_origin:5.0f}s] streams {self.audit.outcomes['started']}, "
+                f"faults {done}/{len(self.schedule)}, samples {len(self.audit.samples)}")
+
+    # -- the end --
+
+    async def stop_workers(self) -> None:
+        for worker in self.workers.values():
+            if worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.workers.values():
+            try:
+                await asyncio.wait_for(worker.reader, 60)
+            except asyncio.TimeoutError:
+                self.audit.violations.append(Violation(
+                    "errors", now(), f"worker {worker.life.name} did not stop within 60 s"))
+                worker.process.kill()
+                await worker.process.wait()
+
+    async def drain(self, t_told: float) -> None:
+        """After the workers are gone, every pool must count 0 and every key go, within the
+        bound: a worker's leases within ``lease_seconds`` of its exit or death (those it could
+        not release expire with its holder), then the line's keys, which live
+        2 x max(lease_seconds, 3 s) after the last waiter's call. An observer's count (any
+        call in the tag reaps expired holders) runs until every pool is empty; then the walk
+        markers it leaves expire (1 s). The tag's
+        clock (``holders:clock``, the clock-step guard's) is written by any call in the tag and
+        lives 1 h. Every key seen meanwhile must have a TTL."""
+        b = self.bounds
+        t_gone = now()
+        kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
+        deadline = max(t_gone, max(kills, default=0.0)) + b.lease + 2 * max(b.lease, 3.0) + 1.0
+        observer = StreamLeaseManager(url=self.target.url, config=LeaseConfig(
+            key_prefix=self.settings.key_prefix, identity_secret=self.settings.identity_secret,
+            lease_seconds=self.settings.lease_seconds))
+        client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
+        left: list[bytes] = []
+        no_ttl: set[bytes] = set()
+        last_seen: dict[str, float] = {}
+        clock = f"{self.settings.holders_key}:clock".encode()
+        counting = True
+        try:
+            while True:
+                if counting:
+                    counting = await observer.get_active_count() > 0
+                await self.sample()
+                # Braces are plain characters in a KEYS pattern.
+                keys = [k for k in await client.keys(self.settings.tag + "*")
+                        if isinstance(k, bytes)]
+                for key in keys:
+                    last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
+                    if await client.pttl(key) == -1:
+                        no_ttl.add(key)
+                left = [key for key in keys if key != clock]
+                counting = counting or any(b":walked:" not in key for key in left)
+                if not left or now() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            await observer.aclose()
+            await client.aclose()
+        self.audit.drain = {
+            "workers gone after told (s)": round(t_gone - t_told, 1),
+            "keys gone after (s)": round(now() - t_gone, 2),
+            "bound (s)": round(deadline - t_gone, 2),
+            "last seen (s)": {k: round(t - t_gone, 2) for k, t in sorted(last_seen.items())},
+        }
+        if left:
+            self.audit.violations.append(Violation(
+                "drain", now(), f"{len(left)} keys left {now() - t_gone:.1f}s after the workers "
+                f"were gone: {await self.describe_keys(left[:10])}"))
+        for key in sorted(no_ttl):
+            self.audit.violations.append(Violation(
+                "ttl", now(), f"key {key.decode()} had no expiry"))
+        self.redis_memory_after = await asyncio.to_thread(targets.used_memory, self.target.node)
+
+    async def describe_keys(self, keys: list[bytes]) -> str:
+        """Each key with its TTL and what it holds, and Redis' clock, for the report."""
+        client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
+        try:
+            seconds, micros = await client.time()
+            parts = [f"TIME {seconds * 1000 + micros // 1000}"]
+            for key in sorted(keys):
+                kind = (await client.type(key)).decode()
+                if kind == "zset":
+                    held: object = await client.zrange(key, 0, 9, withscores=True)
+                elif kind == "set":
+                    held = sorted(await client.smembers(key))[:10]  # type: ignore[misc]
+                else:
+                    held = await client.get(key)
+                parts.append(f"{key.decode()} ({kind}, pttl {await client.pttl(key)}): {held}")
+            return "; ".join(parts)
+        finally:
+            await client.aclose()
+
+    def check_memory(self) -> None:
+        """A worker's RSS, from 20 s after it started to its end, grows by at most
+        max(64 MB, its size then): generous, to catch leaks that grow with streams."""
+        growth = {}
+        for life in self.audit.workers.values():
+            warm = [rss for t, rss in life.rss if t - life.t_spawn >= 20]
+            if len(warm) < 2:
+                continue
+            grew = max(warm) - warm[0]
+            growth[life.name] = (warm[0], max(warm), grew)
+            if grew > max(64 << 20, warm[0]):
+                self.audit.violations.append(Violation(
+                    "memory", now(), f"worker {life.name} RSS grew from {warm[0] >> 20} MB to "
+                    f"{max(warm) >> 20} MB"))
+        self.audit.figures["worker RSS after 20 s -> peak (MB)"] = {
+            name: f"{a / 2**20:.1f} -> {b / 2**20:.1f}" for name, (a, b, _) in growth.items()}
+        self.audit.figures["Redis used_memory before -> after the drain (KB)"] = (
+            f"{self.redis_memory_before >> 10} -> {self.redis_memory_after >> 10}")
+
+
+def _kind_of_key(key: str, tag: str) -> str:
+    """A key's family: ``holders:*``, ``line``, ``user:*``..."""
+    parts = key[len(tag) + 1:].split(":")
+    if parts[0] == "holders" and len(parts) > 1:
+        if parts[1] in ("walked", "clock"):
+            return f"holders:{parts[1]}"
+        return "holders:<id>:members" if parts[-1] == "members" else "holders:<id>"
+    if parts[0] == "user":
+        return "user:*"
+    return ":".join(parts)
+
+
+def _pairs(flat: list[bytes]) -> list[tuple[bytes, bytes]]:
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,82 @@
+"""What the workers and the auditor agree on: the manager's settings, the pools, and the bounds
+the README states for each fault (every window below is derived from these settings)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Settings:
+    key_prefix: str = "chaos"
+    identity_secret: str = "chaos-identity-secret-0123456789"
+    lease_seconds: float = 2.0
+    renew_every: float = 2.0 / 3.0
+    redis_timeout: float = 0.5
+    max_per_user: int = 3
+    max_global: int = 24
+    users: int = 12
+    resources: dict[str, int] = field(default_factory=lambda: {"gpu": 4, "db": 8})
+    # Stream runners per worker process (each opens one stream after another).
+    concurrency: int = 12
+    # Most streams last up to 3 s; one in five up to 10 s, longer than every window the
+    # auditor allows, so a stream wrongly kept (or taken back) after a fault is seen over a cap.
+    short_stream: float = 3.0
+    long_stream: float = 10.0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Settings:
+        return cls(**data)  # type: ignore[arg-type]
+
+    # -- the key layout of docs/design.md, section 3 (global_pool=True) --
+
+    @property
+    def tag(self) -> str:
+        return "{" + self.key_prefix + "}"
+
+    @property
+    def holders_key(self) -> str:
+        return f"{self.tag}:holders"
+
+    def user_name(self, index: int) -> str:
+        return f"user{index}"
+
+    def user_key(self, user: str) -> str:
+        digest = hmac.new(self.identity_secret.encode(), user.encode(), hashlib.sha256)
+        return f"{self.tag}:user:{digest.hexdigest()[:32]}"
+
+    @property
+    def global_key(self) -> str:
+        return f"{self.tag}:global"
+
+    def resource_key(self, name: str) -> str:
+        return f"{self.tag}:resource:{name}"
+
+    def pools(self) -> dict[str, int]:
+        """Every pool a stream may take, by key, with its capacity."""
+        pools = {self.user_key(self.user_name(i)): self.max_per_user for i in range(self.users)}
+        pools[self.global_key] = self.max_global
+        pools.update({self.resource_key(name): cap for name, cap in self.resources.items()})
+        return pools
+
+    def pools_of(self, user: str | None, resources: list[str]) -> list[str]:
+        """The pools one stream takes: its user's and the global pool (with a user), and its
+        resources'."""
+        keys = [self.user_key(user), self.global_key] if user is not None else []
+        return keys + [self.resource_key(name) for name in resources]
+
+    def pool_name(self, key: str) -> str:
+        if key == self.global_key:
+            return "global"
+        for name in self.resources:
+            if key == self.resource_key(name):
+                return f"resource:{name}"
+        for i in range(self.users):
+            if key == self.user_key(self.user_name(i)):
+                return f"per_user:{self.user_name(i)}"
+        return key

@@ -1,0 +1,89 @@
+"""A short chaos run at a fixed seed: every kind of fault but a restore from a snapshot, on one
+Redis, and no invariant the auditor checks broken. ``make chaos`` runs the long ones
+(tests/chaos/), restores included."""
+
+from __future__ import annotations
+
+from chaos.auditor import Audit, Bounds, Sample, WorkerLife
+from chaos.faults import KINDS, Fault
+from chaos.report import summary
+from chaos.run import ChaosRun
+from chaos.settings import Settings
+
+# No restore here: a restore that swaps a grant for a release of as many members goes unnoticed
+# (docs/design.md, the protocol model's finding 5; test_holders.py has a reproducer), so a run
+# with one fails now and then until that is fixed.
+KINDS_HERE = [kind for kind in KINDS if kind != "redis_restore"]
+# This seed's 45 s draw each of them, and stall Redis, a worker and a worker's network past
+# lease_seconds (see chaos.faults.draw_schedule).
+SEED = 8
+SECONDS = 45
+WORKERS = 3
+
+
+async def test_a_short_chaos_run_breaks_no_invariant():
+    run = ChaosRun(SEED, SECONDS, workers=WORKERS, say=lambda _: None, kinds=KINDS_HERE)
+    audit = await run.run()
+    report = "\n".join(summary(audit, SEED, "redis", SECONDS, WORKERS))
+    assert {fault.kind for fault in audit.faults} == set(KINDS_HERE), report
+    long_stalls = {f.kind for f in audit.faults if f.t1 - f.t0 > audit.bounds.lease}
+    assert {"redis_pause", "worker_stop", "net_cut"} <= long_stalls, report
+    assert audit.outcomes["started"] > 100 and audit.checked["samples"] > 50, report
+    assert not audit.violations, report
+
+
+# -- the auditor itself, on made-up events: it sees what it must see, and allows only its windows
+
+def audit_of(streams, faults=(), samples=()):
+    """An audit of ``streams`` (user, start, end, how, worker), all of weight 1."""
+    settings = Settings()
+    audit = Audit(settings, Bounds.of(settings), t_origin=0.0)
+    for worker in ("0.1", "1.1"):
+        audit.workers[worker] = WorkerLife(worker, 0, 0, 0.0, bye={}, exit_code=0)
+    for i, (user, start, end, how, worker) in enumerate(streams):
+        audit.event(worker, {"e": "start", "id": f"s{i}", "user": user, "weight": 1, "res": [],
+                             "lease": f"lease{i}", "t_req": start - 0.01, "t_start": start})
+        audit.event(worker, {"e": "end", "id": f"s{i}", "t_end": end, "how": how,
+                             "lost": how == "lost"})
+    audit.faults = list(faults)
+    audit.samples = list(samples)
+    audit.judge(100.0)
+    return audit
+
+
+def invariants(audit):
+    return sorted({violation.invariant for violation in audit.violations})
+
+
+def four_of_user0(fourth_end: float, worker: str = "1.1", how: str = "ok"):
+    return [("user0", 1.0, 9.0, "ok", "0.1") for _ in range(3)] + [
+        ("user0", 2.0, fourth_end, how, worker)]
+
+
+def test_the_auditor_sees_a_cap_exceeded_and_allows_a_lost_stream_its_last_moment():
+    assert invariants(audit_of(four_of_user0(3.0, worker="0.1"))) == ["caps"]
+    # Lost: the stream ends once the core reports its lease lost (ended by LeaseLost).
+    assert invariants(audit_of(four_of_user0(2.3, how="lost"))) == []
+    assert invariants(audit_of(four_of_user0(3.0, how="lost"))) == ["caps"]
+
+
+def test_the_auditor_allows_a_stopped_worker_its_window_and_no_more():
+    stop = Fault("worker_stop", 1.5, 3.0, slot=1, t0=1.5, t1=4.5, notes={"worker": "1.1"})
+    notice = Bounds.of(Settings()).notice
+    assert invariants(audit_of(four_of_user0(4.5 + notice - 0.05), [stop])) == []
+    assert invariants(audit_of(four_of_user0(4.5 + notice + 0.2), [stop])) == ["caps"]
+
+
+def test_the_auditor_sees_a_slot_counted_too_long_and_a_stream_not_counted():
+    settings = Settings()
+    leftover = Bounds.of(settings).leftover
+    key = settings.user_key("user0")
+
+    def sample(at: float) -> Sample:
+        return Sample(at, at + 0.001, 10_000, {7: 20_000}, {key: [("lease0", 7)]})
+
+    ended = [("user0", 1.0, 2.0, "ok", "0.1")]
+    assert invariants(audit_of(ended, samples=[sample(2.0 + leftover - 0.1)])) == []
+    assert invariants(audit_of(ended, samples=[sample(2.0 + leftover + 0.1)])) == ["leftovers"]
+    still_open = [("user0", 1.0, 9.0, "ok", "0.1"), ("user0", 1.0, 9.0, "ok", "0.1")]
+    assert invariants(audit_of(still_open, samples=[sample(5.0)])) == ["counted"]
