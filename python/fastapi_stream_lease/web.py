@@ -15,24 +15,36 @@ import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
 from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ._core import check_rate_limits
-from .client_ip import client_ip, trusted_networks
+from .client_ip import Network, client_ip, trusted_networks
 from .errors import RateLimited
 from .rates import RateDecision, RateLimit, rate_limit_headers
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from .manager import StreamLeaseManager
 
 #: How a form finds the identity a request counts against: a function (sync or async) of the
 #: request or WebSocket. Left out: the client's IP address (``LeaseConfig.trusted_proxies``).
 KeyFunction: TypeAlias = Callable[[HTTPConnection], str | Awaitable[str]]
+
+
+class RateCounter(Protocol):
+    """What the forms need of a :class:`~fastapi_stream_lease.StreamLeaseManager` (named by its
+    shape, so this module does not import the manager, which builds the forms)."""
+
+    @property
+    def trusted_proxies(self) -> tuple[Network, ...]: ...
+
+    async def hit(
+        self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
+    ) -> list[RateDecision]: ...
+
 
 #: Where a hit's decisions, and a stream's capped pools, wait in the scope for
 #: :class:`RateLimitHeaders`.
@@ -104,7 +116,7 @@ class RateLimitHeaders:
 
 
 async def identity_of(
-    connection: HTTPConnection, key: KeyFunction | None, manager: StreamLeaseManager
+    connection: HTTPConnection, key: KeyFunction | None, manager: RateCounter
 ) -> str:
     """The identity ``connection`` counts against: ``key(connection)``, or its client's IP."""
     if key is None:
@@ -117,7 +129,7 @@ async def identity_of(
 
 async def hit_for(
     connection: HTTPConnection,
-    manager: StreamLeaseManager,
+    manager: RateCounter,
     policies: Sequence[RateLimit],
     key: KeyFunction | None,
     cost: int,
@@ -134,7 +146,7 @@ async def hit_for(
 
 
 def rate_limit_dependency(
-    manager: StreamLeaseManager,
+    manager: RateCounter,
     policies: Sequence[RateLimit],
     key: KeyFunction | None,
     cost: int,
@@ -149,7 +161,7 @@ def rate_limit_dependency(
 
 
 def rate_limit_decorator(
-    manager: StreamLeaseManager,
+    manager: RateCounter,
     policies: Sequence[RateLimit],
     key: KeyFunction | None,
     cost: int,
@@ -206,7 +218,7 @@ class RateLimitMiddleware:
         self,
         app: ASGIApp,
         *,
-        manager: StreamLeaseManager,
+        manager: RateCounter,
         routes: Mapping[str, Sequence[RateLimit]],
         key: KeyFunction | None = None,
     ) -> None:
@@ -254,7 +266,7 @@ class GuardedWebSocket:
     def __init__(
         self,
         websocket: WebSocket,
-        manager: StreamLeaseManager,
+        manager: RateCounter,
         identity: str,
         policies: Sequence[RateLimit],
     ) -> None:
@@ -291,7 +303,7 @@ class GuardedWebSocket:
 
 
 async def guard_websocket(
-    manager: StreamLeaseManager,
+    manager: RateCounter,
     websocket: WebSocket,
     connects: Sequence[RateLimit],
     messages: Sequence[RateLimit],
