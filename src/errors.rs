@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::keys::PER_USER;
-use crate::rate::HitOutcome;
+use crate::rate::{HitOutcome, Unit};
 
 /// Which pool refused an acquire, with what it saw.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,8 @@ pub enum CoreError {
     Rejected(Rejection),
     /// A request-rate policy refused (nothing was consumed anywhere); `refused` is set.
     RateLimited(HitOutcome),
+    /// A stream ran out of token budget (the policy's name) under `on_budget="cut"`.
+    BudgetExhausted(String),
     /// Redis did not answer (in time): the call may have run there.
     Unavailable(String),
     /// The call never left this process (no connection, the breaker open): it did not run.
@@ -62,6 +64,15 @@ impl fmt::Display for CoreError {
             CoreError::RateLimited(outcome) => {
                 let (index, retry_ms) = outcome.refused.unwrap_or_default();
                 match outcome.decisions.get(index) {
+                    Some(d) if d.policy.unit != Unit::Requests => write!(
+                        f,
+                        "token budget {:?} cannot cover the stream's reservation ({} of {} tokens per {} s left); retry in {} s",
+                        &*d.policy.name,
+                        d.remaining,
+                        d.policy.limit,
+                        d.policy.window_ms as f64 / 1000.0,
+                        retry_after_seconds(retry_ms)
+                    ),
                     Some(d) => write!(
                         f,
                         "rate limit {:?} reached ({} per {} s); retry in {} s",
@@ -73,6 +84,10 @@ impl fmt::Display for CoreError {
                     None => f.write_str("rate limit reached"),
                 }
             }
+            CoreError::BudgetExhausted(policy) => write!(
+                f,
+                "token budget {policy:?} ran out during the stream: it was cut after its last item (on_budget=\"cut\"); the next stream is admitted once the budget's window frees tokens"
+            ),
             CoreError::Unavailable(m)
             | CoreError::Unreached(m)
             | CoreError::Backend(m)

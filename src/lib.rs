@@ -5,8 +5,9 @@
 // The binding, the only code that touches Python.
 mod py;
 
-// Admitting leases, and the leases this process holds.
+// Admitting leases, the leases this process holds, and the token budgets of their streams.
 mod admission;
+mod budget;
 mod renewal;
 
 // Where pools live, and what a lease is there.

@@ -46,17 +46,68 @@ impl Algorithm {
     }
 }
 
-/// One policy: a name (its scope, part of the key), a limit per window, an algorithm.
+/// What a policy counts: requests (hits, stream starts), or an LLM's tokens (a budget, see
+/// `budget.rs`): all of them, or only the prompt's or only the answer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Requests,
+    Tokens,
+    InputTokens,
+    OutputTokens,
+}
+
+impl Unit {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "requests" => Ok(Unit::Requests),
+            "tokens" => Ok(Unit::Tokens),
+            "input_tokens" => Ok(Unit::InputTokens),
+            "output_tokens" => Ok(Unit::OutputTokens),
+            other => Err(format!(
+                "unknown unit {other:?}: use \"requests\" (the default), \"tokens\", \"input_tokens\" or \"output_tokens\""
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Requests => "requests",
+            Unit::Tokens => "tokens",
+            Unit::InputTokens => "input_tokens",
+            Unit::OutputTokens => "output_tokens",
+        }
+    }
+
+    /// Tokens of a stream this unit counts, of `input` prompt and `output` answer tokens.
+    pub fn of(self, input: u64, output: u64) -> u64 {
+        match self {
+            Unit::Requests => 0,
+            Unit::Tokens => input + output,
+            Unit::InputTokens => input,
+            Unit::OutputTokens => output,
+        }
+    }
+}
+
+/// One policy: a name (its scope, part of the key), a limit per window, an algorithm, and what
+/// it counts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RatePolicy {
     pub name: Arc<str>,
     pub limit: u64,
     pub window_ms: u64,
     pub algorithm: Algorithm,
+    pub unit: Unit,
 }
 
 impl RatePolicy {
-    pub fn new(name: &str, limit: u64, window_ms: u64, algorithm: Algorithm) -> Result<Self, String> {
+    pub fn new(
+        name: &str,
+        limit: u64,
+        window_ms: u64,
+        algorithm: Algorithm,
+        unit: Unit,
+    ) -> Result<Self, String> {
         check_name(name)?;
         if limit == 0 || limit > MAX_LIMIT {
             return Err(format!(
@@ -75,6 +126,7 @@ impl RatePolicy {
             limit,
             window_ms,
             algorithm,
+            unit,
         })
     }
 }
@@ -97,19 +149,25 @@ fn check_name(name: &str) -> Result<(), String> {
 
 /// Checks the policies of one hit: at least one, no name twice, a cost each can ever allow.
 pub fn check_hit(policies: &[RatePolicy], cost: u64) -> Result<(), String> {
+    check_costs(policies, &vec![cost; policies.len()], "cost")
+}
+
+/// Checks policies and what each is to take (`costs[i]` from `policies[i]`, called `what` in
+/// the error): at least one policy, no name twice, each cost one its policy can ever allow.
+pub fn check_costs(policies: &[RatePolicy], costs: &[u64], what: &str) -> Result<(), String> {
     if policies.is_empty() {
         return Err("pass at least one RateLimit".into());
     }
-    for (i, policy) in policies.iter().enumerate() {
+    for (i, (policy, cost)) in policies.iter().zip(costs).enumerate() {
         if policies[..i].iter().any(|p| p.name == policy.name) {
             return Err(format!(
                 "rate limit {:?} is given twice in one call: give each policy its own name",
                 policy.name
             ));
         }
-        if cost > policy.limit {
+        if *cost > policy.limit {
             return Err(format!(
-                "cost={cost} is more than the limit of {:?} ({}): such a hit could never be allowed",
+                "{what}={cost} is more than the limit of {:?} ({}): it could never be allowed",
                 policy.name, policy.limit
             ));
         }
@@ -118,23 +176,40 @@ pub fn check_hit(policies: &[RatePolicy], cost: u64) -> Result<(), String> {
 }
 
 /// The rate policies a stream's start counts against, with the caller's counters (`keys[i]`
-/// counts `policies[i]`); empty for an acquire without rate limits.
+/// counts `policies[i]`, which takes `costs[i]`); empty for an acquire without rate limits.
 #[derive(Debug, Clone, Default)]
 pub struct RateCheck {
     pub keys: Vec<String>,
     pub policies: Vec<RatePolicy>,
-    /// Units a start takes from each policy.
-    pub cost: u64,
+    /// Units the start takes from each policy: 1 per request rate, the reservation per budget.
+    pub costs: Vec<u64>,
 }
 
 /// What one policy said about a hit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub policy: RatePolicy,
-    /// Units left in the window after the hit (before it, when refused or only looked at).
+    /// Units in use in the window after the hit (before it, when refused or only looked at).
+    pub used: u64,
+    /// Units left: the limit less `used`, or 0.
     pub remaining: u64,
     /// When the next units free up, in ms (0: nothing in use).
     pub reset_ms: u64,
+    /// Where the hit's units went (a sliding window's slice, a fixed window's end in ms), so a
+    /// budget's refund finds them; 0 when nothing was taken.
+    pub bucket: u64,
+}
+
+impl Decision {
+    pub fn new(policy: RatePolicy, used: u64, reset_ms: u64, bucket: u64) -> Self {
+        Decision {
+            remaining: policy.limit.saturating_sub(used),
+            policy,
+            used,
+            reset_ms,
+            bucket,
+        }
+    }
 }
 
 /// The answer to one hit: every policy's decision, and the first that refused, if any.
@@ -150,15 +225,19 @@ mod tests {
     use super::*;
 
     fn policy(name: &str, limit: u64) -> RatePolicy {
-        RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow).unwrap()
+        RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow, Unit::Requests).unwrap()
     }
 
     #[test]
     fn bad_policies_are_refused_clearly() {
         let err = |r: Result<RatePolicy, String>| r.unwrap_err();
-        assert!(err(RatePolicy::new("a b", 1, 1000, Algorithm::FixedWindow)).contains("not valid"));
-        assert!(err(RatePolicy::new("a", 0, 1000, Algorithm::FixedWindow)).contains("out of range"));
-        assert!(err(RatePolicy::new("a", 1, 5, Algorithm::FixedWindow)).contains("per=0.005 s"));
+        let fixed = |name, limit, window| {
+            RatePolicy::new(name, limit, window, Algorithm::FixedWindow, Unit::Requests)
+        };
+        assert!(err(fixed("a b", 1, 1000)).contains("not valid"));
+        assert!(err(fixed("a", 0, 1000)).contains("out of range"));
+        assert!(err(fixed("a", 1, 5)).contains("per=0.005 s"));
+        assert!(Unit::parse("bytes").unwrap_err().contains("unknown unit"));
         assert!(Algorithm::parse("leaky")
             .unwrap_err()
             .contains("unknown algorithm"));

@@ -101,7 +101,7 @@ async def test_users_and_scopes_have_separate_counters(make_manager):
 async def test_peek_consumes_nothing_and_reset_gives_a_fresh_allowance(make_manager):
     manager = make_manager()
     limit = RateLimit("login_per_ip", 2, per=60)
-    assert await manager.peek("10.0.0.7", limit) == RateDecision(limit, 2, 2, 0.0)
+    assert await manager.peek("10.0.0.7", limit) == RateDecision(limit, 2, 2, 0.0, 0)
     await manager.hit("10.0.0.7", limit, cost=2)
     assert (await manager.peek("10.0.0.7", limit)).remaining == 0
     assert (await manager.peek("10.0.0.7", limit)).remaining == 0

@@ -2,11 +2,12 @@
 streams, WebSockets) in FastAPI and Starlette, with a Rust core.
 """
 
-from ._core import LeaseConfig, __version__
+from ._core import TOP_UP_INCREMENT, LeaseConfig, __version__
 from .client_ip import client_ip
 from .errors import (
     BackendError,
     BackendUnavailable,
+    BudgetExhausted,
     ClientDisconnected,
     LeaseLost,
     ManagerClosed,
@@ -19,13 +20,15 @@ from .handlers import install_exception_handler, stream_lease_exception_handler
 from .lease import Lease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
-from .rates import RateDecision, RateLimit, rate_limit_headers
+from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 from .resources import Resource
 from .web import GuardedWebSocket, RateLimitHeaders, RateLimitMiddleware
 
 __all__ = [
+    "TOP_UP_INCREMENT",
     "BackendError",
     "BackendUnavailable",
+    "BudgetExhausted",
     "ClientDisconnected",
     "GuardedWebSocket",
     "Lease",
@@ -47,6 +50,7 @@ __all__ = [
     "__version__",
     "client_ip",
     "install_exception_handler",
+    "openai_rate_limit_headers",
     "rate_limit_headers",
     "stream_lease_exception_handler",
 ]

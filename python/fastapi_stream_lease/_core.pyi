@@ -6,6 +6,7 @@ from typing import final
 from .rates import RateDecision
 
 __all__ = [
+    "TOP_UP_INCREMENT",
     "LeaseConfig",
     "LeaseHandle",
     "LoopBridge",
@@ -15,6 +16,7 @@ __all__ = [
     "check_rate_limits",
 ]
 __version__: str
+TOP_UP_INCREMENT: int
 
 @final
 class LeaseConfig:
@@ -89,6 +91,15 @@ class LeaseHandle:
     def pool_usage(self) -> list[tuple[str, int, int]]: ...
     def release(self) -> Awaitable[bool]: ...
     def release_nowait(self) -> bool: ...
+    def consume(self, tokens: int) -> None: ...
+    def report_usage(self, input_tokens: int, output_tokens: int) -> None: ...
+    @property
+    def tokens_used(self) -> tuple[int, int] | None: ...
+    @property
+    def budget_exhausted(self) -> bool: ...
+    @property
+    def budget_waiting(self) -> bool: ...
+    def budget_ready(self) -> Awaitable[None]: ...
     def wait_lost(self) -> Awaitable[None]: ...
 
 @final
@@ -106,6 +117,9 @@ class Manager:
         wait_timeout: float | None = None,
         resources: list[tuple[str, int]] | None = None,
         rate_limits: Iterable[RateLimit] | None = None,
+        budgets: Iterable[RateLimit] | None = None,
+        reserve: int | tuple[int, int] | None = None,
+        on_budget: str | None = None,
     ) -> Awaitable[LeaseHandle]: ...
     def hit(
         self,
@@ -128,7 +142,12 @@ class RateLimit:
     """At most ``limit`` hits per ``per`` seconds for each identity, across every worker."""
 
     def __new__(
-        cls, name: str, limit: int, per: float, algorithm: str | None = None
+        cls,
+        name: str,
+        limit: int,
+        per: float,
+        algorithm: str | None = None,
+        unit: str | None = None,
     ) -> RateLimit: ...
     @property
     def name(self) -> str: ...
@@ -138,6 +157,8 @@ class RateLimit:
     def per(self) -> float: ...
     @property
     def algorithm(self) -> str: ...
+    @property
+    def unit(self) -> str: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 

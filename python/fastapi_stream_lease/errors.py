@@ -148,6 +148,25 @@ class RateLimited(StreamLeaseError):
         return (type(self), (str(self), self.policy, self.decisions, self.retry_after))
 
 
+class BudgetExhausted(StreamLeaseError):
+    """A stream ran past its token reservation and its ``budget`` (a policy's name) had no
+    tokens left to top it up (``on_budget="cut"``): the stream ended after its last item. It has
+    already started, so the status (429) only reaches a client that reads the error in the
+    stream or in logs."""
+
+    status_code: ClassVar[int] = 429
+    title: ClassVar[str] = "Token budget exhausted"
+    problem_type: ClassVar[str] = _QUOTA_EXCEEDED
+    retry_after = 1
+
+    def __init__(self, message: str, budget: str) -> None:
+        super().__init__(message)
+        self.budget = budget
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.budget))
+
+
 class BackendError(StreamLeaseError):
     """The store (Redis) answered with an error: wrong password, a key of another type, a
     read-only replica. The message says what to fix."""

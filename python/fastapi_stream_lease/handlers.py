@@ -18,10 +18,15 @@ async def stream_lease_exception_handler(request: Request, exc: Exception) -> Re
     return exc.as_response()
 
 
-def install_exception_handler(app: Any, *, legacy_rate_limit_headers: bool = False) -> None:
+def install_exception_handler(
+    app: Any, *, legacy_rate_limit_headers: bool = False, openai_rate_limit_headers: bool = False
+) -> None:
     """One line for a whole app: 429/503 with ``Retry-After`` for every library error, and
     :class:`RateLimitHeaders` so the rate-limit headers of every hit reach the response, a
     stream included (call it before the app starts). ``legacy_rate_limit_headers=True`` adds
-    the ``X-RateLimit-*`` headers some clients expect."""
+    the ``X-RateLimit-*`` headers some clients expect; ``openai_rate_limit_headers=True``
+    OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``, which LLM SDK clients read."""
     app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)
-    app.add_middleware(RateLimitHeaders, legacy=legacy_rate_limit_headers)
+    app.add_middleware(
+        RateLimitHeaders, legacy=legacy_rate_limit_headers, openai=openai_rate_limit_headers
+    )

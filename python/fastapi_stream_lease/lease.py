@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
+
+#: A model's reported usage further than this factor from the stream's own count (or, for
+#: short streams, more than ``USAGE_SLACK`` tokens above it) is taken as a bug upstream: it is
+#: logged and brought back within the bound, so one bad figure cannot wreck a user's budget.
+USAGE_FACTOR = 4
+USAGE_SLACK = 4096
 
 LOST_MESSAGE = (
     "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
@@ -80,6 +86,37 @@ class Lease:
         after the grant, for the ``concurrent-requests`` entries of the ``RateLimit`` headers."""
         return self._handle.pool_usage
 
+    @property
+    def tokens_used(self) -> tuple[int, int] | None:
+        """Tokens this stream used so far, ``(prompt, answer)``: the prompt's as reserved and
+        the answer's as counted, or the model's figures once :meth:`report_usage` gave them;
+        None without ``budgets``."""
+        return self._handle.tokens_used
+
+    @property
+    def budget_exhausted(self) -> bool:
+        """True once the stream ran past its reservation with no budget left to top it up
+        (``on_budget="cut"``): its next :meth:`consume` raises :class:`BudgetExhausted`."""
+        return self._handle.budget_exhausted
+
+    def consume(self, tokens: int) -> None:
+        """Counts ``tokens`` of the answer as streamed: synchronous, no I/O, cheap enough to
+        call per chunk. The manager tops the reservation up ahead of need, all streams of the
+        process together. Under ``on_budget="cut"`` it raises :class:`BudgetExhausted` once the
+        budget ran out (the stream should end there: :meth:`wrap` does)."""
+        self._handle.consume(tokens)
+
+    def report_usage(self, *, input_tokens: int, output_tokens: int) -> None:
+        """The model's own figures for the whole stream (an OpenAI-style final chunk's
+        ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
+        of the estimate and the count. Figures far from the count (see ``USAGE_FACTOR``) are
+        logged and bounded."""
+        used = self._handle.tokens_used
+        if used is not None:
+            input_tokens = _bounded("input_tokens", input_tokens, used[0])
+            output_tokens = _bounded("output_tokens", output_tokens, used[1])
+        self._handle.report_usage(input_tokens, output_tokens)
+
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
@@ -90,11 +127,21 @@ class Lease:
         """Starts the release without waiting for it; True if this call released the lease."""
         return self._handle.release_nowait()
 
-    async def wrap(self, stream: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
+    async def wrap(
+        self,
+        stream: AsyncIterable[T] | Iterable[T],
+        *,
+        tokens: Callable[[T], int] | None = None,
+    ) -> AsyncIterator[T]:
         """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
         stream ends, raises, is cancelled or is closed (client disconnect). Under
         ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`, even while it
         waits for its next item.
+
+        ``tokens(item)`` counts each item's answer tokens against the lease's budgets
+        (:meth:`consume`). A stream that ran past its reservation waits for its top-up before
+        the next item; one whose budget ran out (``on_budget="cut"``) ends with
+        :class:`BudgetExhausted` there, after the item that used it up.
 
         Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
         away, so its ``finally`` is the one place release must happen.
@@ -104,13 +151,18 @@ class Lease:
         )
         items = aiter(source)
         watch = LostWatch(self)
+        handle = self._handle
         try:
             while True:
                 with watch.guarded():
+                    if tokens is not None and handle.budget_waiting:
+                        await handle.budget_ready()
                     try:
                         item = await anext(items)
                     except StopAsyncIteration:
                         return
+                if tokens is not None:
+                    handle.consume(tokens(item))
                 yield item
         finally:
             watch.close()
@@ -144,6 +196,26 @@ class Lease:
     def __repr__(self) -> str:
         states = [name for name in ("lost", "released") if getattr(self, name)]
         return f"<Lease {self.lease_id} weight={self.weight} {', '.join(states) or 'held'}>"
+
+
+def _bounded(name: str, reported: int, counted: int) -> int:
+    """``reported`` (a model's usage figure), brought within ``USAGE_FACTOR`` of ``counted``."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        raise TypeError(f"{name} must be an int, got {type(reported).__name__}")
+    if reported < 0:
+        raise ValueError(f"{name}={reported} is negative: pass the model's reported token count")
+    low, high = counted // USAGE_FACTOR, max(counted * USAGE_FACTOR, counted + USAGE_SLACK)
+    if counted == 0 or low <= reported <= high:  # nothing counted: nothing to compare with
+        return reported
+    bounded = min(max(reported, low), high)
+    log.warning(
+        "reported %s=%d is far from the stream's own count (%d); charging %d instead",
+        name,
+        reported,
+        counted,
+        bounded,
+    )
+    return bounded
 
 
 class LostWatch:

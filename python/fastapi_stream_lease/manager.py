@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 
 from . import _core
 from ._core import LeaseConfig
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 DISCONNECT_CHECK_SECONDS = 0.2
 
 
+#: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
+OnBudget: TypeAlias = Literal["cut", "finish"]
+
 #: What :meth:`StreamLeaseManager.lease` returns: ``async with`` it to hold a lease for a block.
 LeaseScope: TypeAlias = AbstractAsyncContextManager[Lease]
 
@@ -49,6 +52,8 @@ class ManagerStats(TypedDict):
     closed: bool
     breaker_open: bool
     waiting: int
+    budget_streams: int
+    unsettled: int
 
 
 class StreamLeaseManager:
@@ -123,6 +128,9 @@ class StreamLeaseManager:
         resources: Sequence[Resource] = (),
         request: Request | None = None,
         rate_limits: Sequence[RateLimit] = (),
+        budgets: Sequence[RateLimit] = (),
+        reserve: int | tuple[int, int] | None = None,
+        on_budget: OnBudget = "cut",
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -138,13 +146,32 @@ class StreamLeaseManager:
         (:class:`RateLimited`, 429) takes no slot; ``lease.rate_decisions`` holds what each
         policy said.
 
+        ``budgets`` are the user's token budgets (``RateLimit(..., unit="tokens")``, or
+        ``"input_tokens"`` / ``"output_tokens"``). The stream reserves ``reserve`` tokens from
+        each in the same atomic step (the prompt's tokens plus the request's ``max_tokens``; an
+        int counts as answer tokens, a pair is ``(prompt_tokens, answer_tokens)``; left out, one
+        top-up increment, 256): a reservation that does not fit is refused with
+        :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes nothing. Count
+        the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
+        when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
+        :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
+        release it is charged what it used and the rest is given back at once.
+
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
         pools = [(resource.name, resource.capacity) for resource in resources] or None
         acquired = self._core.acquire(
-            user_id, weight, max_per_user, wait_timeout, pools, rate_limits or None
+            user_id,
+            weight,
+            max_per_user,
+            wait_timeout,
+            pools,
+            rate_limits or None,
+            budgets or None,
+            reserve,
+            on_budget if budgets or reserve is not None or on_budget != "cut" else None,
         )
         if request is None:
             return Lease(await acquired, cancel_on_lost=self._cancel_on_lost)
@@ -167,6 +194,9 @@ class StreamLeaseManager:
         resources: Sequence[Resource] = (),
         request: Request | None = None,
         rate_limits: Sequence[RateLimit] = (),
+        budgets: Sequence[RateLimit] = (),
+        reserve: int | tuple[int, int] | None = None,
+        on_budget: OnBudget = "cut",
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -179,6 +209,9 @@ class StreamLeaseManager:
             resources=resources,
             request=request,
             rate_limits=rate_limits,
+            budgets=budgets,
+            reserve=reserve,
+            on_budget=on_budget,
         )
         async with lease._held():
             yield lease
@@ -199,6 +232,13 @@ class StreamLeaseManager:
         """What ``policy`` has left for ``identity``, without consuming anything."""
         (decision,) = await self._core.hit(identity, (policy,), 0, False)
         return decision
+
+    async def usage(self, user_id: str, *budgets: RateLimit) -> dict[str, RateDecision]:
+        """Each budget's state for ``user_id``, keyed by the budget's name, for a dashboard or
+        an account page: ``used`` tokens in its window (the reservations of streams running
+        now included), ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
+        decisions = await self._core.hit(user_id, budgets, 0, False)
+        return {decision.policy.name: decision for decision in decisions}
 
     async def reset(self, identity: str, *policies: RateLimit) -> None:
         """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
@@ -255,7 +295,10 @@ class StreamLeaseManager:
           its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;
         * ``breaker_open``: whether the circuit breaker refuses calls instead of sending them;
-        * ``waiting``: its acquires waiting in line now.
+        * ``waiting``: its acquires waiting in line now;
+        * ``budget_streams``: its streams with token budgets open now;
+        * ``unsettled``: settlements of ended streams' budgets whose call failed, waiting for
+          another try (at most 10,000).
         """
         # The core builds exactly these keys (tests/test_leases.py checks them).
         return cast(ManagerStats, self._core.stats())

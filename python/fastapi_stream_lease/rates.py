@@ -9,20 +9,22 @@ from dataclasses import dataclass
 
 from ._core import RateLimit
 
-__all__ = ["RateDecision", "RateLimit", "rate_limit_headers"]
+__all__ = ["RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
 
 
 @dataclass(frozen=True)
 class RateDecision:
     """What one policy said about a hit: its ``limit`` (the policy's, or this process's share
     of it while Redis is down under ``failure_mode="open"``), ``remaining`` units in its window
-    after the hit (before it, when refused or only looked at), and ``reset``, seconds until its
-    next units free up (0 when nothing is in use)."""
+    after the hit (before it, when refused or only looked at), ``reset``, seconds until its
+    next units free up (0 when nothing is in use), and ``used``, the units in its window (above
+    the limit when a token budget's stream finished past it)."""
 
     policy: RateLimit
     limit: int
     remaining: int
     reset: float
+    used: int
 
 
 def _seconds(value: float) -> int:
@@ -45,3 +47,35 @@ def rate_limit_headers(
     if not policies:
         return {}
     return {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}
+
+
+def _duration(seconds: float) -> str:
+    """A wait as OpenAI writes it: ``"20ms"``, ``"1s"``, ``"6m0s"``, ``"1h2m3.5s"``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{int(hours)}h" if hours else ""
+    if hours or minutes:
+        text += f"{int(minutes)}m"
+    return f"{text}{round(secs, 3):g}s"
+
+
+def openai_rate_limit_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
+    """The ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and ``x-ratelimit-reset-*``
+    headers that OpenAI's API sends and LLM SDK clients read, for ``requests`` (the request-rate
+    policy with the fewest units left) and ``tokens`` (the token budget with the fewest left,
+    after the stream's reservation)."""
+    headers: dict[str, str] = {}
+    for kind, counted in (
+        ("requests", {"requests"}),
+        ("tokens", {"tokens", "input_tokens", "output_tokens"}),
+    ):
+        of_kind = [d for d in decisions if d.policy.unit in counted]
+        if not of_kind:
+            continue
+        tightest = min(of_kind, key=lambda d: (d.remaining, -d.reset))
+        headers[f"x-ratelimit-limit-{kind}"] = str(tightest.limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(tightest.remaining)
+        headers[f"x-ratelimit-reset-{kind}"] = _duration(tightest.reset)
+    return headers

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ._core import check_rate_limits
 from .client_ip import Network, client_ip, trusted_networks
 from .errors import RateLimited
-from .rates import RateDecision, RateLimit, rate_limit_headers
+from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -85,11 +85,13 @@ class RateLimitHeaders:
     """ASGI middleware: adds the ``RateLimit-Policy`` and ``RateLimit`` headers of the hits a
     request made (through :meth:`StreamLeaseManager.rate_limit` and the other forms) and of the
     streams it acquired with ``request=`` to its response when it starts, unless the response
-    set them itself; with ``legacy=True`` also the article's ``X-RateLimit-*`` headers."""
+    set them itself; with ``legacy=True`` also the article's ``X-RateLimit-*`` headers, with
+    ``openai=True`` OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``."""
 
-    def __init__(self, app: ASGIApp, *, legacy: bool = False) -> None:
+    def __init__(self, app: ASGIApp, *, legacy: bool = False, openai: bool = False) -> None:
         self.app = app
         self.legacy = legacy
+        self.openai = openai
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,6 +105,8 @@ class RateLimitHeaders:
                 headers = rate_limit_headers(decisions, pools)
                 if self.legacy:
                     headers.update(legacy_headers(decisions))
+                if self.openai:
+                    headers.update(openai_rate_limit_headers(decisions))
                 present = {name.lower() for name, _ in message.get("headers", [])}
                 added = [
                     (name.lower().encode("latin-1"), value.encode("latin-1"))

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
+use crate::budget::{Account, BudgetRequest};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, check_resource, Pool, PoolRole};
@@ -57,6 +58,9 @@ impl Granted {
     /// Holds the lease (the renewal loop keeps it alive from now on).
     pub fn hold(mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
+        if let Some(meter) = record.budget.get() {
+            meter.hold();
+        }
         let held = self
             .leases
             .hold(Arc::clone(&record), self.deadline_ms, self.holder_was_alive);
@@ -126,12 +130,16 @@ impl Manager {
             request.weight,
             Store::Main,
         ));
-        let rates = self.rate_check(request.identity.as_deref(), request.rate_limits)?;
+        let rates = self.rate_check(
+            request.identity.as_deref(),
+            request.rate_limits,
+            request.budget.as_ref(),
+        )?;
         if self.leases.is_closed() {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        let admitted = Arc::clone(self).admit(record, rates, request.wait);
+        let admitted = Arc::clone(self).admit(record, rates, request.budget, request.wait);
         let disclose = self.config.disclose_usage;
         Ok(async move {
             admitted
@@ -183,8 +191,10 @@ impl Manager {
         self: Arc<Self>,
         record: Arc<LeaseRecord>,
         rates: RateCheck,
+        budget: Option<BudgetRequest>,
         wait: Duration,
     ) -> CoreResult<Granted> {
+        let budget = budget.as_ref();
         let ttl_ms = self.config.lease_ms();
         let deadline = Instant::now() + wait;
         let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
@@ -248,14 +258,16 @@ impl Manager {
                     if waiter.is_some() {
                         self.leases.wake(); // a grant from the line: the next may fit too
                     }
-                    return self.settle(Arc::clone(&record), outcome, sent_at);
+                    return self.settle(Arc::clone(&record), outcome, sent_at, &rates, budget);
                 }
                 Err(error) if error.is_unavailable() => Some(error),
                 Err(other) => return Err(other),
             };
             if let Some(unavailable) = unavailable {
                 drop(cleanup);
-                return self.admit_locally(&record, &rates, unavailable, sent_at).await;
+                return self
+                    .admit_locally(&record, &rates, budget, unavailable, sent_at)
+                    .await;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -285,6 +297,7 @@ impl Manager {
         &self,
         record: &LeaseRecord,
         rates: &RateCheck,
+        budget: Option<&BudgetRequest>,
         unavailable: CoreError,
         sent_at: u64,
     ) -> CoreResult<Granted> {
@@ -292,7 +305,7 @@ impl Manager {
             return Err(unavailable);
         }
         let rates = RateCheck {
-            policies: self.rate_shares(&rates.policies, rates.cost)?,
+            policies: self.rate_shares(&rates.policies, &rates.costs)?,
             ..rates.clone()
         };
         let fallback = self.stores.get(Store::Fallback);
@@ -337,7 +350,7 @@ impl Manager {
                 rejection.current += redis_slots;
             }
         }
-        self.settle(local, outcome, sent_at)
+        self.settle(local, outcome, sent_at, &rates, budget)
     }
 
     /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
@@ -370,20 +383,50 @@ impl Manager {
             .collect()
     }
 
-    fn settle(&self, record: Arc<LeaseRecord>, outcome: AcquireOutcome, sent_at: u64) -> CoreResult<Granted> {
+    /// The acquire's outcome; a grant with budgets gets its meter, holding what it reserved.
+    fn settle(
+        &self,
+        record: Arc<LeaseRecord>,
+        outcome: AcquireOutcome,
+        sent_at: u64,
+        check: &RateCheck,
+        budget: Option<&BudgetRequest>,
+    ) -> CoreResult<Granted> {
         match outcome {
             AcquireOutcome::Granted {
                 holder_was_alive,
                 rates,
                 used,
-            } => Ok(Granted {
-                usage: self.usage_shown(&record, &used),
-                record: Some(record),
-                deadline_ms: sent_at + self.config.lease_ms(),
-                holder_was_alive,
-                rates,
-                leases: Arc::clone(&self.leases),
-            }),
+            } => {
+                if let Some(budget) = budget {
+                    let first = check.policies.len() - budget.policies.len();
+                    let accounts = (first..check.policies.len())
+                        .map(|i| Account {
+                            key: check.keys[i].clone(),
+                            policy: check.policies[i].clone(),
+                            // A retried call that found its grant made answers no bucket: its
+                            // reservation stays charged and the settlement charges the stream
+                            // again (an over-count, never an under-count).
+                            charges: match rates.get(i) {
+                                Some(d) if d.bucket != 0 && check.costs[i] > 0 => {
+                                    vec![(d.bucket, check.costs[i])]
+                                }
+                                _ => Vec::new(),
+                            },
+                        })
+                        .collect();
+                    let meter = self.budgets.open(&record, accounts, budget);
+                    let _ = record.budget.set(meter);
+                }
+                Ok(Granted {
+                    usage: self.usage_shown(&record, &used),
+                    record: Some(record),
+                    deadline_ms: sent_at + self.config.lease_ms(),
+                    holder_was_alive,
+                    rates,
+                    leases: Arc::clone(&self.leases),
+                })
+            }
             AcquireOutcome::RateLimited(outcome) => {
                 record.mark_released();
                 self.leases.flight_end(&record, false);

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::acquire::{PoolUsage, MAX_WEIGHT};
 use self::waiting::LocalLine;
 use crate::backend::{Backend, Stores};
+use crate::budget::{BudgetRequest, Budgets};
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, KeySpace, LineKeys};
@@ -39,6 +40,8 @@ pub struct AcquireRequest {
     pub wait: Duration,
     /// Request-rate policies of the user that the start counts against, in the same step.
     pub rate_limits: Vec<RatePolicy>,
+    /// Token budgets of the user the stream reserves from, in the same step.
+    pub budget: Option<BudgetRequest>,
 }
 
 /// Counters for monitoring.
@@ -48,6 +51,9 @@ pub struct Stats {
     pub breaker_open: bool,
     /// This process's waiters in line.
     pub waiting: usize,
+    /// Streams with token budgets open now, and settlements waiting for another try.
+    pub budget_streams: usize,
+    pub unsettled: usize,
 }
 
 pub struct Manager {
@@ -60,6 +66,7 @@ pub struct Manager {
     /// Stops the wake-up listener when the manager goes away (leases may outlive it).
     listener_stop: CancellationToken,
     leases: Arc<Leases>,
+    budgets: Arc<Budgets>,
     /// The process that first used this manager (0 = unused). Its connection and renewal loop
     /// live in that process's runtime; a forked child must build its own manager.
     used_in_pid: AtomicU32,
@@ -77,8 +84,10 @@ impl Manager {
         let keys = KeySpace::new(&config);
         let line = keys.line();
         let stores = Arc::new(Stores::new(backend));
+        let budgets = Arc::new(Budgets::new(Arc::clone(&stores), config.failure_mode));
         let leases = Arc::new(Leases::new(
             Arc::clone(&stores),
+            Arc::clone(&budgets),
             line.clone(),
             config.lease_ms(),
             config.renew_period(),
@@ -92,6 +101,7 @@ impl Manager {
             local_line: LocalLine::default(),
             listener_stop: CancellationToken::new(),
             leases,
+            budgets,
             used_in_pid: AtomicU32::new(0),
         }
     }
@@ -166,16 +176,25 @@ impl Manager {
         } else {
             Some(self.leases.close())
         };
+        let (budgets, wait) = (Arc::clone(&self.budgets), self.config.redis_timeout());
         async move {
-            match closed {
+            let released = match closed {
                 Some(closed) => closed.await,
                 None => Ok(()),
+            };
+            // After the leases: their release settles their budgets.
+            if !forked_copy {
+                budgets.close(wait).await;
             }
+            released
         }
     }
 
     pub fn stats(&self) -> Stats {
+        let (budget_streams, unsettled) = self.budgets.counts();
         Stats {
+            budget_streams,
+            unsettled,
             leases: self.leases.counters(),
             breaker_open: self.stores.breaker().is_open(),
             waiting: self.local_line.len(),

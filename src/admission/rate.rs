@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use super::acquire::local_share;
 use super::Manager;
+use crate::budget::BudgetRequest;
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, hash_tag};
 use crate::lease::Store;
-use crate::rate::{check_hit, Decision, HitOutcome, RateCheck, RatePolicy};
+use crate::rate::{check_costs, check_hit, Decision, HitOutcome, RateCheck, RatePolicy, Unit};
 
 impl Manager {
     /// Checks the hit and returns the call to await: `cost` units from every policy if all of
@@ -87,32 +88,59 @@ impl Manager {
             .collect()
     }
 
-    /// The rate check of a stream's start: one unit from each policy of `identity`.
+    /// The rate check of a stream's start: one unit from each request-rate policy of
+    /// `identity`, then its reservation from each of its token budgets (the last policies).
     pub(super) fn rate_check(
         &self,
         identity: Option<&str>,
-        policies: Vec<RatePolicy>,
+        rate_limits: Vec<RatePolicy>,
+        budget: Option<&BudgetRequest>,
     ) -> CoreResult<RateCheck> {
-        if policies.is_empty() {
+        let invalid = |message: String| Err(CoreError::InvalidInput(message));
+        if let Some(policy) = rate_limits.iter().find(|p| p.unit != Unit::Requests) {
+            return invalid(format!(
+                "rate limit {:?} counts {}: pass it in budgets=, where a stream reserves and is charged its tokens",
+                &*policy.name,
+                policy.unit.name()
+            ));
+        }
+        let budgets = budget.map_or(&[][..], |b| &b.policies[..]);
+        if let Some(policy) = budgets.iter().find(|p| p.unit == Unit::Requests) {
+            return invalid(format!(
+                "budget {:?} counts requests: a budget counts tokens, RateLimit({:?}, {}, per=..., unit=\"tokens\") (or \"input_tokens\", \"output_tokens\"); pass request rates in rate_limits=",
+                &*policy.name, &*policy.name, policy.limit
+            ));
+        }
+        if budget.is_some_and(|b| b.policies.is_empty()) {
+            return invalid(
+                "reserve= and on_budget= need budgets=[RateLimit(..., unit=\"tokens\"), ...]".into(),
+            );
+        }
+        if rate_limits.is_empty() && budgets.is_empty() {
             return Ok(RateCheck::default());
         }
         let Some(identity) = identity else {
-            return Err(CoreError::InvalidInput(
-                "rate_limits count a user's starts: pass a user_id with them".into(),
-            ));
+            return invalid(
+                "rate_limits and budgets count a user's streams: pass a user_id with them".into(),
+            );
         };
-        check_hit(&policies, 1).map_err(CoreError::InvalidInput)?;
+        let mut costs = vec![1; rate_limits.len()];
+        if let Some(budget) = budget {
+            costs.extend(budgets.iter().map(|p| p.unit.of(budget.input, budget.output)));
+        }
+        let policies: Vec<RatePolicy> = rate_limits.into_iter().chain(budgets.iter().cloned()).collect();
+        check_costs(&policies, &costs, "reserve").map_err(CoreError::InvalidInput)?;
         Ok(RateCheck {
             keys: self.rate_keys(identity, &policies),
+            costs,
             policies,
-            cost: 1,
         })
     }
 
     /// While Redis is down (`failure_mode="open"`): this process's share of each policy
-    /// (rounded down, so the shares add up to at most the limit); a share too small for `cost`
-    /// refuses (a share of 0 allows nothing).
-    pub(super) fn rate_shares(&self, policies: &[RatePolicy], cost: u64) -> CoreResult<Vec<RatePolicy>> {
+    /// (rounded down, so the shares add up to at most the limit); a share too small for its
+    /// cost (`costs[i]` of `policies[i]`) refuses (a share of 0 allows nothing).
+    pub(super) fn rate_shares(&self, policies: &[RatePolicy], costs: &[u64]) -> CoreResult<Vec<RatePolicy>> {
         let shares: Vec<RatePolicy> = policies
             .iter()
             .map(|policy| RatePolicy {
@@ -120,16 +148,16 @@ impl Manager {
                 ..policy.clone()
             })
             .collect();
-        match shares.iter().position(|share| share.limit < cost.max(1)) {
+        match shares
+            .iter()
+            .zip(costs)
+            .position(|(share, cost)| share.limit < (*cost).max(1))
+        {
             None => Ok(shares),
             Some(empty) => Err(CoreError::RateLimited(HitOutcome {
                 decisions: shares
                     .into_iter()
-                    .map(|policy| Decision {
-                        remaining: policy.limit,
-                        policy,
-                        reset_ms: 0,
-                    })
+                    .map(|policy| Decision::new(policy, 0, 0, 0))
                     .collect(),
                 refused: Some((empty, self.config.retry_after_ms())),
             })),
@@ -145,7 +173,7 @@ impl Manager {
         cost: u64,
         consume: bool,
     ) -> CoreResult<HitOutcome> {
-        let shares = self.rate_shares(policies, cost)?;
+        let shares = self.rate_shares(policies, &vec![cost; policies.len()])?;
         let fallback = self.stores.get(Store::Fallback);
         fallback.hit(keys, &shares, cost, consume).await
     }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::breaker::{Breaker, Permit};
+use crate::budget::{Adjustment, TopUp};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
@@ -269,6 +270,26 @@ impl Backend {
         match self {
             Backend::Memory(m) => Ok(m.hit(keys, policies, cost, consume)),
             Backend::Redis(r) => r.hit(keys, policies, cost, consume).await,
+        }
+    }
+
+    /// Tops up streams' token budgets, all in one call (one hash tag on a cluster): per top-up,
+    /// the tokens granted and the bucket each budget's share went to.
+    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<(u64, Vec<u64>)>> {
+        match self {
+            Backend::Memory(m) => Ok(m.top_up(top_ups)),
+            Backend::Redis(r) => r.top_up(top_ups).await,
+        }
+    }
+
+    /// Settles one ended stream's budgets (charges, refunds to their buckets).
+    pub async fn settle(&self, adjustments: &[Adjustment]) -> CoreResult<()> {
+        match self {
+            Backend::Memory(m) => {
+                m.settle(adjustments);
+                Ok(())
+            }
+            Backend::Redis(r) => r.settle(adjustments).await,
         }
     }
 

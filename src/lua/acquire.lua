@@ -15,14 +15,15 @@
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[10 + i]: capacity of
--- KEYS[i] (0 = unlimited); ARGV[11 + n]: units a start takes from each rate policy; then per
--- rate policy: algorithm, limit, window in ms (as in hit.lua).
--- Returns {GRANTED, alive, used_1, ..., used_n, remaining_1, reset_ms_1, ...} (alive: 1 if the
--- holder's entry was live when the lease was added, so the holder's other leases in the tag
--- lived on; used: slots in use after the grant; then each rate policy's remaining units and
--- reset, as hit.lua answers; also when a retried call finds the lease already granted);
--- {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i, retry_ms, remaining_1,
--- reset_ms_1, ...} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
+-- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, and the units
+-- the start takes from it (1 for a request rate, the reservation for a token budget), as in
+-- hit.lua.
+-- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket}
+-- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
+-- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
+-- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
+-- with buckets 0); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i,
+-- retry_ms, used_1, reset_ms_1, bucket_1, ...} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
 -- should wait (ticket: its place, lower is earlier). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -35,7 +36,6 @@ local own = tonumber(ARGV[8])
 local holder = holder_name(ARGV[9])
 local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
 local first_rate = pools + (queued and 5 or 2)
-local rate_cost = tonumber(ARGV[11 + pools])
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
@@ -47,7 +47,7 @@ local function already_granted()
   for i = 1, pools do
     granted[i + 2] = redis.call('ZCARD', KEYS[i])
   end
-  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, 12 + pools, 0)), 0, false)
+  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, 11 + pools, 0)), false)
   return granted
 end
 
@@ -123,7 +123,7 @@ local function grant(used, rates)
   if not was_alive then
     refresh(holders, holder) -- its keys may be new
   end
-  answer_rates(granted, rates, rate_cost, true)
+  answer_rates(granted, rates, true)
   return granted
 end
 
@@ -139,7 +139,7 @@ if waiter ~= '' then
 end
 
 -- Over a rate limit: refused before taking a place in line or a slot.
-local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, 12 + pools, rate_cost)
+local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, 11 + pools, 1)
 if rate_refused > 0 then
   local granted = waiter == '' and already_granted()
   if granted then
@@ -147,7 +147,7 @@ if rate_refused > 0 then
   end
   leave_line()
   local refused = {RATE_LIMITED, rate_refused, rate_retry}
-  answer_rates(refused, rates, rate_cost, false)
+  answer_rates(refused, rates, false)
   return refused
 end
 

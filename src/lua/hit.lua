@@ -1,21 +1,21 @@
 -- Count one hit against several rate policies of one identity at once, all or nothing: a hit
 -- refused by one policy consumes from none. Design: docs/design.md ("Rate limits").
 -- KEYS[i]: the counter of policy i (same hash tag).
--- ARGV[1]: cost (units the hit takes from every policy); ARGV[2]: '1' to consume when every
--- policy allows, '0' to only look (peek); then per policy: algorithm ('s' sliding window, 'f'
--- fixed window), limit, window in ms.
+-- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
+-- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
+-- takes from it).
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
 -- units); every slice that overlaps the last window counts in full, so no window of that
 -- length ever holds more than the limit (a hit may be refused up to one slice early).
 -- Fixed window (the article's): a string counter whose expiry ends the window, started by the
 -- first hit; a counter found without expiry gets one (repaired), so no key is left forever.
--- Returns {refused, retry_ms, remaining_1, reset_ms_1, ..., remaining_n, reset_ms_n}: refused is
--- the 1-based index of the first policy that refused (0: allowed), retry_ms when that policy
--- has room for the cost again; remaining counts after this hit (before it when refused or only
--- looking), reset_ms is when the policy's next units free up (0: nothing in use).
-local cost = tonumber(ARGV[1])
+-- Returns {refused, retry_ms, used_1, reset_ms_1, bucket_1, ..., used_n, reset_ms_n, bucket_n}:
+-- refused is the 1-based index of the first policy that refused (0: allowed), retry_ms when
+-- that policy has room for its cost again; used counts units in use after this hit (before it
+-- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
+-- in use), bucket where the cost went (see the prelude's look_rate; 0: nothing taken).
 read_clock()
-local states, refused, retry = look_rates(KEYS, 1, ARGV, 3, cost)
+local states, refused, retry = look_rates(KEYS, 1, ARGV, 2, 1)
 local reply = {refused, retry}
-answer_rates(reply, states, cost, ARGV[2] == '1' and refused == 0)
+answer_rates(reply, states, ARGV[1] == '1' and refused == 0)
 return reply

@@ -259,7 +259,9 @@ local function freed_after(live, units, slice, window)
 end
 
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
--- take units or repair a missing expiry (see hit.lua for the two algorithms).
+-- take units (returning the bucket they went to: a sliding window's slice, a fixed window's end
+-- in ms, so a refund can find them; see settle.lua) or repair a missing expiry (see hit.lua for
+-- the two algorithms).
 local function look_rate(key, algorithm, window)
   if algorithm == 's' then
     local slice = math.floor(window / SLICES)
@@ -277,8 +279,10 @@ local function look_rate(key, algorithm, window)
         return freed_after(live, 1, slice, window)
       end,
       take = function(cost)
-        redis.call('HINCRBY', key, math.floor(now / slice), cost)
+        local bucket = math.floor(now / slice)
+        redis.call('HINCRBY', key, bucket, cost)
         redis.call('PEXPIRE', key, window + slice)
+        return bucket
       end,
       repair = function()
         if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, window + slice) end
@@ -300,41 +304,47 @@ local function look_rate(key, algorithm, window)
     end,
     take = function(cost)
       redis.call('INCRBY', key, cost)
-      if left <= 0 then redis.call('PEXPIRE', key, window) end
+      if left <= 0 then
+        redis.call('PEXPIRE', key, window)
+        left = window
+      end
+      return now + left
     end,
     repair = function() end,
   }
 end
 
--- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window) are
--- args[a0..]: their states, the 1-based index of the first that cannot take `cost` more (0:
--- none) and when it could.
-local function look_rates(keys, k0, args, a0, cost)
+-- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window,
+-- cost) are args[a0..]: their states, the 1-based index of the first that cannot take its cost
+-- more (0: none) and when it could. `scale` multiplies every cost (0: only looking).
+local function look_rates(keys, k0, args, a0, scale)
   local states, refused, retry = {}, 0, 0
   for i = k0, #keys do
-    local at = a0 + (i - k0) * 3
+    local at = a0 + (i - k0) * 4
     local state = look_rate(keys[i], args[at], tonumber(args[at + 2]))
     state.limit = tonumber(args[at + 1])
+    state.cost = tonumber(args[at + 3]) * scale
     states[#states + 1] = state
-    if refused == 0 and state.used + cost > state.limit then
-      refused, retry = #states, state.wait(state.used + cost - state.limit)
+    if refused == 0 and state.used + state.cost > state.limit then
+      refused, retry = #states, state.wait(state.used + state.cost - state.limit)
     end
   end
   return states, refused, retry
 end
 
--- Takes `cost` from every policy (when `take`) and appends each one's remaining units and
--- reset (ms) to `reply`.
-local function answer_rates(reply, states, cost, take)
+-- Takes each policy's cost (when `take`) and appends each one's units in use, reset (ms) and
+-- the bucket the cost went to (0: none taken) to `reply`.
+local function answer_rates(reply, states, take)
   for _, state in ipairs(states) do
-    local used = state.used
-    if take then
-      state.take(cost)
-      used = used + cost
+    local used, bucket = state.used, 0
+    if take and state.cost > 0 then
+      bucket = state.take(state.cost)
+      used = used + state.cost
     else
       state.repair()
     end
-    reply[#reply + 1] = math.max(state.limit - used, 0)
+    reply[#reply + 1] = used
     reply[#reply + 1] = state.reset(used)
+    reply[#reply + 1] = bucket
   end
 end

@@ -105,6 +105,20 @@ pub fn int_in(name: &str, value: &Bound<'_, PyAny>, range: RangeInclusive<u64>) 
 }
 
 /// A core validation message as a ValueError.
+/// A choice given by name (`algorithm`, `unit`, `on_budget`): None when left out.
+pub fn choice(what: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match given(value) {
+        None => Ok(None),
+        Some(value) => match value.cast::<PyString>() {
+            Ok(text) => utf8(what, text).map(Some),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{what} must be a str, got {}",
+                type_name(value)
+            ))),
+        },
+    }
+}
+
 pub fn invalid(message: String) -> PyErr {
     PyValueError::new_err(message)
 }

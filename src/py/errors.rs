@@ -33,6 +33,9 @@ impl From<CoreError> for PyErr {
                         retry_after_seconds(retry_ms),
                     ))
                 }),
+                CoreError::BudgetExhausted(policy) => {
+                    class("BudgetExhausted").and_then(|c| c.call1((error.to_string(), policy)))
+                }
                 CoreError::Unavailable(m) | CoreError::Unreached(m) => {
                     class("BackendUnavailable").and_then(|c| c.call1((m,)))
                 }

@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
-use super::{bridge, rate};
+use super::{bridge, budget, rate};
 use crate::admission::PoolUsage;
 use crate::rate::Decision;
 use crate::renewal::LeaseHandle as CoreHandle;
@@ -32,6 +32,16 @@ impl LeaseHandle {
                 .map(|u| (u.name.to_string(), u.capacity, u.used))
                 .collect(),
         }
+    }
+}
+
+impl LeaseHandle {
+    fn meter(&self) -> PyResult<&std::sync::Arc<crate::budget::Meter>> {
+        self.handle.record().budget.get().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err(
+                "this lease has no token budget: acquire it with budgets=[RateLimit(..., unit=\"tokens\")] to count tokens",
+            )
+        })
     }
 }
 
@@ -90,6 +100,65 @@ impl LeaseHandle {
     /// Starts the release without waiting for it; True if this call released the lease.
     fn release_nowait(&self) -> bool {
         self.handle.release_nowait()
+    }
+
+    /// Counts `tokens` of the answer streamed (no I/O). Raises `BudgetExhausted` once the
+    /// budget ran out under `on_budget="cut"`, and after the release.
+    fn consume(&self, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let tokens = budget::tokens("tokens", tokens)?;
+        Ok(self.meter()?.consume(tokens)?)
+    }
+
+    /// The model's own figures for the stream, replacing the estimate and the count.
+    fn report_usage(
+        &self,
+        input_tokens: &Bound<'_, PyAny>,
+        output_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let input = budget::tokens("input_tokens", input_tokens)?;
+        let output = budget::tokens("output_tokens", output_tokens)?;
+        Ok(self.meter()?.report(input, output)?)
+    }
+
+    /// Tokens used so far, (prompt, answer); None without budgets.
+    #[getter]
+    fn tokens_used(&self) -> Option<(u64, u64)> {
+        self.handle.record().budget.get().map(|meter| meter.used())
+    }
+
+    /// True once the budget ran out mid-stream under `on_budget="cut"`.
+    #[getter]
+    fn budget_exhausted(&self) -> bool {
+        self.handle
+            .record()
+            .budget
+            .get()
+            .is_some_and(|meter| meter.is_exhausted())
+    }
+
+    /// True while the stream should wait for a top-up before its next item (`budget_ready()`).
+    #[getter]
+    fn budget_waiting(&self) -> bool {
+        self.handle
+            .record()
+            .budget
+            .get()
+            .is_some_and(|meter| meter.is_waiting())
+    }
+
+    /// Resolves once the stream may go on: at once, unless it streamed past its reservation
+    /// while a top-up is under way; then when it answers. Raises `BudgetExhausted` if the
+    /// budget ran out (under `on_budget="cut"`).
+    fn budget_ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let meter = std::sync::Arc::clone(self.meter()?);
+        let ready = async move {
+            meter.ready().await;
+            if meter.is_exhausted() {
+                return Err(meter.exhausted_error());
+            }
+            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
+        };
+        bridge::spawn(py, ready, true)
     }
 
     /// Resolves when the lease is lost (never, if it is released first). Cancelling the

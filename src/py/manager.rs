@@ -13,7 +13,7 @@ use super::bridge::{self, Delivery};
 use super::config::LeaseConfig;
 use super::errors::error_class;
 use super::lease::LeaseHandle;
-use super::rate;
+use super::{budget, rate};
 use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
 use crate::backend::Backend;
 use crate::rate::MAX_LIMIT;
@@ -75,7 +75,7 @@ impl Manager {
         self.core.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None))]
     #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
@@ -86,6 +86,9 @@ impl Manager {
         wait_timeout: Option<&Bound<'py, PyAny>>,
         resources: Option<&Bound<'py, PyAny>>,
         rate_limits: Option<&Bound<'py, PyAny>>,
+        budgets: Option<&Bound<'py, PyAny>>,
+        reserve: Option<&Bound<'py, PyAny>>,
+        on_budget: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = AcquireRequest {
             identity: args::identity(user_id)?,
@@ -97,6 +100,7 @@ impl Manager {
                 .map(rate::policies_of)
                 .transpose()?
                 .unwrap_or_default(),
+            budget: budget::request(budgets, reserve, on_budget)?,
         };
         if request.identity.is_none() && request.resources.is_empty() {
             return Err(PyTypeError::new_err(
@@ -208,6 +212,8 @@ impl Manager {
         dict.set_item("closed", stats.leases.closed)?;
         dict.set_item("breaker_open", stats.breaker_open)?;
         dict.set_item("waiting", stats.waiting)?;
+        dict.set_item("budget_streams", stats.budget_streams)?;
+        dict.set_item("unsettled", stats.unsettled)?;
         Ok(dict)
     }
 }

@@ -3,6 +3,7 @@
 
 mod args;
 mod bridge;
+mod budget;
 mod config;
 mod errors;
 mod lease;
@@ -19,5 +20,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;
     Ok(())
 }

@@ -6,14 +6,16 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
-use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, MAX_LIMIT};
+use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, Unit, MAX_LIMIT};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
 /// ``name`` scopes the counter (``"chat_per_minute"``): two policies with different names never
 /// share one. ``algorithm="sliding_window"`` (the default) never lets any ``per``-second window
 /// hold more than ``limit``; ``"fixed_window"`` counts from a window's first hit until ``per``
-/// seconds later, then starts again.
+/// seconds later, then starts again. ``unit="requests"`` (the default) counts hits and stream
+/// starts; ``"tokens"`` makes the policy a token budget for LLM streams (``acquire(budgets=...)``),
+/// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
@@ -23,12 +25,13 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per, algorithm = None))]
+    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None))]
     fn py_new(
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
         per: &Bound<'_, PyAny>,
         algorithm: Option<&Bound<'_, PyAny>>,
+        unit: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let Ok(name) = name.cast::<PyString>() else {
             return Err(PyTypeError::new_err(format!(
@@ -39,20 +42,16 @@ impl RateLimit {
         let name = args::utf8("name", name)?;
         let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
         let per = args::seconds("per", Some(per), 0.0)?;
-        let algorithm = match args::given(algorithm) {
+        let algorithm = match args::choice("algorithm", algorithm)? {
             None => Algorithm::SlidingWindow,
-            Some(value) => match value.cast::<PyString>() {
-                Ok(text) => Algorithm::parse(&args::utf8("algorithm", text)?).map_err(args::invalid)?,
-                Err(_) => {
-                    return Err(PyTypeError::new_err(format!(
-                        "algorithm must be a str, got {}",
-                        type_name(value)
-                    )))
-                }
-            },
+            Some(name) => Algorithm::parse(&name).map_err(args::invalid)?,
+        };
+        let unit = match args::choice("unit", unit)? {
+            None => Unit::Requests,
+            Some(name) => Unit::parse(&name).map_err(args::invalid)?,
         };
         let window_ms = (per.max(0.0) * 1000.0).round() as u64;
-        RatePolicy::new(&name, limit, window_ms, algorithm)
+        RatePolicy::new(&name, limit, window_ms, algorithm, unit)
             .map(|policy| RateLimit { policy })
             .map_err(args::invalid)
     }
@@ -78,10 +77,21 @@ impl RateLimit {
         self.policy.algorithm.name()
     }
 
+    /// What the policy counts: ``"requests"``, ``"tokens"``, ``"input_tokens"`` or
+    /// ``"output_tokens"``.
+    #[getter]
+    fn unit(&self) -> &'static str {
+        self.policy.unit.name()
+    }
+
     fn __repr__(&self) -> String {
+        let unit = match self.policy.unit {
+            Unit::Requests => String::new(),
+            other => format!(", unit='{}'", other.name()),
+        };
         format!(
             // Names are plain ASCII (checked), so quoting them is enough.
-            "RateLimit('{}', {}, per={:?}, algorithm='{}')",
+            "RateLimit('{}', {}, per={:?}, algorithm='{}'{unit})",
             &*self.policy.name,
             self.policy.limit,
             self.per(),
@@ -149,9 +159,13 @@ pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound
                     policy: d.policy.clone(),
                 },
             )?;
-            class
-                .bind(py)
-                .call1((policy, d.policy.limit, d.remaining, d.reset_ms as f64 / 1000.0))
+            class.bind(py).call1((
+                policy,
+                d.policy.limit,
+                d.remaining,
+                d.reset_ms as f64 / 1000.0,
+                d.used,
+            ))
         })
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)

@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
 use crate::backend::{batches, Stores};
+use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
@@ -59,6 +60,8 @@ pub struct Counters {
 
 pub struct Leases {
     stores: Arc<Stores>,
+    /// Settles the token budgets of the leases released here.
+    budgets: Arc<Budgets>,
     /// Waiters to wake in every process when a release frees a slot (None: nobody waits).
     line: Option<LineKeys>,
     ttl_ms: u64,
@@ -94,6 +97,7 @@ impl Drop for Leases {
 impl Leases {
     pub fn new(
         stores: Arc<Stores>,
+        budgets: Arc<Budgets>,
         line: Option<LineKeys>,
         ttl_ms: u64,
         period: Duration,
@@ -101,6 +105,7 @@ impl Leases {
     ) -> Self {
         Leases {
             stores,
+            budgets,
             line,
             ttl_ms,
             period,
@@ -208,6 +213,7 @@ impl Leases {
         if self.in_forked_child() || !record.mark_released() {
             return None;
         }
+        self.budgets.settle(record);
         {
             let mut held = lock(&self.held);
             let was_held = held.remove(record);
@@ -303,6 +309,9 @@ impl Leases {
             .into_iter()
             .filter(|record| record.mark_released())
             .collect();
+        for record in &held {
+            self.budgets.settle(record);
+        }
         let leases = Arc::clone(self);
         async move {
             if let Some(keeper) = keeper {

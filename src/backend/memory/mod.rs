@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine, Waiter};
+use crate::budget::{Adjustment, TopUp};
 use crate::errors::Rejection;
 use crate::fifo::Fifo;
 use crate::keys::{Pool, PoolRole};
@@ -97,7 +98,7 @@ impl MemoryBackend {
         let waiter = in_line.and_then(|l| l.waiter);
         // Locked after the state, as everywhere: both decide together.
         let mut counters = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
-        let looked = counters.hit(&rates.keys, &rates.policies, rates.cost, false);
+        let looked = counters.hit(&rates.keys, &rates.policies, &rates.costs, false);
         if looked.refused.is_some() {
             if let Some(waiter) = waiter {
                 line.leave(&waiter.id);
@@ -149,7 +150,7 @@ impl MemoryBackend {
             used: used.iter().map(|used| used + weight).collect(),
             holder_was_alive: true, // nothing here expires
             rates: counters
-                .hit(&rates.keys, &rates.policies, rates.cost, true)
+                .hit(&rates.keys, &rates.policies, &rates.costs, true)
                 .decisions,
         }
     }
@@ -182,7 +183,19 @@ impl MemoryBackend {
     /// The same decisions as `hit.lua`.
     pub fn hit(&self, keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> HitOutcome {
         let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
-        rates.hit(keys, policies, cost, consume)
+        rates.hit(keys, policies, &vec![cost; policies.len()], consume)
+    }
+
+    pub fn top_up(&self, top_ups: &[&TopUp]) -> Vec<(u64, Vec<u64>)> {
+        let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+        top_ups.iter().map(|top_up| rates.top_up(top_up)).collect()
+    }
+
+    pub fn settle(&self, adjustments: &[Adjustment]) {
+        let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
+        for adjustment in adjustments {
+            rates.settle(adjustment);
+        }
     }
 
     pub fn forget_rates(&self, keys: &[String]) {

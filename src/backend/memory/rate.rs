@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use crate::budget::{Adjustment, TopUp};
 use crate::rate::{Algorithm, Decision, HitOutcome, RatePolicy, SLICES};
 
 /// Hits between two sweeps of counters whose windows have passed.
@@ -48,10 +49,17 @@ impl RateCounters {
         self.epoch.elapsed().as_millis() as u64 + crate::rate::MAX_WINDOW_MS
     }
 
-    /// One hit of `cost` against every policy (`keys[i]` counts `policies[i]`), all or nothing.
-    pub fn hit(&mut self, keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> HitOutcome {
+    /// One hit against every policy (`keys[i]` counts `policies[i]`, which it takes `costs[i]`
+    /// from), all or nothing.
+    pub fn hit(
+        &mut self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        costs: &[u64],
+        consume: bool,
+    ) -> HitOutcome {
         let now = self.now();
-        self.hit_at(now, keys, policies, cost, consume)
+        self.hit_at(now, keys, policies, costs, consume)
     }
 
     fn hit_at(
@@ -59,7 +67,7 @@ impl RateCounters {
         now: u64,
         keys: &[String],
         policies: &[RatePolicy],
-        cost: u64,
+        costs: &[u64],
         consume: bool,
     ) -> HitOutcome {
         self.sweep(now);
@@ -70,29 +78,74 @@ impl RateCounters {
             .collect();
         let refused = looks
             .iter()
-            .zip(policies)
+            .zip(policies.iter().zip(costs))
             .enumerate()
-            .find(|(_, (look, policy))| look.used + cost > policy.limit)
-            .map(|(i, (look, policy))| (i, (look.wait)(look.used + cost - policy.limit)));
+            .find(|(_, (look, (policy, cost)))| look.used + *cost > policy.limit)
+            .map(|(i, (look, (policy, cost)))| (i, (look.wait)(look.used + cost - policy.limit)));
         let taken = consume && refused.is_none();
         let decisions = keys
             .iter()
-            .zip(policies)
+            .zip(policies.iter().zip(costs))
             .zip(&looks)
-            .map(|((key, policy), look)| {
-                let mut used = look.used;
-                if taken {
-                    self.take(key, policy, cost, now);
+            .map(|((key, (policy, cost)), look)| {
+                let (mut used, mut bucket) = (look.used, 0);
+                if taken && *cost > 0 {
+                    bucket = self.take(key, policy, *cost, now);
                     used += cost;
                 }
-                Decision {
-                    policy: policy.clone(),
-                    remaining: policy.limit.saturating_sub(used),
-                    reset_ms: (look.reset)(used),
-                }
+                Decision::new(policy.clone(), used, (look.reset)(used), bucket)
             })
             .collect();
         HitOutcome { decisions, refused }
+    }
+
+    /// A budget top-up (`lua/topup.lua`): as many of the tokens wanted as every budget has
+    /// room for (all of them, forced); returns them and each budget's bucket.
+    pub fn top_up(&mut self, top_up: &TopUp) -> (u64, Vec<u64>) {
+        let now = self.now();
+        let mut granted = top_up.want;
+        if !top_up.forced {
+            for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
+                let used = self.look(key, policy, now).used;
+                granted = granted.min(policy.limit.saturating_sub(used));
+            }
+        }
+        let buckets = top_up
+            .keys
+            .iter()
+            .zip(&top_up.policies)
+            .map(|(key, policy)| {
+                if granted > 0 {
+                    self.take(key, policy, granted, now)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        (granted, buckets)
+    }
+
+    /// One settlement step (`lua/settle.lua`): a charge now, or a refund to the bucket it was
+    /// taken from while that still counts.
+    pub fn settle(&mut self, adjustment: &Adjustment) {
+        let now = self.now();
+        if adjustment.bucket == 0 {
+            self.take(&adjustment.key, &adjustment.policy, adjustment.tokens, now);
+            return;
+        }
+        match self.counters.get_mut(&adjustment.key) {
+            Some((Counter::Sliding(slices), _)) => {
+                if let Some(held) = slices.get_mut(&adjustment.bucket) {
+                    *held -= adjustment.tokens.min(*held);
+                }
+            }
+            Some((Counter::Fixed { used, ends_at }, _))
+                if *ends_at == adjustment.bucket && *ends_at > now =>
+            {
+                *used -= adjustment.tokens.min(*used);
+            }
+            _ => {}
+        }
     }
 
     pub fn reset(&mut self, keys: &[String]) {
@@ -153,7 +206,8 @@ impl RateCounters {
         }
     }
 
-    fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) {
+    /// Takes `cost` units; returns the bucket they went to (as `lua/prelude.lua`'s look_rate).
+    fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) -> u64 {
         let window = policy.window_ms;
         let entry = self
             .counters
@@ -164,10 +218,12 @@ impl RateCounters {
                 if !matches!(entry.0, Counter::Sliding(_)) {
                     entry.0 = Counter::Sliding(BTreeMap::new());
                 }
+                let bucket = now / (window / SLICES);
                 if let Counter::Sliding(slices) = &mut entry.0 {
-                    *slices.entry(now / (window / SLICES)).or_default() += cost;
+                    *slices.entry(bucket).or_default() += cost;
                 }
                 entry.1 = now + window + window / SLICES;
+                bucket
             }
             Algorithm::FixedWindow => {
                 match &mut entry.0 {
@@ -179,9 +235,11 @@ impl RateCounters {
                         }
                     }
                 }
-                if let Counter::Fixed { ends_at, .. } = entry.0 {
-                    entry.1 = ends_at;
-                }
+                let Counter::Fixed { ends_at, .. } = entry.0 else {
+                    unreachable!("a fixed window was just set")
+                };
+                entry.1 = ends_at;
+                ends_at
             }
         }
     }
@@ -199,10 +257,10 @@ impl RateCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::MAX_WINDOW_MS;
+    use crate::rate::{Unit, MAX_WINDOW_MS};
 
     fn policy(name: &str, limit: u64, algorithm: Algorithm) -> RatePolicy {
-        RatePolicy::new(name, limit, 60_000, algorithm).unwrap()
+        RatePolicy::new(name, limit, 60_000, algorithm, Unit::Requests).unwrap()
     }
 
     /// Hits at random times never put more than the limit in any window (the sliding window's
@@ -219,7 +277,8 @@ mod tests {
         for _ in 0..20 {
             let limit = 1 + random(20);
             let window = 10 * (1 + random(100));
-            let policy = RatePolicy::new("p", limit, window, Algorithm::SlidingWindow).unwrap();
+            let policy =
+                RatePolicy::new("p", limit, window, Algorithm::SlidingWindow, Unit::Requests).unwrap();
             let mut counters = RateCounters::default();
             let keys = ["k".to_owned()];
             let mut now = MAX_WINDOW_MS;
@@ -227,7 +286,7 @@ mod tests {
             for _ in 0..2000 {
                 now += random(window / 4 + 1);
                 let cost = 1 + random(limit);
-                let outcome = counters.hit_at(now, &keys, std::slice::from_ref(&policy), cost, true);
+                let outcome = counters.hit_at(now, &keys, std::slice::from_ref(&policy), &[cost], true);
                 match outcome.refused {
                     None => admitted.push((now, cost)),
                     Some((_, retry)) => assert!(retry > 0 && retry <= window + window / SLICES),
@@ -250,18 +309,21 @@ mod tests {
         let keys = ["m".to_owned(), "d".to_owned()];
         let both = [minute.clone(), day.clone()];
         for left in (0..3).rev() {
-            let outcome = counters.hit(&keys, &both, 1, true);
+            let outcome = counters.hit(&keys, &both, &[1, 1], true);
             assert_eq!(outcome.refused, None);
             assert_eq!(outcome.decisions[1].remaining, left);
         }
-        let outcome = counters.hit(&keys, &both, 1, true);
+        let outcome = counters.hit(&keys, &both, &[1, 1], true);
         let (index, retry) = outcome.refused.unwrap();
         assert_eq!(index, 1);
         assert!(retry > 59_000 && retry <= 60_000, "{retry}");
         assert_eq!(outcome.decisions[0].remaining, 2, "the minute lost nothing");
-        let alone = counters.hit(&keys[..1], &both[..1], 2, true);
+        let alone = counters.hit(&keys[..1], &both[..1], &[2], true);
         assert_eq!((alone.refused, alone.decisions[0].remaining), (None, 0));
         counters.reset(&keys);
-        assert_eq!(counters.hit(&keys, &both, 0, false).decisions[0].remaining, 5);
+        assert_eq!(
+            counters.hit(&keys, &both, &[0, 0], false).decisions[0].remaining,
+            5
+        );
     }
 }

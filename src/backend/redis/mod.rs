@@ -17,6 +17,7 @@ use redis::{Script, ScriptInvocation};
 use self::connection::Link;
 pub use self::url::redact;
 use super::{AcquireOutcome, InLine};
+use crate::budget::{Adjustment, TopUp};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
@@ -94,12 +95,12 @@ impl RedisBackend {
         for pool in pools {
             invocation.arg(pool.capacity);
         }
-        invocation.key(&rates.keys).arg(rates.cost);
-        rate_args(&mut invocation, &rates.policies);
+        invocation.key(&rates.keys);
+        rate_args(&mut invocation, &rates.policies, &rates.costs);
         let reply: Vec<u64> = self.link.run(&invocation).await?;
         let n = pools.len();
         match reply.as_slice() {
-            [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 2 * rates.policies.len() => {
+            [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 3 * rates.policies.len() => {
                 Ok(AcquireOutcome::Granted {
                     used: rest[..n].to_vec(),
                     holder_was_alive: *alive == 1,
@@ -107,7 +108,7 @@ impl RedisBackend {
                 })
             }
             [RATE_LIMITED, index, retry_ms, states @ ..]
-                if states.len() == 2 * rates.policies.len()
+                if states.len() == 3 * rates.policies.len()
                     && (1..=rates.policies.len() as u64).contains(index) =>
             {
                 Ok(AcquireOutcome::RateLimited(HitOutcome {
@@ -180,13 +181,13 @@ impl RedisBackend {
         consume: bool,
     ) -> CoreResult<HitOutcome> {
         let mut invocation = scripts::HIT.prepare_invoke();
-        invocation.key(keys).arg(cost).arg(u8::from(consume));
-        rate_args(&mut invocation, policies);
+        invocation.key(keys).arg(u8::from(consume));
+        rate_args(&mut invocation, policies, &vec![cost; policies.len()]);
         let reply: Vec<u64> = self.link.run(&invocation).await?;
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
         };
-        if per_policy.len() != 2 * policies.len() || *refused as usize > policies.len() {
+        if per_policy.len() != 3 * policies.len() || *refused as usize > policies.len() {
             return Err(unexpected_reply("hit", &reply));
         }
         Ok(HitOutcome {
@@ -201,6 +202,52 @@ impl RedisBackend {
         self.link.run::<u64>(&invocation).await.map(drop)
     }
 
+    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<(u64, Vec<u64>)>> {
+        let mut invocation = scripts::TOP_UP.prepare_invoke();
+        let mut keys = KeyIndex::default();
+        for top_up in top_ups {
+            invocation
+                .arg(top_up.want)
+                .arg(u8::from(top_up.forced))
+                .arg(top_up.keys.len());
+            for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
+                let index = keys.index(&mut invocation, key);
+                invocation
+                    .arg(index)
+                    .arg(policy.algorithm.code())
+                    .arg(policy.limit)
+                    .arg(policy.window_ms);
+            }
+        }
+        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let mut rest = reply.as_slice();
+        let mut answers = Vec::with_capacity(top_ups.len());
+        for top_up in top_ups {
+            let n = top_up.keys.len();
+            let Some((granted, after)) = rest.split_first().filter(|(_, after)| after.len() >= n) else {
+                return Err(unexpected_reply("top-up", &reply));
+            };
+            answers.push((*granted, after[..n].to_vec()));
+            rest = &after[n..];
+        }
+        Ok(answers)
+    }
+
+    pub async fn settle(&self, adjustments: &[Adjustment]) -> CoreResult<()> {
+        let mut invocation = scripts::SETTLE.prepare_invoke();
+        let mut keys = KeyIndex::default();
+        for adjustment in adjustments {
+            let index = keys.index(&mut invocation, &adjustment.key);
+            invocation
+                .arg(index)
+                .arg(adjustment.policy.algorithm.code())
+                .arg(adjustment.policy.window_ms)
+                .arg(adjustment.tokens)
+                .arg(adjustment.bucket);
+        }
+        self.link.run::<u64>(&invocation).await.map(drop)
+    }
+
     pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
         let mut invocation = scripts::COUNT.prepare_invoke();
         invocation
@@ -211,27 +258,39 @@ impl RedisBackend {
     }
 }
 
-/// Each rate policy as the scripts take it: algorithm, limit, window in ms.
-fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy]) {
-    for policy in policies {
+/// Each rate policy as the scripts take it: algorithm, limit, window in ms, and its cost.
+fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy], costs: &[u64]) {
+    for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
-            .arg(policy.window_ms);
+            .arg(policy.window_ms)
+            .arg(cost);
     }
 }
 
-/// The policies' decisions from a reply's (remaining, reset_ms) pairs.
-fn decisions(policies: &[RatePolicy], pairs: &[u64]) -> Vec<Decision> {
+/// The policies' decisions from a reply's (used, reset_ms, bucket) triples.
+fn decisions(policies: &[RatePolicy], triples: &[u64]) -> Vec<Decision> {
     policies
         .iter()
-        .zip(pairs.chunks(2))
-        .map(|(policy, pair)| Decision {
-            policy: policy.clone(),
-            remaining: pair[0],
-            reset_ms: pair[1],
-        })
+        .zip(triples.chunks(3))
+        .map(|(policy, triple)| Decision::new(policy.clone(), triple[0], triple[1], triple[2]))
         .collect()
+}
+
+/// The KEYS of a call that names keys by index: each key once, numbered from 1 in order of
+/// first use.
+#[derive(Default)]
+struct KeyIndex<'k>(HashMap<&'k str, usize>);
+
+impl<'k> KeyIndex<'k> {
+    fn index(&mut self, invocation: &mut ScriptInvocation<'_>, key: &'k str) -> usize {
+        let next = self.0.len() + 1;
+        *self.0.entry(key).or_insert_with(|| {
+            invocation.key(key);
+            next
+        })
+    }
 }
 
 /// The line's keys in the order every script takes them: the line, then the liveness of the
@@ -251,16 +310,14 @@ fn batch_invocation<'a>(
     lead: impl FnOnce(&mut ScriptInvocation<'a>),
 ) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
-    let mut key_index: HashMap<&str, usize> = HashMap::new();
+    let mut key_index = KeyIndex::default();
     let keys = leases
         .iter()
         .flat_map(|l| l.pools.iter().map(|p| p.key.as_str()).chain([l.holders.as_str()]));
     for key in keys {
-        if !key_index.contains_key(key) {
-            key_index.insert(key, key_index.len() + 1);
-            invocation.key(key);
-        }
+        key_index.index(&mut invocation, key);
     }
+    let key_index = key_index.0;
     lead(&mut invocation);
     for lease in leases {
         invocation

@@ -28,3 +28,5 @@ pub static STRAYS: LazyLock<Script> = script!("strays.lua");
 pub static PRUNE: LazyLock<Script> = script!("prune.lua");
 pub static HIT: LazyLock<Script> = script!("hit.lua");
 pub static FORGET: LazyLock<Script> = script!("forget.lua");
+pub static TOP_UP: LazyLock<Script> = script!("topup.lua");
+pub static SETTLE: LazyLock<Script> = script!("settle.lua");

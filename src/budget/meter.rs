@@ -1,0 +1,307 @@
+//! One stream's budgets: what it reserved from each (and in which buckets), what it streamed,
+//! and what it needs next. `consume()` only counts and, when less than one increment of the
+//! reservation is left, flags the meter for the next top-up round.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::{Adjustment, BudgetRequest, OnBudget, TopUp, TOP_UP};
+use crate::errors::CoreError;
+use crate::lease::Store;
+use crate::rate::{RatePolicy, Unit};
+use crate::renewal::lock;
+
+/// State bits.
+const DUE: u8 = 1;
+const IN_FLIGHT: u8 = 2;
+const EXHAUSTED: u8 = 4;
+const ENDED: u8 = 8;
+const HELD: u8 = 16;
+
+/// One budget of a stream: its counter, and what was taken from it, bucket by bucket.
+#[derive(Debug, Clone)]
+pub struct Account {
+    pub key: String,
+    pub policy: RatePolicy,
+    /// (bucket, tokens), oldest first.
+    pub charges: Vec<(u64, u64)>,
+}
+
+impl Account {
+    fn charged(&self) -> u64 {
+        self.charges.iter().map(|(_, tokens)| tokens).sum()
+    }
+
+    /// Whether top-ups take from it: it counts the answer's tokens.
+    fn counts_output(&self) -> bool {
+        matches!(self.policy.unit, Unit::Tokens | Unit::OutputTokens)
+    }
+
+    /// The adjustments that bring what was taken to `tokens`: a charge of the difference, or
+    /// refunds from the newest buckets back.
+    fn settle_to(&self, tokens: u64, adjustments: &mut Vec<Adjustment>) {
+        let charged = self.charged();
+        let adjustment = |tokens, bucket| Adjustment {
+            key: self.key.clone(),
+            policy: self.policy.clone(),
+            tokens,
+            bucket,
+        };
+        if tokens > charged {
+            adjustments.push(adjustment(tokens - charged, 0));
+            return;
+        }
+        let mut excess = charged - tokens;
+        for (bucket, taken) in self.charges.iter().rev() {
+            if excess == 0 {
+                break;
+            }
+            let back = excess.min(*taken);
+            adjustments.push(adjustment(back, *bucket));
+            excess -= back;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Ledger {
+    accounts: Vec<Account>,
+    /// The prompt's tokens as estimated at admission.
+    input: u64,
+    /// The figures the model reported at the end, replacing the estimate and the count.
+    reported: Option<(u64, u64)>,
+}
+
+#[derive(Debug)]
+pub struct Meter {
+    pub store: Store,
+    on_budget: OnBudget,
+    /// Answer tokens streamed so far.
+    output: AtomicU64,
+    /// Answer tokens the reservation covers (`u64::MAX` when no budget counts them).
+    covered: AtomicU64,
+    flags: AtomicU8,
+    ledger: Mutex<Ledger>,
+    /// Woken when a top-up answers or the meter ends.
+    changed: Notify,
+    /// The top-up loop's wake-up.
+    due: Arc<Notify>,
+}
+
+impl Meter {
+    pub(super) fn new(
+        store: Store,
+        accounts: Vec<Account>,
+        request: &BudgetRequest,
+        due: Arc<Notify>,
+    ) -> Self {
+        let covered = if accounts.iter().any(Account::counts_output) {
+            request.output
+        } else {
+            u64::MAX
+        };
+        Meter {
+            store,
+            on_budget: request.on_budget,
+            output: AtomicU64::new(0),
+            covered: AtomicU64::new(covered),
+            flags: AtomicU8::new(0),
+            ledger: Mutex::new(Ledger {
+                accounts,
+                input: request.input,
+                reported: None,
+            }),
+            changed: Notify::new(),
+            due,
+        }
+    }
+
+    fn has(&self, flag: u8) -> bool {
+        self.flags.load(Ordering::Acquire) & flag != 0
+    }
+
+    /// The stream started: from now on its tokens count (a grant dropped before it is held
+    /// gives its whole reservation back).
+    pub fn hold(&self) {
+        self.flags.fetch_or(HELD, Ordering::AcqRel);
+    }
+
+    /// Counts `tokens` of the answer streamed. Refused after the lease's release, and, under
+    /// `on_budget="cut"`, once the budget ran out (the stream ends before its next item).
+    pub fn consume(&self, tokens: u64) -> Result<(), CoreError> {
+        if self.has(ENDED) {
+            return Err(CoreError::Misuse(
+                "consume() after the lease was released: count a stream's tokens while it holds its lease (inside wrap() or the async with block)".into(),
+            ));
+        }
+        if self.is_exhausted() {
+            return Err(self.exhausted_error());
+        }
+        let output = self.output.fetch_add(tokens, Ordering::AcqRel) + tokens;
+        if output.saturating_add(TOP_UP) > self.covered.load(Ordering::Acquire)
+            && self.flags.fetch_or(DUE, Ordering::AcqRel) & DUE == 0
+        {
+            self.due.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The model's own figures for the whole stream (an OpenAI-style final `usage` chunk):
+    /// they replace the estimate and the count at settlement.
+    pub fn report(&self, input: u64, output: u64) -> Result<(), CoreError> {
+        if self.has(ENDED) {
+            return Err(CoreError::Misuse(
+                "report_usage() after the lease was released: report the model's usage before the stream ends".into(),
+            ));
+        }
+        lock(&self.ledger).reported = Some((input, output));
+        Ok(())
+    }
+
+    /// Tokens used so far: (prompt, answer), the model's figures once reported.
+    pub fn used(&self) -> (u64, u64) {
+        let ledger = lock(&self.ledger);
+        ledger
+            .reported
+            .unwrap_or((ledger.input, self.output.load(Ordering::Acquire)))
+    }
+
+    /// Under `on_budget="cut"`: the stream streamed past its reservation and no top-up is left.
+    pub fn is_exhausted(&self) -> bool {
+        self.has(EXHAUSTED)
+    }
+
+    pub fn exhausted_error(&self) -> CoreError {
+        let ledger = lock(&self.ledger);
+        let policy = ledger
+            .accounts
+            .iter()
+            .find(|account| account.counts_output())
+            .map(|account| account.policy.clone());
+        CoreError::BudgetExhausted(policy.map_or_else(String::new, |p| p.name.to_string()))
+    }
+
+    /// Streamed past its reservation with a top-up due or under way: the stream should wait for
+    /// its answer before its next item (that is what bounds the overshoot).
+    pub fn is_waiting(&self) -> bool {
+        let flags = self.flags.load(Ordering::Acquire);
+        flags & ENDED == 0
+            && flags & (DUE | IN_FLIGHT) != 0
+            && self.output.load(Ordering::Acquire) > self.covered.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the stream need not wait for a top-up (see `is_waiting`).
+    pub async fn ready(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.is_waiting() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Takes the meter's due top-up for a round: the tokens that restore one increment ahead.
+    pub(super) fn take_due(&self) -> Option<TopUp> {
+        let flags = self.flags.load(Ordering::Acquire);
+        if flags & DUE == 0 || flags & (IN_FLIGHT | ENDED) != 0 {
+            return None;
+        }
+        self.flags.fetch_and(!DUE, Ordering::AcqRel);
+        self.flags.fetch_or(IN_FLIGHT, Ordering::AcqRel);
+        let want = (self.output.load(Ordering::Acquire) + TOP_UP)
+            .saturating_sub(self.covered.load(Ordering::Acquire))
+            .max(1);
+        let ledger = lock(&self.ledger);
+        let (keys, policies) = ledger
+            .accounts
+            .iter()
+            .filter(|account| account.counts_output())
+            .map(|account| (account.key.clone(), account.policy.clone()))
+            .unzip();
+        Some(TopUp {
+            keys,
+            policies,
+            want,
+            forced: self.on_budget == OnBudget::Finish,
+        })
+    }
+
+    /// A top-up's answer: `granted` of `want` tokens, taken from each budget that counts the
+    /// answer in `buckets` (in account order). Less than wanted means no budget is left. A
+    /// meter settled meanwhile returns the refunds that give the top-up back.
+    pub(super) fn topped_up(&self, want: u64, granted: u64, buckets: &[u64]) -> Vec<Adjustment> {
+        {
+            let mut ledger = lock(&self.ledger);
+            // Checked under the ledger's lock, which `end()` takes after setting ENDED: a
+            // top-up is either in the settlement or given back here.
+            let ended = self.has(ENDED);
+            let output_accounts = ledger.accounts.iter_mut().filter(|a| a.counts_output());
+            let mut refunds = Vec::new();
+            for (account, bucket) in output_accounts.zip(buckets) {
+                if granted == 0 {
+                    continue;
+                }
+                if ended {
+                    refunds.push(Adjustment {
+                        key: account.key.clone(),
+                        policy: account.policy.clone(),
+                        tokens: granted,
+                        bucket: *bucket,
+                    });
+                } else {
+                    account.charges.push((*bucket, granted));
+                }
+            }
+            if ended {
+                self.flags.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
+                return refunds;
+            }
+        }
+        let covered = self.covered.fetch_add(granted, Ordering::AcqRel) + granted;
+        if granted < want && self.on_budget == OnBudget::Cut && self.output.load(Ordering::Acquire) > covered
+        {
+            self.flags.fetch_or(EXHAUSTED, Ordering::AcqRel);
+        }
+        let flags = self.flags.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
+        if flags & DUE != 0 {
+            self.due.notify_one(); // flagged again while this one was under way
+        }
+        self.changed.notify_waiters();
+        Vec::new()
+    }
+
+    /// A top-up whose call failed: granted here without a charge (`fail_open`: the settlement
+    /// charges it), or tried again next round (the stream waits only if it ran past its
+    /// reservation).
+    pub(super) fn top_up_failed(&self, want: u64, fail_open: bool) {
+        if fail_open {
+            self.covered.fetch_add(want, Ordering::AcqRel);
+        } else {
+            self.flags.fetch_or(DUE, Ordering::AcqRel);
+            self.due.notify_one();
+        }
+        self.flags.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    /// Ends the meter (once): the adjustments that settle each budget to what the stream used
+    /// (nothing, if it was never held), or None if it had ended already.
+    pub(super) fn end(&self) -> Option<Vec<Adjustment>> {
+        if self.flags.fetch_or(ENDED, Ordering::AcqRel) & ENDED != 0 {
+            return None;
+        }
+        self.changed.notify_waiters();
+        let (input, output) = if self.has(HELD) { self.used() } else { (0, 0) };
+        let ledger = lock(&self.ledger);
+        let mut adjustments = Vec::new();
+        for account in &ledger.accounts {
+            account.settle_to(account.policy.unit.of(input, output), &mut adjustments);
+        }
+        Some(adjustments)
+    }
+}

@@ -1,0 +1,198 @@
+//! Token budgets of LLM streams (docs/design.md, "Token budgets"): rate policies counted in
+//! tokens. A stream reserves an estimate at admission (in the acquire's atomic step), counts
+//! what it streams here (`Meter::consume`, no I/O), has its reservation topped up ahead of need
+//! by one loop per manager that sends the top-ups of every stream of the process together
+//! (`round.rs`), and is settled when its lease is released: what it used beyond its
+//! reservation is charged, the rest given back to the buckets it was taken from.
+
+mod meter;
+mod round;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use self::meter::{Account, Meter};
+use crate::backend::Stores;
+use crate::config::FailureMode;
+use crate::lease::{LeaseRecord, Store};
+use crate::rate::RatePolicy;
+use crate::renewal::lock;
+use crate::runtime;
+
+/// Tokens a top-up adds to a stream's reservation; a stream asks for one when less than this
+/// is left of it, so one increment is always reserved ahead of what it streams.
+pub const TOP_UP: u64 = 256;
+
+/// Top-up rounds at most this often: a few Redis calls per second per process, whatever the
+/// number of streams, tokens or chunks.
+pub const TOP_UP_EVERY: Duration = Duration::from_millis(250);
+
+/// Settlements kept for another try at most (their refunds are lost beyond it: the reservation
+/// stays charged, which never admits too much).
+const MAX_UNSETTLED: usize = 10_000;
+
+/// What a stream that runs out of budget mid-stream does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBudget {
+    /// Ends with `BudgetExhausted` at its next item (the default: a budget is a limit).
+    Cut,
+    /// Finishes; its tokens are charged even above the limit, so the next request waits.
+    Finish,
+}
+
+impl OnBudget {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "cut" => Ok(OnBudget::Cut),
+            "finish" => Ok(OnBudget::Finish),
+            other => Err(format!(
+                "unknown on_budget {other:?}: use \"cut\" (the default: end the stream with BudgetExhausted) or \"finish\" (let it finish and charge the overage)"
+            )),
+        }
+    }
+}
+
+/// What an acquire asks of its budgets (the policies are checked with its rate limits).
+#[derive(Debug, Clone)]
+pub struct BudgetRequest {
+    pub policies: Vec<RatePolicy>,
+    /// The estimate reserved at admission: the prompt's tokens, the answer's.
+    pub input: u64,
+    pub output: u64,
+    pub on_budget: OnBudget,
+}
+
+/// One change to a budget's counter at settlement.
+#[derive(Debug, Clone)]
+pub struct Adjustment {
+    pub key: String,
+    pub policy: RatePolicy,
+    pub tokens: u64,
+    /// 0: charge `tokens` now; else give back up to `tokens` from this bucket.
+    pub bucket: u64,
+}
+
+/// One stream's top-up: `want` tokens from every budget of `accounts` that counts the answer.
+pub struct TopUp {
+    pub keys: Vec<String>,
+    pub policies: Vec<RatePolicy>,
+    pub want: u64,
+    pub forced: bool,
+}
+
+/// The streams with budgets this process holds, and the loop that tops them up.
+pub struct Budgets {
+    stores: Arc<Stores>,
+    failure_mode: FailureMode,
+    /// Open meters by lease id (settled ones leave).
+    meters: Mutex<HashMap<String, Arc<Meter>>>,
+    /// Woken by a meter that needs a top-up.
+    due: Arc<Notify>,
+    /// Settlements whose call failed, retried every round.
+    unsettled: Mutex<Vec<(Store, Vec<Adjustment>)>>,
+    settles: TaskTracker,
+    stop: CancellationToken,
+    round_loop: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Budgets {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Budgets {
+    pub fn new(stores: Arc<Stores>, failure_mode: FailureMode) -> Self {
+        Budgets {
+            stores,
+            failure_mode,
+            meters: Mutex::new(HashMap::new()),
+            due: Arc::new(Notify::new()),
+            unsettled: Mutex::new(Vec::new()),
+            settles: TaskTracker::new(),
+            stop: CancellationToken::new(),
+            round_loop: Mutex::new(None),
+        }
+    }
+
+    /// A meter for a granted stream: `accounts` hold what the acquire reserved; the stream's
+    /// estimate of its answer is `output` (the reservation covers that much).
+    pub fn open(
+        self: &Arc<Self>,
+        record: &LeaseRecord,
+        accounts: Vec<Account>,
+        request: &BudgetRequest,
+    ) -> Arc<Meter> {
+        let meter = Arc::new(Meter::new(record.store, accounts, request, Arc::clone(&self.due)));
+        lock(&self.meters).insert(record.id.clone(), Arc::clone(&meter));
+        let mut round_loop = lock(&self.round_loop);
+        if round_loop.is_none() && !self.stop.is_cancelled() {
+            *round_loop = Some(round::start(self));
+        }
+        meter
+    }
+
+    /// Settles the meter of a released lease: charges what it used beyond its reservation and
+    /// gives back the rest, at once (the embedded store on the spot, Redis on the runtime).
+    pub fn settle(self: &Arc<Self>, record: &LeaseRecord) {
+        let Some(meter) = record.budget.get() else {
+            return;
+        };
+        lock(&self.meters).remove(&record.id);
+        let Some(adjustments) = meter.end() else {
+            return;
+        };
+        if adjustments.is_empty() {
+            return;
+        }
+        let store = meter.store;
+        if self.stores.get(store).is_embedded() {
+            let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&adjustments));
+            debug_assert!(settled.is_some(), "the memory backend never waits");
+            return;
+        }
+        let budgets = Arc::clone(self);
+        runtime::handle().spawn(self.settles.track_future(async move {
+            budgets.send_settlement(store, adjustments).await;
+        }));
+    }
+
+    async fn send_settlement(&self, store: Store, adjustments: Vec<Adjustment>) {
+        let sent = self
+            .stores
+            .call(store, |backend| backend.settle(&adjustments))
+            .await;
+        if sent.is_err() {
+            let mut unsettled = lock(&self.unsettled);
+            if unsettled.len() < MAX_UNSETTLED {
+                unsettled.push((store, adjustments));
+            }
+        }
+    }
+
+    /// Stops the loop and waits (up to `wait`) for the settlements under way.
+    pub async fn close(&self, wait: Duration) {
+        self.stop.cancel();
+        let round_loop = lock(&self.round_loop).take();
+        if let Some(round_loop) = round_loop {
+            let _ = round_loop.await;
+        }
+        let retries = std::mem::take(&mut *lock(&self.unsettled));
+        for (store, adjustments) in retries {
+            let _ = tokio::time::timeout(wait, self.send_settlement(store, adjustments)).await;
+        }
+        self.settles.close();
+        let _ = tokio::time::timeout(wait, self.settles.wait()).await;
+    }
+
+    /// Streams with budgets open now, and settlements waiting for another try.
+    pub fn counts(&self) -> (usize, usize) {
+        (lock(&self.meters).len(), lock(&self.unsettled).len())
+    }
+}

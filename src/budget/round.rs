@@ -1,0 +1,91 @@
+//! The top-up loop, one per manager: woken by a meter that needs more, it runs a round at most
+//! every `TOP_UP_EVERY`, sending the top-ups of every due stream together (one call per store,
+//! per hash tag on a cluster), and retries settlements that failed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use tokio::task::JoinHandle;
+
+use super::{Budgets, Meter, TopUp, TOP_UP_EVERY};
+use crate::config::FailureMode;
+use crate::keys::hash_tag;
+use crate::lease::Store;
+use crate::renewal::lock;
+use crate::runtime;
+
+/// Top-ups per script call at most (bounds how long one call blocks Redis).
+const TOP_UPS_PER_CALL: usize = 500;
+
+/// A due stream and its top-up.
+type Due = (Arc<Meter>, TopUp);
+
+pub(super) fn start(budgets: &Arc<Budgets>) -> JoinHandle<()> {
+    let weak: Weak<Budgets> = Arc::downgrade(budgets);
+    let (due, stop) = (Arc::clone(&budgets.due), budgets.stop.clone());
+    runtime::handle().spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = due.notified() => {}
+            }
+            let Some(budgets) = weak.upgrade() else { break };
+            budgets.round().await;
+            drop(budgets);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(TOP_UP_EVERY) => {}
+            }
+        }
+    })
+}
+
+impl Budgets {
+    async fn round(&self) {
+        let due: Vec<Due> = lock(&self.meters)
+            .values()
+            .filter_map(|meter| meter.take_due().map(|top_up| (Arc::clone(meter), top_up)))
+            .collect();
+        // One call per store (and per hash tag on a cluster: a script runs on one slot).
+        let mut calls: HashMap<(Store, &str), Vec<&Due>> = HashMap::new();
+        for entry in &due {
+            let (meter, top_up) = entry;
+            let tag = match self.stores.get(meter.store).is_cluster() {
+                true => top_up.keys.first().map_or("", |key| hash_tag(key)),
+                false => "",
+            };
+            calls.entry((meter.store, tag)).or_default().push(entry);
+        }
+        let sends = calls.into_iter().flat_map(|((store, _), entries)| {
+            let chunks: Vec<Vec<_>> = entries.chunks(TOP_UPS_PER_CALL).map(<[_]>::to_vec).collect();
+            chunks
+                .into_iter()
+                .map(move |chunk| self.send_top_ups(store, chunk))
+        });
+        futures_util::future::join_all(sends).await;
+        let retries = std::mem::take(&mut *lock(&self.unsettled));
+        for (store, adjustments) in retries {
+            self.send_settlement(store, adjustments).await;
+        }
+    }
+
+    /// One call's top-ups, and their answers to the meters (a call that failed: granted here
+    /// under `failure_mode="open"`, else tried again next round).
+    async fn send_top_ups(&self, store: Store, chunk: Vec<&Due>) {
+        let top_ups: Vec<&TopUp> = chunk.iter().map(|(_, top_up)| top_up).collect();
+        let answers = self.stores.call(store, |backend| backend.top_up(&top_ups)).await;
+        let Ok(answers) = answers else {
+            let fail_open = self.failure_mode == FailureMode::Open;
+            for (meter, top_up) in chunk {
+                meter.top_up_failed(top_up.want, fail_open);
+            }
+            return;
+        };
+        for ((meter, top_up), (granted, buckets)) in chunk.into_iter().zip(answers) {
+            let refunds = meter.topped_up(top_up.want, granted, &buckets);
+            if !refunds.is_empty() {
+                self.send_settlement(store, refunds).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+-- Settle the token budgets of streams that ended (docs/design.md, "Token budgets"): charge what a
+-- stream used beyond what it reserved, or give back what it reserved and did not use, to the
+-- buckets it was taken from (a bucket that left its window no longer counts: nothing to give).
+-- KEYS: the budgets' counters (one hash slot in a cluster).
+-- ARGV: per adjustment: its KEYS index, algorithm, window in ms, tokens, and a bucket: '0' to
+-- charge the tokens now (even above the limit), else to give back up to that many from it.
+-- Returns the tokens given back.
+read_clock()
+local given = 0
+for at = 1, #ARGV, 5 do
+  local key, algorithm, window = KEYS[tonumber(ARGV[at])], ARGV[at + 1], tonumber(ARGV[at + 2])
+  local tokens, bucket = tonumber(ARGV[at + 3]), ARGV[at + 4]
+  if bucket == '0' then
+    look_rate(key, algorithm, window).take(tokens)
+  elseif algorithm == 's' then
+    local held = tonumber(redis.call('HGET', key, bucket))
+    if held then
+      local back = math.min(held, tokens)
+      redis.call('HINCRBY', key, bucket, -back)
+      given = given + back
+    end
+  else
+    -- A fixed window is the same one while it ends when it did (to the ms the clocks allow).
+    local left = redis.call('PTTL', key)
+    local held = tonumber(redis.call('GET', key))
+    if held and left > 0 and math.abs(now + left - tonumber(bucket)) <= 2 then
+      local back = math.min(held, tokens)
+      redis.call('DECRBY', key, back)
+      given = given + back
+    end
+  end
+end
+return given

@@ -1,0 +1,258 @@
+"""Token budgets for LLM streams (issue 12): reserved at admission with the lease, charged as
+the stream runs, topped up ahead of need, settled at release. Each behavioural test runs on the
+embedded store and on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fastapi_stream_lease import (
+    TOP_UP_INCREMENT,
+    BudgetExhausted,
+    RateLimit,
+    RateLimited,
+    openai_rate_limit_headers,
+    rate_limit_headers,
+)
+
+from support.apps import app_command
+from support.waiting import eventually
+
+TPM = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
+TPD = RateLimit("tokens_per_day", 1_000_000, per=86_400, algorithm="fixed_window", unit="tokens")
+CHUNK = 5
+
+
+async def chunks(count: int, pause: float = 0.0):
+    for i in range(count):
+        yield f"chunk {i}"
+        if pause:
+            await asyncio.sleep(pause)
+
+
+async def used(manager, user="alice", budget=TPM) -> int:
+    return (await manager.usage(user, budget))[budget.name].used
+
+
+async def test_a_reservation_counts_at_once_and_the_rest_comes_back_at_release(make_manager):
+    manager = make_manager()
+    lease = await manager.acquire("alice", budgets=[TPM, TPD], reserve=(300, 700))
+    minute, day = lease.rate_decisions
+    assert (minute.used, minute.remaining, day.used) == (1000, 9000, 1000)
+    streamed = [item async for item in lease.wrap(chunks(40), tokens=lambda _: CHUNK)]
+    assert len(streamed) == 40
+    usage = await manager.usage("alice", TPM, TPD)
+    # Charged the prompt as estimated and the answer as counted; the unused 500 came back.
+    assert usage["tokens_per_minute"].used == usage["tokens_per_day"].used == 300 + 40 * CHUNK
+    assert manager.stats()["budget_streams"] == 0
+
+
+async def test_a_stream_beyond_its_reservation_is_topped_up_ahead_of_need(make_manager):
+    manager = make_manager()
+    lease = await manager.acquire("alice", budgets=[TPM], reserve=50)
+    count = 0
+    async for _ in lease.wrap(chunks(600, pause=0.001), tokens=lambda _: CHUNK):
+        count += 1
+    assert count == 600
+    assert await used(manager) == 600 * CHUNK
+
+
+async def test_a_reservation_that_does_not_fit_is_refused_and_takes_nothing(make_manager):
+    manager = make_manager(max_per_user=3)
+    per_minute = RateLimit("starts_per_minute", 10, per=60)
+    held = await manager.acquire("alice", budgets=[TPM], reserve=9_000)
+    with pytest.raises(RateLimited) as refused:
+        await manager.acquire("alice", rate_limits=[per_minute], budgets=[TPM], reserve=2_000)
+    assert refused.value.policy == "tokens_per_minute"
+    assert 0 < refused.value.retry_after <= 66
+    assert "cannot cover the stream's reservation" in str(refused.value)
+    assert await manager.get_active_count("alice") == 1, "no slot taken"
+    assert (await manager.peek("alice", per_minute)).remaining == 10, "no start counted"
+    assert await used(manager) == 9_000
+    await held.release()
+    assert await used(manager) == 0, "never started: the whole reservation comes back"
+
+
+async def test_a_cut_stream_ends_at_its_next_item_after_the_budget_runs_out(make_manager):
+    manager = make_manager()
+    small = RateLimit("small", 1_000, per=60, unit="tokens")
+    lease = await manager.acquire("alice", budgets=[small], reserve=100)
+    delivered = 0
+    with pytest.raises(BudgetExhausted) as cut:
+        async for _ in lease.wrap(chunks(10_000), tokens=lambda _: CHUNK):
+            delivered += 1
+    assert cut.value.budget == "small" and cut.value.status_code == 429
+    assert lease.released and lease.budget_exhausted
+    # Every token of the budget went out, and at most the one item that used it up beyond.
+    assert 1_000 <= delivered * CHUNK <= 1_000 + CHUNK
+    assert await used(manager, budget=small) == delivered * CHUNK
+
+
+async def test_consume_raises_once_the_budget_is_gone(make_manager):
+    manager = make_manager()
+    small = RateLimit("small", 600, per=60, unit="tokens")
+    async with manager.lease("alice", budgets=[small], reserve=500) as lease:
+        for _ in range(10):
+            lease.consume(100)  # past the reservation: the top-up finds 100 left, then none
+        await eventually(lambda: lease.budget_exhausted, what="the top-up's answer")
+        with pytest.raises(BudgetExhausted):
+            lease.consume(1)
+    assert await used(manager, budget=small) == 1_000, "charged what it streamed"
+
+
+async def test_finish_lets_the_stream_end_and_carries_the_overage(make_manager):
+    manager = make_manager()
+    small = RateLimit("small", 1_000, per=60, unit="tokens")
+    lease = await manager.acquire("alice", budgets=[small], reserve=100, on_budget="finish")
+    delivered = [item async for item in lease.wrap(chunks(400), tokens=lambda _: CHUNK)]
+    assert len(delivered) == 400
+    assert await used(manager, budget=small) == 2_000
+    with pytest.raises(RateLimited):  # the next stream waits for the overage to leave
+        await manager.acquire("alice", budgets=[small], reserve=1)
+
+
+async def test_a_cancelled_stream_is_charged_what_it_streamed(make_manager):
+    manager = make_manager()
+    lease = await manager.acquire("alice", budgets=[TPM], reserve=2_000)
+    stream = lease.wrap(chunks(1_000), tokens=lambda _: CHUNK)
+    for _ in range(30):
+        await anext(stream)
+    await stream.aclose()  # what Starlette does when the client goes away
+    assert lease.released
+    assert await used(manager) == 30 * CHUNK
+
+
+async def test_the_models_reported_usage_replaces_the_count(make_manager, caplog):
+    manager = make_manager()
+    split = [
+        RateLimit("input", 5_000, per=60, unit="input_tokens"),
+        RateLimit("output", 5_000, per=60, unit="output_tokens"),
+        TPM,
+    ]
+    async with manager.lease("alice", budgets=split, reserve=(120, 800)) as lease:
+        for _ in range(50):
+            lease.consume(2)
+        assert lease.tokens_used == (120, 100)
+        lease.report_usage(input_tokens=131, output_tokens=97)
+    usage = await manager.usage("alice", *split)
+    assert [usage[b.name].used for b in split] == [131, 97, 228]
+    async with manager.lease("bob", budgets=[TPM], reserve=100) as lease:
+        lease.consume(100)
+        lease.report_usage(input_tokens=0, output_tokens=10_000_000)  # a bug upstream
+    assert "far from the stream's own count" in caplog.text
+    assert await used(manager, "bob") == 100 + 4096, "bounded, and logged"
+
+
+async def test_bad_budget_input_gets_a_clear_error_and_takes_nothing(make_manager):
+    manager = make_manager()
+    requests = RateLimit("per_minute", 10, per=60)
+    cases = [
+        ({"budgets": [requests]}, ValueError, "a budget counts tokens"),
+        ({"rate_limits": [TPM]}, ValueError, "pass it in budgets="),
+        ({"budgets": [TPM], "reserve": 10_001}, ValueError, "could never be allowed"),
+        ({"budgets": [TPM], "reserve": -1}, ValueError, "reserve"),
+        ({"budgets": [TPM], "reserve": 1.5}, TypeError, "reserve must be an int"),
+        ({"budgets": [TPM], "reserve": (1, 2, 3)}, TypeError, "pair"),
+        ({"budgets": [TPM], "on_budget": "stop"}, ValueError, "unknown on_budget"),
+        ({"reserve": 10}, ValueError, "need budgets="),
+        ({"budgets": ["tpm"]}, TypeError, "RateLimit values"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            await manager.acquire("alice", **kwargs)
+    with pytest.raises(ValueError, match="unknown unit"):
+        RateLimit("x", 1, per=1, unit="bytes")
+    assert await manager.get_active_count("alice") == 0
+    assert await used(manager) == 0
+
+    plain = await manager.acquire("alice")
+    with pytest.raises(RuntimeError, match="no token budget"):
+        plain.consume(1)
+    await plain.release()
+    lease = await manager.acquire("alice", budgets=[TPM], reserve=10)
+    for value, error in ((-1, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error):
+            lease.consume(value)
+    with pytest.raises(ValueError, match="negative"):
+        lease.report_usage(input_tokens=-5, output_tokens=1)
+    await lease.release()
+    with pytest.raises(RuntimeError, match="after the lease was released"):
+        lease.consume(1)
+    assert await used(manager) == 0
+
+
+async def test_headers_tell_the_budget_left_after_the_reservation(make_manager):
+    manager = make_manager()
+    per_minute = RateLimit("per_minute", 10, per=60)
+    lease = await manager.acquire("alice", rate_limits=[per_minute], budgets=[TPM], reserve=4_000)
+    headers = rate_limit_headers(lease.rate_decisions)
+    assert '"tokens_per_minute";q=10000;w=60' in headers["RateLimit-Policy"]
+    assert '"tokens_per_minute";r=6000;t=' in headers["RateLimit"]
+    openai = openai_rate_limit_headers(lease.rate_decisions)
+    assert openai["x-ratelimit-limit-tokens"] == "10000"
+    assert openai["x-ratelimit-remaining-tokens"] == "6000"
+    assert openai["x-ratelimit-remaining-requests"] == "9"
+    assert openai["x-ratelimit-reset-tokens"].endswith("s")
+    await lease.release()
+
+
+async def test_three_workers_stay_within_the_budget_plus_one_increment_per_stream(
+    redis_server, key_prefix, make_redis_manager
+):
+    workers = [
+        await asyncio.create_subprocess_exec(
+            *app_command("budget_streams", redis_server.url, key_prefix, "6", "4"),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(3)
+    ]
+    outputs = [await asyncio.wait_for(w.communicate(), 120) for w in workers]
+    assert all(w.returncode == 0 for w in workers)
+    figures = [tuple(map(int, out.split())) for out, _ in outputs]
+    streamed = sum(tokens for tokens, _ in figures)
+    concurrent = sum(most for _, most in figures)
+    bound = 10_000 + TOP_UP_INCREMENT * concurrent
+    assert 10_000 <= streamed <= bound, "the streams used the whole budget, and no more"
+    assert await used(make_redis_manager()) == streamed, "every stream settled to what it streamed"
+
+
+async def test_a_killed_workers_stream_stays_charged_its_reservation(
+    redis_server, key_prefix, make_redis_manager
+):
+    holder = await asyncio.create_subprocess_exec(
+        *app_command("hold_one_lease", redis_server.url, key_prefix, "budget"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert (await asyncio.wait_for(holder.stdout.readline(), 30)).startswith(b"held")
+    holder.kill()  # SIGKILL: no settlement, no release
+    await holder.wait()
+    manager = make_redis_manager(max_per_user=1, lease_seconds=2)
+    await eventually(lambda: _count_is(manager, 0), what="the dead holder's lease to expire")
+    # Settled by expiry: the slot is free, and the budget keeps the reservation (1,000 tokens,
+    # of which it streamed 300) until the window lets it go.
+    assert await used(manager) == 1_000
+    async with manager.lease("alice", budgets=[TPM], reserve=9_000):
+        pass
+
+
+async def _count_is(manager, expected: int) -> bool:
+    return await manager.get_active_count("alice") == expected
+
+
+@pytest.mark.parametrize("failure_mode", ["closed", "open"])
+async def test_a_stream_survives_a_redis_restart(own_redis, make_own_redis_manager, failure_mode):
+    manager = make_own_redis_manager(failure_mode=failure_mode, redis_timeout=0.5)
+    lease = await manager.acquire("alice", budgets=[TPM], reserve=100)
+    stream = lease.wrap(chunks(10_000), tokens=lambda _: CHUNK)
+    for _ in range(40):
+        await anext(stream)
+    own_redis.restart()  # same port, empty data: the reservation and its counter are gone
+    for _ in range(200):  # the stream goes on past its reservation: top-ups reach the new server
+        await anext(stream)
+    await stream.aclose()
+    await eventually(lambda: manager.stats()["unsettled"] == 0, what="the settlement")
+    # What the new server saw: the top-ups after the restart, settled to what was streamed
+    # (the refund of a bucket the restart took is nothing to give).
+    assert 0 < await used(manager) <= 240 * CHUNK
