@@ -49,8 +49,9 @@ fmt: venv ## Format the Rust and Python code
 	$(BIN)/ruff format python
 	$(BIN)/ruff check --fix python tests examples benchmarks
 
-demo: build ## Run the demo on the embedded backend (set REDIS_URL=redis://... for a real Redis)
+demo: build ## Run the demos (streams, then an LLM proxy with token budgets) on the embedded backend (REDIS_URL=redis://... for Redis)
 	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/llm_proxy.py
 
 bench: ## Run the benchmarks (release build, own Redis) and print the table
 	bash benchmarks/run.sh

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from serving import serving
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_exception_handler
 
@@ -78,19 +77,11 @@ async def story(base_url: str) -> None:
 
 
 async def main() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn has no "started" event to await)
-        await asyncio.sleep(0.01)
-    say(f"app on http://127.0.0.1:{port}, leases in {manager.backend}, max_per_user=2")
     try:
-        await story(f"http://127.0.0.1:{port}")
+        async with serving(app) as port:
+            say(f"app on http://127.0.0.1:{port}, leases in {manager.backend}, max_per_user=2")
+            await story(f"http://127.0.0.1:{port}")
     finally:
-        server.should_exit = True
-        await serving
         await manager.aclose()
 
 

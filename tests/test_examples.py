@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,3 +59,17 @@ def test_the_login_example_limits_per_address_and_per_user(example):
         assert client.post("/login", json=unknown).status_code == 401
         good = {"username": "alice", "password": "correct horse battery staple"}
         assert client.post("/login", json=good).status_code == 429  # alice's pair is spent
+
+
+def test_the_llm_proxy_story_runs_and_settles_budgets(redis_server):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "llm_proxy.py")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "REDIS_URL": redis_server.url},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "x-ratelimit-remaining-tokens" in done.stdout
+    assert "47 tokens used this minute" in done.stdout
+    assert "left after one token: 55 tokens used" in done.stdout
+    assert "stream 3 (max_tokens=1950): HTTP 429" in done.stdout
+    assert "llm proxy demo done" in done.stdout
