@@ -169,3 +169,29 @@ async def test_rate_limits_share_a_slot_per_hit_and_spread_users(redis_cluster, 
     assert [d.remaining for d in lease.rate_decisions] == [4, 49]
     await lease.release()
     await shared.aclose()
+
+
+async def test_budgets_of_users_on_every_shard_top_up_and_settle(redis_cluster, key_prefix):
+    tokens = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
+    spread = StreamLeaseManager(
+        url=redis_cluster.url,
+        config=LeaseConfig(key_prefix=key_prefix, global_pool=False, max_per_user=0),
+    )
+    users = [f"user{i}" for i in range(12)]
+    leases = [await spread.acquire(user, budgets=[tokens], reserve=10) for user in users]
+    for lease in leases:  # past every reservation: one round tops up streams on every shard
+        lease.consume(300)
+
+    async def charged() -> list[int]:
+        usage = await asyncio.gather(*(spread.usage(user, tokens) for user in users))
+        return [u["tokens_per_minute"].used for u in usage]
+
+    # Each topped up to one increment ahead of what it streamed: 300 + 256.
+    await eventually(lambda: _equal(charged(), [556] * 12), what="the top-ups")
+    await asyncio.gather(*(lease.release() for lease in leases))
+    assert await charged() == [300] * 12, "settled to what each streamed"
+    await spread.aclose()
+
+
+async def _equal(figures, expected) -> bool:
+    return await figures == expected

@@ -106,6 +106,14 @@ class Lease:
         budget ran out (the stream should end there: :meth:`wrap` does)."""
         self._handle.consume(tokens)
 
+    async def wait_budget(self) -> None:
+        """Returns at once, unless the stream ran past its reservation while its top-up is
+        under way: then when the top-up answers. Raises :class:`BudgetExhausted` if the budget
+        ran out (``on_budget="cut"``). Await it before each chunk when counting with
+        :meth:`consume` (:meth:`wrap` does): that is what bounds a stream's overshoot."""
+        if self._handle.budget_waiting:
+            await self._handle.budget_ready()
+
     def report_usage(self, *, input_tokens: int, output_tokens: int) -> None:
         """The model's own figures for the whole stream (an OpenAI-style final chunk's
         ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
@@ -151,18 +159,17 @@ class Lease:
         )
         items = aiter(source)
         watch = LostWatch(self)
-        handle = self._handle
         try:
             while True:
                 with watch.guarded():
-                    if tokens is not None and handle.budget_waiting:
-                        await handle.budget_ready()
+                    if tokens is not None:
+                        await self.wait_budget()
                     try:
                         item = await anext(items)
                     except StopAsyncIteration:
                         return
                 if tokens is not None:
-                    handle.consume(tokens(item))
+                    self.consume(tokens(item))
                 yield item
         finally:
             watch.close()
