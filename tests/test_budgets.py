@@ -5,6 +5,7 @@ embedded store and on a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -258,3 +259,47 @@ async def test_a_stream_survives_a_redis_restart(own_redis, make_own_redis_manag
     # What the new server saw: the top-ups after the restart, settled to what was streamed
     # (the refund of a bucket the restart took is nothing to give).
     assert 0 < await used(manager) <= 240 * CHUNK
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_streams_settle_exactly_and_never_pass_the_bound(
+    make_manager, backend_url, seed
+):
+    """Streams of three managers (three holders on Redis; the embedded store is one process's,
+    so one there) with random reservations, chunk sizes and
+    pauses, some cut by their budget and some closed by their client at random: once all have
+    ended, the budget holds exactly what they streamed, and that is at most the budget plus the
+    chunk each stream was on when the budget ran out."""
+    rng = random.Random(seed)
+    budget = RateLimit("tokens_per_minute", 5_000, per=60, unit="tokens")
+    managers = [make_manager(max_per_user=0) for _ in range(1 if backend_url == "memory://" else 3)]
+    streamed: list[int] = []
+    largest: list[int] = []
+
+    async def one_stream(manager) -> None:
+        sizes = [rng.randint(1, 256) for _ in range(rng.randint(1, 60))]
+        leaves_after = rng.choice([None, rng.randint(0, len(sizes))])
+        try:
+            lease = await manager.acquire("alice", budgets=[budget], reserve=rng.randint(0, 800))
+        except RateLimited:
+            return
+        mine = 0
+        stream = lease.wrap(
+            chunks(len(sizes), pause=rng.choice([0, 0.001, 0.01])),
+            tokens=lambda item: sizes[int(item.split()[1])],
+        )
+        try:
+            async for item in stream:
+                mine += sizes[int(item.split()[1])]
+                if leaves_after is not None and mine >= leaves_after * 100:
+                    break
+        except BudgetExhausted:
+            pass
+        finally:
+            await stream.aclose()
+            streamed.append(mine)
+            largest.append(max(sizes))
+
+    await asyncio.gather(*(one_stream(managers[i % len(managers)]) for i in range(40)))
+    assert await used(managers[0], budget=budget) == sum(streamed)
+    assert sum(streamed) <= 5_000 + sum(largest)
