@@ -10,6 +10,8 @@ URL redaction) rather than copies of it. It holds:
 * the JSON-lines protocol between a benchmark and its helper subprocesses (:class:`Child` on
   the parent's side, :func:`reply` and :func:`requests` on the child's);
 * the lease-holding child (:func:`serve_holder`) that ``holding.py`` drives for both libraries;
+* readers of the Redis server's counters (``INFO commandstats``, ``INFO cpu``) and the clean-up
+  of a run's keys;
 * readers of a process's CPU time and resident memory (``/proc``), and the report helpers.
 """
 
@@ -176,6 +178,33 @@ async def command_calls(client: aioredis.Redis) -> tuple[int, int]:
     commands = sum(int(v["calls"]) for v in stats.values())
     scripts = sum(int(v["calls"]) for k, v in stats.items() if k in SCRIPT_COMMANDS)
     return commands, scripts
+
+
+async def redis_cpu_seconds(client: aioredis.Redis) -> float:
+    """User + system CPU seconds redis-server has used so far (``INFO cpu``)."""
+    cpu = await client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+async def redis_counters(client: aioredis.Redis) -> tuple[int, int, float]:
+    """(commands, script calls, CPU seconds) of the server so far, the ``INFO`` calls that
+    read them left out of the commands: deltas of two readings are the work measured."""
+    stats = await client.info("commandstats")
+    commands = sum(int(v["calls"]) for k, v in stats.items() if not k.startswith("cmdstat_info"))
+    scripts = sum(int(v["calls"]) for k, v in stats.items() if k in SCRIPT_COMMANDS)
+    return commands, scripts, await redis_cpu_seconds(client)
+
+
+async def delete_keys(client: aioredis.Redis, key_prefix: str) -> None:
+    """Deletes the keys a run left under ``{key_prefix}:`` (the layout of ``global_pool=True``;
+    bounded: at most 10,000 SCAN steps)."""
+    cursor = 0
+    for _step in range(10_000):
+        cursor, keys = await client.scan(cursor, match=f"{{{key_prefix}}}:*", count=10_000)
+        if keys:
+            await client.unlink(*keys)
+        if cursor == 0:
+            return
 
 
 def redis_py_client(url: str) -> aioredis.Redis:

@@ -58,8 +58,10 @@ from common import (
     Child,
     command_calls,
     cpu_seconds,
+    delete_keys,
     machine_info,
     print_table,
+    redis_cpu_seconds,
     serve_holder,
     write_json,
 )
@@ -146,25 +148,13 @@ class HoldResult:
 
 async def sample(client: aioredis.Redis, holder_pid: int) -> Sample:
     commands, script_calls = await command_calls(client)
-    cpu = await client.info("cpu")
     return Sample(
         at=time.perf_counter(),
         commands=commands,
         script_calls=script_calls,
-        redis_cpu_s=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        redis_cpu_s=await redis_cpu_seconds(client),
         holder_cpu_s=cpu_seconds(holder_pid),
     )
-
-
-async def delete_keys(client: aioredis.Redis, key_prefix: str) -> None:
-    """Deletes the keys a run left (bounded: at most 10,000 SCAN steps)."""
-    cursor = 0
-    for _step in range(10_000):
-        cursor, keys = await client.scan(cursor, match=f"{{{key_prefix}}}:*", count=10_000)
-        if keys:
-            await client.unlink(*keys)
-        if cursor == 0:
-            return
 
 
 async def hold_one_size(

@@ -84,6 +84,7 @@ from common import (
     machine_info,
     percentile_ms,
     print_table,
+    redis_counters,
     redis_py_client,
     scenario_name,
     write_json,
@@ -264,17 +265,6 @@ def floor_hitter(client: aioredis.Redis, sha: str) -> Hitter:
 
 # ---------------------------------------------------------------------------------------------
 # The timed runs
-
-
-async def redis_counters(client: aioredis.Redis) -> tuple[int, int, float]:
-    """(commands, script calls, CPU seconds) of the server so far, INFO itself left out."""
-    stats = await client.info("commandstats")
-    commands = sum(int(v["calls"]) for k, v in stats.items() if not k.startswith("cmdstat_info"))
-    scripts = sum(
-        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
-    )
-    cpu = await client.info("cpu")
-    return commands, scripts, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 async def hit_until(

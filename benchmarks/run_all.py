@@ -4,9 +4,9 @@ virtualenvs are set up.
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
 tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
 waiting.py, cluster_spread.py (on a cluster of its own), end_to_end.py, then the rate limits'
-rate_hits.py, plot.py again and rate_http.py in turn, and stops the server however the run ends.
-(The rate limits come last: the keys they leave behind expire in the server's background, which
-must not weigh on holding.py's figures.)
+rate_hits.py, plot.py again and rate_http.py, and the token budgets' token_budgets.py in turn,
+and stops the server however the run ends. (The rate limits and budgets come last: the keys they
+leave behind expire in the server's background, which must not weigh on holding.py's figures.)
 
 Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
 
@@ -48,6 +48,7 @@ def main() -> None:
         run("rate_hits.py", "--url", server.url)
         run("plot.py", "--figure", "rates")
         run("rate_http.py", "--url", server.url)
+        run("token_budgets.py", "--url", server.url)
     finally:
         server.cleanup()
         print("==> stopped redis-server", flush=True)
