@@ -1,6 +1,10 @@
 //! One stream's budgets: what it reserved from each (and in which buckets), what it streamed,
-//! and what it needs next. `consume()` only counts and, when less than one increment of the
-//! reservation is left, flags the meter for the next top-up round.
+//! and what it needs next. `consume()` only counts and, when less than half an increment of
+//! the reservation is left, flags the meter for the next top-up round, which brings it one
+//! increment ahead again. A stream may run up to one increment past its reservation while its
+//! top-up is on its way (the slack that lets a fast stream go on without pausing); beyond that
+//! it waits for the answer (`ready`). So a top-up is needed every half increment at most, and a
+//! stream overshoots by at most one increment and the chunk it is on.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -140,7 +144,7 @@ impl Meter {
             return Err(self.exhausted_error());
         }
         let output = self.output.fetch_add(tokens, Ordering::AcqRel) + tokens;
-        if output.saturating_add(TOP_UP) > self.covered.load(Ordering::Acquire)
+        if output.saturating_add(TOP_UP / 2) > self.covered.load(Ordering::Acquire)
             && self.flags.fetch_or(DUE, Ordering::AcqRel) & DUE == 0
         {
             self.due.notify_one();
@@ -183,13 +187,15 @@ impl Meter {
         CoreError::BudgetExhausted(policy.map_or_else(String::new, |p| p.name.to_string()))
     }
 
-    /// Streamed past its reservation with a top-up due or under way: the stream should wait for
-    /// its answer before its next item (that is what bounds the overshoot).
+    /// Streamed more than one increment past its reservation with a top-up due or under way:
+    /// the stream should wait for its answer before its next item (that is what bounds the
+    /// overshoot).
     pub fn is_waiting(&self) -> bool {
         let flags = self.flags.load(Ordering::Acquire);
         flags & ENDED == 0
             && flags & (DUE | IN_FLIGHT) != 0
-            && self.output.load(Ordering::Acquire) > self.covered.load(Ordering::Acquire)
+            && self.output.load(Ordering::Acquire)
+                > self.covered.load(Ordering::Acquire).saturating_add(TOP_UP)
     }
 
     /// Resolves once the stream need not wait for a top-up (see `is_waiting`).

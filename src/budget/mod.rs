@@ -25,8 +25,9 @@ use crate::rate::RatePolicy;
 use crate::renewal::lock;
 use crate::runtime;
 
-/// Tokens a top-up adds to a stream's reservation; a stream asks for one when less than this
-/// is left of it, so one increment is always reserved ahead of what it streams.
+/// Tokens a top-up reserves ahead of what a stream has streamed; a stream asks for one when
+/// less than half of this is left, and may run this far past its reservation while the top-up
+/// is on its way (see `meter.rs`).
 pub const TOP_UP: u64 = 256;
 
 /// Top-up rounds at most this often: a few Redis calls per second per process, whatever the
@@ -139,28 +140,22 @@ impl Budgets {
     }
 
     /// Settles the meter of a released lease: charges what it used beyond its reservation and
-    /// gives back the rest, at once (the embedded store on the spot, Redis on the runtime).
-    pub fn settle(self: &Arc<Self>, record: &LeaseRecord) {
-        let Some(meter) = record.budget.get() else {
-            return;
-        };
+    /// gives back the rest, at once (the embedded store on the spot, Redis in a task of the
+    /// runtime, returned so the release can wait for it; a failed call is retried later).
+    pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<JoinHandle<()>> {
+        let meter = record.budget.get()?;
         lock(&self.meters).remove(&record.id);
-        let Some(adjustments) = meter.end() else {
-            return;
-        };
-        if adjustments.is_empty() {
-            return;
-        }
+        let adjustments = meter.end().filter(|adjustments| !adjustments.is_empty())?;
         let store = meter.store;
         if self.stores.get(store).is_embedded() {
             let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&adjustments));
             debug_assert!(settled.is_some(), "the memory backend never waits");
-            return;
+            return None;
         }
         let budgets = Arc::clone(self);
-        runtime::handle().spawn(self.settles.track_future(async move {
+        Some(runtime::handle().spawn(self.settles.track_future(async move {
             budgets.send_settlement(store, adjustments).await;
-        }));
+        })))
     }
 
     async fn send_settlement(&self, store: Store, adjustments: Vec<Adjustment>) {

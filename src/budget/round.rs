@@ -81,11 +81,13 @@ impl Budgets {
             }
             return;
         };
+        // Top-ups of streams settled meanwhile are given back, in one call.
+        let mut refunds = Vec::new();
         for ((meter, top_up), (granted, buckets)) in chunk.into_iter().zip(answers) {
-            let refunds = meter.topped_up(top_up.want, granted, &buckets);
-            if !refunds.is_empty() {
-                self.send_settlement(store, refunds).await;
-            }
+            refunds.extend(meter.topped_up(top_up.want, granted, &buckets));
+        }
+        if !refunds.is_empty() {
+            self.send_settlement(store, refunds).await;
         }
     }
 }

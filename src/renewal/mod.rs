@@ -213,7 +213,7 @@ impl Leases {
         if self.in_forked_child() || !record.mark_released() {
             return None;
         }
-        self.budgets.settle(record);
+        let settled = self.budgets.settle(record);
         {
             let mut held = lock(&self.held);
             let was_held = held.remove(record);
@@ -240,6 +240,10 @@ impl Leases {
                 Err(_) => leases.retry_later([Arc::clone(&record)]),
             }
             leases.wake();
+            // Its budgets are settled too when the release resolves (usage() then tells it).
+            if let Some(settled) = settled {
+                let _ = settled.await;
+            }
             released.map(|n| n > 0)
         };
         // The embedded store never waits: done now. Redis: on the runtime, whoever awaits.
@@ -310,7 +314,8 @@ impl Leases {
             .filter(|record| record.mark_released())
             .collect();
         for record in &held {
-            self.budgets.settle(record);
+            // `Budgets::close` waits for these.
+            drop(self.budgets.settle(record));
         }
         let leases = Arc::clone(self);
         async move {
