@@ -2,12 +2,11 @@
 //! the caller's handle, the renewal loop and releases in flight.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use crate::budget::Meter;
 use crate::keys::{self, Pool, PoolRole};
 
 /// State bits: a lease can be lost and later released; both stay visible.
@@ -41,8 +40,6 @@ pub struct LeaseRecord {
     pub own_pools: usize,
     pub weight: u32,
     pub store: Store,
-    /// The stream's token budgets, once granted with some.
-    pub budget: OnceLock<Arc<Meter>>,
     state: AtomicU8,
     /// Woken when the lease becomes lost or released.
     changed: Notify,
@@ -57,7 +54,6 @@ impl LeaseRecord {
             pools,
             weight,
             store,
-            budget: OnceLock::new(),
             state: AtomicU8::new(0),
             changed: Notify::new(),
         }

@@ -24,6 +24,7 @@ mod errors;
 mod fifo;
 mod rate;
 mod runtime;
+mod sync;
 
 use pyo3::prelude::*;
 

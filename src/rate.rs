@@ -185,6 +185,34 @@ pub struct RateCheck {
     pub costs: Vec<u64>,
 }
 
+/// One stream's top-up of its token budgets (`budget/`): `want` tokens from every policy
+/// (`keys[i]` counts `policies[i]`), as many as all have room for, or all of them if `forced`.
+pub struct TopUp {
+    pub keys: Vec<String>,
+    pub policies: Vec<RatePolicy>,
+    pub want: u64,
+    pub forced: bool,
+}
+
+/// What a top-up got: `granted` tokens, the `room` its budgets have left after it (the least of
+/// them), and the bucket each budget's share went to (in policy order; 0 when none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToppedUp {
+    pub granted: u64,
+    pub room: u64,
+    pub buckets: Vec<u64>,
+}
+
+/// One change to a budget's counter when a stream is settled.
+#[derive(Debug, Clone)]
+pub struct Adjustment {
+    pub key: String,
+    pub policy: RatePolicy,
+    pub tokens: u64,
+    /// 0: charge `tokens` now; else give back up to `tokens` from this bucket (while it counts).
+    pub bucket: u64,
+}
+
 /// What one policy said about a hit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {

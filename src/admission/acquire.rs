@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
-use crate::budget::{Account, BudgetRequest};
+use crate::budget::{Account, BudgetRequest, Meter};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, check_resource, Pool, PoolRole};
@@ -33,6 +33,8 @@ pub struct Granted {
     rates: Vec<Decision>,
     /// The capped pools the client may be told about, after the grant.
     usage: Vec<PoolUsage>,
+    /// The stream's token budgets, when granted with some.
+    meter: Option<Arc<Meter>>,
     leases: Arc<Leases>,
 }
 
@@ -55,10 +57,15 @@ impl Granted {
         &self.usage
     }
 
+    /// The stream's token budgets (None without any).
+    pub fn meter(&self) -> Option<&Arc<Meter>> {
+        self.meter.as_ref()
+    }
+
     /// Holds the lease (the renewal loop keeps it alive from now on).
     pub fn hold(mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
-        if let Some(meter) = record.budget.get() {
+        if let Some(meter) = &self.meter {
             meter.hold();
         }
         let held = self
@@ -398,7 +405,7 @@ impl Manager {
                 rates,
                 used,
             } => {
-                if let Some(budget) = budget {
+                let meter = budget.map(|budget| {
                     let first = check.policies.len() - budget.policies.len();
                     let accounts = (first..check.policies.len())
                         .map(|i| Account {
@@ -415,10 +422,15 @@ impl Manager {
                             },
                         })
                         .collect();
-                    let meter = self.budgets.open(&record, accounts, budget);
-                    let _ = record.budget.set(meter);
-                }
+                    let room = rates[first..]
+                        .iter()
+                        .map(|d| d.remaining)
+                        .min()
+                        .unwrap_or(u64::MAX);
+                    self.budgets.open(&record, accounts, budget, room)
+                });
                 Ok(Granted {
+                    meter,
                     usage: self.usage_shown(&record, &used),
                     record: Some(record),
                     deadline_ms: sent_at + self.config.lease_ms(),

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -18,15 +18,12 @@ use crate::fifo::Fifo;
 use crate::keys::LineKeys;
 use crate::renewal::Leases;
 use crate::runtime;
+use crate::sync::lock;
 
 /// How often the earliest waiter checks again without a wake-up (a lost one costs at most this).
 pub const RECHECK_WAITING: Duration = Duration::from_secs(1);
 /// Waiters of a process that has not refreshed them for this long (it died) leave the shared line.
 pub const WAITER_TTL: Duration = Duration::from_secs(3);
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A waiter's place here: its ticket in the shared line, then its arrival here (tickets can
 /// repeat: the shared counter starts again when its key is lost).

@@ -10,11 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::breaker::{Breaker, Permit};
-use crate::budget::{Adjustment, TopUp};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy};
+use crate::rate::{Adjustment, Decision, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
@@ -273,9 +272,8 @@ impl Backend {
         }
     }
 
-    /// Tops up streams' token budgets, all in one call (one hash tag on a cluster): per top-up,
-    /// the tokens granted and the bucket each budget's share went to.
-    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<(u64, Vec<u64>)>> {
+    /// Tops up streams' token budgets, all in one call (one hash tag on a cluster).
+    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<ToppedUp>> {
         match self {
             Backend::Memory(m) => Ok(m.top_up(top_ups)),
             Backend::Redis(r) => r.top_up(top_ups).await,

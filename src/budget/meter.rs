@@ -1,21 +1,26 @@
 //! One stream's budgets: what it reserved from each (and in which buckets), what it streamed,
 //! and what it needs next. `consume()` only counts and, when less than half an increment of
 //! the reservation is left, flags the meter for the next top-up round, which brings it one
-//! increment ahead again. A stream may run up to one increment past its reservation while its
-//! top-up is on its way (the slack that lets a fast stream go on without pausing); beyond that
-//! it waits for the answer (`ready`). So a top-up is needed every half increment at most, and a
-//! stream overshoots by at most one increment and the chunk it is on.
+//! increment ahead again. While its budgets have room to spare (`SLACK_ROOM`), a stream may run
+//! up to one increment past its reservation while its top-up is on its way (the slack that lets
+//! a fast stream go on without pausing); beyond that, or with little room left, it waits for
+//! the answer (`ready`). So a top-up is needed every half increment at most, and a stream
+//! overshoots by at most one increment and the chunk it is on (in practice, only a stream whose
+//! top-up was on its way when the room ran out).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::{Adjustment, BudgetRequest, OnBudget, TopUp, TOP_UP};
+use super::{BudgetRequest, OnBudget, TOP_UP};
 use crate::errors::CoreError;
 use crate::lease::Store;
-use crate::rate::{RatePolicy, Unit};
-use crate::renewal::lock;
+use crate::rate::{Adjustment, RatePolicy, TopUp, ToppedUp, Unit};
+use crate::sync::lock;
+
+/// Room its budgets must have left after a top-up for a stream to keep its slack.
+const SLACK_ROOM: u64 = 4 * TOP_UP;
 
 /// State bits.
 const DUE: u8 = 1;
@@ -69,6 +74,15 @@ impl Account {
     }
 }
 
+/// The slack a stream gets while its budgets have `room` left.
+fn slack_for(room: u64) -> u64 {
+    if room >= SLACK_ROOM {
+        TOP_UP
+    } else {
+        0
+    }
+}
+
 #[derive(Debug)]
 struct Ledger {
     accounts: Vec<Account>,
@@ -86,6 +100,9 @@ pub struct Meter {
     output: AtomicU64,
     /// Answer tokens the reservation covers (`u64::MAX` when no budget counts them).
     covered: AtomicU64,
+    /// How far past `covered` the stream may run while a top-up is on its way: `TOP_UP` while
+    /// its budgets have `SLACK_ROOM` left, else 0.
+    slack: AtomicU64,
     flags: AtomicU8,
     ledger: Mutex<Ledger>,
     /// Woken when a top-up answers or the meter ends.
@@ -95,10 +112,12 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// `room`: what the stream's budgets have left after its reservation (the least of them).
     pub(super) fn new(
         store: Store,
         accounts: Vec<Account>,
         request: &BudgetRequest,
+        room: u64,
         due: Arc<Notify>,
     ) -> Self {
         let covered = if accounts.iter().any(Account::counts_output) {
@@ -111,6 +130,7 @@ impl Meter {
             on_budget: request.on_budget,
             output: AtomicU64::new(0),
             covered: AtomicU64::new(covered),
+            slack: AtomicU64::new(slack_for(room)),
             flags: AtomicU8::new(0),
             ledger: Mutex::new(Ledger {
                 accounts,
@@ -195,7 +215,10 @@ impl Meter {
         flags & ENDED == 0
             && flags & (DUE | IN_FLIGHT) != 0
             && self.output.load(Ordering::Acquire)
-                > self.covered.load(Ordering::Acquire).saturating_add(TOP_UP)
+                > self
+                    .covered
+                    .load(Ordering::Acquire)
+                    .saturating_add(self.slack.load(Ordering::Acquire))
     }
 
     /// Resolves once the stream need not wait for a top-up (see `is_waiting`).
@@ -238,9 +261,11 @@ impl Meter {
     }
 
     /// A top-up's answer: `granted` of `want` tokens, taken from each budget that counts the
-    /// answer in `buckets` (in account order). Less than wanted means no budget is left. A
-    /// meter settled meanwhile returns the refunds that give the top-up back.
-    pub(super) fn topped_up(&self, want: u64, granted: u64, buckets: &[u64]) -> Vec<Adjustment> {
+    /// answer in `buckets` (in account order), `room` left after it. Less than wanted means no
+    /// budget is left. A meter settled meanwhile returns the refunds that give the top-up back.
+    pub(super) fn topped_up(&self, want: u64, answer: &ToppedUp) -> Vec<Adjustment> {
+        let (granted, buckets) = (answer.granted, &answer.buckets);
+        self.slack.store(slack_for(answer.room), Ordering::Release);
         {
             let mut ledger = lock(&self.ledger);
             // Checked under the ledger's lock, which `end()` takes after setting ENDED: a

@@ -21,9 +21,9 @@ pub use self::meter::{Account, Meter};
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::RatePolicy;
-use crate::renewal::lock;
+use crate::rate::{Adjustment, RatePolicy};
 use crate::runtime;
+use crate::sync::lock;
 
 /// Tokens a top-up reserves ahead of what a stream has streamed; a stream asks for one when
 /// less than half of this is left, and may run this far past its reservation while the top-up
@@ -69,24 +69,6 @@ pub struct BudgetRequest {
     pub on_budget: OnBudget,
 }
 
-/// One change to a budget's counter at settlement.
-#[derive(Debug, Clone)]
-pub struct Adjustment {
-    pub key: String,
-    pub policy: RatePolicy,
-    pub tokens: u64,
-    /// 0: charge `tokens` now; else give back up to `tokens` from this bucket.
-    pub bucket: u64,
-}
-
-/// One stream's top-up: `want` tokens from every budget of `accounts` that counts the answer.
-pub struct TopUp {
-    pub keys: Vec<String>,
-    pub policies: Vec<RatePolicy>,
-    pub want: u64,
-    pub forced: bool,
-}
-
 /// The streams with budgets this process holds, and the loop that tops them up.
 pub struct Budgets {
     stores: Arc<Stores>,
@@ -122,15 +104,17 @@ impl Budgets {
         }
     }
 
-    /// A meter for a granted stream: `accounts` hold what the acquire reserved; the stream's
-    /// estimate of its answer is `output` (the reservation covers that much).
+    /// A meter for a granted stream: `accounts` hold what the acquire reserved (the request's
+    /// estimate), `room` what the budgets have left after it (the least of them).
     pub fn open(
         self: &Arc<Self>,
         record: &LeaseRecord,
         accounts: Vec<Account>,
         request: &BudgetRequest,
+        room: u64,
     ) -> Arc<Meter> {
-        let meter = Arc::new(Meter::new(record.store, accounts, request, Arc::clone(&self.due)));
+        let due = Arc::clone(&self.due);
+        let meter = Arc::new(Meter::new(record.store, accounts, request, room, due));
         lock(&self.meters).insert(record.id.clone(), Arc::clone(&meter));
         let mut round_loop = lock(&self.round_loop);
         if round_loop.is_none() && !self.stop.is_cancelled() {
@@ -143,8 +127,7 @@ impl Budgets {
     /// gives back the rest, at once (the embedded store on the spot, Redis in a task of the
     /// runtime, returned so the release can wait for it; a failed call is retried later).
     pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<JoinHandle<()>> {
-        let meter = record.budget.get()?;
-        lock(&self.meters).remove(&record.id);
+        let meter = lock(&self.meters).remove(&record.id)?;
         let adjustments = meter.end().filter(|adjustments| !adjustments.is_empty())?;
         let store = meter.store;
         if self.stores.get(store).is_embedded() {

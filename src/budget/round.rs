@@ -7,12 +7,13 @@ use std::sync::{Arc, Weak};
 
 use tokio::task::JoinHandle;
 
-use super::{Budgets, Meter, TopUp, TOP_UP_EVERY};
+use super::{Budgets, Meter, TOP_UP_EVERY};
 use crate::config::FailureMode;
 use crate::keys::hash_tag;
 use crate::lease::Store;
-use crate::renewal::lock;
+use crate::rate::TopUp;
 use crate::runtime;
+use crate::sync::lock;
 
 /// Top-ups per script call at most (bounds how long one call blocks Redis).
 const TOP_UPS_PER_CALL: usize = 500;
@@ -83,8 +84,8 @@ impl Budgets {
         };
         // Top-ups of streams settled meanwhile are given back, in one call.
         let mut refunds = Vec::new();
-        for ((meter, top_up), (granted, buckets)) in chunk.into_iter().zip(answers) {
-            refunds.extend(meter.topped_up(top_up.want, granted, &buckets));
+        for ((meter, top_up), answer) in chunk.into_iter().zip(answers) {
+            refunds.extend(meter.topped_up(top_up.want, &answer));
         }
         if !refunds.is_empty() {
             self.send_settlement(store, refunds).await;

@@ -5,8 +5,9 @@
 -- KEYS: the budgets' counters (one hash slot in a cluster).
 -- ARGV: per entry: tokens wanted, '1' if forced else '0', k, then per budget: its KEYS index,
 -- algorithm, limit, window in ms (as in hit.lua).
--- Returns, per entry: tokens granted (0 to want), then the bucket each budget's share went to
--- (see the prelude's look_rate; 0 when nothing was granted).
+-- Returns, per entry: tokens granted (0 to want), the room its budgets have left after it (the
+-- least of them, 0 when none), then the bucket each budget's share went to (see the prelude's
+-- look_rate; 0 when nothing was granted).
 read_clock()
 local reply = {}
 local at = 1
@@ -14,17 +15,19 @@ while at <= #ARGV do
   local want, forced, k = tonumber(ARGV[at]), ARGV[at + 1] == '1', tonumber(ARGV[at + 2])
   at = at + 3
   local states = {}
-  local granted = want
+  local granted, room = want, nil
   for i = 1, k do
     local state = look_rate(KEYS[tonumber(ARGV[at])], ARGV[at + 1], tonumber(ARGV[at + 3]))
-    local limit = tonumber(ARGV[at + 2])
-    if not forced then
-      granted = math.min(granted, math.max(limit - state.used, 0))
-    end
+    local left = math.max(tonumber(ARGV[at + 2]) - state.used, 0)
+    room = room and math.min(room, left) or left
     states[i] = state
     at = at + 4
   end
+  if not forced then
+    granted = math.min(granted, room)
+  end
   reply[#reply + 1] = granted
+  reply[#reply + 1] = math.max(room - granted, 0)
   for i = 1, k do
     reply[#reply + 1] = granted > 0 and states[i].take(granted) or 0
   end

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
 use pyo3::exceptions::PyRuntimeError;
@@ -27,14 +27,11 @@ use tokio::task::AbortHandle;
 
 use crate::errors::CoreError;
 use crate::runtime;
+use crate::sync::lock;
 
 /// Turns a finished result into a Python object on the loop thread.
 pub type Delivery = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 pub type Completion = Result<Delivery, CoreError>;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 struct Inbox {

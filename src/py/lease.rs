@@ -1,11 +1,14 @@
 //! The core handle behind the Python `Lease` (`fastapi_stream_lease/lease.py`), which adds
 //! `wrap()` and the lost watch. Dropped without a release, it frees its slot.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
 use crate::admission::PoolUsage;
+use crate::budget::Meter;
 use crate::rate::Decision;
 use crate::renewal::LeaseHandle as CoreHandle;
 
@@ -19,14 +22,23 @@ pub struct LeaseHandle {
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
     usage: Vec<(String, u64, u64)>,
+    /// The stream's token budgets (None without any).
+    meter: Option<Arc<Meter>>,
 }
 
 impl LeaseHandle {
-    pub fn new(handle: CoreHandle, embedded: bool, rates: Vec<Decision>, usage: &[PoolUsage]) -> Self {
+    pub fn new(
+        handle: CoreHandle,
+        embedded: bool,
+        rates: Vec<Decision>,
+        usage: &[PoolUsage],
+        meter: Option<Arc<Meter>>,
+    ) -> Self {
         LeaseHandle {
             handle,
             embedded,
             rates,
+            meter,
             usage: usage
                 .iter()
                 .map(|u| (u.name.to_string(), u.capacity, u.used))
@@ -36,8 +48,8 @@ impl LeaseHandle {
 }
 
 impl LeaseHandle {
-    fn meter(&self) -> PyResult<&std::sync::Arc<crate::budget::Meter>> {
-        self.handle.record().budget.get().ok_or_else(|| {
+    fn meter(&self) -> PyResult<&Arc<Meter>> {
+        self.meter.as_ref().ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err(
                 "this lease has no token budget: acquire it with budgets=[RateLimit(..., unit=\"tokens\")] to count tokens",
             )
@@ -123,34 +135,26 @@ impl LeaseHandle {
     /// Tokens used so far, (prompt, answer); None without budgets.
     #[getter]
     fn tokens_used(&self) -> Option<(u64, u64)> {
-        self.handle.record().budget.get().map(|meter| meter.used())
+        self.meter.as_ref().map(|meter| meter.used())
     }
 
     /// True once the budget ran out mid-stream under `on_budget="cut"`.
     #[getter]
     fn budget_exhausted(&self) -> bool {
-        self.handle
-            .record()
-            .budget
-            .get()
-            .is_some_and(|meter| meter.is_exhausted())
+        self.meter.as_ref().is_some_and(|meter| meter.is_exhausted())
     }
 
     /// True while the stream should wait for a top-up before its next item (`budget_ready()`).
     #[getter]
     fn budget_waiting(&self) -> bool {
-        self.handle
-            .record()
-            .budget
-            .get()
-            .is_some_and(|meter| meter.is_waiting())
+        self.meter.as_ref().is_some_and(|meter| meter.is_waiting())
     }
 
     /// Resolves once the stream may go on: at once, unless it streamed past its reservation
     /// while a top-up is under way; then when it answers. Raises `BudgetExhausted` if the
     /// budget ran out (under `on_budget="cut"`).
     fn budget_ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let meter = std::sync::Arc::clone(self.meter()?);
+        let meter = Arc::clone(self.meter()?);
         let ready = async move {
             meter.ready().await;
             if meter.is_exhausted() {

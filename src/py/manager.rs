@@ -117,8 +117,9 @@ impl Manager {
             Ok(Box::new(move |py: Python<'_>| {
                 let rates = granted.rate_decisions().to_vec();
                 let usage = granted.usage().to_vec();
+                let meter = granted.meter().cloned();
                 let handle = granted.hold()?;
-                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates, &usage))?.into_any())
+                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates, &usage, meter))?.into_any())
             }) as Delivery)
         };
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that

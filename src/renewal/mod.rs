@@ -12,7 +12,7 @@ mod tally;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -29,6 +29,7 @@ use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::runtime;
+use crate::sync::lock;
 
 /// Release script calls in flight at once when releasing many leases (each up to 1,000).
 const RELEASE_CALLS_IN_FLIGHT: usize = 4;
@@ -36,10 +37,6 @@ const RELEASE_CALLS_IN_FLIGHT: usize = 4;
 /// Leases kept for another release try at most; beyond, a lease is left to its holder's expiry
 /// (or, while this process lives, to the reconciliation of its granted count).
 const MAX_UNREMOVED: usize = 10_000;
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Counters for monitoring.
 #[derive(Debug, Clone, Copy)]

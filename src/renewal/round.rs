@@ -12,9 +12,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{lock, Leases};
+use super::Leases;
 use crate::backend::RoundReport;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
+use crate::sync::lock;
 
 impl Leases {
     pub(super) async fn renew_held(&self) {

@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{lock, Leases};
+use super::Leases;
 use crate::lease::{monotonic_ms, LeaseRecord};
+use crate::sync::lock;
 
 impl Leases {
     /// Marks the leases of overdue groups lost; returns the next deadline.

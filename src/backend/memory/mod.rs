@@ -10,12 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine, Waiter};
-use crate::budget::{Adjustment, TopUp};
 use crate::errors::Rejection;
 use crate::fifo::Fifo;
 use crate::keys::{Pool, PoolRole};
 use crate::lease::LeaseRecord;
-use crate::rate::{HitOutcome, RateCheck, RatePolicy};
+use crate::rate::{Adjustment, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
 
 #[derive(Default)]
 struct MemoryPool {
@@ -186,7 +185,7 @@ impl MemoryBackend {
         rates.hit(keys, policies, &vec![cost; policies.len()], consume)
     }
 
-    pub fn top_up(&self, top_ups: &[&TopUp]) -> Vec<(u64, Vec<u64>)> {
+    pub fn top_up(&self, top_ups: &[&TopUp]) -> Vec<ToppedUp> {
         let mut rates = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
         top_ups.iter().map(|top_up| rates.top_up(top_up)).collect()
     }

@@ -5,8 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use crate::budget::{Adjustment, TopUp};
-use crate::rate::{Algorithm, Decision, HitOutcome, RatePolicy, SLICES};
+use crate::rate::{Adjustment, Algorithm, Decision, HitOutcome, RatePolicy, TopUp, ToppedUp, SLICES};
 
 /// Hits between two sweeps of counters whose windows have passed.
 const SWEEP_EVERY: u32 = 1024;
@@ -100,16 +99,19 @@ impl RateCounters {
     }
 
     /// A budget top-up (`lua/topup.lua`): as many of the tokens wanted as every budget has
-    /// room for (all of them, forced); returns them and each budget's bucket.
-    pub fn top_up(&mut self, top_up: &TopUp) -> (u64, Vec<u64>) {
+    /// room for (all of them, forced), the room left after it, and each budget's bucket.
+    pub fn top_up(&mut self, top_up: &TopUp) -> ToppedUp {
         let now = self.now();
-        let mut granted = top_up.want;
-        if !top_up.forced {
-            for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
-                let used = self.look(key, policy, now).used;
-                granted = granted.min(policy.limit.saturating_sub(used));
-            }
+        let mut room = u64::MAX;
+        for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
+            let used = self.look(key, policy, now).used;
+            room = room.min(policy.limit.saturating_sub(used));
         }
+        let granted = if top_up.forced {
+            top_up.want
+        } else {
+            top_up.want.min(room)
+        };
         let buckets = top_up
             .keys
             .iter()
@@ -122,7 +124,11 @@ impl RateCounters {
                 }
             })
             .collect();
-        (granted, buckets)
+        ToppedUp {
+            granted,
+            room: room.saturating_sub(granted),
+            buckets,
+        }
     }
 
     /// One settlement step (`lua/settle.lua`): a charge now, or a refund to the bucket it was

@@ -4,11 +4,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{batch_invocation, lock, scripts, unexpected_reply, RedisBackend};
+use super::{batch_invocation, scripts, unexpected_reply, RedisBackend};
 use crate::backend::{batches, Kept, RoundReport};
 use crate::errors::CoreResult;
 use crate::lease::LeaseRecord;
 use crate::runtime::a_few_at_a_time;
+use crate::sync::lock;
 
 /// Hash tags kept alive per keep-alive call (standalone; a cluster takes one per call).
 const TAGS_PER_KEEPALIVE: usize = 1000;

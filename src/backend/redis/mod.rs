@@ -8,7 +8,7 @@ mod scripts;
 mod url;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -17,11 +17,10 @@ use redis::{Script, ScriptInvocation};
 use self::connection::Link;
 pub use self::url::redact;
 use super::{AcquireOutcome, InLine};
-use crate::budget::{Adjustment, TopUp};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy};
+use crate::rate::{Adjustment, Decision, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -31,10 +30,6 @@ const REFUSED: u64 = 0;
 const GRANTED: u64 = 1;
 const WAIT: u64 = 2;
 const RATE_LIMITED: u64 = 3;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 pub struct RedisBackend {
     link: Link,
@@ -202,7 +197,7 @@ impl RedisBackend {
         self.link.run::<u64>(&invocation).await.map(drop)
     }
 
-    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<(u64, Vec<u64>)>> {
+    pub async fn top_up(&self, top_ups: &[&TopUp]) -> CoreResult<Vec<ToppedUp>> {
         let mut invocation = scripts::TOP_UP.prepare_invoke();
         let mut keys = KeyIndex::default();
         for top_up in top_ups {
@@ -224,10 +219,17 @@ impl RedisBackend {
         let mut answers = Vec::with_capacity(top_ups.len());
         for top_up in top_ups {
             let n = top_up.keys.len();
-            let Some((granted, after)) = rest.split_first().filter(|(_, after)| after.len() >= n) else {
+            let [granted, room, after @ ..] = rest else {
                 return Err(unexpected_reply("top-up", &reply));
             };
-            answers.push((*granted, after[..n].to_vec()));
+            if after.len() < n {
+                return Err(unexpected_reply("top-up", &reply));
+            }
+            answers.push(ToppedUp {
+                granted: *granted,
+                room: *room,
+                buckets: after[..n].to_vec(),
+            });
             rest = &after[n..];
         }
         Ok(answers)
