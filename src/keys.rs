@@ -182,6 +182,11 @@ pub fn holders_key(pool_key: &str) -> String {
     format!("{{{}}}:holders", hash_tag(pool_key))
 }
 
+/// The marker of a settlement applied (`lua/settle.lua`), in the tag of the counters it changes.
+pub fn settled_key(counter_key: &str, id: &str) -> String {
+    format!("{{{}}}:settled:{id}", hash_tag(counter_key))
+}
+
 /// Checks an identity: non-empty, at most `MAX_IDENTITY_BYTES`. Returns why it is bad.
 pub fn check_identity(identity: &str) -> Result<(), String> {
     if identity.is_empty() {

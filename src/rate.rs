@@ -213,6 +213,14 @@ pub struct Adjustment {
     pub bucket: u64,
 }
 
+/// The changes that settle one stream (or give back late top-ups), applied at most once: a
+/// call whose answer was lost is sent again, and the store recognises `id` (see `settle.lua`).
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub id: String,
+    pub adjustments: Vec<Adjustment>,
+}
+
 /// What one policy said about a hit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {

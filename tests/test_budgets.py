@@ -11,7 +11,9 @@ import pytest
 
 from fastapi_stream_lease import (
     TOP_UP_INCREMENT,
+    BackendUnavailable,
     BudgetExhausted,
+    LeaseLost,
     RateLimit,
     RateLimited,
     openai_rate_limit_headers,
@@ -303,4 +305,51 @@ async def test_random_streams_settle_exactly_and_never_pass_the_bound(
 
     await asyncio.gather(*(one_stream(managers[i % len(managers)]) for i in range(40)))
     assert await used(managers[0], budget=budget) == sum(streamed)
+    assert sum(streamed) <= 5_000 + sum(TOP_UP_INCREMENT + chunk for chunk in largest)
+
+
+async def test_random_streams_through_a_redis_stall_never_undercount(
+    own_redis, make_own_redis_manager
+):
+    """The same random streams while Redis stops answering for a second (calls time out, some
+    after they ran): nothing streamed goes uncharged, grants never pass the bound, and every
+    settlement lands once Redis is back."""
+    rng = random.Random(7)
+    budget = RateLimit("tokens_per_minute", 5_000, per=60, unit="tokens")
+    managers = [make_own_redis_manager(max_per_user=0, redis_timeout=0.3) for _ in range(2)]
+    streamed: list[int] = []
+    largest: list[int] = []
+
+    async def one_stream(manager) -> None:
+        await asyncio.sleep(rng.uniform(0, 1.5))
+        sizes = [rng.randint(1, 64) for _ in range(rng.randint(1, 80))]
+        try:
+            lease = await manager.acquire("alice", budgets=[budget], reserve=rng.randint(0, 300))
+        except (RateLimited, BackendUnavailable):
+            return
+        mine = 0
+        stream = lease.wrap(
+            chunks(len(sizes), pause=0.01), tokens=lambda item: sizes[int(item.split()[1])]
+        )
+        try:
+            async for item in stream:
+                mine += sizes[int(item.split()[1])]
+        except (BudgetExhausted, LeaseLost):
+            pass
+        finally:
+            await stream.aclose()
+            streamed.append(mine)
+            largest.append(max(sizes))
+
+    async def stall() -> None:
+        await asyncio.sleep(0.5)
+        own_redis.pause()
+        await asyncio.sleep(1.0)
+        own_redis.resume()
+
+    await asyncio.gather(stall(), *(one_stream(managers[i % 2]) for i in range(30)))
+    for manager in managers:
+        await eventually(lambda m=manager: m.stats()["unsettled"] == 0, what="the settlements")
+    charged = await used(managers[0], budget=budget)
+    assert charged >= sum(streamed), "a call that timed out after it ran only over-counts"
     assert sum(streamed) <= 5_000 + sum(TOP_UP_INCREMENT + chunk for chunk in largest)

@@ -13,7 +13,7 @@ use crate::breaker::{Breaker, Permit};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::{Adjustment, Decision, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
+use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
@@ -280,14 +280,15 @@ impl Backend {
         }
     }
 
-    /// Settles one ended stream's budgets (charges, refunds to their buckets).
-    pub async fn settle(&self, adjustments: &[Adjustment]) -> CoreResult<()> {
+    /// Settles one ended stream's budgets (charges, refunds to their buckets), at most once
+    /// however often it is sent.
+    pub async fn settle(&self, settlement: &Settlement) -> CoreResult<()> {
         match self {
             Backend::Memory(m) => {
-                m.settle(adjustments);
+                m.settle(&settlement.adjustments);
                 Ok(())
             }
-            Backend::Redis(r) => r.settle(adjustments).await,
+            Backend::Redis(r) => r.settle(settlement).await,
         }
     }
 

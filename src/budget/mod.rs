@@ -21,7 +21,7 @@ pub use self::meter::{Account, Meter};
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::{Adjustment, RatePolicy};
+use crate::rate::{RatePolicy, Settlement};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -78,7 +78,7 @@ pub struct Budgets {
     /// Woken by a meter that needs a top-up.
     due: Arc<Notify>,
     /// Settlements whose call failed, retried every round.
-    unsettled: Mutex<Vec<(Store, Vec<Adjustment>)>>,
+    unsettled: Mutex<Vec<(Store, Settlement)>>,
     settles: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
@@ -129,27 +129,32 @@ impl Budgets {
     pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<JoinHandle<()>> {
         let meter = lock(&self.meters).remove(&record.id)?;
         let adjustments = meter.end().filter(|adjustments| !adjustments.is_empty())?;
+        let settlement = Settlement {
+            id: record.id.clone(),
+            adjustments,
+        };
         let store = meter.store;
         if self.stores.get(store).is_embedded() {
-            let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&adjustments));
+            let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&settlement));
             debug_assert!(settled.is_some(), "the memory backend never waits");
             return None;
         }
         let budgets = Arc::clone(self);
         Some(runtime::handle().spawn(self.settles.track_future(async move {
-            budgets.send_settlement(store, adjustments).await;
+            budgets.send_settlement(store, settlement).await;
         })))
     }
 
-    async fn send_settlement(&self, store: Store, adjustments: Vec<Adjustment>) {
+    async fn send_settlement(&self, store: Store, settlement: Settlement) {
         let sent = self
             .stores
-            .call(store, |backend| backend.settle(&adjustments))
+            .call(store, |backend| backend.settle(&settlement))
             .await;
         if sent.is_err() {
             let mut unsettled = lock(&self.unsettled);
             if unsettled.len() < MAX_UNSETTLED {
-                unsettled.push((store, adjustments));
+                unsettled.push((store, settlement));
+                self.due.notify_one(); // the next round tries it again
             }
         }
     }
@@ -162,8 +167,8 @@ impl Budgets {
             let _ = round_loop.await;
         }
         let retries = std::mem::take(&mut *lock(&self.unsettled));
-        for (store, adjustments) in retries {
-            let _ = tokio::time::timeout(wait, self.send_settlement(store, adjustments)).await;
+        for (store, settlement) in retries {
+            let _ = tokio::time::timeout(wait, self.send_settlement(store, settlement)).await;
         }
         self.settles.close();
         let _ = tokio::time::timeout(wait, self.settles.wait()).await;

@@ -11,7 +11,7 @@ use super::{Budgets, Meter, TOP_UP_EVERY};
 use crate::config::FailureMode;
 use crate::keys::hash_tag;
 use crate::lease::Store;
-use crate::rate::TopUp;
+use crate::rate::{Settlement, TopUp};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -65,8 +65,8 @@ impl Budgets {
         });
         futures_util::future::join_all(sends).await;
         let retries = std::mem::take(&mut *lock(&self.unsettled));
-        for (store, adjustments) in retries {
-            self.send_settlement(store, adjustments).await;
+        for (store, settlement) in retries {
+            self.send_settlement(store, settlement).await;
         }
     }
 
@@ -88,7 +88,12 @@ impl Budgets {
             refunds.extend(meter.topped_up(top_up.want, &answer));
         }
         if !refunds.is_empty() {
-            self.send_settlement(store, refunds).await;
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let settlement = Settlement {
+                id,
+                adjustments: refunds,
+            };
+            self.send_settlement(store, settlement).await;
         }
     }
 }

@@ -1,10 +1,15 @@
 -- Settle the token budgets of streams that ended (docs/design.md, "Token budgets"): charge what a
 -- stream used beyond what it reserved, or give back what it reserved and did not use, to the
 -- buckets it was taken from (a bucket that left its window no longer counts: nothing to give).
--- KEYS: the budgets' counters (one hash slot in a cluster).
+-- Applied at most once: a call whose answer was lost is sent again with the same marker.
+-- KEYS[1]: the settlement's marker; then the budgets' counters (one hash slot in a cluster).
 -- ARGV: per adjustment: its KEYS index, algorithm, window in ms, tokens, and a bucket: '0' to
 -- charge the tokens now (even above the limit), else to give back up to that many from it.
--- Returns the tokens given back.
+-- Returns the tokens given back, or -1 if the settlement had been applied already.
+local SETTLED_MS = 600000
+if not redis.call('SET', KEYS[1], 1, 'NX', 'PX', SETTLED_MS) then
+  return -1
+end
 read_clock()
 local given = 0
 for at = 1, #ARGV, 5 do

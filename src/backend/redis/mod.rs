@@ -20,7 +20,7 @@ use super::{AcquireOutcome, InLine};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Adjustment, Decision, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
+use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -235,10 +235,15 @@ impl RedisBackend {
         Ok(answers)
     }
 
-    pub async fn settle(&self, adjustments: &[Adjustment]) -> CoreResult<()> {
+    pub async fn settle(&self, settlement: &Settlement) -> CoreResult<()> {
+        let Some(first) = settlement.adjustments.first() else {
+            return Ok(());
+        };
+        let marker = keys::settled_key(&first.key, &settlement.id);
         let mut invocation = scripts::SETTLE.prepare_invoke();
         let mut keys = KeyIndex::default();
-        for adjustment in adjustments {
+        keys.index(&mut invocation, &marker);
+        for adjustment in &settlement.adjustments {
             let index = keys.index(&mut invocation, &adjustment.key);
             invocation
                 .arg(index)
@@ -247,7 +252,7 @@ impl RedisBackend {
                 .arg(adjustment.tokens)
                 .arg(adjustment.bucket);
         }
-        self.link.run::<u64>(&invocation).await.map(drop)
+        self.link.run::<i64>(&invocation).await.map(drop)
     }
 
     pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
