@@ -94,7 +94,7 @@ impl fmt::Display for CoreError {
             | CoreError::InvalidInput(m)
             | CoreError::Misuse(m) => f.write_str(m),
             CoreError::Closed => f.write_str(
-                "this StreamLeaseManager was closed with aclose(); create a new one (for example in the app's lifespan)",
+                "this StreamLeaseManager is shutting down (drain() or aclose() was called): the request should go to another worker; an app builds a new manager in each lifespan",
             ),
             CoreError::Panic(m) => write!(f, "internal error in fastapi_stream_lease's core (please report it): {m}"),
         }

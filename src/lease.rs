@@ -9,9 +9,11 @@ use tokio::sync::Notify;
 
 use crate::keys::{self, Pool, PoolRole};
 
-/// State bits: a lease can be lost and later released; both stay visible.
+/// State bits: a lease can be lost (or revoked, which is lost by an operator's decision) and
+/// later released; all stay visible.
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
+const REVOKED: u8 = 4;
 
 /// Milliseconds on this process's monotonic clock (deadlines never follow wall-clock jumps).
 pub fn monotonic_ms() -> u64 {
@@ -79,6 +81,23 @@ impl LeaseRecord {
             self.changed.notify_waiters();
         }
         lost
+    }
+
+    /// Held -> revoked (and lost, so its stream ends the way a lost lease's does: a drain or an
+    /// operator ended it); false if it was released or lost meanwhile.
+    pub fn mark_revoked(&self) -> bool {
+        let revoked = self
+            .state
+            .compare_exchange(0, LOST | REVOKED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if revoked {
+            self.changed.notify_waiters();
+        }
+        revoked
+    }
+
+    pub fn is_revoked(&self) -> bool {
+        self.state.load(Ordering::Acquire) & REVOKED != 0
     }
 
     /// Held or lost -> released; true only for the one call that made the change.

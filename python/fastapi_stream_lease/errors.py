@@ -190,6 +190,14 @@ class LeaseLost(StreamLeaseError):
     retry_after = 1
 
 
+class LeaseRevoked(LeaseLost):
+    """The lease was ended on purpose: its worker is draining for a deploy
+    (:meth:`StreamLeaseManager.drain`), or an operator revoked its user's streams. The stream ends
+    the way a lost lease's does, at its edge."""
+
+    title: ClassVar[str] = "Stream lease revoked"
+
+
 class ClientDisconnected(StreamLeaseError):
     """The client went away while its request waited in line; it left the line. Nobody is
     left to read an answer, so the status (499, nginx's "client closed request") is moot."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 from starlette.concurrency import iterate_in_threadpool
 
 from ._core import LeaseHandle
-from .errors import LeaseLost, StreamLeaseError
+from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 
 if TYPE_CHECKING:
     from .rates import RateDecision
@@ -38,6 +38,7 @@ LOST_MESSAGE = (
     "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
     "a restart or an eviction) and its slot was taken meanwhile"
 )
+REVOKED_MESSAGE = "the stream's lease was revoked: its worker is draining, or an operator ended it"
 
 
 class Lease:
@@ -67,6 +68,13 @@ class Lease:
         """True once renewal found the lease gone from the store (expired during an outage,
         evicted)."""
         return self._handle.lost
+
+    @property
+    def revoked(self) -> bool:
+        """True once the lease was revoked: its worker is draining
+        (:meth:`~StreamLeaseManager.drain`) or an operator ended its user's streams. A revoked
+        lease is also :attr:`lost`."""
+        return self._handle.revoked
 
     @property
     def released(self) -> bool:
@@ -226,29 +234,30 @@ def _bounded(name: str, reported: int, counted: int) -> int:
 
 
 class LostWatch:
-    """Watches one lease for the task that uses it; inert under ``on_lost="continue"``."""
+    """Watches one lease for the task that uses it: a lost lease ends the work under
+    ``on_lost="cancel"``, a revoked one (a drain, an operator) always."""
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
         self._task: asyncio.Task[object] | None = None
         self._cancelled_by_us = False
-        self._waiter = lease._handle.wait_lost() if lease._cancel_on_lost else None
-        if self._waiter is not None:
-            asyncio.ensure_future(self._waiter).add_done_callback(self._on_lost)
+        self._waiter = asyncio.ensure_future(lease._handle.wait_lost())
+        self._waiter.add_done_callback(self._on_lost)
+
+    def _ends_work(self) -> bool:
+        return self._lease._cancel_on_lost or self._lease.revoked
 
     def _on_lost(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.cancelled() and self._task is not None:
+        if not waiter.cancelled() and self._task is not None and self._ends_work():
             self._cancelled_by_us = True
-            self._task.cancel(LOST_MESSAGE)
+            self._task.cancel(str(self._ended()))
 
     @contextmanager
     def guarded(self) -> Iterator[None]:
-        """Runs the ``with`` body under the watch; :class:`LeaseLost` if the lease is lost."""
-        if self._waiter is None:
-            yield
-            return
-        if self._lease.lost:
-            raise LeaseLost(LOST_MESSAGE)
+        """Runs the ``with`` body under the watch; :class:`LeaseLost` (:class:`LeaseRevoked`) if
+        the lease is lost (revoked)."""
+        if self._lease.lost and self._ends_work():
+            raise self._ended()
         self._task = asyncio.current_task()
         try:
             yield
@@ -259,10 +268,14 @@ class LostWatch:
             uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
             if uncancel is not None:
                 uncancel()
-            raise LeaseLost(LOST_MESSAGE) from None
+            raise self._ended() from None
         finally:
             self._task = None
 
+    def _ended(self) -> LeaseLost:
+        if self._lease.revoked:
+            return LeaseRevoked(REVOKED_MESSAGE)
+        return LeaseLost(LOST_MESSAGE)
+
     def close(self) -> None:
-        if self._waiter is not None:
-            asyncio.ensure_future(self._waiter).cancel()
+        self._waiter.cancel()

@@ -13,6 +13,7 @@ from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from .client_ip import Network, trusted_networks
 from .errors import ClientDisconnected, RateLimited
+from .handlers import install_exception_handler
 from .lease import Lease
 from .rates import RateDecision, RateLimit
 from .resources import Resource
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 # How often a waiting request checks that its client is still there (no Redis involved).
 DISCONNECT_CHECK_SECONDS = 0.2
+# How often a drain checks whether the worker's streams have ended (no Redis involved).
+DRAIN_CHECK_SECONDS = 0.05
 
 
 #: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
@@ -307,6 +310,44 @@ class StreamLeaseManager:
         """Stops renewal and releases every lease this process holds. On Redis that takes one
         release script call per 1,000 leases (of weight 1), a few calls in flight at once."""
         await self._core.aclose()
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Drains this worker for a rolling deploy: stops admitting at once (new acquires get
+        :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere),
+        waits up to ``timeout`` seconds for the streams it holds to end, ends the rest as
+        revoked (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and
+        closes the manager, releasing everything. Call it in the app's shutdown."""
+        self._core.refuse_new()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        # The count lives in the core, which has no event to await.
+        while self._core.stats()["held"] and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(DRAIN_CHECK_SECONDS)
+        if self._core.revoke_held():
+            await asyncio.sleep(0)  # the streams' tasks see their revocation before the close
+        await self._core.aclose()
+
+    async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
+        """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),
+        else :meth:`aclose` at once."""
+        if drain:
+            await self.drain(timeout)
+        else:
+            await self.aclose()
+
+    def register_exception_handlers(self, app: Any) -> None:
+        """The 0.6 API's name for :func:`install_exception_handler`."""
+        install_exception_handler(app)
+
+    async def release(self, lease: Lease) -> None:
+        """The 0.6 API's release: the same as ``await lease.release()``."""
+        await lease.release()
+
+    async def renew(self, lease: Lease) -> bool:
+        """The 0.6 API's renewal: here the manager renews every lease it holds by itself (one
+        call per period for all of them), so this only says whether ``lease`` is still held
+        (neither lost nor released)."""
+        return not (lease.lost or lease.released)
 
     async def __aenter__(self) -> StreamLeaseManager:
         return self

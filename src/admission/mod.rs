@@ -190,6 +190,23 @@ impl Manager {
         }
     }
 
+    /// The keyed hash of an identity, as the keys carry it (for traces and operators, who must
+    /// never see the identity itself).
+    pub fn identity_digest(&self, identity: &str) -> CoreResult<String> {
+        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        Ok(self.keys.identity_digest(identity))
+    }
+
+    /// Drain, first step: refuses new leases here (503), leaving the held ones to end.
+    pub fn refuse_new(&self) {
+        self.leases.refuse_new();
+    }
+
+    /// Drain, last step: ends the streams still held here, as revoked.
+    pub fn revoke_held(&self) -> usize {
+        self.leases.revoke_held()
+    }
+
     pub fn stats(&self) -> Stats {
         let (budget_streams, unsettled) = self.budgets.counts();
         Stats {

@@ -90,6 +90,12 @@ impl LeaseHandle {
         self.handle.record().is_lost()
     }
 
+    /// True once the lease was revoked (a drain or an operator ended its stream).
+    #[getter]
+    fn revoked(&self) -> bool {
+        self.handle.record().is_revoked()
+    }
+
     /// True once `release()` ran (or the manager was closed).
     #[getter]
     fn released(&self) -> bool {

@@ -198,6 +198,23 @@ impl Manager {
         bridge::spawn(py, op, false)
     }
 
+    /// The keyed hash of `user_id` that the Redis keys carry (HMAC-SHA256 with
+    /// `identity_secret`, 16 bytes in hex): what traces and the CLI show instead of the id.
+    fn identity_digest(&self, user_id: &Bound<'_, PyAny>) -> PyResult<String> {
+        Ok(self.core.identity_digest(&required_identity(user_id)?)?)
+    }
+
+    /// Refuses new leases on this manager (a drain's first step): acquires get `ManagerClosed`.
+    fn refuse_new(&self) {
+        self.core.refuse_new();
+    }
+
+    /// Ends every stream this manager holds the way a lost lease ends, with `LeaseRevoked`;
+    /// returns how many.
+    fn revoke_held(&self) -> usize {
+        self.core.revoke_held()
+    }
+
     /// Counters for monitoring: leases held by this process, lost and taken back so far, failed
     /// renewal calls, leases waiting for another release try, members pruned, whether the manager is closed and
     /// the breaker open, and this process's waiters in line.

@@ -194,6 +194,15 @@ impl Held {
         (overdue, next)
     }
 
+    /// Every lease held, in both stores.
+    pub fn all(&self) -> Vec<Arc<LeaseRecord>> {
+        self.main
+            .values()
+            .chain(self.fallback.values())
+            .flat_map(|group| group.leases.values().cloned())
+            .collect()
+    }
+
     pub fn drain(&mut self) -> Vec<Arc<LeaseRecord>> {
         self.count = 0;
         self.slots_by_pool.clear();

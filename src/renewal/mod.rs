@@ -326,6 +326,13 @@ impl Leases {
         }
     }
 
+    /// Ends every lease held the way a lost one ends (its stream gets `LeaseRevoked`); their
+    /// releases, by their streams or by `close()`, free their slots. Returns how many.
+    pub fn revoke_held(&self) -> usize {
+        let held = lock(&self.held).all();
+        held.iter().filter(|record| record.mark_revoked()).count()
+    }
+
     /// Slots this process holds in a pool (both stores).
     pub fn slots_in(&self, pool_key: &str) -> u64 {
         lock(&self.held).slots_in(pool_key)
