@@ -106,11 +106,13 @@ impl KeySpace {
     /// window and algorithm are in the key: two scopes never share a counter.
     pub fn rate_key(&self, identity: &str, policy: &RatePolicy) -> String {
         let digest = self.identity_digest(identity);
+        // The unit too: a request rate and a budget of one name are two counters.
         let scope = format!(
-            "rate:{}:{}{}",
+            "rate:{}:{}{}{}",
             policy.name,
             policy.window_ms,
-            policy.algorithm.code()
+            policy.algorithm.code(),
+            policy.unit.code()
         );
         if self.global_pool {
             format!("{}:{scope}:{digest}", self.shared_tag())

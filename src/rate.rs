@@ -78,6 +78,16 @@ impl Unit {
         }
     }
 
+    /// Its code in keys (none for requests, the first unit keys had).
+    pub fn code(self) -> &'static str {
+        match self {
+            Unit::Requests => "",
+            Unit::Tokens => "t",
+            Unit::InputTokens => "i",
+            Unit::OutputTokens => "o",
+        }
+    }
+
     /// Tokens of a stream this unit counts, of `input` prompt and `output` answer tokens.
     pub fn of(self, input: u64, output: u64) -> u64 {
         match self {
@@ -194,13 +204,30 @@ pub struct TopUp {
     pub forced: bool,
 }
 
+/// Where taken units went, so a budget's refund finds them: the `slot` (a sliding window's
+/// slice, a fixed window's end in ms) in the counter of that `epoch` (when a sliding counter was
+/// made; 0 for a fixed window, whose end tells it), so a refund never lands in a counter rebuilt
+/// since (a reset, a restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub slot: u64,
+    pub epoch: u64,
+}
+
+impl Bucket {
+    /// From a script's (slot, epoch); None when nothing was taken (slot 0).
+    pub fn of(slot: u64, epoch: u64) -> Option<Self> {
+        (slot != 0).then_some(Bucket { slot, epoch })
+    }
+}
+
 /// What a top-up got: `granted` tokens, the `room` its budgets have left after it (the least of
-/// them), and the bucket each budget's share went to (in policy order; 0 when none).
+/// them), and where each budget's share went (in policy order; None when nothing was granted).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToppedUp {
     pub granted: u64,
     pub room: u64,
-    pub buckets: Vec<u64>,
+    pub buckets: Vec<Option<Bucket>>,
 }
 
 /// One change to a budget's counter when a stream is settled.
@@ -209,8 +236,9 @@ pub struct Adjustment {
     pub key: String,
     pub policy: RatePolicy,
     pub tokens: u64,
-    /// 0: charge `tokens` now; else give back up to `tokens` from this bucket (while it counts).
-    pub bucket: u64,
+    /// None: charge `tokens` now; else give back up to `tokens` from this bucket, while it
+    /// still counts.
+    pub refund_from: Option<Bucket>,
 }
 
 /// The changes that settle one stream (or give back late top-ups), applied at most once: a
@@ -231,13 +259,12 @@ pub struct Decision {
     pub remaining: u64,
     /// When the next units free up, in ms (0: nothing in use).
     pub reset_ms: u64,
-    /// Where the hit's units went (a sliding window's slice, a fixed window's end in ms), so a
-    /// budget's refund finds them; 0 when nothing was taken.
-    pub bucket: u64,
+    /// Where the hit's units went (None when nothing was taken).
+    pub bucket: Option<Bucket>,
 }
 
 impl Decision {
-    pub fn new(policy: RatePolicy, used: u64, reset_ms: u64, bucket: u64) -> Self {
+    pub fn new(policy: RatePolicy, used: u64, reset_ms: u64, bucket: Option<Bucket>) -> Self {
         Decision {
             remaining: policy.limit.saturating_sub(used),
             policy,

@@ -19,6 +19,7 @@ from fastapi_stream_lease import (
     openai_rate_limit_headers,
     rate_limit_headers,
 )
+from fastapi_stream_lease.lease import USAGE_CEILING
 
 from support.apps import app_command
 from support.waiting import eventually
@@ -353,3 +354,84 @@ async def test_random_streams_through_a_redis_stall_never_undercount(
     charged = await used(managers[0], budget=budget)
     assert charged >= sum(streamed), "a call that timed out after it ran only over-counts"
     assert sum(streamed) <= 5_000 + sum(TOP_UP_INCREMENT + chunk for chunk in largest)
+
+
+# Found by review (helper-9): a refund must never land in a counter made again since its
+# charge, a name must not join a request rate and a budget, reported figures are bounded even
+# with nothing counted, and a settlement given up is counted.
+
+TEN_MIN = RateLimit("tokens_per_10_minutes", 10_000, per=600, unit="tokens")
+
+
+async def test_a_refund_never_erases_charges_made_after_a_reset(make_manager):
+    manager = make_manager(max_per_user=0)
+    early = await manager.acquire("alice", budgets=[TEN_MIN], reserve=5_000)
+    await manager.reset("alice", TEN_MIN)  # the same slice, a new counter
+    late = await manager.acquire("alice", budgets=[TEN_MIN], reserve=1_000)
+    async for _ in late.wrap(chunks(200), tokens=lambda _: CHUNK):
+        pass
+    early.consume(10)
+    await early.release()  # its 4,990 unused belong to the counter the reset dropped
+    assert await used(manager, budget=TEN_MIN) == 1_000
+
+
+async def test_a_refund_never_erases_charges_made_after_a_redis_restart(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(max_per_user=0, redis_timeout=0.5)
+    early = await manager.acquire("alice", budgets=[TEN_MIN], reserve=5_000)
+    own_redis.restart()
+    late = None
+    for _ in range(100):
+        try:
+            late = await manager.acquire("alice", budgets=[TEN_MIN], reserve=1_000)
+            break
+        except BackendUnavailable:
+            await asyncio.sleep(0.1)
+    assert late is not None
+    async for _ in late.wrap(chunks(200), tokens=lambda _: CHUNK):
+        pass
+    early.consume(10)
+    await early.release()
+    assert await used(manager, budget=TEN_MIN) == 1_000
+
+
+async def test_a_request_rate_and_a_budget_of_one_name_count_apart(make_manager):
+    manager = make_manager(max_per_user=0)
+    starts = RateLimit("chat", 10, per=60)
+    tokens = RateLimit("chat", 10_000, per=60, unit="tokens")
+    lease = await manager.acquire("alice", rate_limits=[starts])
+    await lease.release()
+    lease = await manager.acquire("alice", budgets=[tokens], reserve=500)
+    lease.consume(100)
+    await lease.release()
+    assert (await manager.peek("alice", starts)).used == 1
+    assert (await manager.usage("alice", tokens))["chat"].used == 100
+    with pytest.raises(ValueError, match="through acquire"):
+        await manager.hit("alice", tokens, cost=5)
+
+
+async def test_a_report_with_nothing_to_compare_with_is_bounded_too(make_manager, caplog):
+    manager = make_manager(max_per_user=0)
+    async with manager.lease("bob", budgets=[TEN_MIN], reserve=100) as lease:
+        lease.consume(100)
+        lease.report_usage(input_tokens=10**12, output_tokens=100)  # no prompt estimate
+        lease.report_usage(input_tokens=10**12, output_tokens=100)  # never against a report
+    assert "far from" in caplog.text
+    assert await used(manager, "bob", budget=TEN_MIN) == 100 + USAGE_CEILING
+
+
+async def test_settlements_still_failing_at_close_are_counted_as_dropped(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(max_per_user=0, failure_mode="open", redis_timeout=0.3)
+    lease = await manager.acquire("alice", budgets=[TEN_MIN], reserve=100)
+    own_redis.pause()
+    try:
+        async for _ in lease.wrap(chunks(400), tokens=lambda _: CHUNK):
+            pass  # top-ups granted in the process during the outage
+        assert manager.stats()["unsettled"] == 1
+        await manager.aclose()  # a deploy during the outage
+    finally:
+        own_redis.resume()
+    assert manager.stats()["settlements_dropped"] == 1, "an under-count, and it says so"

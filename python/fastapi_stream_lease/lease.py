@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
 
-#: A model's reported usage further than this factor from the stream's own count (or, for
-#: short streams, more than ``USAGE_SLACK`` tokens above it) is taken as a bug upstream: it is
-#: logged and brought back within the bound, so one bad figure cannot wreck a user's budget.
+#: A model's reported usage further than this factor from what the stream expected (its count,
+#: or its estimate at admission; for short streams, more than ``USAGE_SLACK`` tokens above) is
+#: taken as a bug upstream: it is logged and brought back within the bound, so one bad figure
+#: cannot wreck a user's budget. With nothing to compare with (no estimate, nothing counted),
+#: the bound is ``USAGE_CEILING``, more than any model's context.
 USAGE_FACTOR = 4
 USAGE_SLACK = 4096
+USAGE_CEILING = 2_000_000
 
 LOST_MESSAGE = (
     "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
@@ -119,6 +122,8 @@ class Lease:
         under way: then when the top-up answers. Raises :class:`BudgetExhausted` if the budget
         ran out (``on_budget="cut"``). Await it before each chunk when counting with
         :meth:`consume` (:meth:`wrap` does): that is what bounds a stream's overshoot."""
+        if self._handle.budget_exhausted:
+            self._handle.consume(0)  # raises BudgetExhausted, as the next consume() would
         if self._handle.budget_waiting:
             await self._handle.budget_ready()
 
@@ -127,10 +132,11 @@ class Lease:
         ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
         of the estimate and the count. Figures far from the count (see ``USAGE_FACTOR``) are
         logged and bounded."""
-        used = self._handle.tokens_used
-        if used is not None:
-            input_tokens = _bounded("input_tokens", input_tokens, used[0])
-            output_tokens = _bounded("output_tokens", output_tokens, used[1])
+        references = self._handle.tokens_references
+        if references is not None:
+            (input_estimate, output_estimate), output_counted = references
+            input_tokens = _bounded("input_tokens", input_tokens, 0, input_estimate)
+            output_tokens = _bounded("output_tokens", output_tokens, output_counted, output_estimate)
         self._handle.report_usage(input_tokens, output_tokens)
 
     def release(self) -> Awaitable[bool]:
@@ -213,14 +219,17 @@ class Lease:
         return f"<Lease {self.lease_id} weight={self.weight} {', '.join(states) or 'held'}>"
 
 
-def _bounded(name: str, reported: int, counted: int) -> int:
-    """``reported`` (a model's usage figure), brought within ``USAGE_FACTOR`` of ``counted``."""
+def _bounded(name: str, reported: int, counted: int, estimate: int) -> int:
+    """``reported`` (a model's usage figure), no lower than ``counted`` allows and no higher
+    than the count or the estimate does (see ``USAGE_FACTOR``)."""
     if isinstance(reported, bool) or not isinstance(reported, int):
         raise TypeError(f"{name} must be an int, got {type(reported).__name__}")
     if reported < 0:
         raise ValueError(f"{name}={reported} is negative: pass the model's reported token count")
-    low, high = counted // USAGE_FACTOR, max(counted * USAGE_FACTOR, counted + USAGE_SLACK)
-    if counted == 0 or low <= reported <= high:  # nothing counted: nothing to compare with
+    expected = max(counted, estimate)
+    low = counted // USAGE_FACTOR
+    high = max(expected * USAGE_FACTOR, expected + USAGE_SLACK) if expected else USAGE_CEILING
+    if low <= reported <= high:
         return reported
     bounded = min(max(reported, low), high)
     log.warning(

@@ -57,6 +57,7 @@ class ManagerStats(TypedDict):
     waiting: int
     budget_streams: int
     unsettled: int
+    settlements_dropped: int
 
 
 class StreamLeaseManager:
@@ -301,7 +302,10 @@ class StreamLeaseManager:
         * ``waiting``: its acquires waiting in line now;
         * ``budget_streams``: its streams with token budgets open now;
         * ``unsettled``: settlements of ended streams' budgets whose call failed, waiting for
-          another try (at most 10,000).
+          another try (at most 10,000);
+        * ``settlements_dropped``: settlements given up: the queue was full (those that only give
+          tokens back go first), or they still failed when the manager closed (their charges,
+          the tokens streamed past a reservation, are lost: an under-count).
         """
         # The core builds exactly these keys (tests/test_leases.py checks them).
         return cast(ManagerStats, self._core.stats())

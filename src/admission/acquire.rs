@@ -65,14 +65,16 @@ impl Granted {
     /// Holds the lease (the renewal loop keeps it alive from now on).
     pub fn hold(mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
-        if let Some(meter) = &self.meter {
-            meter.hold();
-        }
         let held = self
             .leases
             .hold(Arc::clone(&record), self.deadline_ms, self.holder_was_alive);
-        if held.is_err() {
-            self.leases.release_in_background(&record);
+        match (&held, &self.meter) {
+            (Ok(_), Some(meter)) => meter.hold(),
+            (Ok(_), None) => {}
+            // Never started: its whole reservation comes back with the release.
+            (Err(_), _) => {
+                self.leases.release_in_background(&record);
+            }
         }
         held
     }
@@ -415,8 +417,10 @@ impl Manager {
                             // reservation stays charged and the settlement charges the stream
                             // again (an over-count, never an under-count).
                             charges: match rates.get(i) {
-                                Some(d) if d.bucket != 0 && check.costs[i] > 0 => {
-                                    vec![(d.bucket, check.costs[i])]
+                                Some(Decision {
+                                    bucket: Some(bucket), ..
+                                }) if check.costs[i] > 0 => {
+                                    vec![(*bucket, check.costs[i])]
                                 }
                                 _ => Vec::new(),
                             },

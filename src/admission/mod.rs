@@ -54,6 +54,7 @@ pub struct Stats {
     /// Streams with token budgets open now, and settlements waiting for another try.
     pub budget_streams: usize,
     pub unsettled: usize,
+    pub settlements_dropped: u64,
 }
 
 pub struct Manager {
@@ -208,10 +209,11 @@ impl Manager {
     }
 
     pub fn stats(&self) -> Stats {
-        let (budget_streams, unsettled) = self.budgets.counts();
+        let (budget_streams, unsettled, settlements_dropped) = self.budgets.counts();
         Stats {
             budget_streams,
             unsettled,
+            settlements_dropped,
             leases: self.leases.counters(),
             breaker_open: self.stores.breaker().is_open(),
             waiting: self.local_line.len(),

@@ -28,6 +28,13 @@ impl Manager {
     ) -> CoreResult<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static> {
         let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
         check_hit(&policies, cost).map_err(CoreError::InvalidInput)?;
+        if let Some(budget) = policies.iter().find(|p| consume && p.unit != Unit::Requests) {
+            return Err(CoreError::InvalidInput(format!(
+                "budget {:?} counts {}: a stream reserves and is charged its tokens through acquire(budgets=...); usage() and peek() look at it",
+                &*budget.name,
+                budget.unit.name()
+            )));
+        }
         let keys = policies
             .iter()
             .zip(&identities)
@@ -157,7 +164,7 @@ impl Manager {
             Some(empty) => Err(CoreError::RateLimited(HitOutcome {
                 decisions: shares
                     .into_iter()
-                    .map(|policy| Decision::new(policy, 0, 0, 0))
+                    .map(|policy| Decision::new(policy, 0, 0, None))
                     .collect(),
                 refused: Some((empty, self.config.retry_after_ms())),
             })),

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use super::{BudgetRequest, OnBudget, TOP_UP};
 use crate::errors::CoreError;
 use crate::lease::Store;
-use crate::rate::{Adjustment, RatePolicy, TopUp, ToppedUp, Unit};
+use crate::rate::{Adjustment, Bucket, RatePolicy, TopUp, ToppedUp, Unit};
 use crate::sync::lock;
 
 /// Room its budgets must have left after a top-up for a stream to keep its slack.
@@ -34,8 +34,8 @@ const HELD: u8 = 16;
 pub struct Account {
     pub key: String,
     pub policy: RatePolicy,
-    /// (bucket, tokens), oldest first.
-    pub charges: Vec<(u64, u64)>,
+    /// (where, tokens), oldest first.
+    pub charges: Vec<(Bucket, u64)>,
 }
 
 impl Account {
@@ -52,14 +52,14 @@ impl Account {
     /// refunds from the newest buckets back.
     fn settle_to(&self, tokens: u64, adjustments: &mut Vec<Adjustment>) {
         let charged = self.charged();
-        let adjustment = |tokens, bucket| Adjustment {
+        let adjustment = |tokens, refund_from| Adjustment {
             key: self.key.clone(),
             policy: self.policy.clone(),
             tokens,
-            bucket,
+            refund_from,
         };
         if tokens > charged {
-            adjustments.push(adjustment(tokens - charged, 0));
+            adjustments.push(adjustment(tokens - charged, None));
             return;
         }
         let mut excess = charged - tokens;
@@ -68,7 +68,7 @@ impl Account {
                 break;
             }
             let back = excess.min(*taken);
-            adjustments.push(adjustment(back, *bucket));
+            adjustments.push(adjustment(back, Some(*bucket)));
             excess -= back;
         }
     }
@@ -88,6 +88,8 @@ struct Ledger {
     accounts: Vec<Account>,
     /// The prompt's tokens as estimated at admission.
     input: u64,
+    /// The answer's tokens as estimated at admission.
+    output_estimate: u64,
     /// The figures the model reported at the end, replacing the estimate and the count.
     reported: Option<(u64, u64)>,
 }
@@ -135,6 +137,7 @@ impl Meter {
             ledger: Mutex::new(Ledger {
                 accounts,
                 input: request.input,
+                output_estimate: request.output,
                 reported: None,
             }),
             changed: Notify::new(),
@@ -192,6 +195,16 @@ impl Meter {
             .unwrap_or((ledger.input, self.output.load(Ordering::Acquire)))
     }
 
+    /// What a model's report is checked against: the estimates made at admission (prompt,
+    /// answer) and the answer's tokens counted here, whatever was reported.
+    pub fn references(&self) -> ((u64, u64), u64) {
+        let ledger = lock(&self.ledger);
+        (
+            (ledger.input, ledger.output_estimate),
+            self.output.load(Ordering::Acquire),
+        )
+    }
+
     /// Under `on_budget="cut"`: the stream streamed past its reservation and no top-up is left.
     pub fn is_exhausted(&self) -> bool {
         self.has(EXHAUSTED)
@@ -240,8 +253,10 @@ impl Meter {
         if flags & DUE == 0 || flags & (IN_FLIGHT | ENDED) != 0 {
             return None;
         }
-        self.flags.fetch_and(!DUE, Ordering::AcqRel);
-        self.flags.fetch_or(IN_FLIGHT, Ordering::AcqRel);
+        // In one step, so `is_waiting` never sees neither flag in between.
+        let _ = self.flags.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+            Some((f & !DUE) | IN_FLIGHT)
+        });
         let want = (self.output.load(Ordering::Acquire) + TOP_UP)
             .saturating_sub(self.covered.load(Ordering::Acquire))
             .max(1);
@@ -274,18 +289,16 @@ impl Meter {
             let output_accounts = ledger.accounts.iter_mut().filter(|a| a.counts_output());
             let mut refunds = Vec::new();
             for (account, bucket) in output_accounts.zip(buckets) {
-                if granted == 0 {
-                    continue;
-                }
+                let Some(bucket) = *bucket else { continue };
                 if ended {
                     refunds.push(Adjustment {
                         key: account.key.clone(),
                         policy: account.policy.clone(),
                         tokens: granted,
-                        bucket: *bucket,
+                        refund_from: Some(bucket),
                     });
                 } else {
-                    account.charges.push((*bucket, granted));
+                    account.charges.push((bucket, granted));
                 }
             }
             if ended {

@@ -9,6 +9,7 @@ mod meter;
 mod round;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,8 +35,9 @@ pub const TOP_UP: u64 = 256;
 /// number of streams, tokens or chunks.
 pub const TOP_UP_EVERY: Duration = Duration::from_millis(250);
 
-/// Settlements kept for another try at most (their refunds are lost beyond it: the reservation
-/// stays charged, which never admits too much).
+/// Settlements kept for another try at most. Beyond it, one that only gives back is dropped
+/// first (the reservation stays charged, which never admits too much); one that charges is
+/// dropped only when nothing else can go, and counted (`Stats::settlements_dropped`).
 const MAX_UNSETTLED: usize = 10_000;
 
 /// What a stream that runs out of budget mid-stream does.
@@ -79,6 +81,7 @@ pub struct Budgets {
     due: Arc<Notify>,
     /// Settlements whose call failed, retried every round.
     unsettled: Mutex<Vec<(Store, Settlement)>>,
+    dropped: AtomicU64,
     settles: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
@@ -98,6 +101,7 @@ impl Budgets {
             meters: Mutex::new(HashMap::new()),
             due: Arc::new(Notify::new()),
             unsettled: Mutex::new(Vec::new()),
+            dropped: AtomicU64::new(0),
             settles: TaskTracker::new(),
             stop: CancellationToken::new(),
             round_loop: Mutex::new(None),
@@ -152,10 +156,20 @@ impl Budgets {
             .await;
         if sent.is_err() {
             let mut unsettled = lock(&self.unsettled);
-            if unsettled.len() < MAX_UNSETTLED {
-                unsettled.push((store, settlement));
-                self.due.notify_one(); // the next round tries it again
+            if unsettled.len() >= MAX_UNSETTLED {
+                let refund_only =
+                    |(_, s): &(Store, Settlement)| s.adjustments.iter().all(|a| a.refund_from.is_some());
+                match unsettled.iter().position(refund_only) {
+                    Some(at) => drop(unsettled.swap_remove(at)),
+                    None if refund_only(&(store, settlement.clone())) => return,
+                    None => {
+                        unsettled.swap_remove(0);
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
+            unsettled.push((store, settlement));
+            self.due.notify_one(); // the next round tries it again
         }
     }
 
@@ -166,16 +180,24 @@ impl Budgets {
         if let Some(round_loop) = round_loop {
             let _ = round_loop.await;
         }
+        self.settles.close();
+        let _ = tokio::time::timeout(wait, self.settles.wait()).await;
+        // The last try: what still fails is lost with this process, and counted.
         let retries = std::mem::take(&mut *lock(&self.unsettled));
         for (store, settlement) in retries {
             let _ = tokio::time::timeout(wait, self.send_settlement(store, settlement)).await;
         }
-        self.settles.close();
-        let _ = tokio::time::timeout(wait, self.settles.wait()).await;
+        let lost = std::mem::take(&mut *lock(&self.unsettled));
+        self.dropped.fetch_add(lost.len() as u64, Ordering::Relaxed);
     }
 
-    /// Streams with budgets open now, and settlements waiting for another try.
-    pub fn counts(&self) -> (usize, usize) {
-        (lock(&self.meters).len(), lock(&self.unsettled).len())
+    /// Streams with budgets open now, settlements waiting for another try, and settlements
+    /// dropped (the queue full, or still failing when the manager closed).
+    pub fn counts(&self) -> (usize, usize, u64) {
+        (
+            lock(&self.meters).len(),
+            lock(&self.unsettled).len(),
+            self.dropped.load(Ordering::Relaxed),
+        )
     }
 }

@@ -18,12 +18,12 @@
 -- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, and the units
 -- the start takes from it (1 for a request rate, the reservation for a token budget), as in
 -- hit.lua.
--- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket}
+-- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
 -- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
 -- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i,
--- retry_ms, used_1, reset_ms_1, bucket_1, ...} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
+-- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
 -- should wait (ticket: its place, lower is earlier). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])

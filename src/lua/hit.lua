@@ -9,11 +9,11 @@
 -- length ever holds more than the limit (a hit may be refused up to one slice early).
 -- Fixed window (the article's): a string counter whose expiry ends the window, started by the
 -- first hit; a counter found without expiry gets one (repaired), so no key is left forever.
--- Returns {refused, retry_ms, used_1, reset_ms_1, bucket_1, ..., used_n, reset_ms_n, bucket_n}:
+-- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch}:
 -- refused is the 1-based index of the first policy that refused (0: allowed), retry_ms when
 -- that policy has room for its cost again; used counts units in use after this hit (before it
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
--- in use), bucket where the cost went (see the prelude's look_rate; 0: nothing taken).
+-- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken).
 read_clock()
 local states, refused, retry = look_rates(KEYS, 1, ARGV, 2, 1)
 local reply = {refused, retry}

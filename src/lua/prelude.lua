@@ -227,13 +227,16 @@ end
 local SLICES = 10
 
 -- A sliding window's slices in use, oldest first, as {start, units}; stale ones are dropped.
+-- Field 'e' is the counter's epoch (see `take`), not a slice.
 local function slices_in_use(key, slice, window)
   local oldest = math.floor((now - window) / slice)
   local fields = redis.call('HGETALL', key)
   local live, stale = {}, {}
   for i = 1, #fields, 2 do
     local at = tonumber(fields[i])
-    if at < oldest then
+    if not at then
+      -- the epoch
+    elseif at < oldest then
       stale[#stale + 1] = fields[i]
     else
       live[#live + 1] = {at, tonumber(fields[i + 1])}
@@ -259,9 +262,10 @@ local function freed_after(live, units, slice, window)
 end
 
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
--- take units (returning the bucket they went to: a sliding window's slice, a fixed window's end
--- in ms, so a refund can find them; see settle.lua) or repair a missing expiry (see hit.lua for
--- the two algorithms).
+-- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
+-- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
+-- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua) or
+-- repair a missing expiry (see hit.lua for the two algorithms).
 local function look_rate(key, algorithm, window)
   if algorithm == 's' then
     local slice = math.floor(window / SLICES)
@@ -280,9 +284,14 @@ local function look_rate(key, algorithm, window)
       end,
       take = function(cost)
         local bucket = math.floor(now / slice)
+        local epoch = tonumber(redis.call('HGET', key, 'e'))
+        if not epoch then
+          epoch = now
+          redis.call('HSET', key, 'e', epoch)
+        end
         redis.call('HINCRBY', key, bucket, cost)
         redis.call('PEXPIRE', key, window + slice)
-        return bucket
+        return bucket, epoch
       end,
       repair = function()
         if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, window + slice) end
@@ -308,7 +317,7 @@ local function look_rate(key, algorithm, window)
         redis.call('PEXPIRE', key, window)
         left = window
       end
-      return now + left
+      return now + left, 0
     end,
     repair = function() end,
   }
@@ -332,13 +341,13 @@ local function look_rates(keys, k0, args, a0, scale)
   return states, refused, retry
 end
 
--- Takes each policy's cost (when `take`) and appends each one's units in use, reset (ms) and
--- the bucket the cost went to (0: none taken) to `reply`.
+-- Takes each policy's cost (when `take`) and appends each one's units in use, reset (ms), and
+-- the bucket and epoch the cost went to (0, 0: none taken) to `reply`.
 local function answer_rates(reply, states, take)
   for _, state in ipairs(states) do
-    local used, bucket = state.used, 0
+    local used, bucket, epoch = state.used, 0, 0
     if take and state.cost > 0 then
-      bucket = state.take(state.cost)
+      bucket, epoch = state.take(state.cost)
       used = used + state.cost
     else
       state.repair()
@@ -346,5 +355,6 @@ local function answer_rates(reply, states, take)
     reply[#reply + 1] = used
     reply[#reply + 1] = state.reset(used)
     reply[#reply + 1] = bucket
+    reply[#reply + 1] = epoch
   end
 end

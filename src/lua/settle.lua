@@ -3,8 +3,10 @@
 -- buckets it was taken from (a bucket that left its window no longer counts: nothing to give).
 -- Applied at most once: a call whose answer was lost is sent again with the same marker.
 -- KEYS[1]: the settlement's marker; then the budgets' counters (one hash slot in a cluster).
--- ARGV: per adjustment: its KEYS index, algorithm, window in ms, tokens, and a bucket: '0' to
--- charge the tokens now (even above the limit), else to give back up to that many from it.
+-- ARGV: per adjustment: its KEYS index, algorithm, window in ms, tokens, a bucket: '0' to
+-- charge the tokens now (even above the limit), else to give back up to that many from it, and
+-- the counter's epoch when they were taken (a counter rebuilt since has another: nothing to
+-- give back there).
 -- Returns the tokens given back, or -1 if the settlement had been applied already.
 local SETTLED_MS = 600000
 if not redis.call('SET', KEYS[1], 1, 'NX', 'PX', SETTLED_MS) then
@@ -12,14 +14,14 @@ if not redis.call('SET', KEYS[1], 1, 'NX', 'PX', SETTLED_MS) then
 end
 read_clock()
 local given = 0
-for at = 1, #ARGV, 5 do
+for at = 1, #ARGV, 6 do
   local key, algorithm, window = KEYS[tonumber(ARGV[at])], ARGV[at + 1], tonumber(ARGV[at + 2])
-  local tokens, bucket = tonumber(ARGV[at + 3]), ARGV[at + 4]
+  local tokens, bucket, epoch = tonumber(ARGV[at + 3]), ARGV[at + 4], tonumber(ARGV[at + 5])
   if bucket == '0' then
     look_rate(key, algorithm, window).take(tokens)
   elseif algorithm == 's' then
     local held = tonumber(redis.call('HGET', key, bucket))
-    if held then
+    if held and tonumber(redis.call('HGET', key, 'e')) == epoch then
       local back = math.min(held, tokens)
       redis.call('HINCRBY', key, bucket, -back)
       given = given + back

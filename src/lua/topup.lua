@@ -6,8 +6,8 @@
 -- ARGV: per entry: tokens wanted, '1' if forced else '0', k, then per budget: its KEYS index,
 -- algorithm, limit, window in ms (as in hit.lua).
 -- Returns, per entry: tokens granted (0 to want), the room its budgets have left after it (the
--- least of them, 0 when none), then the bucket each budget's share went to (see the prelude's
--- look_rate; 0 when nothing was granted).
+-- least of them, 0 when none), then the bucket and epoch each budget's share went to (see the
+-- prelude's look_rate; 0, 0 when nothing was granted).
 read_clock()
 local reply = {}
 local at = 1
@@ -29,7 +29,12 @@ while at <= #ARGV do
   reply[#reply + 1] = granted
   reply[#reply + 1] = math.max(room - granted, 0)
   for i = 1, k do
-    reply[#reply + 1] = granted > 0 and states[i].take(granted) or 0
+    local bucket, epoch = 0, 0
+    if granted > 0 then
+      bucket, epoch = states[i].take(granted)
+    end
+    reply[#reply + 1] = bucket
+    reply[#reply + 1] = epoch
   end
 end
 return reply

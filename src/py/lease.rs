@@ -144,6 +144,13 @@ impl LeaseHandle {
         self.meter.as_ref().map(|meter| meter.used())
     }
 
+    /// ((prompt, answer) as estimated at admission, answer tokens counted); None without
+    /// budgets. What `Lease.report_usage` checks a model's figures against.
+    #[getter]
+    fn tokens_references(&self) -> Option<((u64, u64), u64)> {
+        self.meter.as_ref().map(|meter| meter.references())
+    }
+
     /// True once the budget ran out mid-stream under `on_budget="cut"`.
     #[getter]
     fn budget_exhausted(&self) -> bool {

@@ -232,6 +232,7 @@ impl Manager {
         dict.set_item("waiting", stats.waiting)?;
         dict.set_item("budget_streams", stats.budget_streams)?;
         dict.set_item("unsettled", stats.unsettled)?;
+        dict.set_item("settlements_dropped", stats.settlements_dropped)?;
         Ok(dict)
     }
 }

@@ -5,14 +5,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use crate::rate::{Adjustment, Algorithm, Decision, HitOutcome, RatePolicy, TopUp, ToppedUp, SLICES};
+use crate::rate::{Adjustment, Algorithm, Bucket, Decision, HitOutcome, RatePolicy, TopUp, ToppedUp, SLICES};
 
 /// Hits between two sweeps of counters whose windows have passed.
 const SWEEP_EVERY: u32 = 1024;
 
 enum Counter {
-    /// Slice start (ms / slice length) -> units.
-    Sliding(BTreeMap<u64, u64>),
+    /// Slice start (ms / slice length) -> units, and the counter's epoch (see `Bucket`).
+    Sliding(BTreeMap<u64, u64>, u64),
     /// Units, and when the window ends (ms).
     Fixed { used: u64, ends_at: u64 },
 }
@@ -30,6 +30,8 @@ pub struct RateCounters {
     epoch: Instant,
     counters: HashMap<String, (Counter, u64)>,
     hits_since_sweep: u32,
+    /// The last epoch given to a sliding counter (a counter made again gets a new one).
+    epochs: u64,
 }
 
 impl Default for RateCounters {
@@ -38,6 +40,7 @@ impl Default for RateCounters {
             epoch: Instant::now(),
             counters: HashMap::new(),
             hits_since_sweep: 0,
+            epochs: 0,
         }
     }
 }
@@ -87,9 +90,9 @@ impl RateCounters {
             .zip(policies.iter().zip(costs))
             .zip(&looks)
             .map(|((key, (policy, cost)), look)| {
-                let (mut used, mut bucket) = (look.used, 0);
+                let (mut used, mut bucket) = (look.used, None);
                 if taken && *cost > 0 {
-                    bucket = self.take(key, policy, *cost, now);
+                    bucket = Some(self.take(key, policy, *cost, now));
                     used += cost;
                 }
                 Decision::new(policy.clone(), used, (look.reset)(used), bucket)
@@ -116,13 +119,7 @@ impl RateCounters {
             .keys
             .iter()
             .zip(&top_up.policies)
-            .map(|(key, policy)| {
-                if granted > 0 {
-                    self.take(key, policy, granted, now)
-                } else {
-                    0
-                }
-            })
+            .map(|(key, policy)| (granted > 0).then(|| self.take(key, policy, granted, now)))
             .collect();
         ToppedUp {
             granted,
@@ -135,22 +132,21 @@ impl RateCounters {
     /// taken from while that still counts.
     pub fn settle(&mut self, adjustment: &Adjustment) {
         let now = self.now();
-        if adjustment.bucket == 0 {
+        let Some(bucket) = adjustment.refund_from else {
             self.take(&adjustment.key, &adjustment.policy, adjustment.tokens, now);
             return;
-        }
-        match self.counters.get_mut(&adjustment.key) {
-            Some((Counter::Sliding(slices), _)) => {
-                if let Some(held) = slices.get_mut(&adjustment.bucket) {
-                    *held -= adjustment.tokens.min(*held);
-                }
+        };
+        let held = match self.counters.get_mut(&adjustment.key) {
+            Some((Counter::Sliding(slices, epoch), _)) if *epoch == bucket.epoch => {
+                slices.get_mut(&bucket.slot)
             }
-            Some((Counter::Fixed { used, ends_at }, _))
-                if *ends_at == adjustment.bucket && *ends_at > now =>
-            {
-                *used -= adjustment.tokens.min(*used);
+            Some((Counter::Fixed { used, ends_at }, _)) if *ends_at == bucket.slot && *ends_at > now => {
+                Some(used)
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some(held) = held {
+            *held -= adjustment.tokens.min(*held);
         }
     }
 
@@ -167,7 +163,7 @@ impl RateCounters {
                 let slice = window / SLICES;
                 let oldest = (now - window) / slice;
                 let live: Vec<(u64, u64)> = match entry {
-                    Some((Counter::Sliding(slices), _)) => {
+                    Some((Counter::Sliding(slices, _), _)) => {
                         slices.retain(|at, _| *at >= oldest);
                         slices.iter().map(|(at, units)| (*at, *units)).collect()
                     }
@@ -212,24 +208,27 @@ impl RateCounters {
         }
     }
 
-    /// Takes `cost` units; returns the bucket they went to (as `lua/prelude.lua`'s look_rate).
-    fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) -> u64 {
+    /// Takes `cost` units; returns where they went (as `lua/prelude.lua`'s look_rate).
+    fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) -> Bucket {
         let window = policy.window_ms;
+        self.epochs += 1;
+        let new_epoch = self.epochs;
         let entry = self
             .counters
             .entry(key.to_owned())
-            .or_insert_with(|| (Counter::Sliding(BTreeMap::new()), 0));
+            .or_insert_with(|| (Counter::Sliding(BTreeMap::new(), new_epoch), 0));
         match policy.algorithm {
             Algorithm::SlidingWindow => {
-                if !matches!(entry.0, Counter::Sliding(_)) {
-                    entry.0 = Counter::Sliding(BTreeMap::new());
+                if !matches!(entry.0, Counter::Sliding(..)) {
+                    entry.0 = Counter::Sliding(BTreeMap::new(), new_epoch);
                 }
-                let bucket = now / (window / SLICES);
-                if let Counter::Sliding(slices) = &mut entry.0 {
-                    *slices.entry(bucket).or_default() += cost;
-                }
+                let slot = now / (window / SLICES);
+                let Counter::Sliding(slices, epoch) = &mut entry.0 else {
+                    unreachable!("a sliding window was just set")
+                };
+                *slices.entry(slot).or_default() += cost;
                 entry.1 = now + window + window / SLICES;
-                bucket
+                Bucket { slot, epoch: *epoch }
             }
             Algorithm::FixedWindow => {
                 match &mut entry.0 {
@@ -245,7 +244,10 @@ impl RateCounters {
                     unreachable!("a fixed window was just set")
                 };
                 entry.1 = ends_at;
-                ends_at
+                Bucket {
+                    slot: ends_at,
+                    epoch: 0,
+                }
             }
         }
     }

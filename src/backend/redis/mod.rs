@@ -20,7 +20,7 @@ use super::{AcquireOutcome, InLine};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
+use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -95,7 +95,7 @@ impl RedisBackend {
         let reply: Vec<u64> = self.link.run(&invocation).await?;
         let n = pools.len();
         match reply.as_slice() {
-            [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 3 * rates.policies.len() => {
+            [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 4 * rates.policies.len() => {
                 Ok(AcquireOutcome::Granted {
                     used: rest[..n].to_vec(),
                     holder_was_alive: *alive == 1,
@@ -103,7 +103,7 @@ impl RedisBackend {
                 })
             }
             [RATE_LIMITED, index, retry_ms, states @ ..]
-                if states.len() == 3 * rates.policies.len()
+                if states.len() == 4 * rates.policies.len()
                     && (1..=rates.policies.len() as u64).contains(index) =>
             {
                 Ok(AcquireOutcome::RateLimited(HitOutcome {
@@ -182,7 +182,7 @@ impl RedisBackend {
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
         };
-        if per_policy.len() != 3 * policies.len() || *refused as usize > policies.len() {
+        if per_policy.len() != 4 * policies.len() || *refused as usize > policies.len() {
             return Err(unexpected_reply("hit", &reply));
         }
         Ok(HitOutcome {
@@ -222,15 +222,18 @@ impl RedisBackend {
             let [granted, room, after @ ..] = rest else {
                 return Err(unexpected_reply("top-up", &reply));
             };
-            if after.len() < n {
+            if after.len() < 2 * n {
                 return Err(unexpected_reply("top-up", &reply));
             }
             answers.push(ToppedUp {
                 granted: *granted,
                 room: *room,
-                buckets: after[..n].to_vec(),
+                buckets: after[..2 * n]
+                    .chunks(2)
+                    .map(|pair| Bucket::of(pair[0], pair[1]))
+                    .collect(),
             });
-            rest = &after[n..];
+            rest = &after[2 * n..];
         }
         Ok(answers)
     }
@@ -250,7 +253,8 @@ impl RedisBackend {
                 .arg(adjustment.policy.algorithm.code())
                 .arg(adjustment.policy.window_ms)
                 .arg(adjustment.tokens)
-                .arg(adjustment.bucket);
+                .arg(adjustment.refund_from.map_or(0, |b| b.slot))
+                .arg(adjustment.refund_from.map_or(0, |b| b.epoch));
         }
         self.link.run::<i64>(&invocation).await.map(drop)
     }
@@ -276,12 +280,12 @@ fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy], cos
     }
 }
 
-/// The policies' decisions from a reply's (used, reset_ms, bucket) triples.
-fn decisions(policies: &[RatePolicy], triples: &[u64]) -> Vec<Decision> {
+/// The policies' decisions from a reply's (used, reset_ms, bucket, epoch) quadruples.
+fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
     policies
         .iter()
-        .zip(triples.chunks(3))
-        .map(|(policy, triple)| Decision::new(policy.clone(), triple[0], triple[1], triple[2]))
+        .zip(answers.chunks(4))
+        .map(|(policy, a)| Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3])))
         .collect()
 }
 
