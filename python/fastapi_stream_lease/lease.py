@@ -134,9 +134,9 @@ class Lease:
         logged and bounded."""
         references = self._handle.tokens_references
         if references is not None:
-            (input_estimate, output_estimate), output_counted = references
+            (input_estimate, output_estimate), counted = references
             input_tokens = _bounded("input_tokens", input_tokens, 0, input_estimate)
-            output_tokens = _bounded("output_tokens", output_tokens, output_counted, output_estimate)
+            output_tokens = _bounded("output_tokens", output_tokens, counted, output_estimate)
         self._handle.report_usage(input_tokens, output_tokens)
 
     def release(self) -> Awaitable[bool]:
