@@ -196,10 +196,13 @@ pub struct RateCheck {
 }
 
 /// One stream's top-up of its token budgets (`budget/`): `want` tokens from every policy
-/// (`keys[i]` counts `policies[i]`), as many as all have room for, or all of them if `forced`.
+/// (`keys[i]` counts `policies[i]`), as many as all have room for, or all of them if `forced`;
+/// first, what `give_back[i]` lists is given back to `policies[i]` (a roll of tokens held in
+/// buckets about to leave the window).
 pub struct TopUp {
     pub keys: Vec<String>,
     pub policies: Vec<RatePolicy>,
+    pub give_back: Vec<Vec<(Bucket, u64)>>,
     pub want: u64,
     pub forced: bool,
 }

@@ -435,3 +435,35 @@ async def test_settlements_still_failing_at_close_are_counted_as_dropped(
     finally:
         own_redis.resume()
     assert manager.stats()["settlements_dropped"] == 1, "an under-count, and it says so"
+
+
+async def test_a_stream_that_outlives_the_window_stays_counted_in_it(make_manager):
+    """A reservation is charged to the bucket of its acquire; a stream still using it after that
+    bucket left the window would stream uncounted while new streams are admitted against the
+    same tokens. Its unused reservation is rolled into the current bucket before that, so in
+    every window the streams' own counts stay within the bound."""
+    manager = make_manager(max_per_user=0)
+    budget = RateLimit("tokens_per_2s", 10_000, per=2, unit="tokens")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    stamps: list[tuple[float, int]] = []
+
+    async def stream(reserve: int, count: int, pause: float) -> None:
+        try:
+            lease = await manager.acquire("alice", budgets=[budget], reserve=reserve)
+        except RateLimited:
+            return
+        try:
+            async for _ in lease.wrap(chunks(count, pause=pause), tokens=lambda _: 100):
+                stamps.append((loop.time() - start, 100))
+        except BudgetExhausted:
+            pass
+
+    async def late() -> None:
+        await asyncio.sleep(2.5)
+        await stream(10_000, 100, 0.0)
+
+    await asyncio.gather(stream(10_000, 100, 0.06), late())
+    worst = max(sum(n for t, n in stamps if s <= t < s + 2.0) for s, _ in stamps)
+    assert worst <= 10_000 + 2 * (TOP_UP_INCREMENT + 100), f"{worst} tokens in one 2 s window"
+    assert await used(manager, budget=budget) <= 10_000 + 2 * (TOP_UP_INCREMENT + 100)

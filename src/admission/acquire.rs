@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
-use crate::budget::{Account, BudgetRequest, Meter};
+use crate::budget::{Account, BudgetRequest, Charge, Meter};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{check_identity, check_resource, Pool, PoolRole};
@@ -420,7 +420,7 @@ impl Manager {
                                 Some(Decision {
                                     bucket: Some(bucket), ..
                                 }) if check.costs[i] > 0 => {
-                                    vec![(*bucket, check.costs[i])]
+                                    vec![Charge::new(*bucket, check.costs[i], &check.policies[i], sent_at)]
                                 }
                                 _ => Vec::new(),
                             },

@@ -16,11 +16,16 @@ use tokio::sync::Notify;
 use super::{BudgetRequest, OnBudget, TOP_UP};
 use crate::errors::CoreError;
 use crate::lease::Store;
-use crate::rate::{Adjustment, Bucket, RatePolicy, TopUp, ToppedUp, Unit};
+use crate::rate::{Adjustment, Algorithm, Bucket, RatePolicy, TopUp, ToppedUp, Unit};
 use crate::sync::lock;
 
 /// Room its budgets must have left after a top-up for a stream to keep its slack.
 const SLACK_ROOM: u64 = 4 * TOP_UP;
+
+/// A roll goes out this long before the bucket of a stream's unused reservation may leave its
+/// window (rounds come every `TOP_UP_EVERY`; the margin covers a slow call or two), or half a
+/// window before for windows shorter than twice that.
+const ROLL_AHEAD_MS: u64 = 2_000;
 
 /// State bits.
 const DUE: u8 = 1;
@@ -29,18 +34,77 @@ const EXHAUSTED: u8 = 4;
 const ENDED: u8 = 8;
 const HELD: u8 = 16;
 
+/// Tokens taken from one budget by one call, and when their bucket may leave the window.
+#[derive(Debug, Clone, Copy)]
+pub struct Charge {
+    pub bucket: Bucket,
+    pub tokens: u64,
+    /// `monotonic_ms` from which the bucket may stop counting: the call's send plus the window
+    /// for a sliding window (a slice counts for at least a window after it was written to);
+    /// never for a fixed window, whose tokens go when it ends, all at once.
+    pub leaves_ms: u64,
+}
+
+impl Charge {
+    pub fn new(bucket: Bucket, tokens: u64, policy: &RatePolicy, sent_at: u64) -> Self {
+        let leaves_ms = match policy.algorithm {
+            Algorithm::SlidingWindow => sent_at + policy.window_ms,
+            Algorithm::FixedWindow => u64::MAX,
+        };
+        Charge {
+            bucket,
+            tokens,
+            leaves_ms,
+        }
+    }
+}
+
 /// One budget of a stream: its counter, and what was taken from it, bucket by bucket.
 #[derive(Debug, Clone)]
 pub struct Account {
     pub key: String,
     pub policy: RatePolicy,
-    /// (where, tokens), oldest first.
-    pub charges: Vec<(Bucket, u64)>,
+    /// Oldest first.
+    pub charges: Vec<Charge>,
 }
 
 impl Account {
     fn charged(&self) -> u64 {
-        self.charges.iter().map(|(_, tokens)| tokens).sum()
+        self.charges.iter().map(|charge| charge.tokens).sum()
+    }
+
+    /// When the first of the tokens not used yet (the account's first `used` count as used,
+    /// oldest first) may stop counting; None if all are used.
+    fn unused_leave_at(&self, used: u64) -> Option<u64> {
+        let mut through = 0;
+        for charge in &self.charges {
+            through += charge.tokens;
+            if through > used {
+                return Some(charge.leaves_ms);
+            }
+        }
+        None
+    }
+
+    /// Takes the newest `tokens` out of the charges; returns them, newest first.
+    fn take_newest(&mut self, mut tokens: u64) -> Vec<Charge> {
+        let mut taken = Vec::new();
+        while tokens > 0 {
+            let Some(last) = self.charges.last_mut() else {
+                break;
+            };
+            let part = tokens.min(last.tokens);
+            taken.push(Charge {
+                tokens: part,
+                ..*last
+            });
+            last.tokens -= part;
+            tokens -= part;
+            if last.tokens == 0 {
+                self.charges.pop();
+            }
+        }
+        taken
     }
 
     /// Whether top-ups take from it: it counts the answer's tokens.
@@ -63,12 +127,12 @@ impl Account {
             return;
         }
         let mut excess = charged - tokens;
-        for (bucket, taken) in self.charges.iter().rev() {
+        for charge in self.charges.iter().rev() {
             if excess == 0 {
                 break;
             }
-            let back = excess.min(*taken);
-            adjustments.push(adjustment(back, Some(*bucket)));
+            let back = excess.min(charge.tokens);
+            adjustments.push(adjustment(back, Some(charge.bucket)));
             excess -= back;
         }
     }
@@ -86,6 +150,9 @@ fn slack_for(room: u64) -> u64 {
 #[derive(Debug)]
 struct Ledger {
     accounts: Vec<Account>,
+    /// Per output account, the charges a top-up under way gives back (a roll): out of
+    /// `accounts` meanwhile, so a settlement never gives them back twice.
+    rolling: Vec<Vec<Charge>>,
     /// The prompt's tokens as estimated at admission.
     input: u64,
     /// The answer's tokens as estimated at admission.
@@ -136,6 +203,7 @@ impl Meter {
             flags: AtomicU8::new(0),
             ledger: Mutex::new(Ledger {
                 accounts,
+                rolling: Vec::new(),
                 input: request.input,
                 output_estimate: request.output,
                 reported: None,
@@ -247,29 +315,50 @@ impl Meter {
         }
     }
 
-    /// Takes the meter's due top-up for a round: the tokens that restore one increment ahead.
-    pub(super) fn take_due(&self) -> Option<TopUp> {
+    /// Takes the meter's due top-up for a round, if any: the tokens that restore one increment
+    /// ahead (when flagged due), and a roll of the reservation not used yet when its bucket is
+    /// about to leave the window (`now_ms + ROLL_AHEAD_MS`): given back there, wanted again now,
+    /// so a stream that outlives the window stays counted in it.
+    pub(super) fn take_due(&self, now_ms: u64) -> Option<TopUp> {
         let flags = self.flags.load(Ordering::Acquire);
-        if flags & DUE == 0 || flags & (IN_FLIGHT | ENDED) != 0 {
+        if flags & (IN_FLIGHT | ENDED) != 0 {
+            return None;
+        }
+        let mut ledger = lock(&self.ledger);
+        let (input, output) = (ledger.input, self.output.load(Ordering::Acquire));
+        let rolls = ledger.accounts.iter().any(|account| {
+            account.counts_output()
+                && account
+                    .unused_leave_at(account.policy.unit.of(input, output))
+                    .is_some_and(|at| at <= now_ms + ROLL_AHEAD_MS.min(account.policy.window_ms / 2))
+        });
+        if flags & DUE == 0 && !rolls {
             return None;
         }
         // In one step, so `is_waiting` never sees neither flag in between.
         let _ = self.flags.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
             Some((f & !DUE) | IN_FLIGHT)
         });
-        let want = (self.output.load(Ordering::Acquire) + TOP_UP)
-            .saturating_sub(self.covered.load(Ordering::Acquire))
-            .max(1);
-        let ledger = lock(&self.ledger);
-        let (keys, policies) = ledger
-            .accounts
-            .iter()
-            .filter(|account| account.counts_output())
-            .map(|account| (account.key.clone(), account.policy.clone()))
-            .unzip();
+        let covered = self.covered.load(Ordering::Acquire);
+        let rolled = if rolls { covered.saturating_sub(output) } else { 0 };
+        let need = (output + TOP_UP).saturating_sub(covered);
+        let want = (rolled + if flags & DUE != 0 { need } else { 0 }).max(1);
+        let (mut keys, mut policies, mut give_back, mut rolling) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for account in ledger.accounts.iter_mut().filter(|a| a.counts_output()) {
+            let taken = account.take_newest(rolled);
+            keys.push(account.key.clone());
+            policies.push(account.policy.clone());
+            give_back.push(taken.iter().map(|c| (c.bucket, c.tokens)).collect());
+            rolling.push(taken);
+        }
+        ledger.rolling = rolling;
+        drop(ledger);
+        self.covered.fetch_sub(rolled, Ordering::AcqRel);
         Some(TopUp {
             keys,
             policies,
+            give_back,
             want,
             forced: self.on_budget == OnBudget::Finish,
         })
@@ -278,13 +367,14 @@ impl Meter {
     /// A top-up's answer: `granted` of `want` tokens, taken from each budget that counts the
     /// answer in `buckets` (in account order), `room` left after it. Less than wanted means no
     /// budget is left. A meter settled meanwhile returns the refunds that give the top-up back.
-    pub(super) fn topped_up(&self, want: u64, answer: &ToppedUp) -> Vec<Adjustment> {
+    pub(super) fn topped_up(&self, want: u64, answer: &ToppedUp, sent_at: u64) -> Vec<Adjustment> {
         let (granted, buckets) = (answer.granted, &answer.buckets);
         self.slack.store(slack_for(answer.room), Ordering::Release);
         {
             let mut ledger = lock(&self.ledger);
-            // Checked under the ledger's lock, which `end()` takes after setting ENDED: a
-            // top-up is either in the settlement or given back here.
+            ledger.rolling.clear(); // given back
+                                    // Checked under the ledger's lock, which `end()` takes after setting ENDED: a
+                                    // top-up is either in the settlement or given back here.
             let ended = self.has(ENDED);
             let output_accounts = ledger.accounts.iter_mut().filter(|a| a.counts_output());
             let mut refunds = Vec::new();
@@ -298,7 +388,8 @@ impl Meter {
                         refund_from: Some(bucket),
                     });
                 } else {
-                    account.charges.push((bucket, granted));
+                    let charge = Charge::new(bucket, granted, &account.policy, sent_at);
+                    account.charges.push(charge);
                 }
             }
             if ended {
@@ -323,6 +414,26 @@ impl Meter {
     /// charges it), or tried again next round (the stream waits only if it ran past its
     /// reservation).
     pub(super) fn top_up_failed(&self, want: u64, fail_open: bool) {
+        // A roll that may not have run: its charges stay ours (if it ran, they were given back
+        // and the settlement gives nothing there: an over-count at most).
+        let restored: u64 = {
+            let mut ledger = lock(&self.ledger);
+            let rolling = std::mem::take(&mut ledger.rolling);
+            let mut restored = 0;
+            for (account, mut charges) in ledger
+                .accounts
+                .iter_mut()
+                .filter(|a| a.counts_output())
+                .zip(rolling)
+            {
+                restored = charges.iter().map(|c| c.tokens).sum();
+                charges.reverse();
+                account.charges.extend(charges);
+            }
+            restored
+        };
+        self.covered.fetch_add(restored, Ordering::AcqRel);
+        let want = want.saturating_sub(restored);
         if fail_open {
             self.covered.fetch_add(want, Ordering::AcqRel);
         } else {

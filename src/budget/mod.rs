@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use self::meter::{Account, Meter};
+pub use self::meter::{Account, Charge, Meter};
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseRecord, Store};

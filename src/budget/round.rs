@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use super::{Budgets, Meter, TOP_UP_EVERY};
 use crate::config::FailureMode;
 use crate::keys::hash_tag;
-use crate::lease::Store;
+use crate::lease::{monotonic_ms, Store};
 use crate::rate::{Settlement, TopUp};
 use crate::runtime;
 use crate::sync::lock;
@@ -26,9 +26,15 @@ pub(super) fn start(budgets: &Arc<Budgets>) -> JoinHandle<()> {
     let (due, stop) = (Arc::clone(&budgets.due), budgets.stop.clone());
     runtime::handle().spawn(async move {
         loop {
+            // While streams are open a round also runs every period without a wake-up: their
+            // reservations may need a roll (see `Meter::take_due`).
+            let open = weak
+                .upgrade()
+                .is_some_and(|budgets| !lock(&budgets.meters).is_empty());
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = due.notified() => {}
+                _ = tokio::time::sleep(TOP_UP_EVERY), if open => {}
             }
             let Some(budgets) = weak.upgrade() else { break };
             budgets.round().await;
@@ -43,9 +49,10 @@ pub(super) fn start(budgets: &Arc<Budgets>) -> JoinHandle<()> {
 
 impl Budgets {
     async fn round(&self) {
+        let now_ms = monotonic_ms();
         let due: Vec<Due> = lock(&self.meters)
             .values()
-            .filter_map(|meter| meter.take_due().map(|top_up| (Arc::clone(meter), top_up)))
+            .filter_map(|meter| meter.take_due(now_ms).map(|top_up| (Arc::clone(meter), top_up)))
             .collect();
         // One call per store (and per hash tag on a cluster: a script runs on one slot).
         let mut calls: HashMap<(Store, &str), Vec<&Due>> = HashMap::new();
@@ -74,6 +81,7 @@ impl Budgets {
     /// under `failure_mode="open"`, else tried again next round).
     async fn send_top_ups(&self, store: Store, chunk: Vec<&Due>) {
         let top_ups: Vec<&TopUp> = chunk.iter().map(|(_, top_up)| top_up).collect();
+        let sent_at = monotonic_ms();
         let answers = self.stores.call(store, |backend| backend.top_up(&top_ups)).await;
         let Ok(answers) = answers else {
             let fail_open = self.failure_mode == FailureMode::Open;
@@ -85,7 +93,7 @@ impl Budgets {
         // Top-ups of streams settled meanwhile are given back, in one call.
         let mut refunds = Vec::new();
         for ((meter, top_up), answer) in chunk.into_iter().zip(answers) {
-            refunds.extend(meter.topped_up(top_up.want, &answer));
+            refunds.extend(meter.topped_up(top_up.want, &answer, sent_at));
         }
         if !refunds.is_empty() {
             let id = uuid::Uuid::new_v4().simple().to_string();

@@ -323,6 +323,30 @@ local function look_rate(key, algorithm, window)
   }
 end
 
+-- Gives back up to `tokens` taken from a counter into bucket `slot` of counter `epoch` (see
+-- look_rate), while that bucket still counts (a slice still in the hash of the same epoch; the
+-- same fixed window, to the ms the clocks allow); returns how many.
+local function give_back(key, algorithm, slot, epoch, tokens)
+  local held
+  if algorithm == 's' then
+    held = tonumber(redis.call('HGET', key, slot))
+    if held and tonumber(redis.call('HGET', key, 'e')) == epoch then
+      local back = math.min(held, tokens)
+      redis.call('HINCRBY', key, slot, -back)
+      return back
+    end
+    return 0
+  end
+  local left = redis.call('PTTL', key)
+  held = tonumber(redis.call('GET', key))
+  if held and left > 0 and math.abs(now + left - slot) <= 2 then
+    local back = math.min(held, tokens)
+    redis.call('DECRBY', key, back)
+    return back
+  end
+  return 0
+end
+
 -- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window,
 -- cost) are args[a0..]: their states, the 1-based index of the first that cannot take its cost
 -- more (0: none) and when it could. `scale` multiplies every cost (0: only looking).

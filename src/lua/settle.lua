@@ -16,25 +16,11 @@ read_clock()
 local given = 0
 for at = 1, #ARGV, 6 do
   local key, algorithm, window = KEYS[tonumber(ARGV[at])], ARGV[at + 1], tonumber(ARGV[at + 2])
-  local tokens, bucket, epoch = tonumber(ARGV[at + 3]), ARGV[at + 4], tonumber(ARGV[at + 5])
-  if bucket == '0' then
+  local tokens, slot, epoch = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
+  if slot == 0 then
     look_rate(key, algorithm, window).take(tokens)
-  elseif algorithm == 's' then
-    local held = tonumber(redis.call('HGET', key, bucket))
-    if held and tonumber(redis.call('HGET', key, 'e')) == epoch then
-      local back = math.min(held, tokens)
-      redis.call('HINCRBY', key, bucket, -back)
-      given = given + back
-    end
   else
-    -- A fixed window is the same one while it ends when it did (to the ms the clocks allow).
-    local left = redis.call('PTTL', key)
-    local held = tonumber(redis.call('GET', key))
-    if held and left > 0 and math.abs(now + left - tonumber(bucket)) <= 2 then
-      local back = math.min(held, tokens)
-      redis.call('DECRBY', key, back)
-      given = given + back
-    end
+    given = given + give_back(key, algorithm, slot, epoch, tokens)
   end
 end
 return given

@@ -105,6 +105,11 @@ impl RateCounters {
     /// room for (all of them, forced), the room left after it, and each budget's bucket.
     pub fn top_up(&mut self, top_up: &TopUp) -> ToppedUp {
         let now = self.now();
+        for (key, give_back) in top_up.keys.iter().zip(&top_up.give_back) {
+            for (bucket, tokens) in give_back {
+                self.give_back(key, *bucket, *tokens, now);
+            }
+        }
         let mut room = u64::MAX;
         for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
             let used = self.look(key, policy, now).used;
@@ -132,11 +137,18 @@ impl RateCounters {
     /// taken from while that still counts.
     pub fn settle(&mut self, adjustment: &Adjustment) {
         let now = self.now();
-        let Some(bucket) = adjustment.refund_from else {
-            self.take(&adjustment.key, &adjustment.policy, adjustment.tokens, now);
-            return;
-        };
-        let held = match self.counters.get_mut(&adjustment.key) {
+        match adjustment.refund_from {
+            None => {
+                self.take(&adjustment.key, &adjustment.policy, adjustment.tokens, now);
+            }
+            Some(bucket) => self.give_back(&adjustment.key, bucket, adjustment.tokens, now),
+        }
+    }
+
+    /// Gives back up to `tokens` taken into `bucket`, while it still counts (`give_back` of
+    /// `lua/prelude.lua`).
+    fn give_back(&mut self, key: &str, bucket: Bucket, tokens: u64, now: u64) {
+        let held = match self.counters.get_mut(key) {
             Some((Counter::Sliding(slices, epoch), _)) if *epoch == bucket.epoch => {
                 slices.get_mut(&bucket.slot)
             }
@@ -146,7 +158,7 @@ impl RateCounters {
             _ => None,
         };
         if let Some(held) = held {
-            *held -= adjustment.tokens.min(*held);
+            *held -= tokens.min(*held);
         }
     }
 

@@ -205,13 +205,18 @@ impl RedisBackend {
                 .arg(top_up.want)
                 .arg(u8::from(top_up.forced))
                 .arg(top_up.keys.len());
-            for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
+            for ((key, policy), give_back) in top_up.keys.iter().zip(&top_up.policies).zip(&top_up.give_back)
+            {
                 let index = keys.index(&mut invocation, key);
                 invocation
                     .arg(index)
                     .arg(policy.algorithm.code())
                     .arg(policy.limit)
-                    .arg(policy.window_ms);
+                    .arg(policy.window_ms)
+                    .arg(give_back.len());
+                for (bucket, tokens) in give_back {
+                    invocation.arg(bucket.slot).arg(bucket.epoch).arg(tokens);
+                }
             }
         }
         let reply: Vec<u64> = self.link.run(&invocation).await?;
