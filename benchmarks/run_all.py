@@ -4,7 +4,8 @@ virtualenvs are set up.
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
 tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
 waiting.py, cluster_spread.py (on a cluster of its own), end_to_end.py, then the rate limits'
-rate_hits.py, plot.py again and rate_http.py, and the token budgets' token_budgets.py in turn,
+rate_hits.py, plot.py again and rate_http.py, the token budgets' token_budgets.py and the cost of
+OpenTelemetry (telemetry_cost.py) in turn,
 and stops the server however the run ends. (The rate limits and budgets come last: the keys they
 leave behind expire in the server's background, which must not weigh on holding.py's figures.)
 
@@ -49,6 +50,7 @@ def main() -> None:
         run("plot.py", "--figure", "rates")
         run("rate_http.py", "--url", server.url)
         run("token_budgets.py", "--url", server.url)
+        run("telemetry_cost.py", "--url", server.url)
     finally:
         server.cleanup()
         print("==> stopped redis-server", flush=True)

@@ -42,7 +42,7 @@ fi
 echo "==> installing benchmark dependencies into $venv"
 "$venv/bin/pip" install --quiet \
     maturin==1.16.0 "${redis_py[@]}" starlette==1.10.0 \
-    fastapi==0.165.0 uvicorn==0.54.0 matplotlib==3.11.2 \
+    fastapi==0.165.0 uvicorn==0.54.0 matplotlib==3.11.2 opentelemetry-sdk==1.45.2 \
     "${rate_peers[@]}"
 
 echo "==> building the release wheel (CARGO_TARGET_DIR=target/bench)"

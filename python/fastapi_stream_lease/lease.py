@@ -24,6 +24,7 @@ from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 
 if TYPE_CHECKING:
     from .rates import RateDecision
+    from .telemetry import Telemetry
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
@@ -50,11 +51,14 @@ class Lease:
     A lease dropped without a release (garbage collected) frees its slot.
     """
 
-    __slots__ = ("_cancel_on_lost", "_handle")
+    __slots__ = ("__weakref__", "_cancel_on_lost", "_handle", "_telemetry")
 
-    def __init__(self, handle: LeaseHandle, *, cancel_on_lost: bool) -> None:
+    def __init__(
+        self, handle: LeaseHandle, *, cancel_on_lost: bool, telemetry: Telemetry | None = None
+    ) -> None:
         self._handle = handle
         self._cancel_on_lost = cancel_on_lost
+        self._telemetry = telemetry
 
     @property
     def lease_id(self) -> str:
@@ -143,11 +147,17 @@ class Lease:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
         """
-        return self._handle.release()
+        released = self._handle.release()
+        if self._telemetry is not None:
+            self._telemetry.ended(self)
+        return released
 
     def release_nowait(self) -> bool:
         """Starts the release without waiting for it; True if this call released the lease."""
-        return self._handle.release_nowait()
+        released = self._handle.release_nowait()
+        if self._telemetry is not None:
+            self._telemetry.ended(self)
+        return released
 
     async def wrap(
         self,

@@ -17,6 +17,7 @@ from .handlers import install_exception_handler
 from .lease import Lease
 from .rates import RateDecision, RateLimit
 from .resources import Resource
+from .telemetry import global_providers_set
 from .web import (
     GuardedWebSocket,
     KeyFunction,
@@ -29,6 +30,8 @@ from .web import (
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.websockets import WebSocket
+
+    from .telemetry import Telemetry
 
 # How often a waiting request checks that its client is still there (no Redis involved).
 DISCONNECT_CHECK_SECONDS = 0.2
@@ -77,6 +80,10 @@ class StreamLeaseManager:
     Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
     app's lifespan to release what this process holds.
 
+    Metrics and traces (OpenTelemetry, :mod:`fastapi_stream_lease.telemetry`) are recorded
+    with ``meter_provider`` / ``tracer_provider``, or with the app's global providers once it
+    has set them; never a user id (``trace_identities=True`` adds its keyed hash to spans).
+
     ``tls_ca_file`` is the PEM file of a private CA that signed Redis' certificate (the system's
     trusted roots are used otherwise); a ``redis=`` client's ``ssl_ca_certs`` is taken over.
     """
@@ -88,6 +95,9 @@ class StreamLeaseManager:
         *,
         url: str | None = None,
         tls_ca_file: str | None = None,
+        meter_provider: Any = None,
+        tracer_provider: Any = None,
+        trace_identities: bool = False,
     ) -> None:
         if redis is not None and url is not None:
             raise TypeError("pass either redis=<client> or url=..., not both")
@@ -105,6 +115,9 @@ class StreamLeaseManager:
         self._core = _core.Manager(url, config, tls_ca_file)
         self._cancel_on_lost = config.on_lost == "cancel"
         self._trusted_proxies = trusted_networks(config.trusted_proxies)
+        self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
+        self._telemetry: Telemetry | None = None
+        self._telemetry_resolved = False
 
     @property
     def config(self) -> LeaseConfig:
@@ -165,6 +178,51 @@ class StreamLeaseManager:
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
+        arguments = (user_id, weight, max_per_user, wait_timeout, resources, request)
+        budgeting = (rate_limits, budgets, reserve, on_budget)
+        telemetry = self._instruments()
+        if telemetry is None:
+            handle = await self._acquire_handle(*arguments, *budgeting)
+            return Lease(handle, cancel_on_lost=self._cancel_on_lost)
+        pools = [*self._own_pools(user_id), *(resource.name for resource in resources)]
+        policies = [policy.name for policy in (*rate_limits, *budgets)]
+        waits = (self.config.wait_timeout if wait_timeout is None else wait_timeout) > 0
+        with telemetry.admission(user_id, pools, policies, waits):
+            handle = await self._acquire_handle(*arguments, *budgeting)
+        lease = Lease(handle, cancel_on_lost=self._cancel_on_lost, telemetry=telemetry)
+        telemetry.held(lease, pools)
+        return lease
+
+    def _own_pools(self, user_id: str | None) -> list[str]:
+        if user_id is None:
+            return []
+        return ["per_user", "global"] if self.config.global_pool else ["per_user"]
+
+    def _instruments(self) -> Telemetry | None:
+        """This manager's OpenTelemetry instruments, made on first use: with the providers it
+        was given, or the app's global ones once set; None (no cost) otherwise."""
+        if not self._telemetry_resolved:
+            self._telemetry_resolved = True
+            meters, tracers, identities = self._telemetry_settings
+            if meters is not None or tracers is not None or global_providers_set():
+                from .telemetry import Telemetry
+
+                self._telemetry = Telemetry(self._core, meters, tracers, identities)
+        return self._telemetry
+
+    async def _acquire_handle(
+        self,
+        user_id: str | None,
+        weight: int,
+        max_per_user: int | None,
+        wait_timeout: float | None,
+        resources: Sequence[Resource],
+        request: Request | None,
+        rate_limits: Sequence[RateLimit],
+        budgets: Sequence[RateLimit],
+        reserve: int | tuple[int, int] | None,
+        on_budget: OnBudget,
+    ) -> _core.LeaseHandle:
         pools = [(resource.name, resource.capacity) for resource in resources] or None
         acquired = self._core.acquire(
             user_id,
@@ -178,14 +236,14 @@ class StreamLeaseManager:
             on_budget if budgets or reserve is not None or on_budget != "cut" else None,
         )
         if request is None:
-            return Lease(await acquired, cancel_on_lost=self._cancel_on_lost)
+            return await acquired
         try:
             handle = await _unless_disconnected(request, acquired)
         except RateLimited as refused:
             remember(request.scope, refused.decisions)
             raise
         remember(request.scope, handle.rate_decisions, handle.pool_usage)  # RateLimitHeaders
-        return Lease(handle, cancel_on_lost=self._cancel_on_lost)
+        return handle
 
     @asynccontextmanager
     async def lease(
@@ -314,6 +372,8 @@ class StreamLeaseManager:
         """Stops renewal and releases every lease this process holds. On Redis that takes one
         release script call per 1,000 leases (of weight 1), a few calls in flight at once."""
         await self._core.aclose()
+        if self._telemetry is not None:
+            self._telemetry.end_all()
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Drains this worker for a rolling deploy: stops admitting at once (new acquires get
@@ -329,7 +389,7 @@ class StreamLeaseManager:
             await asyncio.sleep(DRAIN_CHECK_SECONDS)
         if self._core.revoke_held():
             await asyncio.sleep(0)  # the streams' tasks see their revocation before the close
-        await self._core.aclose()
+        await self.aclose()
 
     async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
         """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),

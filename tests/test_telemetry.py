@@ -1,0 +1,159 @@
+"""OpenTelemetry metrics and traces (issue 13), recorded with the SDK's in-memory reader and
+exporter during a scenario that meets every result; no raw identity anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from fastapi_stream_lease import (
+    LeaseConfig,
+    RateLimit,
+    Resource,
+    StreamLeaseError,
+    StreamLeaseManager,
+)
+from fastapi_stream_lease.telemetry import RESULTS
+
+#: Identities no attribute, event or log line may contain.
+ALICE, BOB, CAROL, DAVE = "id-alice-5c1e", "id-bob-93aa", "id-carol-0d72", "id-dave-e4b8"
+
+
+@pytest.fixture
+def telemetry():
+    reader = InMemoryMetricReader()
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return MeterProvider(metric_readers=[reader]), tracer_provider, reader, exporter
+
+
+def points(reader, name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+async def test_every_result_is_counted_once_and_no_identity_leaks(
+    backend_url, key_prefix, telemetry, caplog
+):
+    meters, tracers, reader, exporter = telemetry
+    caplog.set_level(logging.DEBUG, logger="fastapi_stream_lease")
+    config = LeaseConfig(
+        key_prefix=key_prefix, max_per_user=1, max_global=3, identity_secret=b"s" * 16
+    )
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=config,
+        meter_provider=meters,
+        tracer_provider=tracers,
+        trace_identities=True,
+    )
+    per_minute = RateLimit("starts_per_minute", 1, per=60)
+    tokens = RateLimit("tokens_per_minute", 100, per=60, unit="tokens")
+    gpu = Resource(capacity=1, name="gpu")
+
+    async def refused(**kwargs) -> None:
+        with pytest.raises((StreamLeaseError, ValueError)):
+            await manager.acquire(**kwargs)
+
+    held = [await manager.acquire(ALICE, rate_limits=[per_minute], budgets=[tokens], reserve=60)]
+    await refused(user_id=ALICE)  # per_user
+    held.append(await manager.acquire(BOB, resources=[gpu]))
+    await refused(user_id=None, resources=[gpu])  # resource
+    await refused(user_id=CAROL, rate_limits=[per_minute, per_minute])  # invalid (twice)
+    held.append(await manager.acquire(CAROL))
+    await refused(user_id=DAVE)  # global
+    waiting = asyncio.create_task(manager.acquire(DAVE, wait_timeout=30))
+    await asyncio.sleep(0.2)
+    waiting.cancel()  # canceled
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    for lease in held:
+        held_tokens = lease.tokens_used
+        if held_tokens is not None:
+            lease.consume(7)
+        await lease.release()
+    await refused(user_id=ALICE, rate_limits=[per_minute])  # rate
+    await refused(user_id=ALICE, budgets=[tokens], reserve=95)  # budget: 7 used, 93 left
+    unreachable = StreamLeaseManager(
+        url="redis://127.0.0.1:1",
+        config=LeaseConfig(redis_timeout=0.2, identity_secret=b"s" * 16),
+        meter_provider=meters,
+        tracer_provider=tracers,
+    )
+    with pytest.raises(StreamLeaseError):
+        await unreachable.acquire(ALICE)  # backend_unavailable
+    await unreachable.aclose()
+    lease = await manager.acquire(ALICE)
+    await manager.drain(timeout=0)
+    assert lease.revoked
+    await refused(user_id=ALICE)  # closed
+
+    results = {
+        p.attributes["result"]: p.value for p in points(reader, "fastapi_stream_lease.requests")
+    }
+    assert results == {
+        "acquired": 4,
+        "per_user": 1,
+        "resource": 1,
+        "invalid": 1,
+        "global": 1,
+        "canceled": 1,
+        "rate": 1,
+        "budget": 1,
+        "backend_unavailable": 1,
+        "closed": 1,
+    }
+    assert set(results) == set(RESULTS)
+    active = {
+        p.attributes["pool"]: p.value for p in points(reader, "fastapi_stream_lease.leases.active")
+    }
+    assert active and set(active.values()) == {0}, active
+    (durations,) = points(reader, "fastapi_stream_lease.lease.duration")
+    assert durations.count == 4
+    charged = {
+        p.attributes["direction"]: p.value for p in points(reader, "fastapi_stream_lease.tokens")
+    }
+    assert charged == {"input": 0, "output": 7}
+
+    spans = [s for s in exporter.get_finished_spans() if s.name == "fastapi_stream_lease.acquire"]
+    assert len(spans) == sum(results.values())
+    digest = manager._core.identity_digest(ALICE)
+    assert any(s.attributes.get("fastapi_stream_lease.identity_hash") == digest for s in spans)
+    telemetry_text = json.dumps(
+        [
+            [dict(s.attributes), [(e.name, dict(e.attributes)) for e in s.events], s.name]
+            for s in exporter.get_finished_spans()
+        ]
+        + [
+            [dict(p.attributes)]
+            for name in ("requests", "leases.active", "tokens")
+            for p in points(reader, f"fastapi_stream_lease.{name}")
+        ],
+        default=str,
+    ) + "\n".join(record.getMessage() for record in caplog.records)
+    for identity in (ALICE, BOB, CAROL, DAVE):
+        assert identity not in telemetry_text
+
+
+async def test_without_providers_nothing_is_instrumented(backend_url, key_prefix):
+    manager = StreamLeaseManager(url=backend_url, config=LeaseConfig(key_prefix=key_prefix))
+    lease = await manager.acquire(ALICE)
+    await lease.release()
+    assert manager._telemetry is None, "the API's default providers record nothing: no cost"
+    await manager.aclose()
