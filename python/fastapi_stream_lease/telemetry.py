@@ -147,7 +147,7 @@ class Telemetry:
     @contextmanager
     def admission(
         self, user_id: str | None, pools: Sequence[str], policies: Sequence[str], waits: bool
-    ) -> Iterator[Admission]:
+    ) -> Iterator[None]:
         """Around one acquire: a span, the queue gauge while it may wait, and exactly one
         ``requests`` result however it ends."""
         attributes: dict[str, Any] = {f"{NAME}.pools": list(pools)}
@@ -156,7 +156,6 @@ class Telemetry:
         if self._trace_identities and user_id is not None:
             attributes[f"{NAME}.identity_hash"] = self._core.identity_digest(user_id)
         started = time.monotonic()
-        admission = Admission(pools)
         with self.tracer.start_as_current_span(
             f"{NAME}.acquire", attributes=attributes, record_exception=False
         ) as span:
@@ -164,7 +163,7 @@ class Telemetry:
                 self.queued.add(1)
             error: BaseException | None = None
             try:
-                yield admission
+                yield
             except BaseException as raised:
                 error = raised
                 raise
@@ -225,12 +224,3 @@ class Telemetry:
             alive = finalizer.peek()
             if alive is not None:
                 self.ended(alive[0])
-
-
-class Admission:
-    """What an acquire's caller adds to its admission record."""
-
-    __slots__ = ("pools",)
-
-    def __init__(self, pools: Sequence[str]) -> None:
-        self.pools = pools
