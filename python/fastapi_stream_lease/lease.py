@@ -24,7 +24,6 @@ from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 
 if TYPE_CHECKING:
     from .rates import RateDecision
-    from .telemetry import Telemetry
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
@@ -51,14 +50,19 @@ class Lease:
     A lease dropped without a release (garbage collected) frees its slot.
     """
 
-    __slots__ = ("__weakref__", "_cancel_on_lost", "_handle", "_telemetry")
+    __slots__ = ("__weakref__", "_cancel_on_lost", "_handle", "_on_release")
 
     def __init__(
-        self, handle: LeaseHandle, *, cancel_on_lost: bool, telemetry: Telemetry | None = None
+        self,
+        handle: LeaseHandle,
+        *,
+        cancel_on_lost: bool,
+        on_release: Callable[[Lease], None] | None = None,
     ) -> None:
         self._handle = handle
         self._cancel_on_lost = cancel_on_lost
-        self._telemetry = telemetry
+        # Told once the release starts (the manager's telemetry counts the lease down).
+        self._on_release = on_release
 
     @property
     def lease_id(self) -> str:
@@ -148,15 +152,15 @@ class Lease:
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
         """
         released = self._handle.release()
-        if self._telemetry is not None:
-            self._telemetry.ended(self)
+        if self._on_release is not None:
+            self._on_release(self)
         return released
 
     def release_nowait(self) -> bool:
         """Starts the release without waiting for it; True if this call released the lease."""
         released = self._handle.release_nowait()
-        if self._telemetry is not None:
-            self._telemetry.ended(self)
+        if self._on_release is not None:
+            self._on_release(self)
         return released
 
     async def wrap(

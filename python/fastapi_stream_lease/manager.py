@@ -189,7 +189,7 @@ class StreamLeaseManager:
         waits = (self.config.wait_timeout if wait_timeout is None else wait_timeout) > 0
         with telemetry.admission(user_id, pools, policies, waits):
             handle = await self._acquire_handle(*arguments, *budgeting)
-        lease = Lease(handle, cancel_on_lost=self._cancel_on_lost, telemetry=telemetry)
+        lease = Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=telemetry.ended)
         telemetry.held(lease, pools)
         return lease
 
