@@ -152,16 +152,19 @@ class Lease:
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
         """
         released = self._handle.release()
-        if self._on_release is not None:
-            self._on_release(self)
+        self._told_released()
         return released
 
     def release_nowait(self) -> bool:
         """Starts the release without waiting for it; True if this call released the lease."""
         released = self._handle.release_nowait()
-        if self._on_release is not None:
-            self._on_release(self)
+        self._told_released()
         return released
+
+    def _told_released(self) -> None:
+        on_release, self._on_release = self._on_release, None  # once
+        if on_release is not None:
+            on_release(self)
 
     async def wrap(
         self,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
@@ -189,9 +191,8 @@ class StreamLeaseManager:
         waits = (self.config.wait_timeout if wait_timeout is None else wait_timeout) > 0
         with telemetry.admission(user_id, pools, policies, waits):
             handle = await self._acquire_handle(*arguments, *budgeting)
-        lease = Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=telemetry.ended)
-        telemetry.held(lease, pools)
-        return lease
+        ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
+        return Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=ended)
 
     def _own_pools(self, user_id: str | None) -> list[str]:
         if user_id is None:
@@ -372,8 +373,6 @@ class StreamLeaseManager:
         """Stops renewal and releases every lease this process holds. On Redis that takes one
         release script call per 1,000 leases (of weight 1), a few calls in flight at once."""
         await self._core.aclose()
-        if self._telemetry is not None:
-            self._telemetry.end_all()
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Drains this worker for a rolling deploy: stops admitting at once (new acquires get

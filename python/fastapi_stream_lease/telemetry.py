@@ -11,7 +11,6 @@ hash (the one in the Redis keys), never the identity.
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -77,8 +76,9 @@ def result_of(error: BaseException | None) -> str:
 
 
 class Telemetry:
-    """The instruments and tracer of one manager, and the bookkeeping of its live leases (a
-    lease released by any path, or garbage collected, is counted down once)."""
+    """The instruments and tracer of one manager. Per acquire: one span and one counter add;
+    per release: a histogram record (and the tokens, with budgets); the leases held per pool
+    are read from the core when a reader collects, never counted per call."""
 
     def __init__(
         self,
@@ -88,15 +88,24 @@ class Telemetry:
         trace_identities: bool = False,
     ) -> None:
         from opentelemetry import metrics, trace
+        from opentelemetry.metrics import Observation
 
         from . import __version__
 
         meter = (meter_provider or metrics.get_meter_provider()).get_meter(NAME, __version__)
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(NAME, __version__)
+        self._trace = trace
         self._core = core
         self._trace_identities = trace_identities
-        self.active = meter.create_up_down_counter(
-            f"{NAME}.leases.active", unit="{lease}", description="Leases held, per pool."
+
+        def held_per_pool(_options: Any) -> list[Any]:
+            return [Observation(n, {"pool": pool}) for pool, n in core.slots_by_pool()]
+
+        meter.create_observable_up_down_counter(
+            f"{NAME}.leases.active",
+            [held_per_pool],
+            unit="{lease}",
+            description="Slots this process holds, per pool.",
         )
         self.queued = meter.create_up_down_counter(
             f"{NAME}.requests.queued",
@@ -133,8 +142,6 @@ class Telemetry:
             [self._observe("breaker_open")],
             description="1 while the circuit breaker refuses calls to Redis.",
         )
-        # Lease id -> the finalizer that counts it down if it is collected unreleased.
-        self._live: dict[str, weakref.finalize[Any, Any]] = {}
 
     def _observe(self, key: str) -> Any:
         from opentelemetry.metrics import Observation
@@ -148,59 +155,38 @@ class Telemetry:
     def admission(
         self, user_id: str | None, pools: Sequence[str], policies: Sequence[str], waits: bool
     ) -> Iterator[None]:
-        """Around one acquire: a span, the queue gauge while it may wait, and exactly one
-        ``requests`` result however it ends."""
-        attributes: dict[str, Any] = {f"{NAME}.pools": list(pools)}
+        """Around one acquire: a span (a child of the request's, when there is one), the queue
+        gauge while it may wait, and exactly one ``requests`` result however it ends."""
+        attributes: dict[str, Any] = {f"{NAME}.pools": pools}
         if policies:
-            attributes[f"{NAME}.policies"] = list(policies)
+            attributes[f"{NAME}.policies"] = policies
         if self._trace_identities and user_id is not None:
             attributes[f"{NAME}.identity_hash"] = self._core.identity_digest(user_id)
         started = time.monotonic()
-        with self.tracer.start_as_current_span(
-            f"{NAME}.acquire", attributes=attributes, record_exception=False
-        ) as span:
+        span = self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
+        if waits:
+            self.queued.add(1)
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            waited = time.monotonic() - started
             if waits:
-                self.queued.add(1)
-            error: BaseException | None = None
-            try:
-                yield
-            except BaseException as raised:
-                error = raised
-                raise
-            finally:
-                if waits:
-                    self.queued.add(-1)
-                    self.time_in_queue.record(time.monotonic() - started)
-                result = result_of(error)
-                self.requests.add(1, {"result": result})
-                span.set_attribute(f"{NAME}.result", result)
-                span.set_attribute(f"{NAME}.wait_seconds", time.monotonic() - started)
+                self.queued.add(-1)
+                self.time_in_queue.record(waited)
+            result = result_of(error)
+            self.requests.add(1, {"result": result})
+            span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
+            span.end()
 
-    def held(self, lease: Lease, pools: Sequence[str]) -> None:
-        """A lease granted: counted live in each of its pools until :meth:`ended` (or until it
-        is garbage collected, which releases it too)."""
-        pools = tuple(pools)
-        for pool in pools:
-            self.active.add(1, {"pool": pool})
-        self._live[lease.lease_id] = weakref.finalize(
-            lease, self._count_down, pools, time.monotonic()
-        )
-
-    def _count_down(self, pools: tuple[str, ...], since: float) -> None:
-        for pool in pools:
-            self.active.add(-1, {"pool": pool})
-        self.lease_duration.record(time.monotonic() - since)
-
-    def ended(self, lease: Lease) -> None:
-        """A lease released (however: its stream ended, it was lost or revoked, the manager
-        closed), once: the active count, its duration, its tokens, and an event on the current
-        span (``...lease.released``, ``.lost``, ``.revoked``, ``.budget_exhausted``)."""
-        finalizer = self._live.pop(lease.lease_id, None)
-        detached = finalizer.detach() if finalizer is not None else None
-        if detached is None:
-            return
-        pools, since = detached[2]
-        self._count_down(pools, since)
+    def ended(self, lease: Lease, granted_at: float) -> None:
+        """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an
+        event on the current span (``...lease.released``, ``.lost``, ``.revoked``,
+        ``.budget_exhausted``)."""
+        self.lease_duration.record(time.monotonic() - granted_at)
         used = lease.tokens_used
         if used is not None:
             self.tokens.add(used[0], {"direction": "input"})
@@ -214,13 +200,6 @@ class Telemetry:
             if lease.budget_exhausted
             else "released"
         )
-        from opentelemetry import trace
-
-        trace.get_current_span().add_event(f"{NAME}.lease.{how}", {f"{NAME}.pools": list(pools)})
-
-    def end_all(self) -> None:
-        """The manager closed: every lease still counted live is released."""
-        for finalizer in list(self._live.values()):
-            alive = finalizer.peek()
-            if alive is not None:
-                self.ended(alive[0])
+        span = self._trace.get_current_span()
+        if span.is_recording():
+            span.add_event(f"{NAME}.lease.{how}")

@@ -198,6 +198,11 @@ impl Manager {
         Ok(self.keys.identity_digest(identity))
     }
 
+    /// Slots this process holds per pool name.
+    pub fn slots_by_pool(&self) -> Vec<(String, u64)> {
+        self.leases.slots_by_name()
+    }
+
     /// Drain, first step: refuses new leases here (503), leaving the held ones to end.
     pub fn refuse_new(&self) {
         self.leases.refuse_new();

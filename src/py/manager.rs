@@ -204,6 +204,11 @@ impl Manager {
         Ok(self.core.identity_digest(&required_identity(user_id)?)?)
     }
 
+    /// Slots this process holds per pool name (`per_user`, `global`, resources), for metrics.
+    fn slots_by_pool(&self) -> Vec<(String, u64)> {
+        self.core.slots_by_pool()
+    }
+
     /// Refuses new leases on this manager (a drain's first step): acquires get `ManagerClosed`.
     fn refuse_new(&self) {
         self.core.refuse_new();

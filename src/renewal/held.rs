@@ -194,6 +194,19 @@ impl Held {
         (overdue, next)
     }
 
+    /// Slots held per pool name (`per_user`, `global`, a resource's), both stores together.
+    pub fn slots_by_name(&self) -> Vec<(String, u64)> {
+        let mut slots: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for group in self.main.values().chain(self.fallback.values()) {
+            for lease in group.leases.values() {
+                for pool in &lease.pools {
+                    *slots.entry(&pool.name).or_default() += u64::from(lease.weight);
+                }
+            }
+        }
+        slots.into_iter().map(|(name, n)| (name.to_owned(), n)).collect()
+    }
+
     /// Every lease held, in both stores.
     pub fn all(&self) -> Vec<Arc<LeaseRecord>> {
         self.main

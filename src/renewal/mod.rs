@@ -333,6 +333,11 @@ impl Leases {
         held.iter().filter(|record| record.mark_revoked()).count()
     }
 
+    /// Slots this process holds per pool name (for metrics; walks every lease held).
+    pub fn slots_by_name(&self) -> Vec<(String, u64)> {
+        lock(&self.held).slots_by_name()
+    }
+
     /// Slots this process holds in a pool (both stores).
     pub fn slots_in(&self, pool_key: &str) -> u64 {
         lock(&self.held).slots_in(pool_key)

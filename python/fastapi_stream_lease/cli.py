@@ -1,0 +1,186 @@
+"""``python -m fastapi_stream_lease``: an operator's view of one deployment's keys in Redis.
+
+``inspect`` lists the pools and their use, the holders (one per worker's manager and hash tag)
+and when they expire, the waiters in line, and the rate and budget counters, with identities
+only as the keyed hashes the keys carry. ``reset USER POLICY`` forgets one user's counters of
+one policy (hashing the user id with the deployment's secret, from ``--identity-secret`` or
+``STREAM_LEASE_IDENTITY_SECRET``). Needs redis-py (``pip install fastapi-stream-lease[redis]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._core import LeaseConfig, Manager
+
+EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
+
+
+class CliError(Exception):
+    """A message for the operator and the exit code that goes with it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def connect(url: str) -> Any:
+    try:
+        import redis
+        from redis.cluster import ClusterNode, RedisCluster
+    except ImportError:
+        raise CliError(
+            "the CLI talks to Redis through redis-py: pip install 'fastapi-stream-lease[redis]'",
+            EXIT_USAGE,
+        ) from None
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        scheme, rest = url.split("://", 1)
+        nodes = [node.rsplit(":", 1) for node in rest.split("/", 1)[0].split(",")]
+        client: Any = RedisCluster(
+            startup_nodes=[ClusterNode(host, int(port)) for host, port in nodes],  # type: ignore[no-untyped-call]
+            ssl=scheme.startswith("rediss"),
+            decode_responses=True,
+        )
+    elif url.startswith(("redis://", "rediss://", "unix://")):
+        client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    else:
+        raise CliError(
+            f"unsupported URL scheme in {url.split('://', 1)[0]!r}: use redis://, rediss://, "
+            "unix:// or redis+cluster://host:port,host:port",
+            EXIT_USAGE,
+        )
+    try:
+        client.ping()
+    except redis.AuthenticationError as error:
+        raise CliError(f"Redis refused the credentials: {error}", EXIT_UNREACHABLE) from None
+    except redis.RedisError as error:
+        raise CliError(f"cannot reach Redis: {error}", EXIT_UNREACHABLE) from None
+    return client
+
+
+def snapshot(client: Any, prefix: str) -> dict[str, Any]:
+    """Everything under the prefix, as the keys tell it (capacities live in the app's config)."""
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    report: dict[str, Any] = {"pools": [], "holders": [], "waiting": 0, "counters": []}
+    for key in sorted(keys_of(client, prefix)):
+        kind = client.type(key)
+        tail = key.split("}", 1)[-1].lstrip(":")
+        if kind == "zset" and (tail.startswith(("user", "global", "resource:")) or ":user" in key):
+            name = "per_user" if "user" in tail else tail.removeprefix("resource:")
+            report["pools"].append({"key": key, "pool": name, "used": client.zcard(key)})
+        elif kind == "zset" and tail == "holders":
+            for holder, expiry in client.zrange(key, 0, -1, withscores=True):
+                left = (expiry - now_ms) / 1000
+                report["holders"].append({"tag": key, "holder": holder, "expires_in_s": left})
+        elif kind == "zset" and tail == "line":
+            report["waiting"] += client.zcard(key)
+        elif tail.startswith("rate:") or ":rate:" in key:
+            report["counters"].append(counter(client, key, kind))
+    return report
+
+
+def keys_of(client: Any, prefix: str, under: str = "") -> set[str]:
+    """The deployment's keys: those of its shared tag (``{prefix}:...``) and of users' own tags
+    (``{prefix:<hash>}...``, with ``global_pool=False``), ending in ``under``."""
+    patterns = (f"{{{prefix}}}:*{under}", f"{{{prefix}:*{under}")
+    return {key for pattern in patterns for key in client.scan_iter(match=pattern, count=1000)}
+
+
+def counter(client: Any, key: str, kind: str) -> dict[str, Any]:
+    """One rate or budget counter: its policy's name and window, whose hash, and units in use
+    (a sliding window's slices still counted, roughly: the library's exact rule is in Lua)."""
+    parts = key.split(":")
+    at = parts.index("rate")
+    name, window = parts[at + 1], parts[at + 2]
+    digest = parts[-1] if not parts[-1].startswith("rate") else key.split("}")[0].split(":")[-1]
+    if kind == "hash":
+        used = sum(int(v) for f, v in client.hgetall(key).items() if f != "e")
+    else:
+        used = int(client.get(key) or 0)
+    return {"policy": name, "window": window, "identity_hash": digest, "used": used}
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["pools (use now; capacities are the app's settings):"]
+    lines += [f"  {p['pool']:<24} {p['used']:>8}  {p['key']}" for p in report["pools"]] or [
+        "  none"
+    ]
+    lines.append("holders (one per worker's manager and hash tag):")
+    lines += [
+        f"  {h['holder']:<20} expires in {h['expires_in_s']:7.1f} s  {h['tag']}"
+        for h in report["holders"]
+    ] or ["  none"]
+    lines.append(f"waiting in line: {report['waiting']}")
+    lines.append("rate and budget counters:")
+    lines += [
+        f"  {c['policy']:<28} {c['window']:<12} {c['used']:>10}  identity {c['identity_hash']}"
+        for c in report["counters"]
+    ] or ["  none"]
+    return "\n".join(lines)
+
+
+def inspect(options: argparse.Namespace) -> int:
+    client = connect(options.url)
+    while True:
+        report = snapshot(client, options.key_prefix)
+        if not any(report[k] for k in ("pools", "holders", "counters", "waiting")):
+            raise CliError(
+                f"no keys with the prefix {options.key_prefix!r} at this Redis: check --url "
+                "and --key-prefix (LeaseConfig.key_prefix of the app)",
+                EXIT_NOTHING,
+            )
+        text = json.dumps(report) if options.json else render(report)
+        if options.watch:
+            print("\033[2J\033[H" + time.strftime("%H:%M:%S ") + options.url, flush=True)
+        print(text, flush=True)
+        if not options.watch:
+            return 0
+        time.sleep(options.watch)
+
+
+def reset(options: argparse.Namespace) -> int:
+    secret = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET", "")
+    config = LeaseConfig(key_prefix=options.key_prefix, identity_secret=secret)
+    digest = Manager("memory://", config).identity_digest(options.user)
+    client = connect(options.url)
+    under = f"rate:{options.policy}:*"
+    keys = [key for key in keys_of(client, options.key_prefix, under) if digest in key]
+    if not keys:
+        raise CliError(
+            f"no counter of policy {options.policy!r} for that user under {options.key_prefix!r} "
+            "(check the policy's name and the identity secret)",
+            EXIT_NOTHING,
+        )
+    for key in keys:
+        client.delete(key)
+    print(f"reset {len(keys)} counter(s) of {options.policy!r} for identity {digest}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastapi_stream_lease", description=__doc__)
+    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
+    parser.add_argument("--key-prefix", default=LeaseConfig().key_prefix)
+    commands = parser.add_subparsers(dest="command", required=True)
+    look = commands.add_parser("inspect", help="pools, holders, waiters and counters")
+    look.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    look.add_argument("--watch", type=float, metavar="SECONDS", help="refresh, like top")
+    forget = commands.add_parser("reset", help="forget one user's counters of one policy")
+    forget.add_argument("user")
+    forget.add_argument("policy")
+    forget.add_argument("--identity-secret", default=None)
+    options = parser.parse_args(argv)
+    try:
+        return inspect(options) if options.command == "inspect" else reset(options)
+    except CliError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.code
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 0

@@ -1,0 +1,89 @@
+"""The operator CLI, ``python -m fastapi_stream_lease`` (issue 13), against real servers: what
+it shows, that no raw identity appears, and clear exits for the wrong server or prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager
+
+SECRET = "cli-test-secret-16b"
+USER = "raw-user-id-4f2a"
+
+
+async def cli(url: str, *args: str, env: dict[str, str] | None = None):
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "fastapi_stream_lease",
+        "--url",
+        url,
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode, out.decode(), err.decode()
+
+
+async def holding(url: str, key_prefix: str) -> tuple[StreamLeaseManager, object]:
+    manager = StreamLeaseManager(
+        url=url, config=LeaseConfig(key_prefix=key_prefix, identity_secret=SECRET)
+    )
+    lease = await manager.acquire(
+        USER,
+        rate_limits=[RateLimit("per_minute", 5, per=60)],
+        budgets=[RateLimit("tpm", 1_000, per=60, unit="tokens")],
+        reserve=100,
+    )
+    return manager, lease
+
+
+async def test_inspect_shows_pools_holders_and_counters_without_identities(
+    redis_server, key_prefix
+):
+    manager, lease = await holding(redis_server.url, key_prefix)
+    code, out, err = await cli(redis_server.url, "--key-prefix", key_prefix, "inspect", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert {p["pool"]: p["used"] for p in report["pools"]} == {"global": 1, "per_user": 1}
+    assert len(report["holders"]) == 1 and report["holders"][0]["expires_in_s"] > 0
+    assert {c["policy"]: c["used"] for c in report["counters"]} == {"per_minute": 1, "tpm": 100}
+    digest = manager._core.identity_digest(USER)
+    assert {c["identity_hash"] for c in report["counters"]} == {digest}
+    code, text, _ = await cli(redis_server.url, "--key-prefix", key_prefix, "inspect")
+    assert code == 0 and "per_user" in text and "tpm" in text
+    assert USER not in out + text
+    env = {**os.environ, "STREAM_LEASE_IDENTITY_SECRET": SECRET}
+    code, out, err = await cli(
+        redis_server.url, "--key-prefix", key_prefix, "reset", USER, "per_minute", env=env
+    )
+    assert code == 0 and digest in out and USER not in out, err
+    assert (await manager.peek(USER, RateLimit("per_minute", 5, per=60))).used == 0
+    await lease.release()
+    await manager.aclose()
+
+
+async def test_inspect_on_a_cluster(redis_cluster, key_prefix):
+    manager, lease = await holding(redis_cluster.url, key_prefix)
+    code, out, err = await cli(redis_cluster.url, "--key-prefix", key_prefix, "inspect", "--json")
+    assert code == 0, err
+    assert {p["pool"] for p in json.loads(out)["pools"]} == {"global", "per_user"}
+    await lease.release()
+    await manager.aclose()
+
+
+async def test_the_wrong_server_or_prefix_gets_a_message_and_an_exit_code(redis_server):
+    code, _, err = await cli(redis_server.url, "--key-prefix", "no-such-prefix", "inspect")
+    assert code == 4 and "no keys with the prefix 'no-such-prefix'" in err
+    code, _, err = await cli("redis://127.0.0.1:1/0", "inspect")
+    assert code == 3 and "cannot reach Redis" in err and "Traceback" not in err
+    code, _, err = await cli("redis://:wrong@" + redis_server.url.split("://")[1], "inspect")
+    assert code in (0, 3, 4) and "Traceback" not in err
+    code, _, err = await cli("memcache://localhost", "inspect")
+    assert code == 2 and "unsupported URL scheme" in err
