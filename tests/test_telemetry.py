@@ -71,40 +71,44 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         with pytest.raises((StreamLeaseError, ValueError)):
             await manager.acquire(**kwargs)
 
-    held = [await manager.acquire(ALICE, rate_limits=[per_minute], budgets=[tokens], reserve=60)]
-    await refused(user_id=ALICE)  # per_user
-    held.append(await manager.acquire(BOB, resources=[gpu]))
-    await refused(user_id=None, resources=[gpu])  # resource
-    await refused(user_id=CAROL, rate_limits=[per_minute, per_minute])  # invalid (twice)
-    held.append(await manager.acquire(CAROL))
-    await refused(user_id=DAVE)  # global
-    active = {p.attributes["pool"]: p.value for p in points(reader, f"{NAME}.leases.active")}
-    assert active == {"per_user": 3, "global": 3, "gpu": 1}
-    waiting = asyncio.create_task(manager.acquire(DAVE, wait_timeout=30))
-    await asyncio.sleep(0.2)
-    waiting.cancel()  # canceled
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    for lease in held:
-        held_tokens = lease.tokens_used
-        if held_tokens is not None:
-            lease.consume(7)
-        await lease.release()
-    await refused(user_id=ALICE, rate_limits=[per_minute])  # rate
-    await refused(user_id=ALICE, budgets=[tokens], reserve=95)  # budget: 7 used, 93 left
-    unreachable = StreamLeaseManager(
-        url="redis://127.0.0.1:1",
-        config=LeaseConfig(redis_timeout=0.2, identity_secret=b"s" * 16),
-        meter_provider=meters,
-        tracer_provider=tracers,
-    )
-    with pytest.raises(StreamLeaseError):
-        await unreachable.acquire(ALICE)  # backend_unavailable
-    await unreachable.aclose()
-    lease = await manager.acquire(ALICE)
-    await manager.drain(timeout=0)
-    assert lease.revoked
-    await refused(user_id=ALICE)  # closed
+    request = tracers.get_tracer("test").start_as_current_span("request")  # a traced request
+    with request:
+        held = [
+            await manager.acquire(ALICE, rate_limits=[per_minute], budgets=[tokens], reserve=60)
+        ]
+        await refused(user_id=ALICE)  # per_user
+        held.append(await manager.acquire(BOB, resources=[gpu]))
+        await refused(user_id=None, resources=[gpu])  # resource
+        await refused(user_id=CAROL, rate_limits=[per_minute, per_minute])  # invalid (twice)
+        held.append(await manager.acquire(CAROL))
+        await refused(user_id=DAVE)  # global
+        active = {p.attributes["pool"]: p.value for p in points(reader, f"{NAME}.leases.active")}
+        assert active == {"per_user": 3, "global": 3, "gpu": 1}
+        waiting = asyncio.create_task(manager.acquire(DAVE, wait_timeout=30))
+        await asyncio.sleep(0.2)
+        waiting.cancel()  # canceled
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for lease in held:
+            held_tokens = lease.tokens_used
+            if held_tokens is not None:
+                lease.consume(7)
+            await lease.release()
+        await refused(user_id=ALICE, rate_limits=[per_minute])  # rate
+        await refused(user_id=ALICE, budgets=[tokens], reserve=95)  # budget: 7 used, 93 left
+        unreachable = StreamLeaseManager(
+            url="redis://127.0.0.1:1",
+            config=LeaseConfig(redis_timeout=0.2, identity_secret=b"s" * 16),
+            meter_provider=meters,
+            tracer_provider=tracers,
+        )
+        with pytest.raises(StreamLeaseError):
+            await unreachable.acquire(ALICE)  # backend_unavailable
+        await unreachable.aclose()
+        lease = await manager.acquire(ALICE)
+        await manager.drain(timeout=0)
+        assert lease.revoked
+        await refused(user_id=ALICE)  # closed
 
     results = {
         p.attributes["result"]: p.value for p in points(reader, "fastapi_stream_lease.requests")
@@ -156,4 +160,16 @@ async def test_without_providers_nothing_is_instrumented(backend_url, key_prefix
     lease = await manager.acquire(ALICE)
     await lease.release()
     assert manager._telemetry is None, "the API's default providers record nothing: no cost"
+
+
+async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key_prefix, telemetry):
+    meters, tracers, reader, exporter = telemetry
+    config = LeaseConfig(key_prefix=key_prefix)
+    manager = StreamLeaseManager(
+        url=backend_url, config=config, meter_provider=meters, tracer_provider=tracers
+    )
+    await (await manager.acquire(ALICE)).release()
+    assert exporter.get_finished_spans() == ()
+    assert [p.value for p in points(reader, f"{NAME}.requests")] == [1]
+    await manager.aclose()
     await manager.aclose()

@@ -11,6 +11,7 @@ hash (the one in the Redis keys), never the identity.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -75,10 +76,67 @@ def result_of(error: BaseException | None) -> str:
     return "invalid"
 
 
+class Observed:
+    """What the observable instruments of one meter provider read, for every manager that
+    records there (an instrument is made once per provider: a second one of the same name
+    would be ignored): results counted per acquire, and the managers' cores."""
+
+    def __init__(self, meter: Any) -> None:
+        from opentelemetry.metrics import Observation
+
+        self.results: dict[str, int] = {}
+        self.cores: weakref.WeakSet[Manager] = weakref.WeakSet()
+
+        def each_core(read: Any) -> Any:
+            def observe(_options: Any) -> list[Any]:
+                observations: dict[tuple[str, str], int] = {}
+                for core in list(self.cores):
+                    for attributes, value in read(core):
+                        observations[attributes] = observations.get(attributes, 0) + value
+                return [Observation(v, dict([a]) if a[0] else {}) for a, v in observations.items()]
+
+            return observe
+
+        def results(_options: Any) -> list[Any]:
+            counts = dict(self.results)
+            return [Observation(n, {"result": result}) for result, n in counts.items()]
+
+        meter.create_observable_counter(
+            f"{NAME}.requests",
+            [results],
+            unit="{request}",
+            description="Acquires, by result (acquired, per_user, global, resource, rate, "
+            "budget, backend_unavailable, closed, canceled, invalid).",
+        )
+        meter.create_observable_up_down_counter(
+            f"{NAME}.leases.active",
+            [each_core(lambda core: [(("pool", p), n) for p, n in core.slots_by_pool()])],
+            unit="{lease}",
+            description="Slots held, per pool.",
+        )
+        for name, key, description in (
+            ("leases.lost", "lost", "Leases found lost (gone from Redis, slot taken)."),
+            ("leases.reclaimed", "reclaimed", "Leases found gone from Redis and taken back."),
+            ("redis.failures", "renew_failures", "Renewal calls to Redis that failed."),
+            ("breaker.open", "breaker_open", "Managers whose circuit breaker refuses calls."),
+        ):
+            meter.create_observable_up_down_counter(
+                f"{NAME}.{name}",
+                [each_core(lambda core, key=key: [(("", ""), int(core.stats()[key]))])],
+                description=description,
+            )
+
+
+#: Per meter provider, what its observable instruments read.
+_OBSERVED: weakref.WeakKeyDictionary[Any, Observed] = weakref.WeakKeyDictionary()
+
+
 class Telemetry:
-    """The instruments and tracer of one manager. Per acquire: one span and one counter add;
-    per release: a histogram record (and the tokens, with budgets); the leases held per pool
-    are read from the core when a reader collects, never counted per call."""
+    """The instruments and tracer of one manager. The SDK costs tens of microseconds per
+    record on a small machine, so what can be is counted here and read when a reader collects:
+    the results per acquire (a dict increment) and the leases held per pool (from the core).
+    Per acquire: a span only inside a sampled trace (the request's); per release: one histogram
+    record (and the tokens, with budgets)."""
 
     def __init__(
         self,
@@ -88,35 +146,24 @@ class Telemetry:
         trace_identities: bool = False,
     ) -> None:
         from opentelemetry import metrics, trace
-        from opentelemetry.metrics import Observation
 
         from . import __version__
 
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter(NAME, __version__)
+        provider = meter_provider or metrics.get_meter_provider()
+        meter = provider.get_meter(NAME, __version__)
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(NAME, __version__)
         self._trace = trace
         self._core = core
         self._trace_identities = trace_identities
-
-        def held_per_pool(_options: Any) -> list[Any]:
-            return [Observation(n, {"pool": pool}) for pool, n in core.slots_by_pool()]
-
-        meter.create_observable_up_down_counter(
-            f"{NAME}.leases.active",
-            [held_per_pool],
-            unit="{lease}",
-            description="Slots this process holds, per pool.",
-        )
+        observed = _OBSERVED.get(provider)
+        if observed is None:
+            observed = _OBSERVED[provider] = Observed(meter)
+        observed.cores.add(core)
+        self._results = observed.results
         self.queued = meter.create_up_down_counter(
             f"{NAME}.requests.queued",
             unit="{request}",
             description="Acquires waiting in line for shared capacity.",
-        )
-        self.requests = meter.create_counter(
-            f"{NAME}.requests",
-            unit="{request}",
-            description="Acquires, by result (acquired, per_user, global, resource, rate, "
-            "budget, backend_unavailable, closed, canceled, invalid).",
         )
         self.lease_duration = meter.create_histogram(
             f"{NAME}.lease.duration", unit="s", description="How long leases were held."
@@ -129,41 +176,23 @@ class Telemetry:
         self.tokens = meter.create_counter(
             f"{NAME}.tokens", unit="{token}", description="Tokens charged to budgets, by direction."
         )
-        for name, key, description in (
-            ("leases.lost", "lost", "Leases found lost (gone from Redis, slot taken)."),
-            ("leases.reclaimed", "reclaimed", "Leases found gone from Redis and taken back."),
-            ("redis.failures", "renew_failures", "Renewal calls to Redis that failed."),
-        ):
-            meter.create_observable_counter(
-                f"{NAME}.{name}", [self._observe(key)], unit="{lease}", description=description
-            )
-        meter.create_observable_gauge(
-            f"{NAME}.breaker.open",
-            [self._observe("breaker_open")],
-            description="1 while the circuit breaker refuses calls to Redis.",
-        )
-
-    def _observe(self, key: str) -> Any:
-        from opentelemetry.metrics import Observation
-
-        def observe(_options: Any) -> list[Any]:
-            return [Observation(int(self._core.stats()[key]))]
-
-        return observe
 
     @contextmanager
     def admission(
         self, user_id: str | None, pools: Sequence[str], policies: Sequence[str], waits: bool
     ) -> Iterator[None]:
-        """Around one acquire: a span (a child of the request's, when there is one), the queue
-        gauge while it may wait, and exactly one ``requests`` result however it ends."""
-        attributes: dict[str, Any] = {f"{NAME}.pools": pools}
-        if policies:
-            attributes[f"{NAME}.policies"] = policies
-        if self._trace_identities and user_id is not None:
-            attributes[f"{NAME}.identity_hash"] = self._core.identity_digest(user_id)
+        """Around one acquire: a span when the request's trace is sampled (a child of its
+        span), the queue gauge while it may wait, and exactly one ``requests`` result however
+        it ends."""
         started = time.monotonic()
-        span = self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
+        span = None
+        if self._trace.get_current_span().get_span_context().trace_flags.sampled:
+            attributes: dict[str, Any] = {f"{NAME}.pools": pools}
+            if policies:
+                attributes[f"{NAME}.policies"] = policies
+            if self._trace_identities and user_id is not None:
+                attributes[f"{NAME}.identity_hash"] = self._core.identity_digest(user_id)
+            span = self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
         if waits:
             self.queued.add(1)
         error: BaseException | None = None
@@ -178,9 +207,10 @@ class Telemetry:
                 self.queued.add(-1)
                 self.time_in_queue.record(waited)
             result = result_of(error)
-            self.requests.add(1, {"result": result})
-            span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
-            span.end()
+            self._results[result] = self._results.get(result, 0) + 1
+            if span is not None:
+                span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
+                span.end()
 
     def ended(self, lease: Lease, granted_at: float) -> None:
         """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an

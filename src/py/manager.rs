@@ -22,7 +22,7 @@ use crate::rate::MAX_LIMIT;
 /// them in this process).
 const UNKEYED_IDENTITIES: &CStr = c"no identity_secret: user ids are hashed into Redis keys with an empty HMAC key, so anyone who can read the keys can test guessed user ids against them. Pass LeaseConfig(identity_secret=...) with 16 or more random bytes, the same on every worker (from your secret store or an environment variable).";
 
-#[pyclass(frozen, module = "fastapi_stream_lease._core")]
+#[pyclass(frozen, weakref, module = "fastapi_stream_lease._core")]
 pub struct Manager {
     core: Arc<admission::Manager>,
 }
