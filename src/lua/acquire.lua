@@ -15,9 +15,9 @@
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[10 + i]: capacity of
--- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, and the units
--- the start takes from it (1 for a request rate, the reservation for a token budget), as in
--- hit.lua.
+-- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, the units
+-- the start takes from it (1 for a request rate, the reservation for a token budget), and '1'
+-- for a budget, as in hit.lua.
 -- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
 -- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's

@@ -3,7 +3,7 @@
 -- KEYS[i]: the counter of policy i (same hash tag).
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
 -- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
--- takes from it).
+-- takes from it), '1' if it is a token budget's counter (it keeps an epoch) else '0'.
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
 -- units); every slice that overlaps the last window counts in full, so no window of that
 -- length ever holds more than the limit (a hit may be refused up to one slice early).

@@ -265,8 +265,9 @@ end
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
 -- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua) or
--- repair a missing expiry (see hit.lua for the two algorithms).
-local function look_rate(key, algorithm, window)
+-- repair a missing expiry (see hit.lua for the two algorithms). Only a budget's counter keeps
+-- an epoch (`refundable`): nothing is ever given back to a request rate's.
+local function look_rate(key, algorithm, window, refundable)
   if algorithm == 's' then
     local slice = math.floor(window / SLICES)
     local live = slices_in_use(key, slice, window)
@@ -283,11 +284,13 @@ local function look_rate(key, algorithm, window)
         return freed_after(live, 1, slice, window)
       end,
       take = function(cost)
-        local bucket = math.floor(now / slice)
-        local epoch = tonumber(redis.call('HGET', key, 'e'))
-        if not epoch then
-          epoch = now
-          redis.call('HSET', key, 'e', epoch)
+        local bucket, epoch = math.floor(now / slice), 0
+        if refundable then
+          epoch = tonumber(redis.call('HGET', key, 'e'))
+          if not epoch then
+            epoch = now
+            redis.call('HSET', key, 'e', epoch)
+          end
         end
         redis.call('HINCRBY', key, bucket, cost)
         redis.call('PEXPIRE', key, window + slice)
@@ -348,13 +351,13 @@ local function give_back(key, algorithm, slot, epoch, tokens)
 end
 
 -- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window,
--- cost) are args[a0..]: their states, the 1-based index of the first that cannot take its cost
+-- cost, '1' for a budget's counter else '0') are args[a0..]: their states, the 1-based index of the first that cannot take its cost
 -- more (0: none) and when it could. `scale` multiplies every cost (0: only looking).
 local function look_rates(keys, k0, args, a0, scale)
   local states, refused, retry = {}, 0, 0
   for i = k0, #keys do
-    local at = a0 + (i - k0) * 4
-    local state = look_rate(keys[i], args[at], tonumber(args[at + 2]))
+    local at = a0 + (i - k0) * 5
+    local state = look_rate(keys[i], args[at], tonumber(args[at + 2]), args[at + 4] == '1')
     state.limit = tonumber(args[at + 1])
     state.cost = tonumber(args[at + 3]) * scale
     states[#states + 1] = state

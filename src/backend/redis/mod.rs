@@ -20,7 +20,7 @@ use super::{AcquireOutcome, InLine};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
+use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp, Unit};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -274,14 +274,16 @@ impl RedisBackend {
     }
 }
 
-/// Each rate policy as the scripts take it: algorithm, limit, window in ms, and its cost.
+/// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost, and
+/// whether it is a budget (whose counter keeps an epoch for refunds).
 fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy], costs: &[u64]) {
     for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
             .arg(policy.window_ms)
-            .arg(cost);
+            .arg(cost)
+            .arg(u8::from(policy.unit != Unit::Requests));
     }
 }
 
