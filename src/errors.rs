@@ -28,6 +28,8 @@ pub enum CoreError {
     RateLimited(HitOutcome),
     /// A stream ran out of token budget (the policy's name) under `on_budget="cut"`.
     BudgetExhausted(String),
+    /// An operator banned the user's streams (`revoke`) for this many ms more.
+    Banned(u64),
     /// Redis did not answer (in time): the call may have run there.
     Unavailable(String),
     /// The call never left this process (no connection, the breaker open): it did not run.
@@ -87,6 +89,11 @@ impl fmt::Display for CoreError {
             CoreError::BudgetExhausted(policy) => write!(
                 f,
                 "token budget {policy:?} ran out during the stream: it was cut after its last item (on_budget=\"cut\"); the next stream is admitted once the budget's window frees tokens"
+            ),
+            CoreError::Banned(ms_left) => write!(
+                f,
+                "an operator ended this user's streams and refuses new ones for {} s more (StreamLeaseManager.revoke with ban_seconds)",
+                retry_after_seconds(*ms_left)
             ),
             CoreError::Unavailable(m)
             | CoreError::Unreached(m)

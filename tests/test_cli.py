@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
-from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager
+import pytest
+
+from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, UserBanned
+
+from support.waiting import eventually
 
 SECRET = "cli-test-secret-16b"
 USER = "raw-user-id-4f2a"
@@ -69,11 +73,49 @@ async def test_inspect_shows_pools_holders_and_counters_without_identities(
     await manager.aclose()
 
 
+async def test_revoke_ends_the_users_streams_and_bans_them(redis_server, key_prefix):
+    manager, lease = await holding(redis_server.url, key_prefix)
+    code, out, err = await cli(
+        redis_server.url,
+        "--key-prefix",
+        key_prefix,
+        "revoke",
+        USER,
+        "--ban",
+        "60",
+        "--identity-secret",
+        SECRET,
+    )
+    digest = manager._core.identity_digest(USER)
+    assert code == 0, err
+    assert out.strip() == f"revoked 1 stream(s) of identity {digest}, new ones refused for 60 s"
+
+    async def ended() -> bool:
+        return lease.revoked
+
+    await eventually(ended, what="the lease to be revoked")
+    with pytest.raises(UserBanned):
+        await manager.acquire(USER)
+    code, out, err = await cli(redis_server.url, "--key-prefix", key_prefix, "inspect", "--json")
+    [ban] = json.loads(out)["bans"]
+    assert ban["identity_hash"] == digest and 0 < ban["expires_in_s"] <= 60
+    code, text, _ = await cli(redis_server.url, "--key-prefix", key_prefix, "inspect")
+    assert f"identity {digest}  for" in text
+    assert USER not in out + text
+    code, _, err = await cli(redis_server.url, "revoke", USER, "--ban", "-5")
+    assert code == 2 and "--ban -5.0 is out of range" in err
+    await manager.aclose()
+
+
 async def test_inspect_on_a_cluster(redis_cluster, key_prefix):
     manager, lease = await holding(redis_cluster.url, key_prefix)
     code, out, err = await cli(redis_cluster.url, "--key-prefix", key_prefix, "inspect", "--json")
     assert code == 0, err
     assert {p["pool"] for p in json.loads(out)["pools"]} == {"global", "per_user"}
+    code, out, err = await cli(
+        redis_cluster.url, "--key-prefix", key_prefix, "revoke", USER, "--identity-secret", SECRET
+    )
+    assert code == 0 and out.startswith("revoked 1 stream(s)"), err
     await lease.release()
     await manager.aclose()
 
@@ -87,3 +129,6 @@ async def test_the_wrong_server_or_prefix_gets_a_message_and_an_exit_code(redis_
     assert code in (0, 3, 4) and "Traceback" not in err
     code, _, err = await cli("memcache://localhost", "inspect")
     assert code == 2 and "unsupported URL scheme" in err
+    code, _, err = await cli("redis://127.0.0.1:1/0", "revoke", USER)
+    assert code == 3 and "cannot revoke" in err and "Traceback" not in err
+    assert USER not in err

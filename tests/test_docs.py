@@ -30,7 +30,7 @@ def load_block(index: int, redis_url: str, tmp_path: Path):
 
 
 def test_readme_has_the_blocks_these_tests_expect():
-    assert len(BLOCKS) == 9
+    assert len(BLOCKS) == 10
     assert "lease.wrap(token_generator())" in BLOCKS[0]
     assert "websocket_chat" in BLOCKS[1]
 
@@ -59,7 +59,7 @@ def test_readme_websocket(redis_server, tmp_path):
             assert ws.receive_text() == "Echo: hi"
 
 
-@pytest.mark.parametrize("index", [2, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("index", [2, 4, 5, 6, 7, 8, 9])
 def test_readme_snippets_run(redis_server, tmp_path, index):
     load_block(index, redis_server.url, tmp_path)
 

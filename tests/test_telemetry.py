@@ -105,6 +105,8 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         with pytest.raises(StreamLeaseError):
             await unreachable.acquire(ALICE)  # backend_unavailable
         await unreachable.aclose()
+        await manager.revoke(CAROL, ban_seconds=60)
+        await refused(user_id=CAROL)  # banned
         lease = await manager.acquire(ALICE)
         await manager.drain(timeout=0)
         assert lease.revoked
@@ -123,6 +125,7 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         "rate": 1,
         "budget": 1,
         "backend_unavailable": 1,
+        "banned": 1,
         "closed": 1,
     }
     assert set(results) == set(RESULTS)

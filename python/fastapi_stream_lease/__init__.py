@@ -16,6 +16,7 @@ from .errors import (
     StreamLeaseError,
     StreamLeaseRejected,
     StreamLeaseWarning,
+    UserBanned,
 )
 from .handlers import install_exception_handler, stream_lease_exception_handler
 from .lease import Lease
@@ -49,6 +50,7 @@ __all__ = [
     "StreamLeaseManager",
     "StreamLeaseRejected",
     "StreamLeaseWarning",
+    "UserBanned",
     "__version__",
     "client_ip",
     "install_exception_handler",

@@ -2,22 +2,28 @@
 
 ``inspect`` lists the pools and their use, the holders (one per worker's manager and hash tag)
 and when they expire, the waiters in line, and the rate and budget counters, with identities
-only as the keyed hashes the keys carry. ``reset USER POLICY`` forgets one user's counters of
-one policy (hashing the user id with the deployment's secret, from ``--identity-secret`` or
-``STREAM_LEASE_IDENTITY_SECRET``). Needs redis-py (``pip install fastapi-stream-lease[redis]``).
+only as the keyed hashes the keys carry, and the users whose streams are banned.
+``revoke USER [--ban SECONDS]`` ends every live stream of one user on every worker (within one
+renewal period) and refuses the user's new ones for the ban; ``reset USER POLICY`` forgets one
+user's counters of one policy. Both hash the user id with the deployment's secret, from
+``--identity-secret`` or ``STREAM_LEASE_IDENTITY_SECRET``. ``inspect`` and ``reset`` need
+redis-py (``pip install fastapi-stream-lease[redis]``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from ._core import LeaseConfig, Manager
+from .errors import BackendError
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
 
@@ -68,7 +74,14 @@ def snapshot(client: Any, prefix: str) -> dict[str, Any]:
     """Everything under the prefix, as the keys tell it (capacities live in the app's config)."""
     seconds, micros = client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    report: dict[str, Any] = {"pools": [], "holders": [], "waiting": 0, "counters": []}
+    report: dict[str, Any] = {
+        "pools": [],
+        "holders": [],
+        "waiting": 0,
+        "counters": [],
+        "bans": [],
+    }
+    bans: dict[str, float] = {}
     for key in sorted(keys_of(client, prefix)):
         kind = client.type(key)
         tail = key.split("}", 1)[-1].lstrip(":")
@@ -83,6 +96,14 @@ def snapshot(client: Any, prefix: str) -> dict[str, Any]:
             report["waiting"] += client.zcard(key)
         elif tail.startswith("rate:") or ":rate:" in key:
             report["counters"].append(counter(client, key, kind))
+        elif key.endswith(":ban"):
+            # {prefix}:user:<hash>:ban, or {prefix:<hash>}:user:ban without a global pool.
+            digest = (
+                tail.split(":")[1] if tail.count(":") == 2 else key.split("}")[0].split(":")[-1]
+            )
+            bans[digest] = max(bans.get(digest, 0.0), client.pttl(key) / 1000)
+    # The CLI's revoke bans in both key layouts: one line per user.
+    report["bans"] = [{"identity_hash": d, "expires_in_s": left} for d, left in bans.items()]
     return report
 
 
@@ -118,6 +139,11 @@ def render(report: dict[str, Any]) -> str:
         for h in report["holders"]
     ] or ["  none"]
     lines.append(f"waiting in line: {report['waiting']}")
+    lines.append("users whose new streams are banned (revoke --ban):")
+    lines += [
+        f"  identity {b['identity_hash']}  for {b['expires_in_s']:7.1f} s more"
+        for b in report["bans"]
+    ] or ["  none"]
     lines.append("rate and budget counters:")
     lines += [
         f"  {c['policy']:<28} {c['window']:<12} {c['used']:>10}  identity {c['identity_hash']}"
@@ -130,7 +156,7 @@ def inspect(options: argparse.Namespace) -> int:
     client = connect(options.url)
     while True:
         report = snapshot(client, options.key_prefix)
-        if not any(report[k] for k in ("pools", "holders", "counters", "waiting")):
+        if not any(report[k] for k in ("pools", "holders", "counters", "waiting", "bans")):
             raise CliError(
                 f"no keys with the prefix {options.key_prefix!r} at this Redis: check --url "
                 "and --key-prefix (LeaseConfig.key_prefix of the app)",
@@ -145,10 +171,51 @@ def inspect(options: argparse.Namespace) -> int:
         time.sleep(options.watch)
 
 
+def deployment(options: argparse.Namespace, global_pool: bool = True) -> LeaseConfig:
+    """The deployment's prefix and identity secret (its other settings play no part here)."""
+    secret = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET") or None
+    try:
+        return LeaseConfig(
+            key_prefix=options.key_prefix, identity_secret=secret, global_pool=global_pool
+        )
+    except ValueError as error:
+        raise CliError(
+            f"{error} (--identity-secret or STREAM_LEASE_IDENTITY_SECRET)", EXIT_USAGE
+        ) from None
+
+
+def revoke(options: argparse.Namespace) -> int:
+    if not 0 <= options.ban <= 30 * 86400:
+        raise CliError(
+            f"--ban {options.ban} is out of range: use 0 to 2592000 s (30 days)", EXIT_USAGE
+        )
+
+    async def in_both_layouts() -> int:
+        # The user's pool is keyed one way with a global pool and another without; the CLI does
+        # not know the app's setting, so it revokes (and bans) in both: the other stays empty.
+        revoked = 0
+        for global_pool in (True, False):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no identity secret: the app's choice
+                core = Manager(options.url, deployment(options, global_pool))
+            try:
+                revoked += await core.revoke(options.user, options.ban)
+            finally:
+                await core.aclose()
+        return revoked
+
+    digest = Manager("memory://", deployment(options)).identity_digest(options.user)
+    try:
+        revoked = asyncio.run(in_both_layouts())
+    except (BackendError, ValueError) as error:
+        raise CliError(f"cannot revoke: {error}", EXIT_UNREACHABLE) from None
+    ban = f", new ones refused for {options.ban:g} s" if options.ban else ""
+    print(f"revoked {revoked} stream(s) of identity {digest}{ban}")
+    return 0
+
+
 def reset(options: argparse.Namespace) -> int:
-    secret = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET", "")
-    config = LeaseConfig(key_prefix=options.key_prefix, identity_secret=secret)
-    digest = Manager("memory://", config).identity_digest(options.user)
+    digest = Manager("memory://", deployment(options)).identity_digest(options.user)
     client = connect(options.url)
     under = f"rate:{options.policy}:*"
     keys = [key for key in keys_of(client, options.key_prefix, under) if digest in key]
@@ -172,13 +239,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     look = commands.add_parser("inspect", help="pools, holders, waiters and counters")
     look.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     look.add_argument("--watch", type=float, metavar="SECONDS", help="refresh, like top")
+    end = commands.add_parser("revoke", help="end one user's streams on every worker")
+    end.add_argument("user")
+    end.add_argument(
+        "--ban",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="refuse the user's new streams this long (403)",
+    )
     forget = commands.add_parser("reset", help="forget one user's counters of one policy")
     forget.add_argument("user")
     forget.add_argument("policy")
-    forget.add_argument("--identity-secret", default=None)
+    for command in (end, forget):
+        command.add_argument("--identity-secret", default=None)
     options = parser.parse_args(argv)
+    run = {"inspect": inspect, "revoke": revoke, "reset": reset}[options.command]
     try:
-        return inspect(options) if options.command == "inspect" else reset(options)
+        return run(options)
     except CliError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.code

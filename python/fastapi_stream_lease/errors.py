@@ -198,6 +198,22 @@ class LeaseRevoked(LeaseLost):
     title: ClassVar[str] = "Stream lease revoked"
 
 
+class UserBanned(StreamLeaseError):
+    """An operator ended this user's streams and refuses new ones for a while
+    (:meth:`StreamLeaseManager.revoke` with ``ban_seconds``): 403, with ``Retry-After`` saying
+    when the ban ends."""
+
+    status_code: ClassVar[int] = 403
+    title: ClassVar[str] = "Streams suspended"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.retry_after))
+
+
 class ClientDisconnected(StreamLeaseError):
     """The client went away while its request waited in line; it left the line. Nobody is
     left to read an answer, so the status (499, nginx's "client closed request") is moot."""

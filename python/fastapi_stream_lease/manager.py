@@ -54,6 +54,7 @@ class ManagerStats(TypedDict):
     held: int
     lost: int
     reclaimed: int
+    revoked: int
     renew_failures: int
     unremoved: int
     pruned: int
@@ -307,6 +308,18 @@ class StreamLeaseManager:
         """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
         await self._core.forget_rates(identity, policies)
 
+    async def revoke(self, user_id: str, ban_seconds: float = 0) -> int:
+        """Ends every live stream and WebSocket of ``user_id`` on every worker: this one at
+        once, the others within one renewal period (``renew_every``). Each ends the way a lost
+        lease ends, with :class:`LeaseRevoked` at the stream's edge, and its slots are freed.
+        For ``ban_seconds`` (up to 30 days) the user's new streams are refused with
+        :class:`UserBanned` (403, ``Retry-After``). Nothing else of the user's (rate and budget
+        counters) or of anyone else's is touched. Returns how many leases the user had.
+        A stream that holds no user pool (``resources`` only) is not the user's, and streams
+        that other workers admitted from their local floor during a Redis outage
+        (``failure_mode="open"``) are not in Redis: only this worker's end."""
+        return await self._core.revoke(user_id, ban_seconds)
+
     def rate_limit(
         self, *policies: RateLimit, key: KeyFunction | None = None, cost: int = 1
     ) -> Callable[[Request], Awaitable[list[RateDecision]]]:
@@ -350,6 +363,8 @@ class StreamLeaseManager:
         * ``lost``: leases lost so far: found gone from Redis with their slot taken meanwhile,
           or past their deadline without a successful renewal;
         * ``reclaimed``: leases a renewal found gone from Redis and took back (there was room);
+        * ``revoked``: leases this process ended because of a drain or an operator's
+          :meth:`revoke`;
         * ``renew_failures``: renewal script calls that failed (their leases are renewed by a
           later round, or lost at their deadline);
         * ``unremoved``: leases released or lost here whose removal from Redis failed, waiting

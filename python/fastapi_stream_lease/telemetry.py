@@ -22,6 +22,7 @@ from .errors import (
     ManagerClosed,
     RateLimited,
     StreamLeaseRejected,
+    UserBanned,
 )
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ RESULTS = (
     "resource",
     "rate",
     "budget",
+    "banned",
     "backend_unavailable",
     "closed",
     "canceled",
@@ -69,6 +71,8 @@ def result_of(error: BaseException | None) -> str:
         return "rate" if units.get(error.policy, "requests") == "requests" else "budget"
     if isinstance(error, ManagerClosed):
         return "closed"
+    if isinstance(error, UserBanned):
+        return "banned"
     if isinstance(error, BackendError):
         return "backend_unavailable"
     if isinstance(error, ClientDisconnected) or not isinstance(error, Exception):
@@ -106,7 +110,7 @@ class Observed:
             [results],
             unit="{request}",
             description="Acquires, by result (acquired, per_user, global, resource, rate, "
-            "budget, backend_unavailable, closed, canceled, invalid).",
+            "budget, banned, backend_unavailable, closed, canceled, invalid).",
         )
         meter.create_observable_up_down_counter(
             f"{NAME}.leases.active",
@@ -117,6 +121,7 @@ class Observed:
         for name, key, description in (
             ("leases.lost", "lost", "Leases found lost (gone from Redis, slot taken)."),
             ("leases.reclaimed", "reclaimed", "Leases found gone from Redis and taken back."),
+            ("leases.revoked", "revoked", "Leases ended by a drain or an operator's revoke."),
             ("redis.failures", "renew_failures", "Renewal calls to Redis that failed."),
             ("breaker.open", "breaker_open", "Managers whose circuit breaker refuses calls."),
         ):

@@ -454,6 +454,11 @@ impl Manager {
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
             }
+            AcquireOutcome::Banned(ms_left) => {
+                record.mark_released();
+                self.leases.flight_end(&record, false);
+                Err(CoreError::Banned(ms_left))
+            }
             AcquireOutcome::Wait(_) => unreachable!("only a waiter is told to wait, and it loops"),
         }
     }

@@ -20,10 +20,15 @@ use crate::backend::{Backend, Stores};
 use crate::budget::{BudgetRequest, Budgets};
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
-use crate::keys::{check_identity, KeySpace, LineKeys};
+use crate::keys::{check_identity, holders_key, KeySpace, LineKeys};
 use crate::lease::Store;
 use crate::rate::RatePolicy;
 use crate::renewal::{Counters, Leases};
+
+/// How long Redis remembers which leases were revoked, at least (4 lease durations if longer),
+/// so a holder coming back from a stall never takes one back. One away longer (a process frozen
+/// for 10 minutes) could, with room; its stream had been stalled all that time.
+const REMEMBER_REVOKED_MS: u64 = 10 * 60 * 1000;
 
 /// What one acquire asks for; the binding has checked the types.
 #[derive(Debug, Clone)]
@@ -206,6 +211,33 @@ impl Manager {
     /// Drain, first step: refuses new leases here (503), leaving the held ones to end.
     pub fn refuse_new(&self) {
         self.leases.refuse_new();
+    }
+
+    /// Ends every live stream of `identity` in every process (here at once, elsewhere within
+    /// one renewal period) and bans its new ones for `ban`; resolves to how many leases it had.
+    pub fn revoke(
+        self: &Arc<Self>,
+        identity: &str,
+        ban: Duration,
+    ) -> CoreResult<impl Future<Output = CoreResult<u64>> + Send + 'static> {
+        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        let pool = self.keys.user_pool(identity);
+        self.start_here()?;
+        let manager = Arc::clone(self);
+        let holders = holders_key(&pool.key);
+        let ban_ms = ban.as_millis() as u64;
+        let remember_ms = (4 * self.config.lease_ms()).max(REMEMBER_REVOKED_MS);
+        Ok(async move {
+            // This process's own at once, those of the local floor too.
+            let here = manager.leases.revoke_user(&pool.key) as u64;
+            let everywhere = manager
+                .stores
+                .call(Store::Main, |main| {
+                    main.revoke(&pool.key, &holders, ban_ms, remember_ms)
+                })
+                .await?;
+            Ok(everywhere.max(here))
+        })
     }
 
     /// Drain, last step: ends the streams still held here, as revoked.

@@ -59,6 +59,8 @@ pub enum AcquireOutcome {
     RateLimited(HitOutcome),
     /// The caller is in line with this ticket (lower is earlier): try again when woken.
     Wait(u64),
+    /// An operator banned the user's streams for this many ms more (`revoke`).
+    Banned(u64),
 }
 
 /// One caller waiting in line; it must call again within `ttl_ms` or be dropped from the line.
@@ -84,6 +86,9 @@ pub struct Kept {
     /// The holder's count of members in the tag (Redis; None for the embedded stores, which
     /// never lose one).
     pub members: Option<u64>,
+    /// The tag's count of revocations (`revoke`; always 0 in the embedded stores, whose
+    /// revocations end this process's leases at once).
+    pub revocations: u64,
 }
 
 /// What the calls of one renewal round found. Groups whose calls failed are not renewed: their
@@ -98,6 +103,8 @@ pub struct RoundReport {
     pub reclaimed: Vec<Arc<LeaseRecord>>,
     /// Found gone with no room to take them back (now removed everywhere).
     pub lost: Vec<Arc<LeaseRecord>>,
+    /// Found gone and revoked by an operator, so never taken back (now removed everywhere).
+    pub revoked: Vec<Arc<LeaseRecord>>,
     pub failures: Vec<CoreError>,
     /// Whether any call got an answer (for the circuit breaker).
     pub answered: bool,
@@ -206,6 +213,7 @@ impl Backend {
                         holders: holders.clone(),
                         alive: true,
                         members: None,
+                        revocations: 0,
                     })
                     .collect()
             }
@@ -289,6 +297,31 @@ impl Backend {
                 Ok(())
             }
             Backend::Redis(r) => r.settle(settlement).await,
+        }
+    }
+
+    /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
+    /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.
+    /// Their holders end them: here at once (the caller), elsewhere at their next keep-alive,
+    /// which finds the tag's count of revocations changed and lists them (`revoked`).
+    pub async fn revoke(
+        &self,
+        pool_key: &str,
+        holders: &str,
+        ban_ms: u64,
+        remember_ms: u64,
+    ) -> CoreResult<u64> {
+        match self {
+            Backend::Memory(m) => Ok(m.revoke(pool_key, ban_ms)),
+            Backend::Redis(r) => r.revoke(pool_key, holders, ban_ms, remember_ms).await,
+        }
+    }
+
+    /// The ids of the leases revoked in a tag (`holders`) lately.
+    pub async fn revoked(&self, holders: &str) -> CoreResult<Vec<String>> {
+        match self {
+            Backend::Memory(_) => Ok(Vec::new()),
+            Backend::Redis(r) => r.revoked(holders).await,
         }
     }
 

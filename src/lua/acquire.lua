@@ -23,8 +23,10 @@
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
 -- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i,
--- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses; {WAIT, ticket} when the caller is in line and
--- should wait (ticket: its place, lower is earlier). The codes are the prelude's.
+-- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
+-- {WAIT, ticket} when the caller is in line and should wait (ticket: its place, lower is
+-- earlier); {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
+-- <own pool>:ban). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local weight = tonumber(ARGV[3])
@@ -135,6 +137,19 @@ if waiter ~= '' then
   local granted = already_granted()
   if granted then
     return granted
+  end
+end
+
+-- A banned user: refused before anything else is looked at or taken.
+if own > 0 then
+  local ban = redis.call('PTTL', KEYS[1] .. ':ban')
+  if ban > 0 then
+    local granted = waiter == '' and already_granted()
+    if granted then
+      return granted
+    end
+    leave_line()
+    return {BANNED, ban}
   end
 end
 

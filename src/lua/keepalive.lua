@@ -6,10 +6,12 @@
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms;
 -- ARGV[4]: '1' to first count each tag's members again from its pools (its leases were just
 -- checked one by one), else '0'; then per key: the SSCAN cursor of its pool list ('0' to start).
--- Returns, per key, {alive, members, cursor} flattened, as text: alive = '1' if the holder's
--- entry was live (and is extended), '0' otherwise (its leases must be checked one by one and
--- taken back: the reclaim script); members: the holder's count of members in the tag, which
--- the process compares with what it holds; cursor: where the next call goes on.
+-- Returns, per key, {alive, members, cursor, revocations} flattened, as text: alive = '1' if
+-- the holder's entry was live (and is extended), '0' otherwise (its leases must be checked one
+-- by one and taken back: the reclaim script); members: the holder's count of members in the
+-- tag, which the process compares with what it holds; cursor: where the next call goes on;
+-- revocations: the tag's count of revocations (revoke.lua), which the process compares with
+-- the one it saw last.
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
@@ -42,5 +44,6 @@ for i, holders in ipairs(KEYS) do
   reply[#reply + 1] = alive and '1' or '0'
   reply[#reply + 1] = tostring(count)
   reply[#reply + 1] = next_cursor
+  reply[#reply + 1] = redis.call('GET', holders .. ':revocations') or '0'
 end
 return reply

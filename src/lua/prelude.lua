@@ -25,7 +25,7 @@ local REAP_BUDGET = 1000
 local REAP_POOLS = 200
 local reap_left = REAP_BUDGET
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
-local REFUSED, GRANTED, WAIT, RATE_LIMITED = 0, 1, 2, 3
+local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED = 0, 1, 2, 3, 4
 
 -- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
 -- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would

@@ -7,14 +7,17 @@
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id, weight w, the 1-based
 -- KEYS index of its tag's holders, pool count k, and k pairs (1-based KEYS index of the pool,
 -- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
--- Returns {lost, reclaimed}: the 1-based positions (in ARGV order) of the leases found gone with
--- no room to take them back (now removed everywhere), and of those taken back.
+-- A lease an operator revoked (revoke.lua) is never taken back: it is removed everywhere.
+-- Returns {lost, reclaimed, revoked}: the 1-based positions (in ARGV order) of the leases found
+-- gone with no room to take them back (now removed everywhere), of those taken back, and of the
+-- revoked ones found gone (now removed everywhere).
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local lost = {}
 local reclaimed = {}
+local revoked = {}
 local position = 0
 
 -- Registered first, so counting room never mistakes this holder's own members for dead ones.
@@ -52,12 +55,13 @@ while i <= #ARGV do
   end
 
   if not held then
-    local room = true
+    local is_revoked = redis.call('ZSCORE', holders .. ':revoked', id)
+    local room = not is_revoked
     local removed = 0
     for j = 1, k do
       removed = removed + remove_members(keys[j], id, weight)
       local capacity = capacities[j]
-      if capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
+      if room and capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
         room = false
       end
     end
@@ -69,7 +73,11 @@ while i <= #ARGV do
       reclaimed[#reclaimed + 1] = position
     else
       count_members(holders, holder, -removed)
-      lost[#lost + 1] = position
+      if is_revoked then
+        revoked[#revoked + 1] = position
+      else
+        lost[#lost + 1] = position
+      end
     end
   end
   i = i + 4 + 2 * k
@@ -88,4 +96,4 @@ for holders in pairs(tags) do
     recount(holders, holder)
   end
 end
-return {lost, reclaimed}
+return {lost, reclaimed, revoked}

@@ -36,6 +36,8 @@ impl From<CoreError> for PyErr {
                 CoreError::BudgetExhausted(policy) => {
                     class("BudgetExhausted").and_then(|c| c.call1((error.to_string(), policy)))
                 }
+                CoreError::Banned(ms_left) => class("UserBanned")
+                    .and_then(|c| c.call1((error.to_string(), retry_after_seconds(*ms_left)))),
                 CoreError::Unavailable(m) | CoreError::Unreached(m) => {
                     class("BackendUnavailable").and_then(|c| c.call1((m,)))
                 }

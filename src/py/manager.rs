@@ -18,6 +18,9 @@ use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
 use crate::backend::Backend;
 use crate::rate::MAX_LIMIT;
 
+/// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
+const MAX_BAN_SECONDS: f64 = 30.0 * 86400.0;
+
 /// Warned when a manager on Redis hashes user ids with an empty key (the embedded store keeps
 /// them in this process).
 const UNKEYED_IDENTITIES: &CStr = c"no identity_secret: user ids are hashed into Redis keys with an empty HMAC key, so anyone who can read the keys can test guessed user ids against them. Pass LeaseConfig(identity_secret=...) with 16 or more random bytes, the same on every worker (from your secret store or an environment variable).";
@@ -214,6 +217,31 @@ impl Manager {
         self.core.refuse_new();
     }
 
+    /// Ends every live stream of `user_id` on every worker (this one at once, the others within
+    /// one renewal period) with `LeaseRevoked`, and refuses the user's new streams with
+    /// `UserBanned` for `ban_seconds`; resolves to how many leases the user had.
+    #[pyo3(signature = (user_id, ban_seconds = None))]
+    fn revoke<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        ban_seconds: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = required_identity(user_id)?;
+        let ban = args::seconds("ban_seconds", ban_seconds, 0.0)?;
+        if !(0.0..=MAX_BAN_SECONDS).contains(&ban) {
+            return Err(PyValueError::new_err(format!(
+                "ban_seconds={ban} is out of range: use 0 (end the streams, ban nothing) to {MAX_BAN_SECONDS} (30 days)"
+            )));
+        }
+        let revoked = self.core.revoke(&identity, Duration::from_secs_f64(ban))?;
+        let op = async move {
+            let count = revoked.await?;
+            Ok(Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind())) as Delivery)
+        };
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
     /// Ends every stream this manager holds the way a lost lease ends, with `LeaseRevoked`;
     /// returns how many.
     fn revoke_held(&self) -> usize {
@@ -229,6 +257,7 @@ impl Manager {
         dict.set_item("held", stats.leases.held)?;
         dict.set_item("lost", stats.leases.lost)?;
         dict.set_item("reclaimed", stats.leases.reclaimed)?;
+        dict.set_item("revoked", stats.leases.revoked)?;
         dict.set_item("renew_failures", stats.leases.renew_failures)?;
         dict.set_item("unremoved", stats.leases.unremoved)?;
         dict.set_item("pruned", stats.leases.pruned)?;

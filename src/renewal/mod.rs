@@ -5,6 +5,7 @@
 mod handle;
 mod held;
 mod keeper;
+mod revoke;
 mod round;
 mod sweep;
 mod tally;
@@ -50,6 +51,8 @@ pub struct Counters {
     /// Leases found lost, and taken back, so far.
     pub lost: u64,
     pub reclaimed: u64,
+    /// Leases revoked by an operator (`revoke`) so far.
+    pub revoked: u64,
     /// Renewal calls that failed.
     pub renew_failures: u64,
     pub closed: bool,
@@ -81,6 +84,9 @@ pub struct Leases {
     freed: watch::Sender<u64>,
     lost: AtomicU64,
     reclaimed: AtomicU64,
+    revoked: AtomicU64,
+    /// The count of revocations each group's keep-alive found last.
+    seen_revocations: Mutex<revoke::Seen>,
     pruned: AtomicU64,
     renew_failures: AtomicU64,
 }
@@ -117,6 +123,8 @@ impl Leases {
             freed: watch::Sender::new(0),
             lost: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
+            revoked: AtomicU64::new(0),
+            seen_revocations: Mutex::default(),
             pruned: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
         }
@@ -330,7 +338,9 @@ impl Leases {
     /// releases, by their streams or by `close()`, free their slots. Returns how many.
     pub fn revoke_held(&self) -> usize {
         let held = lock(&self.held).all();
-        held.iter().filter(|record| record.mark_revoked()).count()
+        let revoked = held.iter().filter(|record| record.mark_revoked()).count();
+        self.revoked.fetch_add(revoked as u64, Ordering::Relaxed);
+        revoked
     }
 
     /// Slots this process holds per pool name (for metrics; walks every lease held).
@@ -365,6 +375,7 @@ impl Leases {
             held: lock(&self.held).len(),
             lost: self.lost.load(Ordering::Relaxed),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            revoked: self.revoked.load(Ordering::Relaxed),
             renew_failures: self.renew_failures.load(Ordering::Relaxed),
             closed: self.is_closed(),
         }

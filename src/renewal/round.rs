@@ -18,7 +18,7 @@ use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::sync::lock;
 
 impl Leases {
-    pub(super) async fn renew_held(&self) {
+    pub(super) async fn renew_held(self: &Arc<Self>) {
         let sent_at = monotonic_ms();
         // The keep-alive does not wait for the breaker: one call per period per 1,000 tags costs
         // a dead server little, and it is what keeps live streams alive the moment Redis is back.
@@ -53,6 +53,9 @@ impl Leases {
             for record in &report.lost {
                 self.lose(record, false); // the check removed it everywhere
             }
+            for record in &report.revoked {
+                self.end_revoked(record);
+            }
         }
         let unremoved: Vec<_> = std::mem::take(&mut *lock(&self.unremoved))
             .into_values()
@@ -66,7 +69,7 @@ impl Leases {
 
     /// Keeps one store's groups alive; checks the leases of groups short of members one by one
     /// and counts them again; prunes the members of groups that have too many.
-    async fn renew_store(&self, store: Store) -> RoundReport {
+    async fn renew_store(self: &Arc<Self>, store: Store) -> RoundReport {
         let backend = self.stores.get(store);
         let period_ms = self.period.as_millis() as u64;
         let mut report = RoundReport::default();
@@ -85,6 +88,9 @@ impl Leases {
         let kept = backend
             .keepalive(&groups, false, self.ttl_ms, period_ms, &mut report)
             .await;
+        if store == Store::Main {
+            self.end_listed(&kept, &mut report).await;
+        }
         let mut short = Vec::new();
         {
             let mut held = lock(&self.held);

@@ -7,6 +7,7 @@ mod rate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine, Waiter};
@@ -57,6 +58,8 @@ impl MemoryLine {
 struct State {
     pools: HashMap<String, MemoryPool>,
     line: MemoryLine,
+    /// Users' own pools whose new streams are banned, until when.
+    bans: HashMap<String, Instant>,
 }
 
 #[derive(Default)]
@@ -77,6 +80,13 @@ fn refusal(pool: &Pool, used: u64) -> Rejection {
     }
 }
 
+/// The ms left of a ban on the user of `lease` (the pool of its own quota), if any.
+fn ban_left(bans: &HashMap<String, Instant>, lease: &LeaseRecord) -> Option<u64> {
+    let own = lease.pools.first().filter(|_| lease.own_pools > 0)?;
+    let left = bans.get(&own.key)?.checked_duration_since(Instant::now())?;
+    Some((left.as_millis() as u64).max(1))
+}
+
 impl MemoryBackend {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -93,8 +103,18 @@ impl MemoryBackend {
     ) -> AcquireOutcome {
         let weight = u64::from(lease.weight);
         let mut state = self.state();
-        let State { pools: store, line } = &mut *state;
+        let State {
+            pools: store,
+            line,
+            bans,
+        } = &mut *state;
         let waiter = in_line.and_then(|l| l.waiter);
+        if let Some(left) = ban_left(bans, lease) {
+            if let Some(waiter) = waiter {
+                line.leave(&waiter.id);
+            }
+            return AcquireOutcome::Banned(left);
+        }
         // Locked after the state, as everywhere: both decide together.
         let mut counters = self.rates.lock().unwrap_or_else(PoisonError::into_inner);
         let looked = counters.hit(&rates.keys, &rates.policies, &rates.costs, false);
@@ -195,6 +215,24 @@ impl MemoryBackend {
         for adjustment in adjustments {
             rates.settle(adjustment);
         }
+    }
+
+    /// Bans a user's new streams (`pool_key`: their own pool) for `ban_ms`, unless a longer ban
+    /// is on; returns how many leases the user holds (the caller ends them: all are this
+    /// process's).
+    pub fn revoke(&self, pool_key: &str, ban_ms: u64) -> u64 {
+        let mut state = self.state();
+        let now = Instant::now();
+        state.bans.retain(|_, until| *until > now);
+        if ban_ms > 0 {
+            let until = now + Duration::from_millis(ban_ms);
+            let ban = state.bans.entry(pool_key.to_owned()).or_insert(until);
+            *ban = (*ban).max(until);
+        }
+        state
+            .pools
+            .get(pool_key)
+            .map_or(0, |pool| pool.leases.len() as u64)
     }
 
     pub fn forget_rates(&self, keys: &[String]) {

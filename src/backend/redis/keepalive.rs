@@ -78,16 +78,20 @@ impl RedisBackend {
             }
         }
         let reply: Vec<String> = self.link.run(&invocation).await?;
-        if reply.len() != 3 * groups.len() {
+        if reply.len() != 4 * groups.len() {
             return Err(unexpected_reply("keep-alive", &reply));
         }
         let mut cursors = lock(&self.cursors);
         groups
             .iter()
-            .zip(reply.chunks(3))
+            .zip(reply.chunks(4))
             .map(|(holders, tag)| {
-                let [alive, members, cursor] = tag else {
-                    unreachable!("chunks of 3")
+                let [alive, members, cursor, revocations] = tag else {
+                    unreachable!("chunks of 4")
+                };
+                let number = |text: &str| {
+                    text.parse::<i64>()
+                        .map_err(|_| unexpected_reply("keep-alive", &reply))
                 };
                 if cursor == "0" {
                     cursors.remove(holders);
@@ -98,12 +102,8 @@ impl RedisBackend {
                     holders: holders.clone(),
                     alive: alive == "1",
                     // A count may go below 0 while a holder registers again; it is then short.
-                    members: Some(
-                        members
-                            .parse::<i64>()
-                            .map_err(|_| unexpected_reply("keep-alive", &reply))?
-                            .max(0) as u64,
-                    ),
+                    members: Some(number(members)?.max(0) as u64),
+                    revocations: number(revocations)?.max(0) as u64,
                 })
             })
             .collect()
@@ -148,7 +148,9 @@ impl RedisBackend {
                 });
                 (
                     batch,
-                    self.link.run::<(Vec<usize>, Vec<usize>)>(&invocation).await,
+                    self.link
+                        .run::<(Vec<usize>, Vec<usize>, Vec<usize>)>(&invocation)
+                        .await,
                 )
             })
             .collect();
@@ -156,12 +158,13 @@ impl RedisBackend {
         let mut failed = HashSet::new();
         for (batch, outcome) in checks {
             match outcome {
-                Ok((lost, reclaimed)) => {
+                Ok((lost, reclaimed, revoked)) => {
                     report.answered = true;
                     // 1-based positions in the batch.
                     let at = |position: &usize| batch.get(position.wrapping_sub(1)).map(Arc::clone);
                     report.lost.extend(lost.iter().filter_map(at));
                     report.reclaimed.extend(reclaimed.iter().filter_map(at));
+                    report.revoked.extend(revoked.iter().filter_map(at));
                 }
                 Err(e) => {
                     report.failures.push(e);

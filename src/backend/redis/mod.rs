@@ -30,6 +30,7 @@ const REFUSED: u64 = 0;
 const GRANTED: u64 = 1;
 const WAIT: u64 = 2;
 const RATE_LIMITED: u64 = 3;
+const BANNED: u64 = 4;
 
 pub struct RedisBackend {
     link: Link,
@@ -112,6 +113,7 @@ impl RedisBackend {
                 }))
             }
             [WAIT, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
+            [BANNED, ms_left] => Ok(AcquireOutcome::Banned(*ms_left)),
             [REFUSED, index, current, retry_after_ms] => {
                 let pool = pools
                     .get((*index as usize).wrapping_sub(1))
@@ -189,6 +191,24 @@ impl RedisBackend {
             decisions: decisions(policies, per_policy),
             refused: (*refused > 0).then(|| (*refused as usize - 1, *retry_ms)),
         })
+    }
+
+    pub async fn revoke(
+        &self,
+        pool_key: &str,
+        holders: &str,
+        ban_ms: u64,
+        remember_ms: u64,
+    ) -> CoreResult<u64> {
+        let mut invocation = scripts::REVOKE.prepare_invoke();
+        invocation.key(pool_key).key(holders).arg(ban_ms).arg(remember_ms);
+        self.link.run(&invocation).await
+    }
+
+    pub async fn revoked(&self, holders: &str) -> CoreResult<Vec<String>> {
+        let mut invocation = scripts::REVOKED.prepare_invoke();
+        invocation.key(holders);
+        self.link.run(&invocation).await
     }
 
     pub async fn forget_rates(&self, keys: &[String]) -> CoreResult<()> {

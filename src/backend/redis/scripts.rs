@@ -30,3 +30,5 @@ pub static HIT: LazyLock<Script> = script!("hit.lua");
 pub static FORGET: LazyLock<Script> = script!("forget.lua");
 pub static TOP_UP: LazyLock<Script> = script!("topup.lua");
 pub static SETTLE: LazyLock<Script> = script!("settle.lua");
+pub static REVOKE: LazyLock<Script> = script!("revoke.lua");
+pub static REVOKED: LazyLock<Script> = script!("revoked.lua");

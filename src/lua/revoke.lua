@@ -1,0 +1,40 @@
+-- Revoke every live lease of one user, in every process: the leases in the user's own pool are
+-- listed as revoked in the tag, and the tag's revocation count goes up; each holder reads that
+-- count with its keep-alive (keepalive.lua), lists the revoked leases (revoked.lua) and ends and
+-- releases those it holds, within one renewal period. Nothing is removed here, so no other
+-- lease of the user's or of anyone's is touched, and a holder that died frees its slots by
+-- expiry as always. With a ban, acquire.lua refuses the user's new streams until it ends.
+-- KEYS[1]: the user's own pool; KEYS[2]: its tag's holders (<holders>:revoked is the sorted set
+-- of revoked lease ids by the time they are forgotten, <holders>:revocations the count).
+-- ARGV[1]: ban in ms (0: none; a longer ban already set is kept); ARGV[2]: how long the
+-- revoked ids are remembered in ms (a holder that was away longer has lost them anyway).
+-- Returns the number of leases revoked.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
+read_clock()
+local pool, holders = KEYS[1], KEYS[2]
+local ban, remember = tonumber(ARGV[1]), tonumber(ARGV[2])
+local revoked, count = holders .. ':revoked', 0
+local seen = {}
+for _, member in ipairs(redis.call('ZRANGE', pool, 0, -1)) do
+  -- A lease of weight w is w members: id, id#2, ..., id#w.
+  local id = string.match(member, '^[^#]+')
+  if not seen[id] then
+    seen[id] = true
+    redis.call('ZADD', revoked, now + remember, id)
+    count = count + 1
+  end
+end
+redis.call('ZREMRANGEBYSCORE', revoked, '-inf', now)
+if count > 0 then
+  local revocations = holders .. ':revocations'
+  redis.call('INCR', revocations)
+  redis.call('PEXPIRE', revocations, math.max(IDLE_MS, remember))
+  redis.call('PEXPIRE', revoked, remember)
+end
+if ban > 0 then
+  local key = pool .. ':ban'
+  if redis.call('PTTL', key) < ban then
+    redis.call('SET', key, '1', 'PX', ban)
+  end
+end
+return count

@@ -1,0 +1,85 @@
+//! Revoked leases: an operator ends a user's streams in every process (`Manager::revoke`). Each
+//! process ends those it holds and releases them: the one that revoked at once, the others when
+//! their keep-alive finds a tag's count of revocations changed and lists the revoked ids.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::Leases;
+use crate::backend::{Kept, RoundReport};
+use crate::lease::{LeaseRecord, Store};
+use crate::sync::lock;
+
+/// The count of revocations seen last per group (holders key) of the main store.
+#[derive(Default)]
+pub struct Seen {
+    counts: HashMap<String, u64>,
+    /// Groups whose count changed last round, checked once more: a grant in flight then (made
+    /// before the revocation, answered after the check) is held now.
+    again: HashSet<String>,
+}
+
+impl Seen {
+    /// The groups to check after a keep-alive found these counts; groups not kept are
+    /// forgotten (checked again when next seen with a count above 0).
+    fn changed(&mut self, kept: &[Kept]) -> Vec<String> {
+        let mut check = std::mem::take(&mut self.again);
+        let mut counts = HashMap::with_capacity(kept.len());
+        for tag in kept {
+            if self.counts.get(&tag.holders).copied().unwrap_or(0) != tag.revocations {
+                check.insert(tag.holders.clone());
+                self.again.insert(tag.holders.clone());
+            }
+            counts.insert(tag.holders.clone(), tag.revocations);
+        }
+        self.counts = counts;
+        check.into_iter().collect()
+    }
+}
+
+impl Leases {
+    /// Ends a revoked lease the way a lost one ends (its stream gets `LeaseRevoked`) and
+    /// releases it; false if it was released or lost already.
+    pub(super) fn end_revoked(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
+        if !record.mark_revoked() {
+            return false;
+        }
+        self.revoked.fetch_add(1, Ordering::Relaxed);
+        self.release_in_background(record);
+        true
+    }
+
+    /// Ends the leases held here in a user's own pool (`pool_key`), in both stores; returns how
+    /// many.
+    pub fn revoke_user(self: &Arc<Self>, pool_key: &str) -> usize {
+        let held = lock(&self.held).all();
+        held.iter()
+            .filter(|record| record.own_pools > 0 && record.pools[0].key == pool_key)
+            .filter(|record| self.end_revoked(record))
+            .count()
+    }
+
+    /// After the main store's keep-alive: in each group whose count of revocations changed,
+    /// ends the leases held that are listed as revoked. A failed listing is made again next
+    /// round.
+    pub(super) async fn end_listed(self: &Arc<Self>, kept: &[Kept], report: &mut RoundReport) {
+        let changed = lock(&self.seen_revocations).changed(kept);
+        let backend = self.stores.get(Store::Main);
+        for holders in changed {
+            match backend.revoked(&holders).await {
+                Ok(ids) => {
+                    let ids: HashSet<String> = ids.into_iter().collect();
+                    let held = lock(&self.held).leases_of(Store::Main, &holders);
+                    for record in held.iter().filter(|record| ids.contains(&record.id)) {
+                        self.end_revoked(record);
+                    }
+                }
+                Err(e) => {
+                    lock(&self.seen_revocations).again.insert(holders);
+                    report.failures.push(e);
+                }
+            }
+        }
+    }
+}

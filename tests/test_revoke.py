@@ -1,0 +1,233 @@
+"""Revoking a user's streams (issue 13): every live stream of the user ends with LeaseRevoked,
+in this process at once and in every other within one renewal period; a ban refuses the user's
+new streams with 403 until it ends; nothing else of the user's or anyone's is touched. The
+behavioural tests run on the embedded store and on a real Redis; the others across managers
+(holders), worker processes and a Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from fastapi import FastAPI
+from starlette.testclient import TestClient
+
+from fastapi_stream_lease import (
+    LeaseConfig,
+    LeaseLost,
+    LeaseRevoked,
+    RateLimit,
+    StreamLeaseManager,
+    UserBanned,
+    install_exception_handler,
+)
+
+from support.apps import app_command
+from support.waiting import count_is, eventually
+
+SECRET = "revoke-tests-secret-0123456789"
+
+
+async def ticks():
+    while True:
+        yield 1
+        await asyncio.sleep(0.01)
+
+
+async def drive(stream) -> int:
+    return sum([item async for item in stream])
+
+
+def streaming(lease) -> asyncio.Task:
+    return asyncio.create_task(drive(lease.wrap(ticks())))
+
+
+async def test_a_revoke_ends_every_stream_of_the_user_and_nothing_else(make_manager):
+    manager = make_manager(max_per_user=5, identity_secret=SECRET)
+    alices = [await manager.acquire("alice") for _ in range(2)]
+    bobs = await manager.acquire("bob")
+    runs = [streaming(lease) for lease in alices]
+    bob_runs = streaming(bobs)
+    minute = RateLimit("per_minute", 100, per=60)
+    await manager.hit("alice", minute)
+
+    assert await manager.revoke("alice") == 2
+    for run in runs:
+        with pytest.raises(LeaseRevoked) as ended:
+            await run
+        assert isinstance(ended.value, LeaseLost), "ends like a lost lease"
+    assert all(lease.revoked and lease.released for lease in alices)
+    await count_is(manager, 0, "alice")
+    assert not bob_runs.done() and not bobs.lost, "bob's stream runs on"
+    assert manager.stats()["revoked"] == 2
+    assert (await manager.peek("alice", minute)).remaining == 99, "her counters are untouched"
+    again = await manager.acquire("alice")  # no ban: new streams are admitted at once
+    await again.release()
+    bob_runs.cancel()
+    await bobs.release()
+
+
+async def test_a_ban_refuses_the_users_new_streams_until_it_ends(make_manager):
+    manager = make_manager(max_per_user=5, identity_secret=SECRET)
+    assert await manager.revoke("alice", ban_seconds=1.5) == 0, "nothing to end, a ban all the same"
+    with pytest.raises(UserBanned) as banned:
+        await manager.acquire("alice")
+    assert banned.value.status_code == 403 and banned.value.retry_after in (1, 2)
+    assert "revoke" in str(banned.value) and "alice" not in str(banned.value)
+    assert manager.stats()["held"] == 0, "a refusal takes nothing"
+    bob = await manager.acquire("bob")
+    await manager.revoke("alice", ban_seconds=0.1)  # a shorter ban never cuts a longer one
+    with pytest.raises(UserBanned):
+        await manager.acquire("alice")
+
+    async def admitted() -> bool:
+        try:
+            lease = await manager.acquire("alice")
+        except UserBanned:
+            return False
+        await lease.release()
+        return True
+
+    await eventually(admitted, what="the ban to end")
+    await bob.release()
+
+
+async def test_a_banned_user_gets_a_403_with_retry_after(make_manager):
+    manager = make_manager(max_per_user=5, identity_secret=SECRET)
+    app = FastAPI()
+    install_exception_handler(app)
+
+    @app.get("/stream")
+    async def stream(user: str):
+        async with manager.lease(user):
+            return {"ok": True}
+
+    await manager.revoke("alice", ban_seconds=60)
+    with TestClient(app) as client:
+        refused = client.get("/stream", params={"user": "alice"})
+        assert refused.status_code == 403
+        assert 59 <= int(refused.headers["retry-after"]) <= 60
+        assert refused.json()["title"] == "Streams suspended"
+        assert client.get("/stream", params={"user": "bob"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("user_id", "ban_seconds", "error", "says"),
+    [
+        ("", 0, ValueError, "user_id is empty"),
+        (None, 0, TypeError, "needs an identity"),
+        ("alice", -1, ValueError, "ban_seconds=-1"),
+        ("alice", 10**9, ValueError, "30 days"),
+        ("alice", "60", TypeError, "ban_seconds must be a number"),
+        ("alice", float("nan"), ValueError, "finite"),
+    ],
+)
+async def test_bad_revokes_say_what_was_wrong(make_manager, user_id, ban_seconds, error, says):
+    manager = make_manager(identity_secret=SECRET)
+    lease = await manager.acquire("alice")
+    with pytest.raises(error, match=says):
+        await manager.revoke(user_id, ban_seconds=ban_seconds)
+    assert not lease.lost, "a bad call ends nothing"
+    await lease.release()
+
+
+async def test_a_revoke_reaches_another_managers_streams_within_a_renewal_period(
+    make_redis_manager,
+):
+    # Leases of 30 s renewed every 0.5 s: only the keep-alive can end them this soon.
+    worker = make_redis_manager(identity_secret=SECRET, lease_seconds=30, renew_every=0.5)
+    operator = make_redis_manager(identity_secret=SECRET, lease_seconds=30)
+    alice, bob = await worker.acquire("alice"), await worker.acquire("bob")
+    runs, bob_runs = streaming(alice), streaming(bob)
+    assert await operator.revoke("alice") == 1
+    with pytest.raises(LeaseRevoked):
+        await asyncio.wait_for(runs, timeout=5)
+    await count_is(operator, 0, "alice")
+    assert not bob_runs.done() and await operator.get_active_count("bob") == 1
+    assert worker.stats()["revoked"] == 1 and worker.stats()["lost"] == 0, "counted apart"
+    bob_runs.cancel()
+
+
+async def test_a_revoked_lease_found_gone_is_never_taken_back(
+    make_redis_manager, redis_client, key_prefix
+):
+    """A holder back from a stall checks its leases one by one: one revoked meanwhile is
+    removed, not taken back, even with room."""
+    worker = make_redis_manager(identity_secret=SECRET, lease_seconds=30, renew_every=0.2)
+    lease = await worker.acquire("alice")
+    run = streaming(lease)
+    tag = f"{{{key_prefix}}}"
+    # As a stall would leave it: the holder's entry gone, its members reaped; the revocation
+    # listed but its count not seen (as if the keep-alive that saw it failed).
+    redis_client.zadd(f"{tag}:holders:revoked", {lease.lease_id: 2**50})
+    redis_client.delete(f"{tag}:holders")
+    for pool in ("global", f"user:{worker._core.identity_digest('alice')}"):
+        redis_client.zrem(f"{tag}:{pool}", lease.lease_id)
+    with pytest.raises(LeaseRevoked):
+        await asyncio.wait_for(run, timeout=5)
+    await count_is(worker, 0, "alice")
+    assert worker.stats()["reclaimed"] == 0
+
+
+async def start_worker(url: str, prefix: str, renew: float):
+    worker = await asyncio.create_subprocess_exec(
+        *app_command("revocable_streams", url, prefix, SECRET, str(renew)),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert (await asyncio.wait_for(worker.stdout.readline(), 30)).startswith(b"streaming")
+    return worker
+
+
+async def test_a_revoke_ends_the_users_streams_in_every_worker_process(
+    redis_server, key_prefix, make_redis_manager
+):
+    renew = 1.0
+    workers = [await start_worker(redis_server.url, key_prefix, renew) for _ in range(2)]
+    operator = make_redis_manager(identity_secret=SECRET)
+    await count_is(operator, 4, "alice")
+    loop = asyncio.get_running_loop()
+    revoked_at = loop.time()
+    assert await operator.revoke("alice", ban_seconds=60) == 4
+    for worker in workers:
+        for _ in range(2):
+            line = await asyncio.wait_for(worker.stdout.readline(), 10)
+            assert line.split() == [b"ended", b"alice", b"LeaseRevoked"]
+    # Within one renewal period (and the round trip of the listing), on a loaded machine too.
+    assert loop.time() - revoked_at < 2 * renew + 3
+    await count_is(operator, 0, "alice")
+    assert await operator.get_active_count("bob") == 2
+    for worker in workers:
+        worker.send_signal(signal.SIGUSR1)
+        assert (await asyncio.wait_for(worker.stdout.readline(), 10)).split() == [b"running", b"1"]
+        worker.send_signal(signal.SIGTERM)
+        assert await worker.wait() == 0
+    with pytest.raises(UserBanned):
+        await operator.acquire("alice")
+
+
+async def test_a_revoke_on_a_cluster_reaches_other_managers(redis_cluster, key_prefix):
+    config = LeaseConfig(
+        key_prefix=key_prefix,
+        identity_secret=SECRET,
+        global_pool=False,
+        lease_seconds=30,
+        renew_every=0.5,
+    )
+    worker = StreamLeaseManager(url=redis_cluster.url, config=config)
+    operator = StreamLeaseManager(url=redis_cluster.url, config=config)
+    try:
+        leases = {user: await worker.acquire(user) for user in ("alice", "bob", "carol")}
+        runs = {user: streaming(lease) for user, lease in leases.items()}
+        assert await operator.revoke("alice", ban_seconds=30) == 1
+        with pytest.raises(LeaseRevoked):
+            await asyncio.wait_for(runs["alice"], timeout=5)
+        with pytest.raises(UserBanned):
+            await operator.acquire("alice")
+        assert not runs["bob"].done() and not runs["carol"].done()
+        for user in ("bob", "carol"):
+            runs[user].cancel()
+            await leases[user].release()
+    finally:
+        await worker.aclose()
+        await operator.aclose()
