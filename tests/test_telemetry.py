@@ -176,3 +176,54 @@ async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key
     assert [p.value for p in points(reader, f"{NAME}.requests")] == [1]
     await manager.aclose()
     await manager.aclose()
+
+
+async def test_shared_pools_are_read_across_workers_once_per_collection(
+    backend_url, key_prefix, telemetry
+):
+    meters, _, reader, _ = telemetry
+    config = LeaseConfig(key_prefix=key_prefix, max_global=10, identity_secret=b"s" * 16)
+    manager = StreamLeaseManager(url=backend_url, config=config, meter_provider=meters)
+    other = StreamLeaseManager(url=backend_url, config=config)  # another worker, no telemetry
+    gpu = Resource(capacity=2, name="gpu")
+    held = [await manager.acquire(ALICE, resources=[gpu]), await manager.acquire(BOB)]
+    if backend_url != "memory://":  # the embedded store is this manager's alone
+        held.append(await other.acquire(CAROL, resources=[gpu]))
+    telemetry_of = manager._instruments()
+    reads = 0
+    read = telemetry_of.sampler.read
+
+    async def counted() -> None:
+        nonlocal reads
+        reads += 1
+        await read()
+
+    telemetry_of.sampler.read = counted
+
+    def figures(name: str) -> dict[str, int]:
+        return {p.attributes["pool"]: p.value for p in points(reader, name)}
+
+    # A reader in another thread (a periodic exporter, Prometheus) waits for the one read.
+    used = await asyncio.to_thread(figures, f"{NAME}.pool.used")
+    expected = {"global": 3, "gpu": 2} if backend_url != "memory://" else {"global": 2, "gpu": 1}
+    assert used == expected
+    assert await asyncio.to_thread(figures, f"{NAME}.pool.capacity") == {"global": 10, "gpu": 2}
+    assert reads == 1, "one call per collection, at most one a second: never per request"
+    for lease in held:
+        await lease.release()
+    # A collection on the manager's own loop never blocks it: it starts a read for the next.
+    telemetry_of.sampler.read_at = -1.0
+    assert figures(f"{NAME}.pool.used") == expected
+    await telemetry_of.sampler.reading
+    assert figures(f"{NAME}.pool.used") == {"global": 0, "gpu": 0}
+    await manager.aclose()
+    await other.aclose()
+
+
+async def test_shared_pools_on_a_cluster_are_one_call(redis_cluster, key_prefix):
+    config = LeaseConfig(key_prefix=key_prefix, max_global=5, identity_secret=b"s" * 16)
+    manager = StreamLeaseManager(url=redis_cluster.url, config=config)
+    lease = await manager.acquire(ALICE, resources=[Resource(capacity=3, name="gpu")])
+    assert sorted(await manager._core.shared_usage()) == [("global", 1, 5), ("gpu", 1, 3)]
+    await lease.release()
+    await manager.aclose()

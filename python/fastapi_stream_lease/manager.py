@@ -117,6 +117,7 @@ class StreamLeaseManager:
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
         self._core = _core.Manager(url, config, tls_ca_file)
         self._cancel_on_lost = config.on_lost == "cancel"
+        self._wait_timeout = config.wait_timeout
         self._trusted_proxies = trusted_networks(config.trusted_proxies)
         self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
         self._telemetry: Telemetry | None = None
@@ -181,24 +182,18 @@ class StreamLeaseManager:
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
-        arguments = (user_id, weight, max_per_user, wait_timeout, resources, request)
-        budgeting = (rate_limits, budgets, reserve, on_budget)
+        acquiring = self._acquire_handle(
+            user_id, weight, max_per_user, wait_timeout, resources, request,
+            rate_limits, budgets, reserve, on_budget,
+        )  # fmt: skip
         telemetry = self._instruments()
         if telemetry is None:
-            handle = await self._acquire_handle(*arguments, *budgeting)
-            return Lease(handle, cancel_on_lost=self._cancel_on_lost)
-        pools = [*self._own_pools(user_id), *(resource.name for resource in resources)]
-        policies = [policy.name for policy in (*rate_limits, *budgets)]
-        waits = (self.config.wait_timeout if wait_timeout is None else wait_timeout) > 0
-        with telemetry.admission(user_id, pools, policies, waits):
-            handle = await self._acquire_handle(*arguments, *budgeting)
+            return Lease(await acquiring, cancel_on_lost=self._cancel_on_lost)
+        waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
+        policies = (*rate_limits, *budgets)
+        handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
         return Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=ended)
-
-    def _own_pools(self, user_id: str | None) -> list[str]:
-        if user_id is None:
-            return []
-        return ["per_user", "global"] if self.config.global_pool else ["per_user"]
 
     def _instruments(self) -> Telemetry | None:
         """This manager's OpenTelemetry instruments, made on first use: with the providers it

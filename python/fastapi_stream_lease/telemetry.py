@@ -10,10 +10,11 @@ hash (the one in the Redis keys), never the identity.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -21,13 +22,15 @@ from .errors import (
     ClientDisconnected,
     ManagerClosed,
     RateLimited,
+    StreamLeaseError,
     StreamLeaseRejected,
     UserBanned,
 )
 
 if TYPE_CHECKING:
-    from ._core import Manager
+    from ._core import LeaseHandle, Manager, RateLimit
     from .lease import Lease
+    from .resources import Resource
 
 NAME = "fastapi_stream_lease"
 
@@ -80,6 +83,50 @@ def result_of(error: BaseException | None) -> str:
     return "invalid"
 
 
+#: Seconds between two reads of the shared pools' use from Redis (one call each), at least.
+SAMPLE_EVERY = 1.0
+
+
+class PoolSampler:
+    """The use of one manager's shared pools across every worker (``pool.used`` and
+    ``pool.capacity``), read from Redis by one call when a reader collects, at most once a
+    second: never per request. A reader in another thread (a periodic exporter, Prometheus'
+    HTTP server) waits for the read, up to ``redis_timeout``; one collecting on the manager's own
+    event loop is never blocked: it starts the read and gets the previous figures."""
+
+    def __init__(self, core: Manager) -> None:
+        self.core = core
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.figures: list[tuple[str, int, int]] = []
+        self.read_at = -SAMPLE_EVERY
+        self.timeout = core.config.redis_timeout + 0.5
+        self.reading: asyncio.Future[None] | None = None
+
+    def sample(self) -> list[tuple[str, int, int]]:
+        loop, now = self.loop, time.monotonic()
+        if loop is None or loop.is_closed() or now - self.read_at < SAMPLE_EVERY:
+            return self.figures
+        self.read_at = now
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.reading = asyncio.ensure_future(self.read())
+            return self.figures
+        try:
+            asyncio.run_coroutine_threadsafe(self.read(), loop).result(self.timeout)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # the loop is busy or stopping: the figures stay as they were
+        return self.figures
+
+    async def read(self) -> None:
+        try:
+            self.figures = await self.core.shared_usage()
+        except StreamLeaseError:
+            self.figures = []  # no figure rather than a stale one while Redis is away
+
+
 class Observed:
     """What the observable instruments of one meter provider read, for every manager that
     records there (an instrument is made once per provider: a second one of the same name
@@ -89,15 +136,23 @@ class Observed:
         from opentelemetry.metrics import Observation
 
         self.results: dict[str, int] = {}
-        self.cores: weakref.WeakSet[Manager] = weakref.WeakSet()
+        self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
         def each_core(read: Any) -> Any:
             def observe(_options: Any) -> list[Any]:
                 observations: dict[tuple[str, str], int] = {}
-                for core in list(self.cores):
-                    for attributes, value in read(core):
+                for member in list(self.members):
+                    for attributes, value in read(member):
                         observations[attributes] = observations.get(attributes, 0) + value
                 return [Observation(v, dict([a]) if a[0] else {}) for a, v in observations.items()]
+
+            return observe
+
+        def shared(figure: Callable[[tuple[str, int, int]], int]) -> Any:
+            def observe(_options: Any) -> list[Any]:
+                # The same pool seen by two managers of one process is one pool.
+                figures = {f[0]: figure(f) for m in list(self.members) for f in m.sampler.sample()}
+                return [Observation(n, {"pool": pool}) for pool, n in figures.items()]
 
             return observe
 
@@ -114,9 +169,22 @@ class Observed:
         )
         meter.create_observable_up_down_counter(
             f"{NAME}.leases.active",
-            [each_core(lambda core: [(("pool", p), n) for p, n in core.slots_by_pool()])],
+            [each_core(lambda m: [(("pool", p), n) for p, n in m.core.slots_by_pool()])],
             unit="{lease}",
-            description="Slots held, per pool.",
+            description="Slots held by this process, per pool.",
+        )
+        meter.create_observable_gauge(
+            f"{NAME}.pool.used",
+            [shared(lambda figures: figures[1])],
+            unit="{slot}",
+            description="Slots in use in each shared pool across every worker (from Redis, "
+            "one call per collection).",
+        )
+        meter.create_observable_gauge(
+            f"{NAME}.pool.capacity",
+            [shared(lambda figures: figures[2])],
+            unit="{slot}",
+            description="Capacity of each shared pool (0: unlimited).",
         )
         for name, key, description in (
             ("leases.lost", "lost", "Leases found lost (gone from Redis, slot taken)."),
@@ -127,7 +195,7 @@ class Observed:
         ):
             meter.create_observable_up_down_counter(
                 f"{NAME}.{name}",
-                [each_core(lambda core, key=key: [(("", ""), int(core.stats()[key]))])],
+                [each_core(lambda m, key=key: [(("", ""), int(m.core.stats()[key]))])],
                 description=description,
             )
 
@@ -139,9 +207,9 @@ _OBSERVED: weakref.WeakKeyDictionary[Any, Observed] = weakref.WeakKeyDictionary(
 class Telemetry:
     """The instruments and tracer of one manager. The SDK costs tens of microseconds per
     record on a small machine, so what can be is counted here and read when a reader collects:
-    the results per acquire (a dict increment) and the leases held per pool (from the core).
-    Per acquire: a span only inside a sampled trace (the request's); per release: one histogram
-    record (and the tokens, with budgets)."""
+    the results per acquire (a dict increment), the leases held per pool (from the core) and the
+    shared pools' use (from Redis). Per acquire: a span only inside a sampled trace (the
+    request's); per release: one histogram record (and the tokens, with budgets)."""
 
     def __init__(
         self,
@@ -158,12 +226,14 @@ class Telemetry:
         meter = provider.get_meter(NAME, __version__)
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(NAME, __version__)
         self._trace = trace
-        self._core = core
+        self.core = core
+        self.sampler = PoolSampler(core)
+        self._own_pools = ("per_user", "global") if core.config.global_pool else ("per_user",)
         self._trace_identities = trace_identities
         observed = _OBSERVED.get(provider)
         if observed is None:
             observed = _OBSERVED[provider] = Observed(meter)
-        observed.cores.add(core)
+        observed.members.add(self)
         self._results = observed.results
         self.queued = meter.create_up_down_counter(
             f"{NAME}.requests.queued",
@@ -182,27 +252,28 @@ class Telemetry:
             f"{NAME}.tokens", unit="{token}", description="Tokens charged to budgets, by direction."
         )
 
-    @contextmanager
-    def admission(
-        self, user_id: str | None, pools: Sequence[str], policies: Sequence[str], waits: bool
-    ) -> Iterator[None]:
-        """Around one acquire: a span when the request's trace is sampled (a child of its
+    async def admit(
+        self,
+        acquiring: Awaitable[LeaseHandle],
+        user_id: str | None,
+        resources: Sequence[Resource],
+        policies: Sequence[RateLimit],
+        waits: bool,
+    ) -> LeaseHandle:
+        """Awaits one acquire: a span when the request's trace is sampled (a child of its
         span), the queue gauge while it may wait, and exactly one ``requests`` result however
         it ends."""
         started = time.monotonic()
+        if self.sampler.loop is None:
+            self.sampler.loop = asyncio.get_running_loop()
         span = None
         if self._trace.get_current_span().get_span_context().trace_flags.sampled:
-            attributes: dict[str, Any] = {f"{NAME}.pools": pools}
-            if policies:
-                attributes[f"{NAME}.policies"] = policies
-            if self._trace_identities and user_id is not None:
-                attributes[f"{NAME}.identity_hash"] = self._core.identity_digest(user_id)
-            span = self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
+            span = self._span(user_id, resources, policies)
         if waits:
             self.queued.add(1)
         error: BaseException | None = None
         try:
-            yield
+            return await acquiring
         except BaseException as raised:
             error = raised
             raise
@@ -216,6 +287,17 @@ class Telemetry:
             if span is not None:
                 span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
                 span.end()
+
+    def _span(
+        self, user_id: str | None, resources: Sequence[Resource], policies: Sequence[RateLimit]
+    ) -> Any:
+        pools = [*(self._own_pools if user_id is not None else ()), *(r.name for r in resources)]
+        attributes: dict[str, Any] = {f"{NAME}.pools": pools}
+        if policies:
+            attributes[f"{NAME}.policies"] = [policy.name for policy in policies]
+        if self._trace_identities and user_id is not None:
+            attributes[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
+        return self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
 
     def ended(self, lease: Lease, granted_at: float) -> None:
         """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an

@@ -180,6 +180,9 @@ impl Manager {
         let mut pools = self
             .keys
             .pools_for(request.identity.as_deref(), &request.resources);
+        // The resources come last.
+        self.shared_pools
+            .note(&pools[pools.len() - request.resources.len()..]);
         if let (Some(cap), Some(_)) = (request.max_per_user, &request.identity) {
             // A per-call cap (a paid tier, say): the user's pool is the same, only its limit moves.
             pools[0].capacity = cap;
@@ -329,7 +332,9 @@ impl Manager {
             }
             let share = local_share(pool.capacity, self.config.fallback_workers);
             // The fallback store checks its own leases against what is left of the share.
-            let local_slots = fallback.count(&pool.key, self.config.lease_ms()).await?;
+            let local_slots = fallback
+                .count(std::slice::from_ref(&pool.key), self.config.lease_ms())
+                .await?[0];
             let redis_slots = self.leases.slots_in(&pool.key).saturating_sub(local_slots);
             let left = share.saturating_sub(redis_slots);
             if left < u64::from(record.weight) {

@@ -7,9 +7,10 @@ mod acquire;
 mod rate;
 mod waiting;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -20,15 +21,39 @@ use crate::backend::{Backend, Stores};
 use crate::budget::{BudgetRequest, Budgets};
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
-use crate::keys::{check_identity, holders_key, KeySpace, LineKeys};
+use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
 use crate::rate::RatePolicy;
 use crate::renewal::{Counters, Leases};
+use crate::sync::lock;
 
 /// How long Redis remembers which leases were revoked, at least (4 lease durations if longer),
 /// so a holder coming back from a stall never takes one back. One away longer (a process frozen
 /// for 10 minutes) could, with room; its stream had been stalled all that time.
 const REMEMBER_REVOKED_MS: u64 = 10 * 60 * 1000;
+
+/// Resources remembered for the cluster-wide gauges, at most (names come from the app's code).
+const MAX_SEEN_POOLS: usize = 256;
+
+/// The resource pools this process has acquired, by name (the last capacity asked).
+#[derive(Default)]
+struct SeenPools(Mutex<BTreeMap<Arc<str>, Pool>>);
+
+impl SeenPools {
+    fn note(&self, resources: &[Pool]) {
+        let mut seen = None;
+        for pool in resources {
+            let seen = seen.get_or_insert_with(|| lock(&self.0));
+            if seen.len() < MAX_SEEN_POOLS || seen.contains_key(&pool.name) {
+                seen.insert(pool.name.clone(), pool.clone());
+            }
+        }
+    }
+
+    fn seen(&self) -> Vec<Pool> {
+        lock(&self.0).values().cloned().collect()
+    }
+}
 
 /// What one acquire asks for; the binding has checked the types.
 #[derive(Debug, Clone)]
@@ -69,6 +94,8 @@ pub struct Manager {
     /// The line of the shared pools (None without a global pool: nothing to wait for).
     line: Option<LineKeys>,
     local_line: LocalLine,
+    /// The resources acquired here (for `shared_usage`).
+    shared_pools: SeenPools,
     /// Stops the wake-up listener when the manager goes away (leases may outlive it).
     listener_stop: CancellationToken,
     leases: Arc<Leases>,
@@ -105,6 +132,7 @@ impl Manager {
             stores,
             line,
             local_line: LocalLine::default(),
+            shared_pools: SeenPools::default(),
             listener_stop: CancellationToken::new(),
             leases,
             budgets,
@@ -162,10 +190,45 @@ impl Manager {
         let manager = Arc::clone(self);
         let ttl_ms = self.config.lease_ms();
         Ok(async move {
-            manager
+            let counts = manager
                 .stores
-                .call(Store::Main, |main| main.count(&pool.key, ttl_ms))
-                .await
+                .call(Store::Main, |main| {
+                    main.count(std::slice::from_ref(&pool.key), ttl_ms)
+                })
+                .await?;
+            Ok(counts[0])
+        })
+    }
+
+    /// Slots in use across every process in each shared pool (the global one, and the
+    /// resources this process has seen), with its capacity: one call (all are in one tag), for
+    /// cluster-wide gauges.
+    pub fn shared_usage(
+        self: &Arc<Self>,
+    ) -> CoreResult<impl Future<Output = CoreResult<Vec<(String, u64, u64)>>> + Send + 'static> {
+        let pools: Vec<Pool> = self
+            .keys
+            .global_pool()
+            .into_iter()
+            .chain(self.shared_pools.seen())
+            .collect();
+        self.start_here()?;
+        let manager = Arc::clone(self);
+        let ttl_ms = self.config.lease_ms();
+        Ok(async move {
+            if pools.is_empty() {
+                return Ok(Vec::new());
+            }
+            let keys: Vec<String> = pools.iter().map(|pool| pool.key.clone()).collect();
+            let counts = manager
+                .stores
+                .call(Store::Main, |main| main.count(&keys, ttl_ms))
+                .await?;
+            Ok(pools
+                .into_iter()
+                .zip(counts)
+                .map(|(pool, used)| (pool.name.to_string(), used, pool.capacity))
+                .collect())
         })
     }
 

@@ -336,12 +336,13 @@ impl Backend {
         }
     }
 
-    /// Slots in use in one pool, leases of dead holders excluded (Redis: as far as reaped;
-    /// `ttl_ms`, this manager's lease duration, sizes the clock-step guard).
-    pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
+    /// Slots in use in pools of one hash tag (at least one), leases of dead holders excluded
+    /// (Redis: as far as reaped; `ttl_ms`, this manager's lease duration, sizes the clock-step
+    /// guard). One call.
+    pub async fn count(&self, pool_keys: &[String], ttl_ms: u64) -> CoreResult<Vec<u64>> {
         match self {
-            Backend::Memory(m) => Ok(m.count(pool_key)),
-            Backend::Redis(r) => r.count(pool_key, ttl_ms).await,
+            Backend::Memory(m) => Ok(pool_keys.iter().map(|key| m.count(key)).collect()),
+            Backend::Redis(r) => r.count(pool_keys, ttl_ms).await,
         }
     }
 }

@@ -1,10 +1,15 @@
--- Count the slots in use in one pool, by live holders (see the prelude): expired holders are
--- reaped first; members of unknown holders are dropped by the walk, at most once a second.
--- KEYS[1]: the pool; KEYS[2]: its tag's holders. ARGV[1]: the lease duration in ms (for
+-- Count the slots in use in pools of one tag, by live holders (see the prelude): expired holders
+-- are reaped first; members of unknown holders are dropped by the walk, at most once a second.
+-- KEYS[1..n]: the pools; KEYS[n+1]: their tag's holders. ARGV[1]: the lease duration in ms (for
 -- `steady_clock`).
--- Returns the number of members (a lease of weight w counts w).
+-- Returns the number of members of each pool (a lease of weight w counts w).
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
-steady_clock(KEYS[2], tonumber(ARGV[1]))
-reap(KEYS[2])
-return live_count(KEYS[1], KEYS[2])
+local holders = KEYS[#KEYS]
+steady_clock(holders, tonumber(ARGV[1]))
+reap(holders)
+local counts = {}
+for i = 1, #KEYS - 1 do
+  counts[i] = live_count(KEYS[i], holders)
+end
+return counts

@@ -207,6 +207,17 @@ impl Manager {
         Ok(self.core.identity_digest(&required_identity(user_id)?)?)
     }
 
+    /// Slots in use across every worker in each shared pool (global, the resources this
+    /// process has acquired), with its capacity: `[(pool, used, capacity)]`, one call.
+    fn shared_usage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let usage = self.core.shared_usage()?;
+        let op = async move {
+            let usage = usage.await?;
+            Ok(Box::new(move |py: Python<'_>| Ok(usage.into_pyobject(py)?.into_any().unbind())) as Delivery)
+        };
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
     /// Slots this process holds per pool name (`per_user`, `global`, resources), for metrics.
     fn slots_by_pool(&self) -> Vec<(String, u64)> {
         self.core.slots_by_pool()

@@ -284,13 +284,18 @@ impl RedisBackend {
         self.link.run::<i64>(&invocation).await.map(drop)
     }
 
-    pub async fn count(&self, pool_key: &str, ttl_ms: u64) -> CoreResult<u64> {
+    /// `pool_keys`: at least one, all of one tag.
+    pub async fn count(&self, pool_keys: &[String], ttl_ms: u64) -> CoreResult<Vec<u64>> {
         let mut invocation = scripts::COUNT.prepare_invoke();
         invocation
-            .key(pool_key)
-            .key(keys::holders_key(pool_key))
+            .key(pool_keys)
+            .key(keys::holders_key(&pool_keys[0]))
             .arg(ttl_ms);
-        self.link.run(&invocation).await
+        let counts: Vec<u64> = self.link.run(&invocation).await?;
+        if counts.len() != pool_keys.len() {
+            return Err(unexpected_reply("count", &counts));
+        }
+        Ok(counts)
     }
 }
 
