@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,25 @@ def test_the_llm_proxy_story_runs_and_settles_budgets(redis_server):
     assert "left after one token: 55 tokens used" in done.stdout
     assert "stream 3 (max_tokens=1950): HTTP 429" in done.stdout
     assert "llm proxy demo done" in done.stdout
+
+
+def test_the_prometheus_example_exports_what_the_grafana_dashboard_reads(redis_server):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "prometheus_metrics.py")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "REDIS_URL": redis_server.url},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "statuses: 200 200 429 200" in done.stdout
+    assert 'fastapi_stream_lease_pool_used{pool="gpu"} 1.0' in done.stdout  # while streaming
+    assert 'fastapi_stream_lease_requests_total{result="per_user"} 1.0' in done.stdout
+    exported = set(re.findall(r"^  (fastapi_stream_lease_\w+)\{", done.stdout, re.M))
+    dashboard = json.loads((ROOT / "examples" / "grafana" / "fastapi-stream-lease.json").read_text())
+    expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    read = {
+        name.removesuffix("_bucket") + ("_count" if name.endswith("_bucket") else "")
+        for expression in expressions
+        for name in re.findall(r"fastapi_stream_lease_\w+", expression)
+    }
+    assert read <= exported, f"the dashboard reads metrics the example never exports: {read - exported}"
+    assert len(read) >= 12

@@ -138,13 +138,9 @@ class Observed:
         self.results: dict[str, int] = {}
         self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
-        def each_core(read: Any) -> Any:
+        def summed(key: str) -> Any:
             def observe(_options: Any) -> list[Any]:
-                observations: dict[tuple[str, str], int] = {}
-                for member in list(self.members):
-                    for attributes, value in read(member):
-                        observations[attributes] = observations.get(attributes, 0) + value
-                return [Observation(v, dict([a]) if a[0] else {}) for a, v in observations.items()]
+                return [Observation(sum(int(m.core.stats()[key]) for m in list(self.members)))]
 
             return observe
 
@@ -167,9 +163,19 @@ class Observed:
             description="Acquires, by result (acquired, per_user, global, resource, rate, "
             "budget, banned, backend_unavailable, closed, canceled, invalid).",
         )
+        pools_seen: set[str] = set()
+
+        def active(_options: Any) -> list[Any]:
+            held = {pool: 0 for pool in pools_seen}  # a pool no longer held reads 0, not nothing
+            for member in list(self.members):
+                for pool, n in member.core.slots_by_pool():
+                    held[pool] = held.get(pool, 0) + n
+            pools_seen.update(held)
+            return [Observation(n, {"pool": pool}) for pool, n in held.items()]
+
         meter.create_observable_up_down_counter(
             f"{NAME}.leases.active",
-            [each_core(lambda m: [(("pool", p), n) for p, n in m.core.slots_by_pool()])],
+            [active],
             unit="{lease}",
             description="Slots held by this process, per pool.",
         )
@@ -186,16 +192,21 @@ class Observed:
             unit="{slot}",
             description="Capacity of each shared pool (0: unlimited).",
         )
-        for name, key, description in (
-            ("leases.lost", "lost", "Leases found lost (gone from Redis, slot taken)."),
-            ("leases.reclaimed", "reclaimed", "Leases found gone from Redis and taken back."),
-            ("leases.revoked", "revoked", "Leases ended by a drain or an operator's revoke."),
-            ("redis.failures", "renew_failures", "Renewal calls to Redis that failed."),
-            ("breaker.open", "breaker_open", "Managers whose circuit breaker refuses calls."),
-        ):
-            meter.create_observable_up_down_counter(
+        for create, name, key, description in (
+            (meter.create_observable_counter, "leases.lost", "lost",
+             "Leases found lost (gone from Redis, slot taken)."),
+            (meter.create_observable_counter, "leases.reclaimed", "reclaimed",
+             "Leases found gone from Redis and taken back."),
+            (meter.create_observable_counter, "leases.revoked", "revoked",
+             "Leases ended by a drain or an operator's revoke."),
+            (meter.create_observable_counter, "redis.failures", "renew_failures",
+             "Renewal calls to Redis that failed."),
+            (meter.create_observable_up_down_counter, "breaker.open", "breaker_open",
+             "Managers whose circuit breaker refuses calls."),
+        ):  # fmt: skip
+            create(
                 f"{NAME}.{name}",
-                [each_core(lambda m, key=key: [(("", ""), int(m.core.stats()[key]))])],
+                [summed(key)],
                 description=description,
             )
 
