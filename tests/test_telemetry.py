@@ -137,6 +137,11 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         p.attributes["direction"]: p.value for p in points(reader, "fastapi_stream_lease.tokens")
     }
     assert charged == {"input": 0, "output": 7}
+    calls = {p.attributes["outcome"]: p.value for p in points(reader, f"{NAME}.redis.calls")}
+    assert calls["error"] >= 1, "the unreachable manager's call"
+    assert (calls["ok"] > 0) == (backend_url != "memory://")
+    (spent,) = points(reader, f"{NAME}.redis.call.time")
+    assert spent.value > 0
 
     spans = [s for s in exporter.get_finished_spans() if s.name == "fastapi_stream_lease.acquire"]
     assert len(spans) == sum(results.values())
@@ -149,7 +154,7 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         ]
         + [
             [dict(p.attributes)]
-            for name in ("requests", "leases.active", "tokens")
+            for name in ("requests", "leases.active", "tokens", "redis.calls", "pool.used")
             for p in points(reader, f"fastapi_stream_lease.{name}")
         ],
         default=str,

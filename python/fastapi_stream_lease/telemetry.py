@@ -140,9 +140,15 @@ class Observed:
 
         def summed(key: str) -> Any:
             def observe(_options: Any) -> list[Any]:
-                return [Observation(sum(int(m.core.stats()[key]) for m in list(self.members)))]
+                return [Observation(sum(m.core.stats()[key] for m in list(self.members)))]
 
             return observe
+
+        def redis_calls(_options: Any) -> list[Any]:
+            stats = [m.core.stats() for m in list(self.members)]
+            failed = sum(s["redis_call_failures"] for s in stats)
+            ok = sum(s["redis_calls"] for s in stats) - failed
+            return [Observation(ok, {"outcome": "ok"}), Observation(failed, {"outcome": "error"})]
 
         def shared(figure: Callable[[tuple[str, int, int]], int]) -> Any:
             def observe(_options: Any) -> list[Any]:
@@ -179,6 +185,20 @@ class Observed:
             unit="{lease}",
             description="Slots held by this process, per pool.",
         )
+        meter.create_observable_counter(
+            f"{NAME}.redis.calls",
+            [redis_calls],
+            unit="{call}",
+            description="Script calls to Redis, by outcome (ok, error: an error, a timeout, "
+            "no connection).",
+        )
+        meter.create_observable_counter(
+            f"{NAME}.redis.call.time",
+            [summed("redis_call_seconds")],
+            unit="s",
+            description="Time spent in script calls to Redis, in all (its rate over the calls' "
+            "rate is the mean latency).",
+        )
         meter.create_observable_gauge(
             f"{NAME}.pool.used",
             [shared(lambda figures: figures[1])],
@@ -199,8 +219,6 @@ class Observed:
              "Leases found gone from Redis and taken back."),
             (meter.create_observable_counter, "leases.revoked", "revoked",
              "Leases ended by a drain or an operator's revoke."),
-            (meter.create_observable_counter, "redis.failures", "renew_failures",
-             "Renewal calls to Redis that failed."),
             (meter.create_observable_up_down_counter, "breaker.open", "breaker_open",
              "Managers whose circuit breaker refuses calls."),
         ):  # fmt: skip

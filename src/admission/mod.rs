@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::acquire::{PoolUsage, MAX_WEIGHT};
 use self::waiting::LocalLine;
-use crate::backend::{Backend, Stores};
+use crate::backend::{Backend, CallStats, Stores};
 use crate::budget::{BudgetRequest, Budgets};
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
@@ -79,6 +79,8 @@ pub struct AcquireRequest {
 pub struct Stats {
     pub leases: Counters,
     pub breaker_open: bool,
+    /// Calls to Redis.
+    pub calls: CallStats,
     /// This process's waiters in line.
     pub waiting: usize,
     /// Streams with token budgets open now, and settlements waiting for another try.
@@ -316,6 +318,7 @@ impl Manager {
             settlements_dropped,
             leases: self.leases.counters(),
             breaker_open: self.stores.breaker().is_open(),
+            calls: self.stores.main().call_stats(),
             waiting: self.local_line.len(),
         }
     }

@@ -63,6 +63,16 @@ pub enum AcquireOutcome {
     Banned(u64),
 }
 
+/// The script calls a backend made so far (none for the embedded store), for metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallStats {
+    pub calls: u64,
+    /// Those that failed: an error, a timeout, no connection.
+    pub failed: u64,
+    /// The time they took, in all.
+    pub seconds: f64,
+}
+
 /// One caller waiting in line; it must call again within `ttl_ms` or be dropped from the line.
 #[derive(Debug)]
 pub struct Waiter {
@@ -138,6 +148,13 @@ impl Backend {
     /// The embedded backend never waits, so its calls can finish on the caller's thread.
     pub fn is_embedded(&self) -> bool {
         matches!(self, Backend::Memory(_))
+    }
+
+    pub fn call_stats(&self) -> CallStats {
+        match self {
+            Backend::Memory(_) => CallStats::default(),
+            Backend::Redis(r) => r.call_stats(),
+        }
     }
 
     pub fn describe(&self) -> String {

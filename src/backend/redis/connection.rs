@@ -3,8 +3,8 @@
 //! errors to what the user can act on. Every call, the connect included, is bounded by
 //! `redis_timeout`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -13,6 +13,7 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
 use tokio::sync::Mutex;
 
+use crate::backend::CallStats;
 use crate::errors::{CoreError, CoreResult};
 
 pub enum Endpoint {
@@ -65,6 +66,10 @@ pub struct Link {
     /// The URL without its password, for error messages.
     pub target: String,
     timeout: Duration,
+    /// Script calls made, those that failed, and the time they took.
+    calls: AtomicU64,
+    failed: AtomicU64,
+    micros: AtomicU64,
 }
 
 impl Link {
@@ -74,6 +79,18 @@ impl Link {
             connection: Mutex::new(None),
             target,
             timeout,
+            calls: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            micros: AtomicU64::new(0),
+        }
+    }
+
+    /// The script calls made so far: how many, how many failed, and the time they took.
+    pub fn call_stats(&self) -> CallStats {
+        CallStats {
+            calls: self.calls.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 
@@ -122,6 +139,17 @@ impl Link {
     /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
     /// whole of it is bounded by `redis_timeout`.
     pub async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+        let started = Instant::now();
+        let outcome = self.run_bounded(invocation).await;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.failed
+            .fetch_add(u64::from(outcome.is_err()), Ordering::Relaxed);
+        self.micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        outcome
+    }
+
+    async fn run_bounded<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
         // Whether the call may have reached Redis (it may then have run there).
         let sending = AtomicBool::new(false);
         let call = async {

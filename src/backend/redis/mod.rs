@@ -59,6 +59,10 @@ impl RedisBackend {
         &self.link.target
     }
 
+    pub fn call_stats(&self) -> super::CallStats {
+        self.link.call_stats()
+    }
+
     pub async fn acquire(
         &self,
         lease: &LeaseRecord,
