@@ -158,7 +158,20 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
             for p in points(reader, f"fastapi_stream_lease.{name}")
         ],
         default=str,
-    ) + "\n".join(record.getMessage() for record in caplog.records)
+    ) + "\n".join(
+        record.getMessage() + json.dumps(vars(record), default=str) for record in caplog.records
+    )
+    revoked = [r for r in caplog.records if r.getMessage().startswith("revoked")]
+    assert [(r.levelname, r.identity_hash) for r in revoked] == [
+        ("INFO", manager._core.identity_digest(CAROL))
+    ]
+    refusals = [r.result for r in caplog.records if r.getMessage().startswith("acquire refused")]
+    not_refusals = ("acquired", "canceled", "invalid")
+    assert sorted(refusals) == sorted(
+        result for result, n in results.items() for _ in range(n) if result not in not_refusals
+    ), "each refusal logged once at DEBUG, with its result"
+    drained = [r for r in caplog.records if r.getMessage().startswith("drained")]
+    assert [(r.levelname, r.revoked) for r in drained] == [("INFO", 1)]
     for identity in (ALICE, BOB, CAROL, DAVE):
         assert identity not in telemetry_text
 

@@ -274,7 +274,19 @@ class LostWatch:
         return self._lease._cancel_on_lost or self._lease.revoked
 
     def _on_lost(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.cancelled() and self._task is not None and self._ends_work():
+        if waiter.cancelled():
+            return
+        lease = self._lease
+        how = "revoked" if lease.revoked else "lost"
+        log.log(
+            logging.INFO if lease.revoked else logging.WARNING,
+            "stream lease %s %s; its stream %s",
+            lease.lease_id,
+            how,
+            "ends" if self._ends_work() else "goes on (on_lost='continue')",
+            extra={"lease_id": lease.lease_id, "lease_end": how},
+        )
+        if self._task is not None and self._ends_work():
             self._cancelled_by_us = True
             self._task.cancel(str(self._ended()))
 

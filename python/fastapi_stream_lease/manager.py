@@ -14,12 +14,12 @@ from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from .client_ip import Network, trusted_networks
-from .errors import ClientDisconnected, RateLimited
+from .errors import ClientDisconnected, RateLimited, StreamLeaseError
 from .handlers import install_exception_handler
-from .lease import Lease
+from .lease import Lease, log
 from .rates import RateDecision, RateLimit
 from .resources import Resource
-from .telemetry import global_providers_set
+from .telemetry import global_providers_set, result_of
 from .web import (
     GuardedWebSocket,
     KeyFunction,
@@ -190,11 +190,16 @@ class StreamLeaseManager:
             rate_limits, budgets, reserve, on_budget,
         )  # fmt: skip
         telemetry = self._instruments()
-        if telemetry is None:
-            return Lease(await acquiring, cancel_on_lost=self._cancel_on_lost)
-        waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
-        policies = (*rate_limits, *budgets)
-        handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
+        try:
+            if telemetry is None:
+                return Lease(await acquiring, cancel_on_lost=self._cancel_on_lost)
+            waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
+            policies = (*rate_limits, *budgets)
+            handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
+        except StreamLeaseError as refused:
+            # The message names pools and policies, never the identity.
+            log.debug("acquire refused: %s", refused, extra={"result": result_of(refused)})
+            raise
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
         return Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=ended)
 
@@ -316,7 +321,16 @@ class StreamLeaseManager:
         A stream that holds no user pool (``resources`` only) is not the user's, and streams
         that other workers admitted from their local floor during a Redis outage
         (``failure_mode="open"``) are not in Redis: only this worker's end."""
-        return await self._core.revoke(user_id, ban_seconds)
+        revoked = await self._core.revoke(user_id, ban_seconds)
+        digest = self._core.identity_digest(user_id)
+        log.info(
+            "revoked %d stream lease(s) of identity %s; new ones refused for %g s",
+            revoked,
+            digest,
+            ban_seconds,
+            extra={"identity_hash": digest, "revoked": revoked, "ban_seconds": ban_seconds},
+        )
+        return revoked
 
     def rate_limit(
         self, *policies: RateLimit, key: KeyFunction | None = None, cost: int = 1
@@ -397,14 +411,24 @@ class StreamLeaseManager:
         revoked (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and
         closes the manager, releasing everything. Call it in the app's shutdown."""
         self._core.refuse_new()
+        held = self._core.stats()["held"]
+        log.info(
+            "draining: refusing new streams, waiting up to %g s for %d", timeout, held,
+            extra={"held": held, "timeout": timeout},
+        )  # fmt: skip
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         # The count lives in the core, which has no event to await.
         while self._core.stats()["held"] and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(DRAIN_CHECK_SECONDS)
-        if self._core.revoke_held():
+        revoked = self._core.revoke_held()
+        if revoked:
             await asyncio.sleep(0)  # the streams' tasks see their revocation before the close
         await self.aclose()
+        log.info(
+            "drained: %d stream(s) ended on their own, %d revoked", held - revoked, revoked,
+            extra={"held": held, "revoked": revoked},
+        )  # fmt: skip
 
     async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
         """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),
