@@ -62,7 +62,7 @@ class ManagerStats(TypedDict):
     breaker_open: bool
     redis_calls: int
     redis_call_failures: int
-    redis_call_seconds: float
+    redis_call_micros: int
     waiting: int
     budget_streams: int
     unsettled: int
@@ -385,9 +385,9 @@ class StreamLeaseManager:
           its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;
         * ``breaker_open``: whether the circuit breaker refuses calls instead of sending them;
-        * ``redis_calls``, ``redis_call_failures``, ``redis_call_seconds``: the script calls
+        * ``redis_calls``, ``redis_call_failures``, ``redis_call_micros``: the script calls
           this manager made to Redis, those that failed (an error, a timeout, no connection)
-          and the time they took in all (0 on the embedded store);
+          and the time they took in all, in microseconds (0 on the embedded store);
         * ``waiting``: its acquires waiting in line now;
         * ``budget_streams``: its streams with token budgets open now;
         * ``unsettled``: settlements of ended streams' budgets whose call failed, waiting for

@@ -139,9 +139,10 @@ class Observed:
         self.results: dict[str, int] = {}
         self.members: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
-        def summed(key: str) -> Any:
+        def summed(key: str, scale: float = 1) -> Any:
             def observe(_options: Any) -> list[Any]:
-                return [Observation(sum(m.core.stats()[key] for m in list(self.members)))]
+                total = sum(m.core.stats()[key] for m in list(self.members))
+                return [Observation(total * scale)]
 
             return observe
 
@@ -205,7 +206,7 @@ class Observed:
         )
         meter.create_observable_counter(
             f"{NAME}.redis.call.time",
-            [summed("redis_call_seconds")],
+            [summed("redis_call_micros", scale=1e-6)],
             unit="s",
             description="Time spent in script calls to Redis, in all (its rate over the calls' "
             "rate is the mean latency).",

@@ -69,8 +69,8 @@ pub struct CallStats {
     pub calls: u64,
     /// Those that failed: an error, a timeout, no connection.
     pub failed: u64,
-    /// The time they took, in all.
-    pub seconds: f64,
+    /// The time they took, in all, in microseconds.
+    pub micros: u64,
 }
 
 /// One caller waiting in line; it must call again within `ttl_ms` or be dropped from the line.

@@ -276,7 +276,7 @@ impl Manager {
         dict.set_item("breaker_open", stats.breaker_open)?;
         dict.set_item("redis_calls", stats.calls.calls)?;
         dict.set_item("redis_call_failures", stats.calls.failed)?;
-        dict.set_item("redis_call_seconds", stats.calls.seconds)?;
+        dict.set_item("redis_call_micros", stats.calls.micros)?;
         dict.set_item("waiting", stats.waiting)?;
         dict.set_item("budget_streams", stats.budget_streams)?;
         dict.set_item("unsettled", stats.unsettled)?;

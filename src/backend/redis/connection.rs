@@ -90,7 +90,7 @@ impl Link {
         CallStats {
             calls: self.calls.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
-            seconds: self.micros.load(Ordering::Relaxed) as f64 / 1e6,
+            micros: self.micros.load(Ordering::Relaxed),
         }
     }
 
