@@ -25,15 +25,19 @@ impl<P: Ord + Copy, V> Fifo<P, V> {
         self.by_place.remove(&place)
     }
 
-    pub fn first(&self) -> Option<(P, &V)> {
+    /// The values after `place`, in order.
+    pub fn after(&self, place: P) -> impl Iterator<Item = &V> {
         self.by_place
-            .first_key_value()
-            .map(|(place, value)| (*place, value))
+            .range((std::ops::Bound::Excluded(place), std::ops::Bound::Unbounded))
+            .map(|(_, value)| value)
     }
 
-    /// How many wait before `place`.
-    pub fn ahead_of(&self, place: P) -> usize {
-        self.by_place.range(..place).count()
+    /// The values before `place`, in order (all of them for None).
+    pub fn before(&self, place: Option<P>) -> impl Iterator<Item = &V> {
+        let upto = place.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        self.by_place
+            .range((std::ops::Bound::Unbounded, upto))
+            .map(|(_, value)| value)
     }
 
     pub fn len(&self) -> usize {
@@ -51,11 +55,10 @@ mod tests {
         line.insert((7, 1), "b");
         line.insert((3, 2), "a");
         line.insert((7, 3), "same ticket, later arrival");
-        assert_eq!(
-            (line.first(), line.ahead_of((7, 3)), line.len()),
-            (Some(((3, 2), &"a")), 2, 3)
-        );
+        assert_eq!((line.before(None).next(), line.len()), (Some(&"a"), 3));
+        assert_eq!(line.before(Some((7, 3))).collect::<Vec<_>>(), [&"a", &"b"]);
+        assert_eq!(line.before(None).count(), 3);
         assert_eq!(line.remove((3, 2)), Some("a"));
-        assert_eq!(line.first(), Some(((7, 1), &"b")));
+        assert_eq!(line.before(None).next(), Some(&"b"));
     }
 }

@@ -1,5 +1,5 @@
-"""Waiting in line for shared capacity: first come, first served, across workers, with no
-polling; waiters that give up, are cancelled or die leave the line."""
+"""Waiting in line for shared capacity: one line per pool, first come, first served, across
+workers, with no polling; waiters that give up, are cancelled or die leave the line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseRejected
+from fastapi_stream_lease import Resource, StreamLeaseRejected
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -179,13 +179,14 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager,
     # First in line, a waiter this process no longer has (a cancelled call that re-entered the
     # line after leaving it). The process stays alive, so only its heartbeat can take it out.
     redis_client.zadd(line, {"stray": 0})
+    redis_client.hset(f"{line}:needs", "stray", f"1 {{{key_prefix}}}:global")  # one global slot
     redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
     waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
 
     await eventually(lambda: manager.stats()["waiting"] == 1, what="bob to wait")
     await held.release()
     lease = await asyncio.wait_for(waiting, 20)
-    assert redis_client.zrange(line, 0, -1) == []
+    assert redis_client.zrange(line, 0, -1) == [] and not redis_client.exists(f"{line}:needs")
     await lease.release()
 
 
@@ -209,3 +210,53 @@ async def test_waiters_arriving_during_a_heartbeat_keep_their_place(make_redis_m
         current = await asyncio.wait_for(admitted.get(), 10)
     await current.release()
     await asyncio.gather(*waiters)
+
+
+async def waiting(manager, user: str, **kwargs) -> asyncio.Task:
+    """An acquire that waits up to 30 s, started and given time to enter its line."""
+    task = asyncio.create_task(manager.acquire(user, wait_timeout=30, **kwargs))
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    return task
+
+
+async def test_a_waiter_for_one_pool_delays_no_one_elses(make_manager):
+    """The review's case: one request waiting for a full Resource(1, "db") made every acquire
+    that did not wait fail with 503 "global stream limit reached (0 of 1000 in use)", and a
+    waiter for "fs" wait behind the one for "db"."""
+    manager = make_manager(max_per_user=0, max_global=1000)
+    db, fs = Resource(capacity=1, name="db"), Resource(capacity=1, name="fs")
+    holder = await manager.acquire("alice", resources=[db])
+    bob = await waiting(manager, "bob", resources=[db])
+
+    plain = await manager.acquire("carol")  # a plain stream, not waiting
+    for_fs = await asyncio.wait_for(manager.acquire("dave", resources=[fs], wait_timeout=30), 5)
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("erin", resources=[db])  # db's room is bob's, and there is none
+    assert refused.value.limit == "db" and "db stream limit reached (1 of 1" in str(refused.value)
+    assert refused.value.status_code == 503
+    await for_fs.release()
+    fs_alone = await manager.acquire(None, resources=[fs])  # resources only, no wait
+    assert not bob.done()
+
+    await holder.release()
+    granted = await asyncio.wait_for(bob, 5)
+    for lease in (granted, plain, fs_alone):
+        await lease.release()
+    await count_is(manager, 0)
+
+
+async def test_room_promised_to_earlier_waiters_is_kept_for_them(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1000)
+    gpu = Resource(capacity=2, name="gpu")
+    holder = await manager.acquire("alice", resources=[gpu])
+    heavy = await waiting(manager, "bob", resources=[gpu], weight=2)
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("carol", resources=[gpu])  # one slot free, but it is bob's
+    assert (refused.value.limit, refused.value.current) == ("gpu", 2)
+    other = await manager.acquire("carol")  # the global pool has room beyond bob's need
+    await holder.release()
+    lease = await asyncio.wait_for(heavy, 5)
+    assert lease.weight == 2
+    await lease.release()
+    await other.release()

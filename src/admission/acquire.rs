@@ -121,6 +121,16 @@ impl Drop for Cleanup<'_> {
     }
 }
 
+/// The keys of the pools a lease may wait for: its capped shared pools (each has its own line).
+fn lined_keys(record: &LeaseRecord) -> Vec<String> {
+    record
+        .pools
+        .iter()
+        .filter(|pool| pool.role == PoolRole::Shared && pool.capacity > 0)
+        .map(|pool| pool.key.clone())
+        .collect()
+}
+
 /// This process's share of a cap while Redis is down: rounded down, so the shares of all
 /// workers add up to at most the cap (unlimited stays unlimited).
 pub(super) fn local_share(capacity: u64, workers: u64) -> u64 {
@@ -261,7 +271,7 @@ impl Manager {
                     let placed = local_turn.as_ref().is_some_and(|t| t.ticket() == ticket);
                     if !placed && waiter.is_some() {
                         drop(local_turn.take());
-                        local_turn = Some(self.local_line.join(ticket));
+                        local_turn = Some(self.local_line.join(ticket, lined_keys(&record)));
                     }
                     None
                 }

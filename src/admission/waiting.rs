@@ -1,7 +1,8 @@
 //! This process's side of the waiting line. Waiters line up here by the ticket the shared line
-//! gave them; only the earliest one talks to Redis (when woken by a release, at a periodic check,
-//! and to keep all of this process's waiters alive in the shared line with one write). The others
-//! sleep until their turn, so the Redis work of waiting grows with releases and processes, not
+//! gave them; each pool has its own line, so a waiter talks to Redis (when woken by a release,
+//! at a periodic check, and to keep all of this process's waiters alive in the shared line with
+//! one write) only while no earlier waiter here waits for one of its pools. The others sleep
+//! until their turn, so the Redis work of waiting grows with releases, processes and pools, not
 //! with the number of waiters.
 
 use std::collections::HashSet;
@@ -29,10 +30,22 @@ pub const WAITER_TTL: Duration = Duration::from_secs(3);
 /// repeat: the shared counter starts again when its key is lost).
 type Place = (u64, u64);
 
+/// One waiter here: what wakes it, and the pools it waits for (their keys).
+struct Waiting {
+    turn: Arc<Notify>,
+    pools: Vec<String>,
+}
+
+impl Waiting {
+    fn shares_a_pool_with(&self, pools: &[String]) -> bool {
+        self.pools.iter().any(|pool| pools.contains(pool))
+    }
+}
+
 #[derive(Default)]
 pub struct LocalLine {
-    /// Fired when its waiter becomes the earliest.
-    turns: Mutex<Fifo<Place, Arc<Notify>>>,
+    /// Fired when no earlier waiter waits for one of its pools any more.
+    turns: Mutex<Fifo<Place, Waiting>>,
     arrivals: AtomicU64,
     /// Every waiter of this process, from its first call until it stops waiting (including one
     /// whose first call is still in flight, so the heartbeat never takes it out of line).
@@ -58,6 +71,7 @@ impl Drop for Present<'_> {
 pub struct LocalTurn<'a> {
     line: &'a LocalLine,
     place: Place,
+    pools: Vec<String>,
     pub turn: Arc<Notify>,
 }
 
@@ -67,8 +81,11 @@ impl LocalTurn<'_> {
         self.place.0
     }
 
+    /// Whether no earlier waiter here waits for one of its pools: its turn to ask Redis.
     pub fn is_first(&self) -> bool {
-        lock(&self.line.turns).first().map(|(first, _)| first) == Some(self.place)
+        !lock(&self.line.turns)
+            .before(Some(self.place))
+            .any(|earlier| earlier.shares_a_pool_with(&self.pools))
     }
 }
 
@@ -88,14 +105,20 @@ impl LocalLine {
         }
     }
 
-    /// Lines up a waiter by its ticket in the shared line; its turn comes when it is the earliest.
-    pub fn join(&self, ticket: u64) -> LocalTurn<'_> {
+    /// Lines up a waiter for `pools` by its ticket in the shared line; its turn comes when no
+    /// earlier waiter here waits for one of them.
+    pub fn join(&self, ticket: u64, pools: Vec<String>) -> LocalTurn<'_> {
         let turn = Arc::new(Notify::new());
         let place = (ticket, self.arrivals.fetch_add(1, Ordering::Relaxed));
-        lock(&self.turns).insert(place, Arc::clone(&turn));
+        let waiting = Waiting {
+            turn: Arc::clone(&turn),
+            pools: pools.clone(),
+        };
+        lock(&self.turns).insert(place, waiting);
         LocalTurn {
             line: self,
             place,
+            pools,
             turn,
         }
     }
@@ -109,14 +132,16 @@ impl LocalLine {
         lock(&self.present).iter().cloned().collect()
     }
 
-    /// Removes a waiter; if it was the earliest, the next one's turn comes.
+    /// Removes a waiter; the later ones that wait for one of its pools look again whether
+    /// their turn came.
     fn leave(&self, place: Place) {
         let mut turns = lock(&self.turns);
-        let was_first = turns.first().map(|(first, _)| first) == Some(place);
-        turns.remove(place);
-        if was_first {
-            if let Some((_, next)) = turns.first() {
-                next.notify_one();
+        let Some(left) = turns.remove(place) else {
+            return;
+        };
+        for later in turns.after(place) {
+            if later.shares_a_pool_with(&left.pools) {
+                later.turn.notify_one();
             }
         }
     }
@@ -167,9 +192,10 @@ mod tests {
     fn the_lowest_ticket_has_the_turn_and_passes_it_on() {
         let line = LocalLine::default();
         let arrivals: Vec<_> = ["a", "b", "c"].iter().map(|id| line.arrive(id)).collect();
-        let seven = line.join(7);
-        let three = line.join(3); // an earlier ticket that answered later
-        let nine = line.join(9);
+        let db = || vec!["db".to_owned()];
+        let seven = line.join(7, db());
+        let three = line.join(3, db()); // an earlier ticket that answered later
+        let nine = line.join(9, db());
         assert!(three.is_first() && !seven.is_first());
         drop(seven); // a later waiter leaving changes nobody's turn
         assert!(three.is_first());
@@ -186,11 +212,29 @@ mod tests {
     }
 
     #[test]
+    fn each_pool_has_its_own_turn() {
+        let line = LocalLine::default();
+        let pools = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let db = line.join(1, pools(&["db"]));
+        let fs = line.join(2, pools(&["fs"]));
+        let both = line.join(3, pools(&["db", "fs"]));
+        assert!(
+            db.is_first() && fs.is_first(),
+            "a waiter for fs never waits behind one for db"
+        );
+        assert!(!both.is_first());
+        drop(db);
+        assert!(!both.is_first(), "fs's earlier waiter is still there");
+        drop(fs);
+        assert!(both.is_first());
+    }
+
+    #[test]
     fn a_repeated_ticket_strands_nobody() {
         // The shared ticket counter started again (its key expired or was lost in a failover).
         let line = LocalLine::default();
-        let first = line.join(4);
-        let again = line.join(4);
+        let first = line.join(4, vec!["db".to_owned()]);
+        let again = line.join(4, vec!["db".to_owned()]);
         assert_eq!(line.len(), 2, "both waiters keep their place");
         drop(first);
         assert!(again.is_first(), "the second one's turn comes");

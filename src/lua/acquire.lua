@@ -1,13 +1,17 @@
--- Acquire one lease in every pool at once, all or nothing, first come first served, and count
--- its start against the caller's rate policies in the same step: a start refused for rate takes
--- no slot, a stream refused for a slot consumes no rate.
+-- Acquire one lease in every pool at once, all or nothing, and count its start against the
+-- caller's rate policies in the same step: a start refused for rate takes no slot, a stream
+-- refused for a slot consumes no rate. Each capped shared pool has its own line: a request
+-- waits (or, not waiting, is refused) only when one of its pools lacks room for it beyond what
+-- the earlier waiters for that pool need; waiters for other pools never hold it up.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
 -- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line (sorted set: waiter id by
--- ticket), the liveness of the processes that have waiters (sorted set: holder id by expiry in
--- ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket counter.
+-- ticket; <line>:needs is the hash waiter id -> "<weight> <pool key> ...", the capped shared
+-- pools it waits for), the liveness of the processes that have waiters (sorted set: holder id
+-- by expiry in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket
+-- counter.
 -- The keys left after those: the caller's rate counters (see hit.lua).
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
@@ -61,50 +65,93 @@ end
 -- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
 local function leave_line()
   if queued and waiter ~= '' then
-    redis.call('ZREM', line, waiter)
+    forget_waiters(line, {waiter})
     redis.call('SREM', alive .. ':' .. holder, waiter)
   end
+end
+
+-- The capped shared pools of this request, by key -> KEYS index: those a line is kept for.
+local function lined_pools()
+  local lined = {}
+  for i = own + 1, pools do
+    if tonumber(ARGV[10 + i]) > 0 then
+      lined[KEYS[i]] = i
+    end
+  end
+  return lined
 end
 
 -- The waiters of processes that stopped keeping them alive leave the line.
 local function drop_dead_waiters()
   for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
     local theirs = alive .. ':' .. process
-    for _, gone in ipairs(redis.call('SMEMBERS', theirs)) do
-      redis.call('ZREM', line, gone)
-    end
+    forget_waiters(line, redis.call('SMEMBERS', theirs))
     redis.call('DEL', theirs)
     redis.call('ZREM', alive, process)
   end
 end
 
--- Puts a waiter in line (or finds it there) and keeps its process alive; returns its ticket
--- and how many wait before it.
-local function enter_line()
+-- Puts a waiter in line (or finds it there), with what it needs, and keeps its process alive;
+-- returns its ticket.
+local function enter_line(lined)
   local mine = alive .. ':' .. holder
   local ticket = tonumber(redis.call('ZSCORE', line, waiter))
   if not ticket then
     ticket = redis.call('INCR', tickets)
     redis.call('ZADD', line, ticket, waiter)
     redis.call('SADD', mine, waiter)
+    local needs = {weight}
+    for key in pairs(lined) do
+      needs[#needs + 1] = key
+    end
+    redis.call('HSET', line .. ':needs', waiter, table.concat(needs, ' '))
   end
   redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
-  for _, key in ipairs({line, alive, tickets, mine}) do
+  for _, key in ipairs({line, line .. ':needs', alive, tickets, mine}) do
     redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
   end
-  return ticket, redis.call('ZRANK', line, waiter)
+  return ticket
 end
 
--- Slots in use in each pool; on the first full one, the answer to give instead of a grant.
-local function check_pools(ticket)
+-- The slots the waiters ahead of this request (all of them for one that will not wait) need
+-- in each of its lined pools, by KEYS index.
+local function needed_ahead(lined, ticket)
+  local ahead_of = {}
+  if not queued or next(lined) == nil then
+    return ahead_of
+  end
+  local upto = waiter ~= '' and ('(' .. ticket) or '+inf'
+  local ahead = redis.call('ZRANGEBYSCORE', line, '-inf', upto)
+  for first = 1, #ahead, 1000 do
+    local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
+    for _, needs in ipairs(redis.call('HMGET', line .. ':needs', unpack(some))) do
+      if needs then
+        local w
+        for word in string.gmatch(needs, '%S+') do
+          if not w then
+            w = tonumber(word)
+          elseif lined[word] then
+            ahead_of[lined[word]] = (ahead_of[lined[word]] or 0) + w
+          end
+        end
+      end
+    end
+  end
+  return ahead_of
+end
+
+-- Slots in use in each pool; on the first pool without room (beyond what the waiters ahead
+-- need there), the answer to give instead of a grant.
+local function check_pools(ticket, ahead_of)
   local used = {}
   for i = 1, pools do
     local capacity = tonumber(ARGV[10 + i])
-    used[i] = used_slots(KEYS[i], holders, weight, capacity)
-    if capacity > 0 and used[i] + weight > capacity then
+    local promised = ahead_of[i] or 0
+    used[i] = used_slots(KEYS[i], holders, weight + promised, capacity)
+    if capacity > 0 and used[i] + promised + weight > capacity then
       if i <= own or waiter == '' then
         leave_line()
-        return used, refusal(i, used[i])
+        return used, refusal(i, math.min(capacity, used[i] + promised))
       end
       return used, {WAIT, ticket}
     end
@@ -166,27 +213,17 @@ if rate_refused > 0 then
   return refused
 end
 
-local ahead, ticket = 0, 0
+local ticket, lined = 0, lined_pools()
 if queued then
   drop_dead_waiters()
   if waiter ~= '' then
-    ticket, ahead = enter_line()
-  else
-    ahead = redis.call('ZCARD', line)
+    ticket = enter_line(lined)
   end
 end
 
-local used, instead = check_pools(ticket)
+local used, instead = check_pools(ticket, needed_ahead(lined, ticket))
 if instead then
   return instead
-end
--- Room for this lease, but earlier arrivals go first.
-if ahead > 0 then
-  if waiter == '' then
-    local shared = math.min(own + 1, pools)
-    return refusal(shared, used[shared])
-  end
-  return {WAIT, ticket}
 end
 
 local granted = grant(used, rates)

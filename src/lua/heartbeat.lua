@@ -28,7 +28,7 @@ if redis.call('SCARD', mine) > #ARGV - 2 then
   for _, waiter in ipairs(redis.call('SMEMBERS', mine)) do
     if not live[waiter] then
       if missed[waiter] then
-        redis.call('ZREM', line, waiter)
+        forget_waiters(line, {waiter})
         redis.call('SREM', mine, waiter)
         taken_out = taken_out + 1
       else

@@ -164,6 +164,15 @@ local function used_slots(pool, holders, weight, capacity)
   return used
 end
 
+-- Takes waiters out of the line and forgets what they need (<line>:needs, see acquire.lua).
+local function forget_waiters(line, waiters)
+  for first = 1, #waiters, 1000 do
+    local some = {unpack(waiters, first, math.min(first + 999, #waiters))}
+    redis.call('ZREM', line, unpack(some))
+    redis.call('HDEL', line .. ':needs', unpack(some))
+  end
+end
+
 -- Keeps a holder's keys from idling out (the keep-alive does it every round).
 local function refresh(holders, holder)
   redis.call('PEXPIRE', holders, IDLE_MS)

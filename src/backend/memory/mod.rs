@@ -24,33 +24,45 @@ struct MemoryPool {
     used: u64,
 }
 
-/// The waiting line: waiter ids by ticket.
+/// The waiting line, as in `acquire.lua`: waiter ids by ticket, and what each one needs.
 #[derive(Default)]
 struct MemoryLine {
     order: Fifo<u64, String>,
     tickets: HashMap<String, u64>,
+    /// Waiter id -> its weight and the capped shared pools it waits for.
+    needs: HashMap<String, (u64, Vec<String>)>,
     last_ticket: u64,
 }
 
 impl MemoryLine {
-    /// Enters a waiter (or finds it in line); returns how many wait before it, and its ticket.
-    fn enter(&mut self, waiter: &Waiter) -> (usize, u64) {
-        let ticket = match self.tickets.get(&waiter.id) {
-            Some(ticket) => *ticket,
-            None => {
-                self.last_ticket += 1;
-                self.order.insert(self.last_ticket, waiter.id.clone());
-                self.tickets.insert(waiter.id.clone(), self.last_ticket);
-                self.last_ticket
-            }
-        };
-        (self.order.ahead_of(ticket), ticket)
+    /// Enters a waiter (or finds it in line) with what it needs; returns its ticket.
+    fn enter(&mut self, waiter: &Waiter, weight: u64, lined: &[&Pool]) -> u64 {
+        if let Some(ticket) = self.tickets.get(&waiter.id) {
+            return *ticket;
+        }
+        self.last_ticket += 1;
+        self.order.insert(self.last_ticket, waiter.id.clone());
+        self.tickets.insert(waiter.id.clone(), self.last_ticket);
+        let keys = lined.iter().map(|pool| pool.key.clone()).collect();
+        self.needs.insert(waiter.id.clone(), (weight, keys));
+        self.last_ticket
+    }
+
+    /// The slots the waiters before `ticket` (all of them for None) need in `pool`.
+    fn needed_ahead(&self, ticket: Option<u64>, pool: &Pool) -> u64 {
+        self.order
+            .before(ticket)
+            .filter_map(|id| self.needs.get(id))
+            .filter(|(_, keys)| keys.contains(&pool.key))
+            .map(|(weight, _)| weight)
+            .sum()
     }
 
     fn leave(&mut self, id: &str) {
         if let Some(ticket) = self.tickets.remove(id) {
             self.order.remove(ticket);
         }
+        self.needs.remove(id);
     }
 }
 
@@ -124,10 +136,15 @@ impl MemoryBackend {
             }
             return AcquireOutcome::RateLimited(looked);
         }
-        let (ahead, ticket) = match (in_line, waiter) {
-            (Some(_), Some(waiter)) => line.enter(waiter),
-            (Some(_), None) => (line.order.len(), 0),
-            (None, _) => (0, 0),
+        // Each capped shared pool has its own line: only its earlier waiters' needs count.
+        let lined: Vec<&Pool> = lease
+            .pools
+            .iter()
+            .filter(|pool| pool.role == PoolRole::Shared && pool.capacity > 0)
+            .collect();
+        let ticket = match (in_line, waiter) {
+            (Some(_), Some(waiter)) => Some(line.enter(waiter, weight, &lined)),
+            _ => None,
         };
         // Check every pool before touching any, so refusals leave nothing behind.
         let used: Vec<u64> = lease
@@ -135,26 +152,23 @@ impl MemoryBackend {
             .iter()
             .map(|pool| store.get(&pool.key).map_or(0, |entry| entry.used))
             .collect();
-        let full = lease
-            .pools
-            .iter()
-            .zip(&used)
-            .find(|(pool, used)| pool.capacity > 0 && *used + weight > pool.capacity);
-        if let Some((pool, used)) = full {
+        let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
+            let promised = if in_line.is_some() && lined.contains(&pool) {
+                line.needed_ahead(ticket, pool)
+            } else {
+                0
+            };
+            (pool.capacity > 0 && used + promised + weight > pool.capacity)
+                .then(|| (pool, (used + promised).min(pool.capacity)))
+        });
+        if let Some((pool, taken)) = full {
             if pool.role == PoolRole::Shared && waiter.is_some() {
-                return AcquireOutcome::Wait(ticket);
+                return AcquireOutcome::Wait(ticket.unwrap_or(0));
             }
             if let Some(waiter) = waiter {
                 line.leave(&waiter.id);
             }
-            return AcquireOutcome::Rejected(refusal(pool, *used));
-        }
-        if ahead > 0 {
-            if waiter.is_some() {
-                return AcquireOutcome::Wait(ticket);
-            }
-            let shared = lease.own_pools.min(lease.pools.len() - 1);
-            return AcquireOutcome::Rejected(refusal(&lease.pools[shared], used[shared]));
+            return AcquireOutcome::Rejected(refusal(pool, taken));
         }
         for pool in &lease.pools {
             let entry = store.entry(pool.key.clone()).or_default();
