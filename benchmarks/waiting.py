@@ -12,6 +12,12 @@ Measured: Redis commands per second while the 200 wait and nobody releases (``IN
 commandstats`` deltas over a fixed window), then the delay from a ``release()`` to the next
 waiter's admission, over a chain of hand-overs (p50 and p99).
 
+Then fair shares (issue 14): 200 waiters across 10 users and 3 resources of capacity 1, user 0
+arriving first with 100 of them; each admitted waiter gives its slot back at once. Measured for
+the default fair order and for ``line_order="arrival"`` in the same run: commands/s while all
+wait, release-to-admission p50/p99, and the fairness figure, the most served user's share of
+the first 60 grants over the least served one's (1.0 is equal; "inf": a user got none).
+
 Run it with ``bash benchmarks/run.sh`` (which builds a release wheel and starts its own Redis),
 or against a server of yours: ``benchmarks/.venv/bin/python benchmarks/waiting.py --url URL``.
 """
@@ -26,7 +32,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+from fastapi_stream_lease import LeaseConfig, Resource, StreamLeaseManager
 
 from common import (
     RESULTS_DIR,
@@ -43,6 +49,7 @@ from support.urls import without_password
 WAITERS = 200
 HAND_OVERS = 100
 POLL_EVERY_S = 0.05
+USERS, RESOURCES, FIRST_GRANTS = 10, 3, 60
 
 
 async def commands_per_second(client: aioredis.Redis, window_s: float) -> float:
@@ -96,9 +103,9 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
         # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
         # holder, cap 1
         # no waiter, no line, no own pool, 1 pool of capacity 1, no rate policy (cost 1)
-        reply = await acquire(
-            keys=keys, args=[lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 1, 1]
-        )
+        # priority 0, fair order, no waiting for one's own quota, no max_waiting, capacity 1
+        args = [lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 0, "fair", 0, 0, 1]
+        reply = await acquire(keys=keys, args=args)
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:
@@ -130,6 +137,54 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     await asyncio.gather(*waiters, return_exceptions=True)
     await client.unlink(*keys, f"{tag}:holders:{holder_id}", f"{tag}:holders:{holder_id}:members")
     return summary(idle, delays)
+
+
+async def fair_shares(
+    url: str, client: aioredis.Redis, window_s: float, order: str
+) -> dict[str, float]:
+    """200 waiters of 10 users for 3 resources of capacity 1, user 0's 100 first."""
+    config = LeaseConfig(
+        max_per_user=0, max_global=0, line_order=order, key_prefix=f"fair-{uuid.uuid4().hex[:8]}"
+    )
+    manager = StreamLeaseManager(url=url, config=config)
+    resources = [Resource(1, f"r{r}") for r in range(RESOURCES)]
+    holders = [await manager.acquire(None, resources=[resource]) for resource in resources]
+    admitted: asyncio.Queue[tuple[float, int, int, object]] = asyncio.Queue()
+
+    async def wait(user: int, resource: int) -> None:
+        lease = await manager.acquire(
+            f"user{user}", resources=[resources[resource]], wait_timeout=120
+        )
+        await admitted.put((time.perf_counter(), user, resource, lease))
+
+    arrivals = [(0, n % RESOURCES) for n in range(100)]
+    arrivals += [(1 + n % (USERS - 1), n % RESOURCES) for n in range(WAITERS - 100)]
+    waiters = []
+    for user, resource in arrivals:
+        waiters.append(asyncio.create_task(wait(user, resource)))
+        await asyncio.sleep(0)  # in arrival order
+    while manager.stats()["waiting"] < WAITERS:  # noqa: ASYNC110 (a local counter, no event)
+        await asyncio.sleep(0.01)
+    idle = await commands_per_second(client, window_s)
+
+    released_at = {}
+    for resource, holder in enumerate(holders):
+        released_at[resource] = time.perf_counter()
+        await holder.release()
+    delays, served = [], []
+    for _ in range(WAITERS):
+        at, user, resource, lease = await admitted.get()
+        delays.append(at - released_at[resource])
+        served.append(user)
+        released_at[resource] = time.perf_counter()
+        await lease.release()  # type: ignore[attr-defined]
+    await asyncio.gather(*waiters)
+    await manager.aclose()
+    shares = [served[:FIRST_GRANTS].count(user) for user in range(USERS)]
+    result = summary(idle, delays)
+    result["fairness_max_over_min"] = max(shares) / min(shares) if min(shares) else float("inf")
+    result["user0_share_of_first_grants"] = shares[0] / FIRST_GRANTS
+    return result
 
 
 def summary(idle_commands_per_s: float, delays: list[float]) -> dict[str, float]:
@@ -170,9 +225,29 @@ async def main() -> None:
         rows,
         left=1,
     )
+    fairness = {
+        order: await fair_shares(args.url, client, args.window, order)
+        for order in ("fair", "arrival")
+    }
+    print_table(
+        ["200 waiters, 10 users, 3 resources", "Redis commands/s", "release->admit p50 ms",
+         "p99 ms", "fairness (max/min share)", "user 0's share"],
+        [
+            [f"line_order={order!r}", f"{r['idle_commands_per_s']:,.0f}",
+             f"{r['hand_over_p50_ms']:.2f}", f"{r['hand_over_p99_ms']:.2f}",
+             f"{r['fairness_max_over_min']:.2f}", f"{r['user0_share_of_first_grants']:.0%}"]
+            for order, r in fairness.items()
+        ],
+        left=1,
+    )  # fmt: skip
     write_json(
         RESULTS_DIR / "waiting.json",
-        {"machine": machine_info(), "url": without_password(args.url), "results": results},
+        {
+            "machine": machine_info(),
+            "url": without_password(args.url),
+            "results": results,
+            "fair_shares": fairness,
+        },
     )
     await client.aclose()
 

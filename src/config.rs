@@ -21,6 +21,25 @@ pub enum FailureMode {
     Open,
 }
 
+/// The order of a pool's line within one priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineOrder {
+    /// Users take turns (round robin), first come first served within a user.
+    Fair,
+    /// First come, first served.
+    Arrival,
+}
+
+impl LineOrder {
+    /// As the acquire script takes it.
+    pub fn code(self) -> &'static str {
+        match self {
+            LineOrder::Fair => "fair",
+            LineOrder::Arrival => "arrival",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub lease_seconds: f64,
@@ -34,6 +53,12 @@ pub struct Config {
     pub redis_timeout: f64,
     /// How long an acquire waits in line for shared capacity before it is refused.
     pub wait_timeout: f64,
+    pub line_order: LineOrder,
+    /// Waiters a pool's line holds at most (0: no limit); one more is refused at once.
+    pub max_waiting: u64,
+    /// A user over its own `max_per_user` waits in its own line (with `wait_timeout`) instead
+    /// of being refused at once.
+    pub wait_for_own_quota: bool,
     /// Upper bound of the `Retry-After` given with a rejection (sooner if a slot frees sooner).
     pub retry_after: f64,
     pub on_lost: OnLost,

@@ -24,6 +24,8 @@ pub struct Rejection {
 pub enum CoreError {
     /// A pool is full.
     Rejected(Rejection),
+    /// A pool's line holds `max_waiting` waiters (`capacity`) already (`current`: waiting).
+    LineFull(Rejection),
     /// A request-rate policy refused (nothing was consumed anywhere); `refused` is set.
     RateLimited(HitOutcome),
     /// A stream ran out of token budget (the policy's name) under `on_budget="cut"`.
@@ -61,6 +63,14 @@ impl fmt::Display for CoreError {
                 f,
                 "{} stream limit reached; retry in {} s",
                 r.limit,
+                retry_after_seconds(r.retry_after_ms)
+            ),
+            CoreError::LineFull(r) => write!(
+                f,
+                "the line for {} is full ({} waiting, max_waiting={}); retry in {} s",
+                r.limit,
+                r.current,
+                r.capacity,
                 retry_after_seconds(r.retry_after_ms)
             ),
             CoreError::RateLimited(outcome) => {

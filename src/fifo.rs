@@ -25,11 +25,8 @@ impl<P: Ord + Copy, V> Fifo<P, V> {
         self.by_place.remove(&place)
     }
 
-    /// The values after `place`, in order.
-    pub fn after(&self, place: P) -> impl Iterator<Item = &V> {
-        self.by_place
-            .range((std::ops::Bound::Excluded(place), std::ops::Bound::Unbounded))
-            .map(|(_, value)| value)
+    pub fn get(&self, place: P) -> Option<&V> {
+        self.by_place.get(&place)
     }
 
     /// The values before `place`, in order (all of them for None).

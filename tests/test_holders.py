@@ -203,9 +203,9 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
         (lua / "prelude.lua").read_text() + (lua / "acquire.lua").read_text()
     )
     keys = [global_pool(key_prefix), holders(key_prefix)]
-    # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool of capacity 1, no rate
-    # policy (a start costs 1)
-    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 1, 1]
+    # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
+    # order, no waiting for one's own quota, no max_waiting, of capacity 1, no rate policy
+    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 0, 1]
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
@@ -228,9 +228,9 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
     members = f"{tag}:777:members"
 
     def grant(lease: str, weight: int) -> None:
-        # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 unlimited pool, a start
-        # costs 1
-        args = [lease, 30_000, weight, "", 0, 0, "", 0, 777, 1, 0, 1]
+        # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
+        # order, no waiting for one's own quota, no max_waiting, unlimited, no rate policy
+        args = [lease, 30_000, weight, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 0, 0]
         assert acquire(keys=[pool, tag], args=args)[0] == 1
 
     grant("held", 1)

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fastapi_stream_lease import (
     LeaseConfig,
+    LineFull,
     RateLimit,
     Resource,
     StreamLeaseError,
@@ -105,6 +106,28 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         with pytest.raises(StreamLeaseError):
             await unreachable.acquire(ALICE)  # backend_unavailable
         await unreachable.aclose()
+        narrow = StreamLeaseManager(
+            url=backend_url,
+            config=LeaseConfig(
+                key_prefix=f"{key_prefix}-narrow",
+                max_per_user=0,
+                max_global=1,
+                max_waiting=1,
+                identity_secret=b"s" * 16,
+            ),
+            meter_provider=meters,
+            tracer_provider=tracers,
+        )
+        occupant = await narrow.acquire(ALICE)  # acquired
+        queued = asyncio.create_task(narrow.acquire(BOB, wait_timeout=30))
+        await asyncio.sleep(0.2)
+        with pytest.raises(LineFull):
+            await narrow.acquire(CAROL, wait_timeout=30)  # line_full
+        queued.cancel()  # canceled
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await narrow.aclose()  # the occupant goes with the close
+        assert occupant.released
         await manager.revoke(CAROL, ban_seconds=60)
         await refused(user_id=CAROL)  # banned
         lease = await manager.acquire(ALICE)
@@ -116,12 +139,13 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
         p.attributes["result"]: p.value for p in points(reader, "fastapi_stream_lease.requests")
     }
     assert results == {
-        "acquired": 4,
+        "acquired": 5,
+        "line_full": 1,
         "per_user": 1,
         "resource": 1,
         "invalid": 1,
         "global": 1,
-        "canceled": 1,
+        "canceled": 2,
         "rate": 1,
         "budget": 1,
         "backend_unavailable": 1,

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from fastapi_stream_lease import Resource, StreamLeaseRejected
+from fastapi_stream_lease import LineFull, Resource, StreamLeaseRejected
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -179,7 +179,9 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager,
     # First in line, a waiter this process no longer has (a cancelled call that re-entered the
     # line after leaving it). The process stays alive, so only its heartbeat can take it out.
     redis_client.zadd(line, {"stray": 0})
-    redis_client.hset(f"{line}:needs", "stray", f"1 {{{key_prefix}}}:global")  # one global slot
+    pool = f"{{{key_prefix}}}:global"
+    redis_client.hset(f"{line}:needs", "stray", f"1 {pool}")  # one global slot, first in line
+    redis_client.zadd(f"{pool}|line", {"stray": 0})
     redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
     waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
 
@@ -187,6 +189,7 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager,
     await held.release()
     lease = await asyncio.wait_for(waiting, 20)
     assert redis_client.zrange(line, 0, -1) == [] and not redis_client.exists(f"{line}:needs")
+    assert not redis_client.exists(f"{pool}|line", f"{pool}|turns")
     await lease.release()
 
 
@@ -260,3 +263,107 @@ async def test_room_promised_to_earlier_waiters_is_kept_for_them(make_manager):
     assert lease.weight == 2
     await lease.release()
     await other.release()
+
+
+async def served_in_order(manager, holder, waiters: list[tuple[str, dict]]) -> list[str]:
+    """Starts the waiters one by one (a known arrival order), frees the holder's slot, and
+    returns the order in which they were served (each gives its slot back at once)."""
+    served: list[str] = []
+
+    async def wait_then_pass_on(name: str, user: str, options: dict) -> None:
+        lease = await manager.acquire(user, wait_timeout=60, **options)
+        served.append(name)
+        await lease.release()
+
+    tasks = []
+    for name, options in waiters:
+        user = options.pop("user", name.rstrip("0123456789"))
+        tasks.append(asyncio.create_task(wait_then_pass_on(name, user, options)))
+        await asyncio.sleep(0.02)
+    await eventually(lambda: manager.stats()["waiting"] == len(waiters), what="all to wait")
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    return served
+
+
+async def test_users_take_turns_in_a_pools_line(make_manager):
+    """The issue's case: user A with 50 waiters, user B with 1 arriving after them: B is served
+    within the next two grants (round robin by user, first come first served within a user)."""
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("holder")
+    alice = [(f"alice{i}", {}) for i in range(50)]
+    served = await served_in_order(manager, holder, [*alice, ("bob0", {})])
+    assert served.index("bob0") <= 1, served[:5]
+    assert [n for n in served if n.startswith("alice")] == [n for n, _ in alice], "FIFO within"
+
+
+async def test_arrival_order_is_kept_as_an_option(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1, line_order="arrival")
+    assert manager.config.line_order == "arrival"
+    holder = await manager.acquire("holder")
+    waiters = [("alice0", {}), ("alice1", {}), ("alice2", {}), ("bob0", {})]
+    assert await served_in_order(manager, holder, waiters) == [n for n, _ in waiters]
+
+
+async def test_higher_priority_is_served_first_and_fair_within(make_manager):
+    """Paid tier before free tier under saturation: priority 5 before 0, whatever the arrival
+    order; within a priority, users take turns."""
+    manager = make_manager(max_per_user=0, max_global=1)
+    gpu = Resource(capacity=1, name="gpu")
+    holder = await manager.acquire(None, resources=[gpu])
+    free = [(f"free{i}", {"user": "free", "resources": [gpu]}) for i in range(3)]
+    paid = [
+        ("paidA0", {"user": "paidA", "resources": [gpu], "priority": 5}),
+        ("paidA1", {"user": "paidA", "resources": [gpu], "priority": 5}),
+        ("paidB0", {"user": "paidB", "resources": [gpu], "priority": 5}),
+    ]
+    served = await served_in_order(manager, holder, [*free, *paid])
+    assert served == ["paidA0", "paidB0", "paidA1", "free0", "free1", "free2"]
+
+
+@pytest.mark.parametrize("priority", [-1, 10, 1.5, "high", True])
+async def test_a_bad_priority_says_what_was_wrong(make_manager, priority):
+    manager = make_manager()
+    with pytest.raises((TypeError, ValueError), match="priority"):
+        await manager.acquire("alice", priority=priority)
+
+
+async def test_a_full_line_refuses_at_once_with_an_estimated_retry_after(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1, max_waiting=2, retry_after=60)
+    holder = await manager.acquire("holder")
+    first = await waiting(manager, "a")
+    second = await waiting(manager, "b")
+    with pytest.raises(LineFull) as refused:
+        await manager.acquire("c", wait_timeout=30)
+    full = refused.value
+    assert isinstance(full, StreamLeaseRejected) and full.status_code == 503
+    assert (full.limit, full.waiting, full.max_waiting) == ("global", 2, 2)
+    assert "line for global is full (2 waiting, max_waiting=2)" in str(full)
+    assert 1 <= full.retry_after <= 60 and "Retry-After" in full.headers()
+    plain = asyncio.create_task(manager.acquire("d"))  # not waiting: refused for room, as before
+    with pytest.raises(StreamLeaseRejected):
+        await plain
+    await holder.release()
+    (await asyncio.wait_for(first, 5)).release_nowait()
+    # Served twice at a measured pace: the estimate is the line's times its mean gap.
+    await (await asyncio.wait_for(second, 5)).release()
+    await count_is(manager, 0)
+
+
+async def test_waiting_for_ones_own_quota_is_an_option(make_manager):
+    manager = make_manager(max_per_user=1, wait_for_own_quota=True)
+    assert manager.config.wait_for_own_quota
+    mine = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")  # not waiting: 429 at once, as by default
+    assert refused.value.status_code == 429
+    second = await waiting(manager, "alice")  # waits in alice's own line
+    other = await manager.acquire("bob")  # nobody else waits behind alice
+    await mine.release()
+    await (await asyncio.wait_for(second, 5)).release()
+    await other.release()
+    default = make_manager(max_per_user=1)
+    held = await default.acquire("carol")
+    with pytest.raises(StreamLeaseRejected):
+        await default.acquire("carol", wait_timeout=5)  # the default: 429 at once
+    await held.release()

@@ -39,6 +39,12 @@ class LeaseConfig:
     @property
     def wait_timeout(self) -> float: ...
     @property
+    def line_order(self) -> str: ...
+    @property
+    def max_waiting(self) -> int: ...
+    @property
+    def wait_for_own_quota(self) -> bool: ...
+    @property
     def retry_after(self) -> float: ...
     @property
     def on_lost(self) -> str: ...
@@ -61,6 +67,9 @@ class LeaseConfig:
         renew_every: float | None = None,
         redis_timeout: float | None = None,
         wait_timeout: float | None = None,
+        line_order: str | None = None,
+        max_waiting: int | None = None,
+        wait_for_own_quota: bool = False,
         retry_after: float | None = None,
         on_lost: str | None = None,
         failure_mode: str | None = None,
@@ -124,6 +133,7 @@ class Manager:
         budgets: Iterable[RateLimit] | None = None,
         reserve: int | tuple[int, int] | None = None,
         on_budget: str | None = None,
+        priority: int | None = None,
     ) -> Awaitable[LeaseHandle]: ...
     def hit(
         self,

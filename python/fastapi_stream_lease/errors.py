@@ -114,6 +114,29 @@ class StreamLeaseRejected(StreamLeaseError):
         )
 
 
+class LineFull(StreamLeaseRejected):
+    """The line of the pool named ``limit`` holds ``LeaseConfig.max_waiting`` waiters already:
+    refused at once (503 for a shared pool, 429 for the user's own under
+    ``wait_for_own_quota``), with ``Retry-After`` from the line's recent service rate.
+    ``waiting`` and ``max_waiting`` are the line's figures; ``capacity`` and ``current`` are
+    None."""
+
+    title: ClassVar[str] = "Waiting line full"
+
+    def __init__(
+        self, message: str, limit: str, max_waiting: int, waiting: int, retry_after: int
+    ) -> None:
+        super().__init__(message, limit, None, None, retry_after)
+        self.max_waiting = max_waiting
+        self.waiting = waiting
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (str(self), self.limit, self.max_waiting, self.waiting, self.retry_after),
+        )
+
+
 class RateLimited(StreamLeaseError):
     """A request-rate policy refused the hit (429); nothing was consumed from any policy.
     ``policy`` names the first that refused; ``decisions`` are every policy's, for the

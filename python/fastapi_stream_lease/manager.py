@@ -155,15 +155,19 @@ class StreamLeaseManager:
         budgets: Sequence[RateLimit] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
+        priority: int = 0,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
         ``user_id=None`` takes the resources only. ``max_per_user`` overrides the configured
-        per-user cap for this call (a paid tier, say; 0 = no limit). When shared capacity (the
-        global pool, a resource) is full, waits in line (first come, first served, across every
-        worker) up to ``wait_timeout`` seconds (default: ``LeaseConfig.wait_timeout``); a user
-        over their own cap is refused at once. Pass the ``request`` so that a client that goes
-        away while waiting leaves the line at once (:class:`ClientDisconnected`).
+        per-user cap for this call (a paid tier, say; 0 = no limit). When a shared pool (the
+        global pool, a resource) has no room beyond what its earlier waiters need, waits in that
+        pool's line, across every worker, up to ``wait_timeout`` seconds (default:
+        ``LeaseConfig.wait_timeout``); a user over their own cap is refused at once. Each
+        pool's line serves higher ``priority`` first (0 to 9), then users in turn (round robin,
+        first come first served within a user; ``LeaseConfig(line_order="arrival")`` for first
+        come, first served). Pass the ``request`` so that a client that goes away while waiting
+        leaves the line at once (:class:`ClientDisconnected`).
 
         ``rate_limits`` count the start against the user's request-rate policies in the same
         atomic step: a stream refused a slot consumes no rate, and a start refused for rate
@@ -187,7 +191,7 @@ class StreamLeaseManager:
         """
         acquiring = self._acquire_handle(
             user_id, weight, max_per_user, wait_timeout, resources, request,
-            rate_limits, budgets, reserve, on_budget,
+            rate_limits, budgets, reserve, on_budget, priority,
         )  # fmt: skip
         telemetry = self._instruments()
         try:
@@ -227,6 +231,7 @@ class StreamLeaseManager:
         budgets: Sequence[RateLimit],
         reserve: int | tuple[int, int] | None,
         on_budget: OnBudget,
+        priority: int,
     ) -> _core.LeaseHandle:
         pools = [(resource.name, resource.capacity) for resource in resources] or None
         acquired = self._core.acquire(
@@ -239,6 +244,7 @@ class StreamLeaseManager:
             budgets or None,
             reserve,
             on_budget if budgets or reserve is not None or on_budget != "cut" else None,
+            priority or None,
         )
         if request is None:
             return await acquired
@@ -264,6 +270,7 @@ class StreamLeaseManager:
         budgets: Sequence[RateLimit] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
+        priority: int = 0,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -279,6 +286,7 @@ class StreamLeaseManager:
             budgets=budgets,
             reserve=reserve,
             on_budget=on_budget,
+            priority=priority,
         )
         async with lease._held():
             yield lease

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     BackendError,
     ClientDisconnected,
+    LineFull,
     ManagerClosed,
     RateLimited,
     StreamLeaseError,
@@ -44,6 +45,7 @@ RESULTS = (
     "rate",
     "budget",
     "banned",
+    "line_full",
     "backend_unavailable",
     "closed",
     "canceled",
@@ -68,6 +70,8 @@ def result_of(error: BaseException | None) -> str:
     """The ``result`` of an acquire that ended with ``error`` (None: granted)."""
     if error is None:
         return "acquired"
+    if isinstance(error, LineFull):
+        return "line_full"
     if isinstance(error, StreamLeaseRejected):
         return error.limit if error.limit in ("per_user", "global") else "resource"
     if isinstance(error, RateLimited):
@@ -173,7 +177,7 @@ class Observed:
             [results],
             unit="{request}",
             description="Acquires, by result (acquired, per_user, global, resource, rate, "
-            "budget, banned, backend_unavailable, closed, canceled, invalid).",
+            "budget, banned, line_full, backend_unavailable, closed, canceled, invalid).",
         )
         pools_seen: set[str] = set()
 

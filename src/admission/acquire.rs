@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::waiting::{LocalTurn, RECHECK_WAITING, WAITER_TTL};
+use super::waiting::{waiter_id, LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
 use crate::budget::{Account, BudgetRequest, Charge, Meter};
@@ -121,16 +121,6 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-/// The keys of the pools a lease may wait for: its capped shared pools (each has its own line).
-fn lined_keys(record: &LeaseRecord) -> Vec<String> {
-    record
-        .pools
-        .iter()
-        .filter(|pool| pool.role == PoolRole::Shared && pool.capacity > 0)
-        .map(|pool| pool.key.clone())
-        .collect()
-}
-
 /// This process's share of a cap while Redis is down: rounded down, so the shares of all
 /// workers add up to at most the cap (unlimited stays unlimited).
 pub(super) fn local_share(capacity: u64, workers: u64) -> u64 {
@@ -158,7 +148,7 @@ impl Manager {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        let admitted = Arc::clone(self).admit(record, rates, request.budget, request.wait);
+        let admitted = Arc::clone(self).admit(record, rates, request.budget, request.wait, request.priority);
         let disclose = self.config.disclose_usage;
         Ok(async move {
             admitted
@@ -215,12 +205,13 @@ impl Manager {
         rates: RateCheck,
         budget: Option<BudgetRequest>,
         wait: Duration,
+        priority: u8,
     ) -> CoreResult<Granted> {
         let budget = budget.as_ref();
         let ttl_ms = self.config.lease_ms();
         let deadline = Instant::now() + wait;
         let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
-            id: uuid::Uuid::new_v4().simple().to_string(),
+            id: waiter_id(),
             ttl_ms: WAITER_TTL.as_millis() as u64,
         });
         if let (Some(_), Some(line)) = (&waiter, &self.line) {
@@ -252,6 +243,10 @@ impl Manager {
             let in_line = self.line.as_ref().map(|line| InLine {
                 line,
                 waiter: waiter.as_ref(),
+                priority,
+                order: self.config.line_order,
+                max_waiting: self.config.max_waiting,
+                own_waits: self.config.wait_for_own_quota,
             });
             self.leases.flight_start(&record);
             let outcome = self
@@ -260,7 +255,7 @@ impl Manager {
                 .await;
             cleanup.sent |= !matches!(outcome, Err(CoreError::Unreached(_)));
             let unavailable = match outcome {
-                Ok(AcquireOutcome::Wait(ticket)) => {
+                Ok(AcquireOutcome::Wait(placed)) => {
                     // Told to wait, the script added nothing: while it waits, the lease is not in
                     // flight (else its weight would hide members its holder does not hold from
                     // the keep-alive's count for as long as anyone of this process waits).
@@ -268,10 +263,17 @@ impl Manager {
                     // A waiter taken out of the shared line (its process was late to keep it
                     // alive) came back with a later ticket: it takes that place here too, so
                     // this process's order stays the shared line's.
-                    let placed = local_turn.as_ref().is_some_and(|t| t.ticket() == ticket);
-                    if !placed && waiter.is_some() {
+                    let same = local_turn.as_ref().is_some_and(|t| t.ticket() == placed.ticket);
+                    if let (false, Some(waiter)) = (same, &waiter) {
                         drop(local_turn.take());
-                        local_turn = Some(self.local_line.join(ticket, lined_keys(&record)));
+                        let places = record
+                            .pools
+                            .iter()
+                            .zip(placed.places)
+                            .filter(|(_, place)| *place > 0)
+                            .map(|(pool, place)| (pool.key.clone(), place))
+                            .collect();
+                        local_turn = Some(self.local_line.join(placed.ticket, places, &waiter.id));
                     }
                     None
                 }
@@ -468,6 +470,12 @@ impl Manager {
                 self.leases.flight_end(&record, false);
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
+            }
+            AcquireOutcome::LineFull(mut full) => {
+                record.mark_released();
+                self.leases.flight_end(&record, false);
+                full.retry_after_ms = full.retry_after_ms.clamp(1, self.config.retry_after_ms());
+                Err(CoreError::LineFull(full))
             }
             AcquireOutcome::Banned(ms_left) => {
                 record.mark_released();

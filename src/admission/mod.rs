@@ -68,6 +68,8 @@ pub struct AcquireRequest {
     pub max_per_user: Option<u64>,
     /// How long to wait in line for shared capacity.
     pub wait: Duration,
+    /// Place in the lines: 0 to `MAX_PRIORITY`, higher first.
+    pub priority: u8,
     /// Request-rate policies of the user that the start counts against, in the same step.
     pub rate_limits: Vec<RatePolicy>,
     /// Token budgets of the user the stream reserves from, in the same step.

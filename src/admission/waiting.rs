@@ -1,9 +1,9 @@
-//! This process's side of the waiting line. Waiters line up here by the ticket the shared line
-//! gave them; each pool has its own line, so a waiter talks to Redis (when woken by a release,
-//! at a periodic check, and to keep all of this process's waiters alive in the shared line with
-//! one write) only while no earlier waiter here waits for one of its pools. The others sleep
-//! until their turn, so the Redis work of waiting grows with releases, processes and pools, not
-//! with the number of waiters.
+//! This process's side of the waiting lines. Each pool has its own line, and a waiter here
+//! knows its place in the line of each of its pools (as Redis gave it); it talks to Redis (when
+//! woken by a release, at a periodic check, and to keep all of this process's waiters alive in
+//! the shared line with one write) only while no waiter here stands before it in one of those
+//! lines. The others sleep until their turn, so the Redis work of waiting grows with releases,
+//! processes and pools, not with the number of waiters.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,19 +26,50 @@ pub const RECHECK_WAITING: Duration = Duration::from_secs(1);
 /// Waiters of a process that has not refreshed them for this long (it died) leave the shared line.
 pub const WAITER_TTL: Duration = Duration::from_secs(3);
 
+/// A new waiter's id: in the order waiters arrive (the wall clock's ms, then this process's
+/// count), then random. Equal places in a line go by id, so they go by arrival, across
+/// processes as far as their clocks agree.
+pub fn waiter_id() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let count = COUNT.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{ms:012x}{count:06x}{}", &random[..14])
+}
+
 /// A waiter's place here: its ticket in the shared line, then its arrival here (tickets can
 /// repeat: the shared counter starts again when its key is lost).
 type Place = (u64, u64);
 
-/// One waiter here: what wakes it, and the pools it waits for (their keys).
+/// One waiter here: what wakes it, its id, and its place in the line of each of its pools
+/// (pool key, place).
 struct Waiting {
     turn: Arc<Notify>,
-    pools: Vec<String>,
+    id: String,
+    places: Vec<(String, u64)>,
 }
 
 impl Waiting {
-    fn shares_a_pool_with(&self, pools: &[String]) -> bool {
-        self.pools.iter().any(|pool| pools.contains(pool))
+    fn shares_a_pool_with(&self, other: &Waiting) -> bool {
+        self.places.iter().any(|(pool, _)| other.place_in(pool).is_some())
+    }
+
+    fn place_in(&self, pool: &str) -> Option<u64> {
+        self.places
+            .iter()
+            .find(|(key, _)| key == pool)
+            .map(|(_, place)| *place)
+    }
+
+    /// Whether it stands before `other` in a line they share (as Redis orders them: by place,
+    /// then by id).
+    fn stands_before(&self, other: &Waiting) -> bool {
+        other.places.iter().any(|(pool, place)| {
+            self.place_in(pool)
+                .is_some_and(|mine| (mine, &self.id) < (*place, &other.id))
+        })
     }
 }
 
@@ -71,7 +102,6 @@ impl Drop for Present<'_> {
 pub struct LocalTurn<'a> {
     line: &'a LocalLine,
     place: Place,
-    pools: Vec<String>,
     pub turn: Arc<Notify>,
 }
 
@@ -81,11 +111,14 @@ impl LocalTurn<'_> {
         self.place.0
     }
 
-    /// Whether no earlier waiter here waits for one of its pools: its turn to ask Redis.
+    /// Whether no waiter here stands before it in one of its lines: its turn to ask Redis.
     pub fn is_first(&self) -> bool {
-        !lock(&self.line.turns)
-            .before(Some(self.place))
-            .any(|earlier| earlier.shares_a_pool_with(&self.pools))
+        let turns = lock(&self.line.turns);
+        let Some(me) = turns.get(self.place) else {
+            return true;
+        };
+        let first = !turns.before(None).any(|other| other.stands_before(me));
+        first
     }
 }
 
@@ -105,20 +138,20 @@ impl LocalLine {
         }
     }
 
-    /// Lines up a waiter for `pools` by its ticket in the shared line; its turn comes when no
-    /// earlier waiter here waits for one of them.
-    pub fn join(&self, ticket: u64, pools: Vec<String>) -> LocalTurn<'_> {
+    /// Lines up a waiter (`id`) with its place in the line of each of its pools; its turn comes
+    /// when no waiter here stands before it in one of them.
+    pub fn join(&self, ticket: u64, places: Vec<(String, u64)>, id: &str) -> LocalTurn<'_> {
         let turn = Arc::new(Notify::new());
         let place = (ticket, self.arrivals.fetch_add(1, Ordering::Relaxed));
         let waiting = Waiting {
             turn: Arc::clone(&turn),
-            pools: pools.clone(),
+            id: id.to_owned(),
+            places,
         };
         lock(&self.turns).insert(place, waiting);
         LocalTurn {
             line: self,
             place,
-            pools,
             turn,
         }
     }
@@ -139,9 +172,9 @@ impl LocalLine {
         let Some(left) = turns.remove(place) else {
             return;
         };
-        for later in turns.after(place) {
-            if later.shares_a_pool_with(&left.pools) {
-                later.turn.notify_one();
+        for other in turns.before(None) {
+            if other.shares_a_pool_with(&left) {
+                other.turn.notify_one();
             }
         }
     }
@@ -192,10 +225,10 @@ mod tests {
     fn the_lowest_ticket_has_the_turn_and_passes_it_on() {
         let line = LocalLine::default();
         let arrivals: Vec<_> = ["a", "b", "c"].iter().map(|id| line.arrive(id)).collect();
-        let db = || vec!["db".to_owned()];
-        let seven = line.join(7, db());
-        let three = line.join(3, db()); // an earlier ticket that answered later
-        let nine = line.join(9, db());
+        let db = |place: u64| vec![("db".to_owned(), place)];
+        let seven = line.join(7, db(7), "a");
+        let three = line.join(3, db(3), "b"); // an earlier place that answered later
+        let nine = line.join(9, db(9), "c");
         assert!(three.is_first() && !seven.is_first());
         drop(seven); // a later waiter leaving changes nobody's turn
         assert!(three.is_first());
@@ -214,10 +247,11 @@ mod tests {
     #[test]
     fn each_pool_has_its_own_turn() {
         let line = LocalLine::default();
-        let pools = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
-        let db = line.join(1, pools(&["db"]));
-        let fs = line.join(2, pools(&["fs"]));
-        let both = line.join(3, pools(&["db", "fs"]));
+        let places =
+            |names: &[&str], place: u64| names.iter().map(|n| ((*n).to_owned(), place)).collect::<Vec<_>>();
+        let db = line.join(1, places(&["db"], 1), "a");
+        let fs = line.join(2, places(&["fs"], 2), "b");
+        let both = line.join(3, places(&["db", "fs"], 3), "c");
         assert!(
             db.is_first() && fs.is_first(),
             "a waiter for fs never waits behind one for db"
@@ -230,11 +264,22 @@ mod tests {
     }
 
     #[test]
+    fn places_differ_from_line_to_line() {
+        // Fair order: bob's first waiter is before alice's second in db's line.
+        let line = LocalLine::default();
+        let alice_2 = line.join(2, vec![("db".to_owned(), 2)], "a2");
+        let bob_1 = line.join(3, vec![("db".to_owned(), 1)], "b1");
+        assert!(bob_1.is_first() && !alice_2.is_first());
+        let same_place = line.join(4, vec![("db".to_owned(), 1)], "a0");
+        assert!(same_place.is_first(), "equal places go by id, as in Redis");
+    }
+
+    #[test]
     fn a_repeated_ticket_strands_nobody() {
         // The shared ticket counter started again (its key expired or was lost in a failover).
         let line = LocalLine::default();
-        let first = line.join(4, vec!["db".to_owned()]);
-        let again = line.join(4, vec!["db".to_owned()]);
+        let first = line.join(4, vec![("db".to_owned(), 4)], "a");
+        let again = line.join(4, vec![("db".to_owned(), 4)], "b");
         assert_eq!(line.len(), 2, "both waiters keep their place");
         drop(first);
         assert!(again.is_first(), "the second one's turn comes");

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::breaker::{Breaker, Permit};
+use crate::config::LineOrder;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
@@ -57,8 +58,10 @@ pub enum AcquireOutcome {
     Rejected(Rejection),
     /// A rate policy refused the start (nothing was taken anywhere).
     RateLimited(HitOutcome),
-    /// The caller is in line with this ticket (lower is earlier): try again when woken.
-    Wait(u64),
+    /// The caller is in line: try again when woken.
+    Wait(Placed),
+    /// A pool's line is full (`max_waiting`): `capacity` is the limit, `current` the waiters.
+    LineFull(Rejection),
     /// An operator banned the user's streams for this many ms more (`revoke`).
     Banned(u64),
 }
@@ -80,11 +83,30 @@ pub struct Waiter {
     pub ttl_ms: u64,
 }
 
-/// How an acquire stands to the line: a waiter in it, or a newcomer who must not jump it.
+/// How an acquire stands to the line: a waiter in it, or a newcomer who must not take room an
+/// earlier waiter needs.
 #[derive(Debug, Clone, Copy)]
 pub struct InLine<'a> {
     pub line: &'a LineKeys,
     pub waiter: Option<&'a Waiter>,
+    /// 0 to `MAX_PRIORITY`, higher first.
+    pub priority: u8,
+    pub order: LineOrder,
+    /// Waiters a pool's line holds at most (0: no limit).
+    pub max_waiting: u64,
+    /// A full own pool makes a waiter wait (in its own line) instead of refusing it.
+    pub own_waits: bool,
+}
+
+/// The highest priority an acquire may ask for.
+pub const MAX_PRIORITY: u8 = 9;
+
+/// Where a waiter stands: its ticket, and its place in the line of each of its pools (0 for a
+/// pool without a line); lower places are earlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub ticket: u64,
+    pub places: Vec<u64>,
 }
 
 /// What one keep-alive found for one group (the leases of one holders key, one hash tag).

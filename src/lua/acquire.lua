@@ -2,23 +2,31 @@
 -- caller's rate policies in the same step: a start refused for rate takes no slot, a stream
 -- refused for a slot consumes no rate. Each capped shared pool has its own line: a request
 -- waits (or, not waiting, is refused) only when one of its pools lacks room for it beyond what
--- the earlier waiters for that pool need; waiters for other pools never hold it up.
+-- the waiters before it in that pool's line need; waiters for other pools never hold it up.
+-- A pool's line is in order of priority (higher first), then of turns: in fair order users
+-- take turns (a user's next waiter gets the turn after the last one served there, or after the
+-- user's previous waiter, whichever is later: round robin by user, first come first served
+-- within a user); in arrival order the turn is the ticket. Equal places go by waiter id, which
+-- the process makes in time order.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
--- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line (sorted set: waiter id by
--- ticket; <line>:needs is the hash waiter id -> "<weight> <pool key> ...", the capped shared
--- pools it waits for), the liveness of the processes that have waiters (sorted set: holder id
--- by expiry in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket
--- counter.
+-- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line, every waiter of every pool
+-- (sorted set: waiter id by ticket; <line>:needs is the hash waiter id -> "<weight> <pool key>
+-- ...", the capped shared pools it waits for, each with its own line: see the prelude's
+-- pool_line), the liveness of the processes that have waiters (sorted set: holder id by expiry
+-- in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket counter.
 -- The keys left after those: the caller's rate counters (see hit.lua).
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
 -- process in ms (its heartbeat extends it);
 -- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
 -- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
--- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[10 + i]: capacity of
+-- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[11]: priority (0 to 9,
+-- higher first); ARGV[12]: the lines' order, 'fair' or 'arrival'; ARGV[13]: '1' if a full own
+-- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it;
+-- ARGV[14]: the waiters a pool's line holds at most (0: no limit); ARGV[14 + i]: capacity of
 -- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, the units
 -- the start takes from it (1 for a request rate, the reservation for a token budget), and '1'
 -- for a budget, as in hit.lua.
@@ -28,8 +36,11 @@
 -- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
--- {WAIT, ticket} when the caller is in line and should wait (ticket: its place, lower is
--- earlier); {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
+-- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
+-- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
+-- retry_ms} when the line of KEYS[i] holds max_waiting waiters already (retry_ms: the time
+-- those would take at the line's recent service rate, or a lease duration before it has one);
+-- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -42,6 +53,19 @@ local own = tonumber(ARGV[8])
 local holder = holder_name(ARGV[9])
 local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
 local first_rate = pools + (queued and 5 or 2)
+local priority = tonumber(ARGV[11])
+local fair = ARGV[12] == 'fair'
+local own_waits = ARGV[13] == '1'
+local max_waiting = tonumber(ARGV[14])
+local CAPS = 14 -- ARGV[CAPS + i]: capacity of KEYS[i]
+-- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
+-- `integer()`: Lua prints numbers with 14 digits.
+local TURNS = 2 ^ 48
+local function integer(n)
+  return string.format('%d', n)
+end
+-- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
+local user = own > 0 and KEYS[1] or waiter
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
@@ -53,7 +77,7 @@ local function already_granted()
   for i = 1, pools do
     granted[i + 2] = redis.call('ZCARD', KEYS[i])
   end
-  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, 11 + pools, 0)), false)
+  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, CAPS + 1 + pools, 0)), false)
   return granted
 end
 
@@ -73,12 +97,26 @@ end
 -- The capped shared pools of this request, by key -> KEYS index: those a line is kept for.
 local function lined_pools()
   local lined = {}
-  for i = own + 1, pools do
-    if tonumber(ARGV[10 + i]) > 0 then
+  for i = own_waits and 1 or own + 1, pools do
+    if tonumber(ARGV[CAPS + i]) > 0 then
       lined[KEYS[i]] = i
     end
   end
   return lined
+end
+
+-- The caller's place in a pool's line: in fair order, the turn after the last one served there
+-- or after its user's last waiter there, whichever is later; in arrival order its ticket (a
+-- caller that will not wait, with no ticket, comes after every waiter of its priority).
+local function place_in(pool, ticket)
+  local turn
+  if not fair then
+    turn = ticket > 0 and ticket or TURNS - 1
+  else
+    local turns = redis.call('HMGET', pool_turns(pool), '', user)
+    turn = math.max(tonumber(turns[1]) or 0, tonumber(turns[2]) or 0) + 1
+  end
+  return (9 - priority) * TURNS + turn
 end
 
 -- The waiters of processes that stopped keeping them alive leave the line.
@@ -91,69 +129,132 @@ local function drop_dead_waiters()
   end
 end
 
--- Puts a waiter in line (or finds it there), with what it needs, and keeps its process alive;
--- returns its ticket.
+-- Puts a waiter in line and in the line of each pool it needs (or finds it there), with what
+-- it needs, and keeps its process alive; returns its ticket.
 local function enter_line(lined)
   local mine = alive .. ':' .. holder
   local ticket = tonumber(redis.call('ZSCORE', line, waiter))
+  local keep = {line, line .. ':needs', alive, tickets, mine}
   if not ticket then
     ticket = redis.call('INCR', tickets)
     redis.call('ZADD', line, ticket, waiter)
     redis.call('SADD', mine, waiter)
     local needs = {weight}
-    for key in pairs(lined) do
-      needs[#needs + 1] = key
+    for pool in pairs(lined) do
+      local place = place_in(pool, ticket)
+      redis.call('ZADD', pool_line(pool), integer(place), waiter)
+      if fair then
+        redis.call('HSET', pool_turns(pool), user, integer(place % TURNS))
+      end
+      needs[#needs + 1] = pool
     end
     redis.call('HSET', line .. ':needs', waiter, table.concat(needs, ' '))
   end
+  for pool in pairs(lined) do
+    keep[#keep + 1] = pool_line(pool)
+    keep[#keep + 1] = pool_turns(pool)
+  end
   redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
-  for _, key in ipairs({line, line .. ':needs', alive, tickets, mine}) do
+  for _, key in ipairs(keep) do
     redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
   end
   return ticket
 end
 
--- The slots the waiters ahead of this request (all of them for one that will not wait) need
--- in each of its lined pools, by KEYS index.
-local function needed_ahead(lined, ticket)
+-- The slots the waiters before this request need in each of its lined pools, by KEYS index
+-- (for a caller that will not wait: those before the place it would have).
+local function needed_ahead(lined)
   local ahead_of = {}
-  if not queued or next(lined) == nil then
+  if not queued then
     return ahead_of
   end
-  local upto = waiter ~= '' and ('(' .. ticket) or '+inf'
-  local ahead = redis.call('ZRANGEBYSCORE', line, '-inf', upto)
-  for first = 1, #ahead, 1000 do
-    local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
-    for _, needs in ipairs(redis.call('HMGET', line .. ':needs', unpack(some))) do
-      if needs then
-        local w
-        for word in string.gmatch(needs, '%S+') do
-          if not w then
-            w = tonumber(word)
-          elseif lined[word] then
-            ahead_of[lined[word]] = (ahead_of[lined[word]] or 0) + w
-          end
-        end
+  for pool, i in pairs(lined) do
+    local ahead
+    if waiter ~= '' then
+      local rank = redis.call('ZRANK', pool_line(pool), waiter)
+      ahead = (rank and rank > 0) and redis.call('ZRANGE', pool_line(pool), 0, rank - 1) or {}
+    else
+      ahead = redis.call('ZRANGEBYSCORE', pool_line(pool), '-inf', integer(place_in(pool, 0)))
+    end
+    local need = 0
+    for first = 1, #ahead, 1000 do
+      local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
+      for _, needs in ipairs(redis.call('HMGET', line .. ':needs', unpack(some))) do
+        need = need + (tonumber(string.match(needs or '', '^%d+')) or 0)
       end
     end
+    ahead_of[i] = need
   end
   return ahead_of
 end
 
+-- The caller's place in the line of each pool (0 for a pool without one), for its process.
+local function places(lined)
+  local at = {}
+  for i = 1, pools do
+    at[i] = 0
+  end
+  for pool, i in pairs(lined) do
+    at[i] = tonumber(redis.call('ZSCORE', pool_line(pool), waiter)) or 0
+  end
+  return at
+end
+
+-- A new waiter's answer when one of its lines holds max_waiting waiters already: the waiters
+-- there times the line's mean time between two waiters served (its 'gap'), or a lease duration
+-- before it has one.
+local function line_full(lined)
+  if max_waiting == 0 or redis.call('ZSCORE', line, waiter) then
+    return nil
+  end
+  for pool, i in pairs(lined) do
+    local waiting = redis.call('ZCARD', pool_line(pool))
+    if waiting >= max_waiting then
+      local gap = tonumber(redis.call('HGET', pool_turns(pool), 'gap'))
+      return {LINE_FULL, i, waiting, gap and math.ceil(gap * (waiting + 1)) or ttl}
+    end
+  end
+  return nil
+end
+
+-- A waiter granted: the turns it had are served (fair order goes on from there), and the mean
+-- time between two waiters served there moves (by a fifth of the new gap's difference).
+local function served(lined)
+  for pool in pairs(lined) do
+    local turns = pool_turns(pool)
+    local place = tonumber(redis.call('ZSCORE', pool_line(pool), waiter))
+    if place and fair then
+      local last = tonumber(redis.call('HGET', turns, '')) or 0
+      redis.call('HSET', turns, '', integer(math.max(last, place % TURNS)))
+    end
+    local timing = redis.call('HMGET', turns, 'at', 'gap')
+    local at, gap = tonumber(timing[1]), tonumber(timing[2])
+    if at then
+      gap = gap and gap + 0.2 * ((now - at) - gap) or (now - at)
+      redis.call('HSET', turns, 'gap', tostring(gap))
+    end
+    redis.call('HSET', turns, 'at', integer(now))
+  end
+end
+
 -- Slots in use in each pool; on the first pool without room (beyond what the waiters ahead
 -- need there), the answer to give instead of a grant.
-local function check_pools(ticket, ahead_of)
+local function check_pools(ticket, lined, ahead_of)
   local used = {}
   for i = 1, pools do
-    local capacity = tonumber(ARGV[10 + i])
+    local capacity = tonumber(ARGV[CAPS + i])
     local promised = ahead_of[i] or 0
     used[i] = used_slots(KEYS[i], holders, weight + promised, capacity)
     if capacity > 0 and used[i] + promised + weight > capacity then
-      if i <= own or waiter == '' then
+      if (i <= own and not own_waits) or waiter == '' then
         leave_line()
         return used, refusal(i, math.min(capacity, used[i] + promised))
       end
-      return used, {WAIT, ticket}
+      local wait = {WAIT, ticket}
+      for _, place in ipairs(places(lined)) do
+        wait[#wait + 1] = place
+      end
+      return used, wait
     end
   end
   return used, nil
@@ -201,7 +302,7 @@ if own > 0 then
 end
 
 -- Over a rate limit: refused before taking a place in line or a slot.
-local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, 11 + pools, 1)
+local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + pools, 1)
 if rate_refused > 0 then
   local granted = waiter == '' and already_granted()
   if granted then
@@ -217,17 +318,22 @@ local ticket, lined = 0, lined_pools()
 if queued then
   drop_dead_waiters()
   if waiter ~= '' then
+    local full = line_full(lined)
+    if full then
+      return full
+    end
     ticket = enter_line(lined)
   end
 end
 
-local used, instead = check_pools(ticket, needed_ahead(lined, ticket))
+local used, instead = check_pools(ticket, lined, needed_ahead(lined))
 if instead then
   return instead
 end
 
 local granted = grant(used, rates)
 if queued and waiter ~= '' then
+  served(lined)
   leave_line()
   if redis.call('ZCARD', line) > 0 then
     redis.call('PUBLISH', ARGV[7], 0)

@@ -25,7 +25,7 @@ local REAP_BUDGET = 1000
 local REAP_POOLS = 200
 local reap_left = REAP_BUDGET
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
-local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED = 0, 1, 2, 3, 4
+local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL = 0, 1, 2, 3, 4, 5
 
 -- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
 -- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would
@@ -164,10 +164,34 @@ local function used_slots(pool, holders, weight, capacity)
   return used
 end
 
--- Takes waiters out of the line and forgets what they need (<line>:needs, see acquire.lua).
+-- The line of one capped shared pool (sorted set: waiter id by its place, see acquire.lua),
+-- and its turns (hash: user -> the turn of its last waiter there; '' -> the last turn served).
+-- '|' is in no pool name nor key prefix.
+local function pool_line(pool)
+  return pool .. '|line'
+end
+
+local function pool_turns(pool)
+  return pool .. '|turns'
+end
+
+-- Takes waiters out of the line, and of the lines of the pools they wait for, and forgets what
+-- they need (<line>:needs: "<weight> <pool key> ...", see acquire.lua). A pool's line left
+-- empty forgets its turns.
 local function forget_waiters(line, waiters)
   for first = 1, #waiters, 1000 do
     local some = {unpack(waiters, first, math.min(first + 999, #waiters))}
+    local needs = redis.call('HMGET', line .. ':needs', unpack(some))
+    for j, waiter in ipairs(some) do
+      local words = string.gmatch(needs[j] or '', '%S+')
+      words() -- the weight
+      for pool in words do
+        redis.call('ZREM', pool_line(pool), waiter)
+        if redis.call('EXISTS', pool_line(pool)) == 0 then
+          redis.call('DEL', pool_turns(pool))
+        end
+      end
+    end
     redis.call('ZREM', line, unpack(some))
     redis.call('HDEL', line .. ':needs', unpack(some))
   end

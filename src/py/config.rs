@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use super::args::{self, type_name};
-use crate::config::{Config, FailureMode, OnLost};
+use crate::config::{Config, FailureMode, LineOrder, OnLost};
 
 const MIN_LEASE_SECONDS: f64 = 1.0;
 const MAX_LEASE_SECONDS: f64 = 86_400.0;
@@ -31,6 +31,9 @@ impl LeaseConfig {
         renew_every = None,
         redis_timeout = None,
         wait_timeout = None,
+        line_order = None,
+        max_waiting = None,
+        wait_for_own_quota = false,
         retry_after = None,
         on_lost = None,
         failure_mode = None,
@@ -49,6 +52,9 @@ impl LeaseConfig {
         renew_every: Option<&Bound<'_, PyAny>>,
         redis_timeout: Option<&Bound<'_, PyAny>>,
         wait_timeout: Option<&Bound<'_, PyAny>>,
+        line_order: Option<&Bound<'_, PyAny>>,
+        max_waiting: Option<&Bound<'_, PyAny>>,
+        wait_for_own_quota: bool,
         retry_after: Option<&Bound<'_, PyAny>>,
         on_lost: Option<&Bound<'_, PyAny>>,
         failure_mode: Option<&Bound<'_, PyAny>>,
@@ -106,6 +112,13 @@ impl LeaseConfig {
             renew_every,
             redis_timeout,
             wait_timeout,
+            line_order: choice_field(
+                "line_order",
+                line_order,
+                &[("fair", LineOrder::Fair), ("arrival", LineOrder::Arrival)],
+            )?,
+            max_waiting: args::capacity("max_waiting", max_waiting, 0)?,
+            wait_for_own_quota,
             retry_after,
             on_lost: choice_field(
                 "on_lost",
@@ -187,6 +200,27 @@ impl LeaseConfig {
         }
     }
 
+    /// The order of a pool's line within one priority: `"fair"` (users take turns, first come
+    /// first served within a user) or `"arrival"` (first come, first served).
+    #[getter]
+    fn line_order(&self) -> &'static str {
+        self.config.line_order.code()
+    }
+
+    /// Waiters each pool's line holds at most (0: no limit); one more is refused at once with
+    /// `LineFull` and a `Retry-After` from the line's recent service rate.
+    #[getter]
+    fn max_waiting(&self) -> u64 {
+        self.config.max_waiting
+    }
+
+    /// Whether a user over its own `max_per_user` waits (up to `wait_timeout`) in its own line
+    /// instead of being refused at once with 429.
+    #[getter]
+    fn wait_for_own_quota(&self) -> bool {
+        self.config.wait_for_own_quota
+    }
+
     /// When Redis is unreachable: `"closed"` refuses new streams (503), `"open"` admits them
     /// against this process's share of the caps (`fallback_workers`).
     #[getter]
@@ -220,7 +254,7 @@ impl LeaseConfig {
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, trusted_proxies={:?})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, trusted_proxies={:?})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
@@ -229,6 +263,9 @@ impl LeaseConfig {
             c.renew_every,
             c.redis_timeout,
             c.wait_timeout,
+            self.line_order(),
+            c.max_waiting,
+            if c.wait_for_own_quota { "True" } else { "False" },
             c.retry_after,
             self.on_lost(),
             self.failure_mode(),

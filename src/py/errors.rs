@@ -23,6 +23,15 @@ impl From<CoreError> for PyErr {
                         retry_after_seconds(r.retry_after_ms),
                     ))
                 }),
+                CoreError::LineFull(r) => class("LineFull").and_then(|cls| {
+                    cls.call1((
+                        error.to_string(),
+                        &*r.limit,
+                        r.capacity,
+                        r.current,
+                        retry_after_seconds(r.retry_after_ms),
+                    ))
+                }),
                 CoreError::RateLimited(outcome) => class("RateLimited").and_then(|cls| {
                     let (index, retry_ms) = outcome.refused.unwrap_or_default();
                     let policy = outcome.decisions.get(index).map_or("", |d| &*d.policy.name);

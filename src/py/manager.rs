@@ -15,7 +15,7 @@ use super::errors::error_class;
 use super::lease::LeaseHandle;
 use super::{budget, rate};
 use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
-use crate::backend::Backend;
+use crate::backend::{Backend, MAX_PRIORITY};
 use crate::rate::MAX_LIMIT;
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
@@ -78,7 +78,7 @@ impl Manager {
         self.core.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None))]
+    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
@@ -92,6 +92,7 @@ impl Manager {
         budgets: Option<&Bound<'py, PyAny>>,
         reserve: Option<&Bound<'py, PyAny>>,
         on_budget: Option<&Bound<'py, PyAny>>,
+        priority: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = AcquireRequest {
             identity: args::identity(user_id)?,
@@ -104,6 +105,10 @@ impl Manager {
                 .transpose()?
                 .unwrap_or_default(),
             budget: budget::request(budgets, reserve, on_budget)?,
+            priority: args::given(priority)
+                .map(|p| args::int_in("priority", p, 0..=u64::from(MAX_PRIORITY)))
+                .transpose()?
+                .unwrap_or(0) as u8,
         };
         if request.identity.is_none() && request.resources.is_empty() {
             return Err(PyTypeError::new_err(

@@ -3,16 +3,17 @@
 //! as their holder, this process: a lease dropped without a release releases itself, so nothing
 //! here expires or is renewed. Nothing in it ever waits.
 
+mod line;
 mod rate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use self::line::MemoryLines;
 use self::rate::RateCounters;
-use super::{AcquireOutcome, InLine, Waiter};
+use super::{AcquireOutcome, InLine};
 use crate::errors::Rejection;
-use crate::fifo::Fifo;
 use crate::keys::{Pool, PoolRole};
 use crate::lease::LeaseRecord;
 use crate::rate::{Adjustment, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
@@ -24,52 +25,10 @@ struct MemoryPool {
     used: u64,
 }
 
-/// The waiting line, as in `acquire.lua`: waiter ids by ticket, and what each one needs.
-#[derive(Default)]
-struct MemoryLine {
-    order: Fifo<u64, String>,
-    tickets: HashMap<String, u64>,
-    /// Waiter id -> its weight and the capped shared pools it waits for.
-    needs: HashMap<String, (u64, Vec<String>)>,
-    last_ticket: u64,
-}
-
-impl MemoryLine {
-    /// Enters a waiter (or finds it in line) with what it needs; returns its ticket.
-    fn enter(&mut self, waiter: &Waiter, weight: u64, lined: &[&Pool]) -> u64 {
-        if let Some(ticket) = self.tickets.get(&waiter.id) {
-            return *ticket;
-        }
-        self.last_ticket += 1;
-        self.order.insert(self.last_ticket, waiter.id.clone());
-        self.tickets.insert(waiter.id.clone(), self.last_ticket);
-        let keys = lined.iter().map(|pool| pool.key.clone()).collect();
-        self.needs.insert(waiter.id.clone(), (weight, keys));
-        self.last_ticket
-    }
-
-    /// The slots the waiters before `ticket` (all of them for None) need in `pool`.
-    fn needed_ahead(&self, ticket: Option<u64>, pool: &Pool) -> u64 {
-        self.order
-            .before(ticket)
-            .filter_map(|id| self.needs.get(id))
-            .filter(|(_, keys)| keys.contains(&pool.key))
-            .map(|(weight, _)| weight)
-            .sum()
-    }
-
-    fn leave(&mut self, id: &str) {
-        if let Some(ticket) = self.tickets.remove(id) {
-            self.order.remove(ticket);
-        }
-        self.needs.remove(id);
-    }
-}
-
 #[derive(Default)]
 struct State {
     pools: HashMap<String, MemoryPool>,
-    line: MemoryLine,
+    line: MemoryLines,
     /// Users' own pools whose new streams are banned, until when.
     bans: HashMap<String, Instant>,
 }
@@ -104,9 +63,9 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The same decisions as `acquire.lua`: a start over a rate limit is refused first, the
-    /// caller's own quota refuses at once, shared pools make a waiter wait, and nobody passes an
-    /// earlier waiter.
+    /// The same decisions as `acquire.lua`: a banned user and a start over a rate limit are
+    /// refused first, the caller's own quota refuses at once, and a shared pool without room
+    /// beyond what the waiters before the request need makes a waiter wait and refuses others.
     pub fn acquire(
         &self,
         lease: &LeaseRecord,
@@ -137,15 +96,29 @@ impl MemoryBackend {
             return AcquireOutcome::RateLimited(looked);
         }
         // Each capped shared pool has its own line: only its earlier waiters' needs count.
+        let own_waits = in_line.is_some_and(|l| l.own_waits);
         let lined: Vec<&Pool> = lease
             .pools
             .iter()
-            .filter(|pool| pool.role == PoolRole::Shared && pool.capacity > 0)
+            .filter(|pool| pool.capacity > 0 && (pool.role == PoolRole::Shared || own_waits))
             .collect();
-        let ticket = match (in_line, waiter) {
-            (Some(_), Some(waiter)) => Some(line.enter(waiter, weight, &lined)),
-            _ => None,
+        let user = match (lease.own_pools, waiter) {
+            (1.., _) => lease.pools[0].key.as_str(),
+            (0, Some(waiter)) => waiter.id.as_str(),
+            (0, None) => "",
         };
+        if let (Some(in_line), Some(waiter)) = (&in_line, waiter) {
+            if let Some((i, waiting, estimate_ms)) = line.full(waiter, &lined, in_line) {
+                return AcquireOutcome::LineFull(Rejection {
+                    limit: lined[i].name.clone(),
+                    capacity: in_line.max_waiting,
+                    current: waiting,
+                    retry_after_ms: estimate_ms.unwrap_or(u64::MAX),
+                    usage_shown: true,
+                });
+            }
+            line.enter(waiter, user, weight, &lined, in_line);
+        }
         // Check every pool before touching any, so refusals leave nothing behind.
         let used: Vec<u64> = lease
             .pools
@@ -153,17 +126,16 @@ impl MemoryBackend {
             .map(|pool| store.get(&pool.key).map_or(0, |entry| entry.used))
             .collect();
         let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
-            let promised = if in_line.is_some() && lined.contains(&pool) {
-                line.needed_ahead(ticket, pool)
-            } else {
-                0
+            let promised = match &in_line {
+                Some(in_line) if lined.contains(&pool) => line.needed_ahead(pool, waiter, user, in_line),
+                _ => 0,
             };
             (pool.capacity > 0 && used + promised + weight > pool.capacity)
                 .then(|| (pool, (used + promised).min(pool.capacity)))
         });
         if let Some((pool, taken)) = full {
-            if pool.role == PoolRole::Shared && waiter.is_some() {
-                return AcquireOutcome::Wait(ticket.unwrap_or(0));
+            if let (true, Some(waiter)) = (pool.role == PoolRole::Shared || own_waits, waiter) {
+                return AcquireOutcome::Wait(line.placed(waiter, &lease.pools));
             }
             if let Some(waiter) = waiter {
                 line.leave(&waiter.id);
@@ -177,6 +149,7 @@ impl MemoryBackend {
             }
         }
         if let Some(waiter) = waiter {
+            line.served(waiter);
             line.leave(&waiter.id);
         }
         AcquireOutcome::Granted {

@@ -16,7 +16,7 @@ use redis::{Script, ScriptInvocation};
 
 use self::connection::Link;
 pub use self::url::redact;
-use super::{AcquireOutcome, InLine};
+use super::{AcquireOutcome, InLine, Placed};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
@@ -31,6 +31,7 @@ const GRANTED: u64 = 1;
 const WAIT: u64 = 2;
 const RATE_LIMITED: u64 = 3;
 const BANNED: u64 = 4;
+const LINE_FULL: u64 = 5;
 
 pub struct RedisBackend {
     link: Link,
@@ -87,7 +88,11 @@ impl RedisBackend {
             .arg(in_line.map_or("", |l| l.line.channel.as_str()))
             .arg(lease.own_pools)
             .arg(self.holder)
-            .arg(pools.len());
+            .arg(pools.len())
+            .arg(in_line.map_or(0, |l| l.priority))
+            .arg(in_line.map_or("fair", |l| l.order.code()))
+            .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
+            .arg(in_line.map_or(0, |l| l.max_waiting));
         if let Some(in_line) = in_line {
             line_keys(&mut invocation, in_line.line);
             invocation.key(&in_line.line.tickets);
@@ -116,19 +121,26 @@ impl RedisBackend {
                     refused: Some((*index as usize - 1, *retry_ms)),
                 }))
             }
-            [WAIT, ticket] => Ok(AcquireOutcome::Wait(*ticket)),
+            [WAIT, ticket, places @ ..] if places.len() == n => Ok(AcquireOutcome::Wait(Placed {
+                ticket: *ticket,
+                places: places.to_vec(),
+            })),
             [BANNED, ms_left] => Ok(AcquireOutcome::Banned(*ms_left)),
-            [REFUSED, index, current, retry_after_ms] => {
+            [code @ (REFUSED | LINE_FULL), index, current, retry_after_ms] => {
                 let pool = pools
                     .get((*index as usize).wrapping_sub(1))
                     .ok_or_else(|| unexpected_reply("acquire", &reply))?;
-                Ok(AcquireOutcome::Rejected(Rejection {
+                let refused = |capacity| Rejection {
                     limit: pool.name.clone(),
-                    capacity: pool.capacity,
+                    capacity,
                     current: *current,
                     retry_after_ms: *retry_after_ms,
                     usage_shown: true,
-                }))
+                };
+                Ok(match *code {
+                    REFUSED => AcquireOutcome::Rejected(refused(pool.capacity)),
+                    _ => AcquireOutcome::LineFull(refused(in_line.map_or(0, |l| l.max_waiting))),
+                })
             }
             _ => Err(unexpected_reply("acquire", &reply)),
         }

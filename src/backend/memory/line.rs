@@ -1,0 +1,168 @@
+//! The embedded store's waiting lines, making the decisions of `lua/acquire.lua`: every waiter
+//! by ticket, what each one needs, and each capped shared pool's own line (waiters by place,
+//! then id) with its turns.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use crate::backend::{InLine, Placed, Waiter, MAX_PRIORITY};
+use crate::config::LineOrder;
+use crate::keys::Pool;
+
+/// A place in a pool's line: (MAX_PRIORITY - priority) * TURNS + turn, as in the script.
+const TURNS: u64 = 1 << 48;
+
+#[derive(Default)]
+struct PoolLine {
+    order: BTreeSet<(u64, String)>,
+    places: HashMap<String, u64>,
+    /// User -> the turn of its last waiter here.
+    turns: HashMap<String, u64>,
+    /// The last turn served here.
+    served: u64,
+    /// When a waiter was last served here, and the mean time between two (for `Retry-After`).
+    served_at: Option<Instant>,
+    gap_ms: Option<f64>,
+}
+
+/// How much each new gap between two waiters served moves the mean (as in the script).
+const GAP_WEIGHT: f64 = 0.2;
+
+impl PoolLine {
+    /// How long until a newcomer at the end of this line would be served, at the recent rate
+    /// (None before two waiters were served).
+    fn wait_estimate_ms(&self) -> Option<u64> {
+        self.gap_ms
+            .map(|gap| (gap * (self.order.len() + 1) as f64) as u64)
+    }
+
+    /// The place a request of `user` takes (fair order: the turn after the last one served or
+    /// after the user's last waiter, whichever is later; arrival order: its ticket, or after
+    /// every waiter of its priority for a request without one).
+    fn place_for(&self, user: &str, ticket: Option<u64>, in_line: &InLine<'_>) -> u64 {
+        let turn = match in_line.order {
+            LineOrder::Arrival => ticket.unwrap_or(TURNS - 1),
+            LineOrder::Fair => self.served.max(self.turns.get(user).copied().unwrap_or(0)) + 1,
+        };
+        u64::from(MAX_PRIORITY - in_line.priority) * TURNS + turn
+    }
+}
+
+#[derive(Default)]
+pub struct MemoryLines {
+    tickets: HashMap<String, u64>,
+    /// Waiter id -> its weight and the pools it waits for (their keys).
+    needs: HashMap<String, (u64, Vec<String>)>,
+    lines: HashMap<String, PoolLine>,
+    last_ticket: u64,
+}
+
+impl MemoryLines {
+    /// The first of `lined` whose line is full (`max_waiting`), with its waiters and an
+    /// estimate of the wait; a waiter already in line is never refused so.
+    pub fn full(
+        &self,
+        waiter: &Waiter,
+        lined: &[&Pool],
+        in_line: &InLine<'_>,
+    ) -> Option<(usize, u64, Option<u64>)> {
+        if in_line.max_waiting == 0 || self.tickets.contains_key(&waiter.id) {
+            return None;
+        }
+        lined.iter().enumerate().find_map(|(i, pool)| {
+            let line = self.lines.get(&pool.key)?;
+            let waiting = line.order.len() as u64;
+            (waiting >= in_line.max_waiting).then(|| (i, waiting, line.wait_estimate_ms()))
+        })
+    }
+
+    /// Enters a waiter of `user` (or finds it) in the line of each of its `lined` pools.
+    pub fn enter(&mut self, waiter: &Waiter, user: &str, weight: u64, lined: &[&Pool], in_line: &InLine<'_>) {
+        if self.tickets.contains_key(&waiter.id) {
+            return;
+        }
+        self.last_ticket += 1;
+        self.tickets.insert(waiter.id.clone(), self.last_ticket);
+        for pool in lined {
+            let line = self.lines.entry(pool.key.clone()).or_default();
+            let place = line.place_for(user, Some(self.last_ticket), in_line);
+            line.order.insert((place, waiter.id.clone()));
+            line.places.insert(waiter.id.clone(), place);
+            if in_line.order == LineOrder::Fair {
+                line.turns.insert(user.to_owned(), place % TURNS);
+            }
+        }
+        let keys = lined.iter().map(|pool| pool.key.clone()).collect();
+        self.needs.insert(waiter.id.clone(), (weight, keys));
+    }
+
+    /// The slots the waiters before this request need in `pool` (for a request that will not
+    /// wait: those before the place it would have).
+    pub fn needed_ahead(
+        &self,
+        pool: &Pool,
+        waiter: Option<&Waiter>,
+        user: &str,
+        in_line: &InLine<'_>,
+    ) -> u64 {
+        let Some(line) = self.lines.get(&pool.key) else {
+            return 0;
+        };
+        let mine = waiter.and_then(|w| line.places.get(&w.id).map(|place| (*place, w.id.clone())));
+        let upto = mine.unwrap_or_else(|| (line.place_for(user, None, in_line) + 1, String::new()));
+        line.order
+            .range(..upto)
+            .filter_map(|(_, id)| self.needs.get(id))
+            .map(|(weight, _)| weight)
+            .sum()
+    }
+
+    /// Where a waiter stands, for its process.
+    pub fn placed(&self, waiter: &Waiter, pools: &[Pool]) -> Placed {
+        Placed {
+            ticket: self.tickets.get(&waiter.id).copied().unwrap_or(0),
+            places: pools
+                .iter()
+                .map(|pool| {
+                    self.lines
+                        .get(&pool.key)
+                        .and_then(|line| line.places.get(&waiter.id))
+                        .copied()
+                        .unwrap_or(0)
+                })
+                .collect(),
+        }
+    }
+
+    /// A waiter granted: the turns it had are served, and the lines' service rates move.
+    pub fn served(&mut self, waiter: &Waiter) {
+        let now = Instant::now();
+        for line in self.lines.values_mut() {
+            if let Some(place) = line.places.get(&waiter.id) {
+                line.served = line.served.max(place % TURNS);
+                if let Some(at) = line.served_at {
+                    let gap = now.duration_since(at).as_secs_f64() * 1000.0;
+                    line.gap_ms = Some(line.gap_ms.map_or(gap, |mean| mean + GAP_WEIGHT * (gap - mean)));
+                }
+                line.served_at = Some(now);
+            }
+        }
+    }
+
+    pub fn leave(&mut self, id: &str) {
+        self.tickets.remove(id);
+        let Some((_, keys)) = self.needs.remove(id) else {
+            return;
+        };
+        for key in keys {
+            if let Some(line) = self.lines.get_mut(&key) {
+                if let Some(place) = line.places.remove(id) {
+                    line.order.remove(&(place, id.to_owned()));
+                }
+                if line.order.is_empty() {
+                    self.lines.remove(&key); // its turns are forgotten, as in the script
+                }
+            }
+        }
+    }
+}
