@@ -158,7 +158,8 @@ async def fair_shares(
         await admitted.put((time.perf_counter(), user, resource, lease))
 
     arrivals = [(0, n % RESOURCES) for n in range(100)]
-    arrivals += [(1 + n % (USERS - 1), n % RESOURCES) for n in range(WAITERS - 100)]
+    # Every other user waits for every resource too.
+    arrivals += [(1 + n % (USERS - 1), n // (USERS - 1) % RESOURCES) for n in range(WAITERS - 100)]
     waiters = []
     for user, resource in arrivals:
         waiters.append(asyncio.create_task(wait(user, resource)))
