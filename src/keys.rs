@@ -131,10 +131,11 @@ impl KeySpace {
         })
     }
 
-    /// The waiting line for the shared pools (None without a global pool: nothing to wait for).
+    /// The waiting lines of the shared pools, in their tag `{<key_prefix>}` (the global pool's
+    /// and the resources'; without a global pool, only resources-only acquires can wait).
     pub fn line(&self) -> Option<LineKeys> {
         let tag = self.shared_tag();
-        self.global_pool.then(|| LineKeys {
+        Some(LineKeys {
             line: format!("{tag}:line"),
             alive: format!("{tag}:line:alive"),
             tickets: format!("{tag}:line:ticket"),

@@ -195,14 +195,12 @@ def test_max_global_needs_the_global_pool():
         LeaseConfig(global_pool=False, max_global=10)
 
 
-async def test_waiting_needs_the_global_pool():
-    # Without a global pool there is no line to wait in: say so instead of never waiting.
-    with pytest.raises(ValueError, match="wait_timeout needs the global pool"):
-        LeaseConfig(global_pool=False, wait_timeout=5)
-    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(global_pool=False))
-    with pytest.raises(ValueError, match="wait_timeout needs the global pool"):
-        await manager.acquire("alice", wait_timeout=5)
-    await manager.aclose()
+def test_waiting_for_ones_own_quota_needs_the_global_pool():
+    # The lines live in the global pool's hash tag; a user's own tag (global_pool=False) has
+    # none: say so instead of never waiting.
+    with pytest.raises(ValueError, match="wait_for_own_quota needs the global pool"):
+        LeaseConfig(global_pool=False, wait_for_own_quota=True)
+    assert LeaseConfig(global_pool=False, wait_timeout=5).wait_timeout == 5
 
 
 async def test_a_resource_cannot_pose_as_the_users_own_quota():

@@ -195,3 +195,34 @@ async def test_budgets_of_users_on_every_shard_top_up_and_settle(redis_cluster, 
 
 async def _equal(figures, expected) -> bool:
     return await figures == expected
+
+
+async def test_cluster_waiters_are_woken_by_a_sharded_publish(redis_cluster, key_prefix):
+    """A release on a cluster SPUBLISHes on the line's channel, in its slot; the waiting
+    process SSUBSCRIBEs there, so a waiter is woken by the release, not by its periodic
+    re-check (redis-py listens here too, to see the message itself)."""
+    first = redis_cluster.nodes[0]
+    client = AsyncRedisCluster(host="127.0.0.1", port=first.port)
+    await client.initialize()  # the slots' nodes, which the sharded subscription needs
+    channel = f"{{{key_prefix}}}:wake"
+    listener = client.pubsub()
+    await listener.ssubscribe(channel)
+    config = LeaseConfig(key_prefix=key_prefix, max_per_user=0, max_global=1)
+    holder_side = StreamLeaseManager(url=redis_cluster.url, config=config)
+    waiter_side = StreamLeaseManager(url=redis_cluster.url, config=config)
+    held = await holder_side.acquire("alice")
+    waiting = asyncio.create_task(waiter_side.acquire("bob", wait_timeout=30))
+    await eventually(lambda: waiter_side.stats()["waiting"] == 1, what="bob to wait")
+    await held.release()
+    lease = await asyncio.wait_for(waiting, 10)
+
+    async def published() -> bool:
+        message = await listener.get_sharded_message(ignore_subscribe_messages=True, timeout=0.1)
+        return message is not None and message["channel"] == channel.encode()
+
+    await eventually(published, what="the release's sharded wake-up")
+    await lease.release()
+    for manager in (holder_side, waiter_side):
+        await manager.aclose()
+    await listener.aclose()
+    await client.aclose()

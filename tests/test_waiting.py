@@ -249,20 +249,27 @@ async def test_a_waiter_for_one_pool_delays_no_one_elses(make_manager):
     await count_is(manager, 0)
 
 
-async def test_room_promised_to_earlier_waiters_is_kept_for_them(make_manager):
+async def test_a_heavy_waiter_is_passed_by_one_pool_of_slots_at_most(make_manager):
+    """A waiter that does not fit (weight 2, one slot free) neither blocks its line for its
+    whole wait nor starves: later requests that fit take slots past it until a pool's worth
+    (3 here) went by; from then on the room that frees is kept for it."""
     manager = make_manager(max_per_user=0, max_global=1000)
-    gpu = Resource(capacity=2, name="gpu")
-    holder = await manager.acquire("alice", resources=[gpu])
-    heavy = await waiting(manager, "bob", resources=[gpu], weight=2)
+    gpu = Resource(capacity=3, name="gpu")
+    long_ones = [await manager.acquire(f"long{i}", resources=[gpu]) for i in range(2)]
+    heavy = await waiting(manager, "heavy", resources=[gpu], weight=2)
+    for i in range(3):  # each takes the free slot past the heavy waiter, and gives it back
+        light = await manager.acquire(f"light{i}", resources=[gpu])
+        await light.release()
     with pytest.raises(StreamLeaseRejected) as refused:
-        await manager.acquire("carol", resources=[gpu])  # one slot free, but it is bob's
-    assert (refused.value.limit, refused.value.current) == ("gpu", 2)
-    other = await manager.acquire("carol")  # the global pool has room beyond bob's need
-    await holder.release()
+        await manager.acquire("light3", resources=[gpu])  # the free slot is now kept for it
+    assert (refused.value.limit, refused.value.current) == ("gpu", 3)
+    assert not heavy.done()
+    await long_ones[0].release()
     lease = await asyncio.wait_for(heavy, 5)
     assert lease.weight == 2
-    await lease.release()
-    await other.release()
+    for held in (lease, long_ones[1]):
+        await held.release()
+    await count_is(manager, 0)
 
 
 async def served_in_order(manager, holder, waiters: list[tuple[str, dict]]) -> list[str]:
@@ -367,3 +374,17 @@ async def test_waiting_for_ones_own_quota_is_an_option(make_manager):
     with pytest.raises(StreamLeaseRejected):
         await default.acquire("carol", wait_timeout=5)  # the default: 429 at once
     await held.release()
+
+
+async def test_without_a_global_pool_resources_still_have_lines(make_manager):
+    manager = make_manager(global_pool=False, max_per_user=1)
+    db = Resource(capacity=1, name="db")
+    held = await manager.acquire(None, resources=[db])
+    waiter = await waiting(manager, None, resources=[db])
+    await held.release()
+    await (await asyncio.wait_for(waiter, 5)).release()
+    mine = await manager.acquire("alice", wait_timeout=5)  # a user's own tag: no line there
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice", wait_timeout=5)
+    assert refused.value.status_code == 429, "refused at once, as with a global pool"
+    await mine.release()

@@ -14,7 +14,7 @@ use crate::backend::{AcquireOutcome, InLine, Waiter};
 use crate::budget::{Account, BudgetRequest, Charge, Meter};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
-use crate::keys::{check_identity, check_resource, Pool, PoolRole};
+use crate::keys::{self, check_identity, check_resource, Pool, PoolRole};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::rate::{Decision, RateCheck};
 use crate::renewal::{LeaseHandle, Leases};
@@ -166,11 +166,6 @@ impl Manager {
         for (name, capacity) in &request.resources {
             check_resource(name, *capacity).map_err(invalid)?;
         }
-        if !request.wait.is_zero() && self.line.is_none() {
-            return Err(invalid(
-                "wait_timeout needs the global pool's waiting line: drop global_pool=False, or pass wait_timeout=0".into(),
-            ));
-        }
         if request.identity.is_some() && !request.resources.is_empty() && !self.config.global_pool {
             return Err(invalid(
                 "resources and a user_id in one acquire need the global pool's shared hash tag: drop global_pool=False".into(),
@@ -210,7 +205,13 @@ impl Manager {
         let budget = budget.as_ref();
         let ttl_ms = self.config.lease_ms();
         let deadline = Instant::now() + wait;
-        let waiter = (!wait.is_zero() && self.line.is_some()).then(|| Waiter {
+        // The lines live in the shared pools' tag: a stream of a user's own tag (no global
+        // pool) has no shared pool to wait for, and is refused at once when its own is full.
+        let line = self
+            .line
+            .as_ref()
+            .filter(|line| keys::hash_tag(&line.line) == record.hash_tag());
+        let waiter = (!wait.is_zero() && line.is_some()).then(|| Waiter {
             id: waiter_id(),
             ttl_ms: WAITER_TTL.as_millis() as u64,
         });
@@ -240,7 +241,7 @@ impl Manager {
             }
             freed.borrow_and_update();
             let sent_at = monotonic_ms();
-            let in_line = self.line.as_ref().map(|line| InLine {
+            let in_line = line.map(|line| InLine {
                 line,
                 waiter: waiter.as_ref(),
                 priority,

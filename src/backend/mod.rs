@@ -221,9 +221,9 @@ impl Backend {
     }
 
     /// Calls `woken` for every wake-up that a release in any process publishes, until the
-    /// subscription breaks (the caller listens again). The embedded store's releases happen in
-    /// this process, which wakes its waiters itself; a cluster has no node to subscribe to, so
-    /// its waiters rely on their periodic check. Both never return.
+    /// subscription breaks (the caller listens again); on a cluster, a sharded subscription on
+    /// the node of the line's slot. The embedded store's releases happen in this process, which
+    /// wakes its waiters itself: it never returns.
     pub async fn listen(&self, line: &LineKeys, woken: impl Fn()) -> CoreResult<()> {
         match self {
             Backend::Memory(_) => std::future::pending().await,

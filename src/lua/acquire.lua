@@ -21,8 +21,9 @@
 -- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
 -- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
 -- process in ms (its heartbeat extends it);
--- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to PUBLISH on when a grant
--- leaves others in line (they may fit too); ARGV[8]: how many pools are the caller's own quota
+-- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to publish on (see the
+-- prelude's wake) when a grant leaves others in line (they may fit too); ARGV[8]: how many
+-- pools are the caller's own quota
 -- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[11]: priority (0 to 9,
 -- higher first); ARGV[12]: the lines' order, 'fair' or 'arrival'; ARGV[13]: '1' if a full own
 -- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it;
@@ -161,31 +162,35 @@ local function enter_line(lined)
   return ticket
 end
 
--- The slots the waiters before this request need in each of its lined pools, by KEYS index
--- (for a caller that will not wait: those before the place it would have).
-local function needed_ahead(lined)
-  local ahead_of = {}
-  if not queued then
-    return ahead_of
+-- The slots the waiters before this request (for a caller that will not wait: before the
+-- place it would take) keep in a lined pool with `used` slots taken. In line order, a waiter
+-- keeps its room when it fits beside those counted so far, or when later requests already took
+-- as many slots past it as the pool holds; one that does not fit now may be passed, and is
+-- listed in `passing` (charged if this request is granted). So a heavy waiter blocks its line
+-- only once a pool's worth of slots went past it, and is never passed beyond that.
+local function promised_in(pool, capacity, used, passing)
+  local ahead
+  if waiter ~= '' then
+    local rank = redis.call('ZRANK', pool_line(pool), waiter)
+    ahead = (rank and rank > 0) and redis.call('ZRANGE', pool_line(pool), 0, rank - 1) or {}
+  else
+    ahead = redis.call('ZRANGEBYSCORE', pool_line(pool), '-inf', integer(place_in(pool, 0)))
   end
-  for pool, i in pairs(lined) do
-    local ahead
-    if waiter ~= '' then
-      local rank = redis.call('ZRANK', pool_line(pool), waiter)
-      ahead = (rank and rank > 0) and redis.call('ZRANGE', pool_line(pool), 0, rank - 1) or {}
-    else
-      ahead = redis.call('ZRANGEBYSCORE', pool_line(pool), '-inf', integer(place_in(pool, 0)))
-    end
-    local need = 0
-    for first = 1, #ahead, 1000 do
-      local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
-      for _, needs in ipairs(redis.call('HMGET', line .. ':needs', unpack(some))) do
-        need = need + (tonumber(string.match(needs or '', '^%d+')) or 0)
+  local promised = 0
+  for first = 1, #ahead, 1000 do
+    local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
+    local needs = redis.call('HMGET', line .. ':needs', unpack(some))
+    local passed = redis.call('HMGET', pool_passed(pool), unpack(some))
+    for j, other in ipairs(some) do
+      local need = tonumber(string.match(needs[j] or '', '^%d+')) or 0
+      if used + promised + need <= capacity or (tonumber(passed[j]) or 0) >= capacity then
+        promised = promised + need
+      else
+        passing[#passing + 1] = {pool, other}
       end
     end
-    ahead_of[i] = need
   end
-  return ahead_of
+  return promised
 end
 
 -- The caller's place in the line of each pool (0 for a pool without one), for its process.
@@ -237,14 +242,28 @@ local function served(lined)
   end
 end
 
--- Slots in use in each pool; on the first pool without room (beyond what the waiters ahead
--- need there), the answer to give instead of a grant.
-local function check_pools(ticket, lined, ahead_of)
-  local used = {}
+-- Slots in use in each pool, and the waiters this request would pass; on the first pool
+-- without room (beyond what the waiters before it keep there), the answer to give instead of a
+-- grant.
+local function check_pools(ticket, lined)
+  local used, passing = {}, {}
   for i = 1, pools do
     local capacity = tonumber(ARGV[CAPS + i])
-    local promised = ahead_of[i] or 0
-    used[i] = used_slots(KEYS[i], holders, weight + promised, capacity)
+    used[i] = used_slots(KEYS[i], holders, weight, capacity)
+    local promised = 0
+    if queued and lined[KEYS[i]] then
+      local passing_here = {}
+      promised = promised_in(KEYS[i], capacity, used[i], passing_here)
+      if used[i] + promised + weight > capacity then
+        -- Looks full: counted again by live holders, and what the waiters keep with it.
+        used[i] = used_slots(KEYS[i], holders, weight + promised, capacity)
+        passing_here = {}
+        promised = promised_in(KEYS[i], capacity, used[i], passing_here)
+      end
+      for _, passed in ipairs(passing_here) do
+        passing[#passing + 1] = passed
+      end
+    end
     if capacity > 0 and used[i] + promised + weight > capacity then
       if (i <= own and not own_waits) or waiter == '' then
         leave_line()
@@ -257,7 +276,7 @@ local function check_pools(ticket, lined, ahead_of)
       return used, wait
     end
   end
-  return used, nil
+  return used, nil, passing
 end
 
 -- Adds the lease's members to every pool for this holder, and takes the start from every rate
@@ -326,17 +345,21 @@ if queued then
   end
 end
 
-local used, instead = check_pools(ticket, lined, needed_ahead(lined))
+local used, instead, passing = check_pools(ticket, lined)
 if instead then
   return instead
 end
 
 local granted = grant(used, rates)
+for _, passed in ipairs(passing) do
+  redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
+  redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(ARGV[5])) * 2)
+end
 if queued and waiter ~= '' then
   served(lined)
   leave_line()
   if redis.call('ZCARD', line) > 0 then
-    redis.call('PUBLISH', ARGV[7], 0)
+    wake(ARGV[7], 0)
   end
 end
 return granted

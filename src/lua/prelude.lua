@@ -175,6 +175,12 @@ local function pool_turns(pool)
   return pool .. '|turns'
 end
 
+-- How many slots later requests took past each waiter of a pool's line that did not fit (hash:
+-- waiter id -> slots; see acquire.lua's promised_in).
+local function pool_passed(pool)
+  return pool .. '|passed'
+end
+
 -- Takes waiters out of the line, and of the lines of the pools they wait for, and forgets what
 -- they need (<line>:needs: "<weight> <pool key> ...", see acquire.lua). A pool's line left
 -- empty forgets its turns.
@@ -187,13 +193,25 @@ local function forget_waiters(line, waiters)
       words() -- the weight
       for pool in words do
         redis.call('ZREM', pool_line(pool), waiter)
+        redis.call('HDEL', pool_passed(pool), waiter)
         if redis.call('EXISTS', pool_line(pool)) == 0 then
-          redis.call('DEL', pool_turns(pool))
+          redis.call('DEL', pool_turns(pool), pool_passed(pool))
         end
       end
     end
     redis.call('ZREM', line, unpack(some))
     redis.call('HDEL', line .. ':needs', unpack(some))
+  end
+end
+
+-- Wakes the waiters of every process. On a Redis Cluster the channel is sharded (its name comes
+-- with a leading '!'): SPUBLISH reaches the SSUBSCRIBEd listeners on the slot's own node
+-- instead of every node of the cluster.
+local function wake(channel, message)
+  if string.sub(channel, 1, 1) == '!' then
+    redis.call('SPUBLISH', string.sub(channel, 2), message)
+  else
+    redis.call('PUBLISH', channel, message)
   end
 end
 

@@ -2,7 +2,8 @@
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS: every pool and the holders key of every tag named by the leases below, in any order
 -- (one hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
--- ARGV[1]: the channel to PUBLISH a wake-up on when someone waits, or ''; ARGV[2]: holder id;
+-- ARGV[1]: the channel to publish a wake-up on when someone waits (see the prelude's wake), or
+-- ''; ARGV[2]: holder id;
 -- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
 -- 1-based KEYS indexes of its pools.
 -- A pool where the holder has no member left leaves its pool list, and a holder with no pool
@@ -52,6 +53,6 @@ for holders, pools in pairs(touched) do
   end
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
-  redis.call('PUBLISH', ARGV[1], released)
+  wake(ARGV[1], released)
 end
 return released

@@ -89,9 +89,9 @@ impl LeaseConfig {
             )));
         }
         let wait_timeout = args::wait_seconds(wait_timeout, 0.0)?;
-        if wait_timeout > 0.0 && !global_pool {
+        if wait_for_own_quota && !global_pool {
             return Err(PyValueError::new_err(
-                "wait_timeout needs the global pool's waiting line: drop global_pool=False, or wait_timeout",
+                "wait_for_own_quota needs the global pool (the lines live in its hash tag): drop global_pool=False, or wait_for_own_quota",
             ));
         }
         let config = Config {

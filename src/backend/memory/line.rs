@@ -20,6 +20,8 @@ struct PoolLine {
     turns: HashMap<String, u64>,
     /// The last turn served here.
     served: u64,
+    /// Waiter -> slots that later requests took past it while it did not fit.
+    passed: HashMap<String, u64>,
     /// When a waiter was last served here, and the mean time between two (for `Retry-After`).
     served_at: Option<Instant>,
     gap_ms: Option<f64>,
@@ -96,25 +98,44 @@ impl MemoryLines {
         self.needs.insert(waiter.id.clone(), (weight, keys));
     }
 
-    /// The slots the waiters before this request need in `pool` (for a request that will not
-    /// wait: those before the place it would have).
-    pub fn needed_ahead(
+    /// The slots the waiters before this request (for one that will not wait: before the place
+    /// it would take) keep in `pool` with `used` slots taken, as `promised_in` in the script: a
+    /// waiter keeps its room when it fits beside those counted so far or was passed by a pool's
+    /// worth of slots already; one that does not fit may be passed (listed in `passing`).
+    pub fn promised(
         &self,
         pool: &Pool,
+        used: u64,
         waiter: Option<&Waiter>,
         user: &str,
         in_line: &InLine<'_>,
+        passing: &mut Vec<(String, String)>,
     ) -> u64 {
         let Some(line) = self.lines.get(&pool.key) else {
             return 0;
         };
         let mine = waiter.and_then(|w| line.places.get(&w.id).map(|place| (*place, w.id.clone())));
         let upto = mine.unwrap_or_else(|| (line.place_for(user, None, in_line) + 1, String::new()));
-        line.order
-            .range(..upto)
-            .filter_map(|(_, id)| self.needs.get(id))
-            .map(|(weight, _)| weight)
-            .sum()
+        let mut promised = 0;
+        for (_, id) in line.order.range(..upto) {
+            let need = self.needs.get(id).map_or(0, |(weight, _)| *weight);
+            let passed = line.passed.get(id).copied().unwrap_or(0);
+            if used + promised + need <= pool.capacity || passed >= pool.capacity {
+                promised += need;
+            } else {
+                passing.push((pool.key.clone(), id.clone()));
+            }
+        }
+        promised
+    }
+
+    /// A request of `weight` granted past the waiters in `passing`.
+    pub fn passed(&mut self, passing: &[(String, String)], weight: u64) {
+        for (key, id) in passing {
+            if let Some(line) = self.lines.get_mut(key) {
+                *line.passed.entry(id.clone()).or_default() += weight;
+            }
+        }
     }
 
     /// Where a waiter stands, for its process.
@@ -159,6 +180,7 @@ impl MemoryLines {
                 if let Some(place) = line.places.remove(id) {
                     line.order.remove(&(place, id.to_owned()));
                 }
+                line.passed.remove(id);
                 if line.order.is_empty() {
                     self.lines.remove(&key); // its turns are forgotten, as in the script
                 }

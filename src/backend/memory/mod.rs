@@ -125,9 +125,12 @@ impl MemoryBackend {
             .iter()
             .map(|pool| store.get(&pool.key).map_or(0, |entry| entry.used))
             .collect();
+        let mut passing = Vec::new();
         let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
             let promised = match &in_line {
-                Some(in_line) if lined.contains(&pool) => line.needed_ahead(pool, waiter, user, in_line),
+                Some(in_line) if lined.contains(&pool) => {
+                    line.promised(pool, *used, waiter, user, in_line, &mut passing)
+                }
                 _ => 0,
             };
             (pool.capacity > 0 && used + promised + weight > pool.capacity)
@@ -148,6 +151,7 @@ impl MemoryBackend {
                 entry.used += weight;
             }
         }
+        line.passed(&passing, weight);
         if let Some(waiter) = waiter {
             line.served(waiter);
             line.leave(&waiter.id);

@@ -3,6 +3,7 @@
 //! errors to what the user can act on. Every call, the connect included, is bounded by
 //! `redis_timeout`.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,47 @@ use crate::errors::{CoreError, CoreResult};
 
 pub enum Endpoint {
     Standalone(Box<redis::Client>),
-    Cluster(Box<ClusterClient>),
+    Cluster(Box<ClusterEndpoint>),
     /// The sentinels and the name of the master they watch.
     Sentinel(Box<Mutex<SentinelClient>>),
+}
+
+/// A Redis Cluster: the client of the scripts, and a RESP3 client for sharded subscriptions,
+/// whose messages arrive on `pushes`.
+pub struct ClusterEndpoint {
+    pub client: ClusterClient,
+    pub subscriber: ClusterClient,
+    pub pushes: tokio::sync::broadcast::Sender<redis::PushInfo>,
+}
+
+/// What a subscription delivers: a standalone server's messages, or a cluster's sharded ones
+/// (kept alive by the connection held here).
+pub enum Subscription {
+    Standalone(redis::aio::PubSub),
+    Cluster {
+        /// Held so the subscription lives; its messages come through `pushes`.
+        _connection: ClusterConnection,
+        pushes: tokio::sync::broadcast::Receiver<redis::PushInfo>,
+    },
+}
+
+impl Subscription {
+    /// Resolves at the next message; None once the subscription is gone.
+    pub async fn next(&mut self) -> Option<()> {
+        use futures_util::StreamExt;
+        match self {
+            Subscription::Standalone(pubsub) => pubsub.on_message().next().await.map(drop),
+            Subscription::Cluster { pushes, .. } => loop {
+                match pushes.recv().await {
+                    Ok(push) if push.kind == redis::PushKind::SMessage => return Some(()),
+                    Ok(_) => {}
+                    // Missed some: one wake-up stands for all of them.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some(()),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            },
+        }
+    }
 }
 
 /// A cheap, clonable, multiplexed handle to either kind of deployment.
@@ -106,7 +145,11 @@ impl Link {
         }
         let opened = match &self.endpoint {
             Endpoint::Standalone(client) => self.manage(client.as_ref().clone()).await,
-            Endpoint::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Endpoint::Cluster(cluster) => cluster
+                .client
+                .get_async_connection()
+                .await
+                .map(Connection::Cluster),
             Endpoint::Sentinel(sentinel) => {
                 let master = sentinel.lock().await.async_get_client().await;
                 match master {
@@ -183,9 +226,9 @@ impl Link {
         }
     }
 
-    /// A connection of its own for a subscription (it blocks), bounded by `redis_timeout`;
-    /// None on a cluster, which has no single node to subscribe to.
-    pub async fn subscribe(&self, channel: &str) -> CoreResult<Option<redis::aio::PubSub>> {
+    /// A connection of its own for a subscription (it blocks), bounded by `redis_timeout`: a
+    /// plain one, or on a cluster a sharded one (SSUBSCRIBE, on the node of the channel's slot).
+    pub async fn subscribe(&self, channel: &str) -> CoreResult<Subscription> {
         let client = match &self.endpoint {
             Endpoint::Standalone(client) => client.as_ref().clone(),
             Endpoint::Sentinel(sentinel) => sentinel
@@ -194,17 +237,32 @@ impl Link {
                 .async_get_client()
                 .await
                 .map_err(|e| self.error(&e))?,
-            Endpoint::Cluster(_) => return Ok(None),
+            Endpoint::Cluster(cluster) => {
+                let pushes = cluster.pushes.subscribe();
+                let subscribe = async {
+                    let mut connection = cluster.subscriber.get_async_connection().await?;
+                    connection.ssubscribe(channel).await?;
+                    Ok::<_, redis::RedisError>(Subscription::Cluster {
+                        _connection: connection,
+                        pushes,
+                    })
+                };
+                return self.bounded(subscribe).await;
+            }
         };
         let subscribe = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+            Ok::<_, redis::RedisError>(Subscription::Standalone(pubsub))
         };
-        tokio::time::timeout(self.timeout, subscribe)
+        self.bounded(subscribe).await
+    }
+
+    /// `call` within `redis_timeout`, its errors said for the user.
+    async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> CoreResult<T> {
+        tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| self.timed_out())?
-            .map(Some)
             .map_err(|e| self.error(&e))
     }
 

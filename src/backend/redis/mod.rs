@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::{Script, ScriptInvocation};
 
 use self::connection::Link;
@@ -85,7 +84,7 @@ impl RedisBackend {
             .arg(waiter.map_or("", |w| w.id.as_str()))
             .arg(waiter.map_or(0, |w| w.ttl_ms))
             .arg(u8::from(in_line.is_some()))
-            .arg(in_line.map_or("", |l| l.line.channel.as_str()))
+            .arg(in_line.map_or(String::new(), |l| self.wake_channel(l.line)))
             .arg(lease.own_pools)
             .arg(self.holder)
             .arg(pools.len())
@@ -163,9 +162,17 @@ impl RedisBackend {
     }
 
     pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&LineKeys>) -> CoreResult<u64> {
+        // A cluster's batch is of one slot: the line joins it only when it shares that slot
+        // (without a global pool, users' own tags have no line).
+        let line = line.filter(|line| {
+            !self.is_cluster()
+                || leases
+                    .first()
+                    .is_some_and(|lease| keys::hash_tag(&line.line) == lease.hash_tag())
+        });
         let invocation = batch_invocation(&scripts::RELEASE, leases, false, |invocation| {
             match line {
-                Some(line) => invocation.key(&line.line).arg(&line.channel),
+                Some(line) => invocation.key(&line.line).arg(self.wake_channel(line)),
                 None => invocation.arg(""),
             };
             invocation.arg(self.holder);
@@ -174,16 +181,23 @@ impl RedisBackend {
     }
 
     /// Calls `woken` for every wake-up published on the line's channel, until the subscription
-    /// breaks (the caller subscribes again). A cluster never returns: no node to subscribe to.
+    /// breaks (the caller subscribes again); on a cluster the channel is sharded (SSUBSCRIBE).
     pub async fn listen(&self, line: &LineKeys, woken: impl Fn()) -> CoreResult<()> {
-        let Some(mut pubsub) = self.link.subscribe(&line.channel).await? else {
-            return std::future::pending().await;
-        };
-        let mut messages = pubsub.on_message();
-        while messages.next().await.is_some() {
+        let mut subscription = self.link.subscribe(&line.channel).await?;
+        while subscription.next().await.is_some() {
             woken();
         }
         Ok(())
+    }
+
+    /// The channel as the scripts take it: on a cluster it is sharded (see the prelude's
+    /// `wake`).
+    fn wake_channel(&self, line: &LineKeys) -> String {
+        if self.is_cluster() {
+            format!("!{}", line.channel)
+        } else {
+            line.channel.clone()
+        }
     }
 
     pub async fn hit(

@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 use redis::cluster::ClusterClient;
+
+use super::connection::ClusterEndpoint;
+
+/// Wake-ups a cluster's subscriber keeps for a listener that lags (more are counted as one).
+const PUSHES_BUFFERED: usize = 64;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{IntoConnectionInfo, TlsCertificates};
 use tokio::sync::Mutex;
@@ -48,14 +53,28 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
                 "Redis Cluster URL {target:?} names no node: use redis+cluster://host:port,host:port"
             )));
         }
-        let mut builder = ClusterClient::builder(nodes)
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .retries(1);
-        if let Some(certificates) = certificates {
-            builder = builder.certs(certificates);
-        }
-        Endpoint::Cluster(Box::new(builder.build().map_err(bad_url)?))
+        let builder = || {
+            let builder = ClusterClient::builder(nodes.clone())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(1);
+            match certificates.clone() {
+                Some(certificates) => builder.certs(certificates),
+                None => builder,
+            }
+        };
+        // Sharded subscriptions need RESP3; their messages come through the push sender.
+        let (pushes, _) = tokio::sync::broadcast::channel(PUSHES_BUFFERED);
+        let subscriber = builder()
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes.clone())
+            .build()
+            .map_err(bad_url)?;
+        Endpoint::Cluster(Box::new(ClusterEndpoint {
+            client: builder().build().map_err(bad_url)?,
+            subscriber,
+            pushes,
+        }))
     } else {
         let client = match certificates {
             Some(certificates) => redis::Client::build_with_tls(url, certificates),
