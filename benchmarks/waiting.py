@@ -103,8 +103,8 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
         # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
         # holder, cap 1
         # no waiter, no line, no own pool, 1 pool of capacity 1, no rate policy (cost 1)
-        # priority 0, fair order, no waiting for one's own quota, no max_waiting, capacity 1
-        args = [lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 0, "fair", 0, 0, 1]
+        # priority 0, fair order, no waiting for one's own quota, capacity 1, no max_waiting
+        args = [lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 0, "fair", 0, 1, 0]
         reply = await acquire(keys=keys, args=args)
         return bool(reply[0] == 1)
 

@@ -204,8 +204,8 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     )
     keys = [global_pool(key_prefix), holders(key_prefix)]
     # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
-    # order, no waiting for one's own quota, no max_waiting, of capacity 1, no rate policy
-    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 0, 1]
+    # order, no waiting for one's own quota, of capacity 1, no max_waiting, no rate policy
+    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 1, 0]
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
@@ -229,7 +229,7 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
 
     def grant(lease: str, weight: int) -> None:
         # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
-        # order, no waiting for one's own quota, no max_waiting, unlimited, no rate policy
+        # order, no waiting for one's own quota, unlimited, no max_waiting, no rate policy
         args = [lease, 30_000, weight, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 0, 0]
         assert acquire(keys=[pool, tag], args=args)[0] == 1
 

@@ -388,3 +388,17 @@ async def test_without_a_global_pool_resources_still_have_lines(make_manager):
         await manager.acquire("alice", wait_timeout=5)
     assert refused.value.status_code == 429, "refused at once, as with a global pool"
     await mine.release()
+
+
+async def test_a_resource_can_have_a_line_limit_of_its_own(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1000, max_waiting=0)
+    db = Resource(capacity=1, name="db", max_waiting=1)
+    holder = await manager.acquire(None, resources=[db])
+    first = await waiting(manager, "a", resources=[db])
+    with pytest.raises(LineFull) as refused:
+        await manager.acquire("b", resources=[db], wait_timeout=30)
+    assert (refused.value.limit, refused.value.max_waiting) == ("db", 1)
+    await holder.release()
+    await (await asyncio.wait_for(first, 5)).release()
+    with pytest.raises((TypeError, ValueError), match="max_waiting"):
+        Resource(capacity=1, name="x", max_waiting=-1)

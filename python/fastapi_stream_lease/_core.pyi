@@ -128,7 +128,7 @@ class Manager:
         weight: int | None = None,
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
-        resources: list[tuple[str, int]] | None = None,
+        resources: list[tuple[str, int, int | None]] | None = None,
         rate_limits: Iterable[RateLimit] | None = None,
         budgets: Iterable[RateLimit] | None = None,
         reserve: int | tuple[int, int] | None = None,

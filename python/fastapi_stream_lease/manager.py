@@ -233,7 +233,7 @@ class StreamLeaseManager:
         on_budget: OnBudget,
         priority: int,
     ) -> _core.LeaseHandle:
-        pools = [(resource.name, resource.capacity) for resource in resources] or None
+        pools = [(r.name, r.capacity, r.max_waiting) for r in resources] or None
         acquired = self._core.acquire(
             user_id,
             weight,

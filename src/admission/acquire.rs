@@ -148,7 +148,23 @@ impl Manager {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
-        let admitted = Arc::clone(self).admit(record, rates, request.budget, request.wait, request.priority);
+        // Each pool's line limit: the configured one, or a resource's own (they come last).
+        let default = self.config.max_waiting;
+        let mut line_limits = vec![default; record.pools.len() - request.resources.len()];
+        line_limits.extend(
+            request
+                .resource_lines
+                .iter()
+                .map(|limit| limit.unwrap_or(default)),
+        );
+        let admitted = Arc::clone(self).admit(
+            record,
+            rates,
+            request.budget,
+            request.wait,
+            request.priority,
+            line_limits,
+        );
         let disclose = self.config.disclose_usage;
         Ok(async move {
             admitted
@@ -201,6 +217,7 @@ impl Manager {
         budget: Option<BudgetRequest>,
         wait: Duration,
         priority: u8,
+        line_limits: Vec<u64>,
     ) -> CoreResult<Granted> {
         let budget = budget.as_ref();
         let ttl_ms = self.config.lease_ms();
@@ -246,7 +263,7 @@ impl Manager {
                 waiter: waiter.as_ref(),
                 priority,
                 order: self.config.line_order,
-                max_waiting: self.config.max_waiting,
+                max_waiting: &line_limits,
                 own_waits: self.config.wait_for_own_quota,
             });
             self.leases.flight_start(&record);

@@ -62,6 +62,8 @@ pub struct AcquireRequest {
     pub identity: Option<String>,
     /// Named shared capacity: (name, capacity).
     pub resources: Vec<(String, u64)>,
+    /// The waiters each resource's line holds at most (None: `Config::max_waiting`).
+    pub resource_lines: Vec<Option<u64>>,
     /// Slots taken in each pool.
     pub weight: u32,
     /// This call's cap on the user's own pool, in place of the configured one.

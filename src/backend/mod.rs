@@ -92,8 +92,8 @@ pub struct InLine<'a> {
     /// 0 to `MAX_PRIORITY`, higher first.
     pub priority: u8,
     pub order: LineOrder,
-    /// Waiters a pool's line holds at most (0: no limit).
-    pub max_waiting: u64,
+    /// Waiters each pool's line holds at most, in pool order (0: no limit).
+    pub max_waiting: &'a [u64],
     /// A full own pool makes a waiter wait (in its own line) instead of refusing it.
     pub own_waits: bool,
 }

@@ -27,8 +27,8 @@
 -- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[11]: priority (0 to 9,
 -- higher first); ARGV[12]: the lines' order, 'fair' or 'arrival'; ARGV[13]: '1' if a full own
 -- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it;
--- ARGV[14]: the waiters a pool's line holds at most (0: no limit); ARGV[14 + i]: capacity of
--- KEYS[i] (0 = unlimited); then per rate policy: algorithm, limit, window in ms, the units
+-- ARGV[13 + i]: capacity of KEYS[i] (0 = unlimited); ARGV[13 + n + i]: the waiters its line
+-- holds at most (0: no limit); then per rate policy: algorithm, limit, window in ms, the units
 -- the start takes from it (1 for a request rate, the reservation for a token budget), and '1'
 -- for a budget, as in hit.lua.
 -- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
@@ -57,8 +57,7 @@ local first_rate = pools + (queued and 5 or 2)
 local priority = tonumber(ARGV[11])
 local fair = ARGV[12] == 'fair'
 local own_waits = ARGV[13] == '1'
-local max_waiting = tonumber(ARGV[14])
-local CAPS = 14 -- ARGV[CAPS + i]: capacity of KEYS[i]
+local CAPS = 13 -- ARGV[CAPS + i]: capacity of KEYS[i]; ARGV[CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
@@ -78,7 +77,7 @@ local function already_granted()
   for i = 1, pools do
     granted[i + 2] = redis.call('ZCARD', KEYS[i])
   end
-  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, CAPS + 1 + pools, 0)), false)
+  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 0)), false)
   return granted
 end
 
@@ -209,12 +208,13 @@ end
 -- there times the line's mean time between two waiters served (its 'gap'), or a lease duration
 -- before it has one.
 local function line_full(lined)
-  if max_waiting == 0 or redis.call('ZSCORE', line, waiter) then
+  if redis.call('ZSCORE', line, waiter) then
     return nil
   end
   for pool, i in pairs(lined) do
-    local waiting = redis.call('ZCARD', pool_line(pool))
-    if waiting >= max_waiting then
+    local max_waiting = tonumber(ARGV[CAPS + pools + i])
+    local waiting = max_waiting > 0 and redis.call('ZCARD', pool_line(pool)) or 0
+    if max_waiting > 0 and waiting >= max_waiting then
       local gap = tonumber(redis.call('HGET', pool_turns(pool), 'gap'))
       return {LINE_FULL, i, waiting, gap and math.ceil(gap * (waiting + 1)) or ttl}
     end
@@ -321,7 +321,7 @@ if own > 0 then
 end
 
 -- Over a rate limit: refused before taking a place in line or a slot.
-local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + pools, 1)
+local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 1)
 if rate_refused > 0 then
   local granted = waiter == '' and already_granted()
   if granted then

@@ -181,15 +181,16 @@ pub fn utf8(name: &str, text: &Bound<'_, PyString>) -> PyResult<String> {
 }
 
 /// Resources as `(name, capacity)` pairs (the core checks names and capacities).
-pub fn resources(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, u64)>> {
+pub fn resources(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, u64, Option<u64>)>> {
     let Some(value) = given(value) else {
         return Ok(Vec::new());
     };
     value
         .try_iter()?
-        .map(|pair| {
-            let (name, capacity): (Bound<'_, PyString>, u64) = pair?.extract()?;
-            Ok((utf8("resource name", &name)?, capacity))
+        .map(|resource| {
+            let (name, capacity, max_waiting): (Bound<'_, PyString>, u64, Option<u64>) =
+                resource?.extract()?;
+            Ok((utf8("resource name", &name)?, capacity, max_waiting))
         })
         .collect()
 }

@@ -94,9 +94,14 @@ impl Manager {
         on_budget: Option<&Bound<'py, PyAny>>,
         priority: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (resources, resource_lines) = args::resources(resources)?
+            .into_iter()
+            .map(|(name, capacity, max_waiting)| ((name, capacity), max_waiting))
+            .unzip();
         let request = AcquireRequest {
             identity: args::identity(user_id)?,
-            resources: args::resources(resources)?,
+            resources,
+            resource_lines,
             weight: args::weight(weight, MAX_WEIGHT)?,
             max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
             wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),

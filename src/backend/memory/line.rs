@@ -60,21 +60,23 @@ pub struct MemoryLines {
 }
 
 impl MemoryLines {
-    /// The first of `lined` whose line is full (`max_waiting`), with its waiters and an
-    /// estimate of the wait; a waiter already in line is never refused so.
+    /// The first of a lease's `pools` with a line that is full (`max_waiting`, in pool order),
+    /// with its index, its waiters and an estimate of the wait; a waiter already in line is
+    /// never refused so.
     pub fn full(
         &self,
         waiter: &Waiter,
-        lined: &[&Pool],
+        pools: &[Pool],
         in_line: &InLine<'_>,
     ) -> Option<(usize, u64, Option<u64>)> {
-        if in_line.max_waiting == 0 || self.tickets.contains_key(&waiter.id) {
+        if self.tickets.contains_key(&waiter.id) {
             return None;
         }
-        lined.iter().enumerate().find_map(|(i, pool)| {
-            let line = self.lines.get(&pool.key)?;
+        pools.iter().enumerate().find_map(|(i, pool)| {
+            let limit = in_line.max_waiting.get(i).copied().unwrap_or(0);
+            let line = self.lines.get(&pool.key).filter(|_| limit > 0)?;
             let waiting = line.order.len() as u64;
-            (waiting >= in_line.max_waiting).then(|| (i, waiting, line.wait_estimate_ms()))
+            (waiting >= limit).then(|| (i, waiting, line.wait_estimate_ms()))
         })
     }
 

@@ -108,10 +108,10 @@ impl MemoryBackend {
             (0, None) => "",
         };
         if let (Some(in_line), Some(waiter)) = (&in_line, waiter) {
-            if let Some((i, waiting, estimate_ms)) = line.full(waiter, &lined, in_line) {
+            if let Some((i, waiting, estimate_ms)) = line.full(waiter, &lease.pools, in_line) {
                 return AcquireOutcome::LineFull(Rejection {
-                    limit: lined[i].name.clone(),
-                    capacity: in_line.max_waiting,
+                    limit: lease.pools[i].name.clone(),
+                    capacity: in_line.max_waiting[i],
                     current: waiting,
                     retry_after_ms: estimate_ms.unwrap_or(u64::MAX),
                     usage_shown: true,

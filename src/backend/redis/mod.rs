@@ -90,14 +90,16 @@ impl RedisBackend {
             .arg(pools.len())
             .arg(in_line.map_or(0, |l| l.priority))
             .arg(in_line.map_or("fair", |l| l.order.code()))
-            .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
-            .arg(in_line.map_or(0, |l| l.max_waiting));
+            .arg(u8::from(in_line.is_some_and(|l| l.own_waits)));
         if let Some(in_line) = in_line {
             line_keys(&mut invocation, in_line.line);
             invocation.key(&in_line.line.tickets);
         }
         for pool in pools {
             invocation.arg(pool.capacity);
+        }
+        for i in 0..pools.len() {
+            invocation.arg(in_line.and_then(|l| l.max_waiting.get(i)).copied().unwrap_or(0));
         }
         invocation.key(&rates.keys);
         rate_args(&mut invocation, &rates.policies, &rates.costs);
@@ -138,7 +140,10 @@ impl RedisBackend {
                 };
                 Ok(match *code {
                     REFUSED => AcquireOutcome::Rejected(refused(pool.capacity)),
-                    _ => AcquireOutcome::LineFull(refused(in_line.map_or(0, |l| l.max_waiting))),
+                    _ => {
+                        let limit = in_line.and_then(|l| l.max_waiting.get(*index as usize - 1));
+                        AcquireOutcome::LineFull(refused(limit.copied().unwrap_or(0)))
+                    }
                 })
             }
             _ => Err(unexpected_reply("acquire", &reply)),
