@@ -184,6 +184,29 @@ def test_a_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_pre
         server.stop()
 
 
+def test_a_client_that_leaves_mid_upload_leaves_the_line(backend_url, key_prefix):
+    """A client still sending its body when it goes away leaves the line at once, not at the
+    end of its wait (the waiting code was reading the body when the disconnect came)."""
+    server = start_slow_app(backend_url, key_prefix, max_global=1)
+    try:
+        holder = open_stream(server.port, "holder")
+        uploader = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        uploader.sendall(
+            b"GET /stream?user_id=uploader&wait=30 HTTP/1.1\r\nHost: test\r\n"
+            b"Content-Length: 1000000\r\n\r\n" + b"x" * 1000
+        )
+
+        def waiting() -> int:
+            return httpx.get(server.base_url + "/stats").json()["waiting"]
+
+        wait_until(lambda: waiting() == 1, what="the uploader to wait in line")
+        uploader.close()  # gone before its body was all sent
+        wait_until(lambda: waiting() == 0, what="the departed uploader to leave the line")
+        holder.close()
+    finally:
+        server.stop()
+
+
 def test_every_answer_carries_retry_after():
     answers = [
         StreamLeaseRejected("full", "global", 5, 5, 3),

@@ -478,13 +478,25 @@ class StreamLeaseManager:
 async def _unless_disconnected(
     request: Request, acquired: Awaitable[_core.LeaseHandle]
 ) -> _core.LeaseHandle:
-    """Awaits ``acquired`` while the client is there; cancels it (leaving the line) if not."""
+    """Awaits ``acquired`` while the client is there; cancels it (leaving the line) if not,
+    also when the client goes away while still sending its body, or the request's task is
+    cancelled."""
+    from starlette.requests import ClientDisconnect
+
     waiting = asyncio.ensure_future(acquired)
-    await request.body()  # cached, so watching for a disconnect consumes none of it
-    while True:
-        done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_CHECK_SECONDS)
-        if done:
-            return waiting.result()
-        if await request.is_disconnected():
-            waiting.cancel()
-            raise ClientDisconnected("the client went away while waiting in line")
+    try:
+        # Read meanwhile (Starlette caches it), so watching for a disconnect consumes none of
+        # it; a client that goes away mid-upload ends the read at once.
+        await request.body()
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_CHECK_SECONDS)
+            if done:
+                return waiting.result()
+            if await request.is_disconnected():
+                raise ClientDisconnect()
+    except ClientDisconnect:
+        waiting.cancel()
+        raise ClientDisconnected("the client went away while waiting in line") from None
+    except BaseException:
+        waiting.cancel()
+        raise
