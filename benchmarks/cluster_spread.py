@@ -6,7 +6,10 @@ of a manager shares the ``{key_prefix}`` hash tag, so one shard serves every acq
 
 Starts its own 3-master cluster on free loopback ports (``support.redis_servers.RedisCluster``,
 as the tests do), runs the same acquire + release cycles for 300 users under each layout, and
-prints the keys held and the commands run on each shard (``INFO commandstats``).
+prints the keys held and the commands run on each shard (``INFO commandstats``). Then wake-ups
+(issue 14): a waiter in one manager, a release in another, 20 hand-overs, on the cluster
+(sharded ``SPUBLISH``/``SSUBSCRIBE``) and, as the baseline in the same run, on a standalone
+server (``PUBLISH``/``SUBSCRIBE``): release-to-admission p50 and max.
 Run it with ``bash benchmarks/run.sh``, or alone:
 ``benchmarks/.venv/bin/python benchmarks/cluster_spread.py``.
 """
@@ -14,16 +17,18 @@ Run it with ``bash benchmarks/run.sh``, or alone:
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis.asyncio as aioredis
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from common import RESULTS_DIR, command_calls, machine_info, print_table, write_json
-from support.redis_servers import RedisCluster
+from common import RESULTS_DIR, command_calls, machine_info, percentile_ms, print_table, write_json
+from support.redis_servers import RedisCluster, RedisServer
 
 USERS = 300
 CYCLES_PER_USER = 20
+HAND_OVERS = 20
 
 
 async def count_keys(shard: aioredis.Redis, prefix: str) -> int:
@@ -55,22 +60,58 @@ async def run_layout(cluster: RedisCluster, global_pool: bool) -> dict[str, list
     return {"keys": keys, "commands": [a - b for a, b in zip(after, before, strict=True)]}
 
 
+async def wake_ups(url: str) -> list[float]:
+    """Release-to-admission delays (s) of a waiter in the other of two managers."""
+    config = LeaseConfig(key_prefix="wake", max_per_user=0, max_global=1)
+    managers = [StreamLeaseManager(url=url, config=config) for _ in range(2)]
+    held, owner = await managers[0].acquire("first"), 0
+    delays = []
+    for n in range(HAND_OVERS):
+        other = managers[1 - owner]
+        waiting = asyncio.create_task(other.acquire(f"w{n}", wait_timeout=30))
+        while other.stats()["waiting"] < 1:  # noqa: ASYNC110 (a local counter, no event)
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # its first call answered: it waits for a wake-up
+        released_at = time.perf_counter()
+        await held.release()
+        held, owner = await waiting, 1 - owner
+        delays.append(time.perf_counter() - released_at)
+    await held.release()
+    for manager in managers:
+        await manager.aclose()
+    return sorted(delays)
+
+
 async def main() -> None:
-    cluster = RedisCluster().start()
+    cluster, server = RedisCluster().start(), RedisServer().start()
     try:
         results = {
             "global pool (default)": await run_layout(cluster, global_pool=True),
             "global_pool=False": await run_layout(cluster, global_pool=False),
         }
+        wakes = {
+            "cluster (SPUBLISH / SSUBSCRIBE)": await wake_ups(cluster.url),
+            "standalone (PUBLISH / SUBSCRIBE)": await wake_ups(server.url),
+        }
     finally:
         cluster.cleanup()
+        server.cleanup()
     rows = [
         [layout, *(f"{k:,} / {c:,}" for k, c in zip(r["keys"], r["commands"], strict=True))]
         for layout, r in results.items()
     ]
     print(f"\n{USERS} users x {CYCLES_PER_USER} acquire + release cycles, one lease each left held")
     print_table(["layout", "shard 1 keys / commands", "shard 2", "shard 3"], rows, left=1)
-    write_json(RESULTS_DIR / "cluster_spread.json", {"machine": machine_info(), "results": results})
+    print(f"\na waiter in one manager, a release in another, {HAND_OVERS} hand-overs")
+    rows = [
+        [name, f"{percentile_ms(delays, 0.5):.2f}", f"{delays[-1] * 1000:.2f}"]
+        for name, delays in wakes.items()
+    ]
+    print_table(["deployment", "release->admit p50 ms", "max ms"], rows, left=1)
+    write_json(
+        RESULTS_DIR / "cluster_spread.json",
+        {"machine": machine_info(), "results": results, "wake_ups_s": wakes},
+    )
 
 
 if __name__ == "__main__":

@@ -81,17 +81,23 @@ local function already_granted()
   return granted
 end
 
--- A slot frees when a lease is released or, at the latest, when a dead holder expires.
-local function refusal(i, used)
-  return (waiter == '' and already_granted()) or {REFUSED, i, used, ttl}
-end
-
 -- The caller stops waiting (granted or refused): out of the line and of its process's waiters.
 local function leave_line()
   if queued and waiter ~= '' then
     forget_waiters(line, {waiter})
     redis.call('SREM', alive .. ':' .. holder, waiter)
   end
+end
+
+-- Refuses the caller with `answer`, out of the line; but a caller that will not wait and
+-- resent a call whose grant was made gets that grant again (a waiter was checked first).
+local function refuse(answer)
+  local granted = waiter == '' and already_granted()
+  if granted then
+    return granted
+  end
+  leave_line()
+  return answer
 end
 
 -- The capped shared pools of this request, by key -> KEYS index: those a line is kept for.
@@ -247,11 +253,13 @@ end
 -- grant.
 local function check_pools(ticket, lined)
   local used, passing = {}, {}
+  -- Nobody waits at all (the usual case): no line to walk.
+  local anyone_waits = queued and redis.call('ZCARD', line) > 0
   for i = 1, pools do
     local capacity = tonumber(ARGV[CAPS + i])
     used[i] = used_slots(KEYS[i], holders, weight, capacity)
     local promised = 0
-    if queued and lined[KEYS[i]] then
+    if anyone_waits and lined[KEYS[i]] then
       local passing_here = {}
       promised = promised_in(KEYS[i], capacity, used[i], passing_here)
       if used[i] + promised + weight > capacity then
@@ -266,8 +274,8 @@ local function check_pools(ticket, lined)
     end
     if capacity > 0 and used[i] + promised + weight > capacity then
       if (i <= own and not own_waits) or waiter == '' then
-        leave_line()
-        return used, refusal(i, math.min(capacity, used[i] + promised))
+        -- A slot frees when a lease is released or, at the latest, when a dead holder expires.
+        return used, refuse({REFUSED, i, math.min(capacity, used[i] + promised), ttl})
       end
       local wait = {WAIT, ticket}
       for _, place in ipairs(places(lined)) do
@@ -311,26 +319,16 @@ end
 if own > 0 then
   local ban = redis.call('PTTL', KEYS[1] .. ':ban')
   if ban > 0 then
-    local granted = waiter == '' and already_granted()
-    if granted then
-      return granted
-    end
-    leave_line()
-    return {BANNED, ban}
+    return refuse({BANNED, ban})
   end
 end
 
 -- Over a rate limit: refused before taking a place in line or a slot.
 local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 1)
 if rate_refused > 0 then
-  local granted = waiter == '' and already_granted()
-  if granted then
-    return granted
-  end
-  leave_line()
   local refused = {RATE_LIMITED, rate_refused, rate_retry}
   answer_rates(refused, rates, false)
-  return refused
+  return refuse(refused)
 end
 
 local ticket, lined = 0, lined_pools()
