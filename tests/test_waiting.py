@@ -14,6 +14,12 @@ from support.apps import app_command
 from support.waiting import count_is, eventually
 
 
+async def in_line(manager, placed: int, name: str) -> None:
+    """Waits until ``placed`` of the manager's waiters have their place in a line, the last
+    one being ``name``: whatever comes next arrives after it."""
+    await eventually(lambda: manager.stats()["waiting"] == placed, what=f"{name} in line")
+
+
 async def test_a_waiter_is_admitted_when_a_slot_frees(make_manager):
     manager = make_manager(max_per_user=0, max_global=1)
     holder = await manager.acquire("alice")
@@ -60,9 +66,9 @@ async def test_waiters_are_served_in_arrival_order(make_manager):
 
     names = [f"w{i}" for i in range(8)]
     tasks = []
-    for name in names:
+    for placed, name in enumerate(names, start=1):
         tasks.append(asyncio.create_task(wait_then_hold(name)))
-        await asyncio.sleep(0.05)  # a known arrival order
+        await in_line(manager, placed, name)  # a known arrival order
     await holder.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert order == names
@@ -72,7 +78,7 @@ async def test_newcomers_do_not_jump_the_line(make_manager):
     manager = make_manager(max_per_user=0, max_global=1)
     holder = await manager.acquire("alice")
     waiter = asyncio.create_task(manager.acquire("bob", wait_timeout=10))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: manager.stats()["waiting"] == 1, what="bob in line")
     await holder.release()
     # bob is woken; a newcomer that will not wait does not take bob's slot meanwhile
     results = await asyncio.gather(manager.acquire("carol"), waiter, return_exceptions=True)
@@ -86,9 +92,9 @@ async def test_cancelled_waiters_leave_the_line(make_manager):
     manager = make_manager(max_per_user=0, max_global=1)
     holder = await manager.acquire("alice")
     early = asyncio.create_task(manager.acquire("early", wait_timeout=30))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: manager.stats()["waiting"] == 1, what="early in line")
     late = asyncio.create_task(manager.acquire("late", wait_timeout=30))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: manager.stats()["waiting"] == 2, what="late in line")
     early.cancel()  # the first in line gives up (its client went away)
     with pytest.raises(asyncio.CancelledError):
         await early
@@ -126,18 +132,24 @@ async def start_waiter(url: str, prefix: str, name: str, hold: float):
     return process
 
 
-async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, key_prefix,
-                                                              make_manager, backend_url):
+async def test_fifo_across_processes_and_a_killed_waiter_leaves(redis_server, redis_client,
+                                                              key_prefix, make_manager,
+                                                              backend_url):
     if backend_url == "memory://":
         pytest.skip("the embedded store serves one process")
     manager = make_manager(max_per_user=0, max_global=1)
     holder = await manager.acquire("holder")
-    first = await start_waiter(redis_server.url, key_prefix, "first", 0.2)
-    await asyncio.sleep(0.3)  # in line before the next one
-    doomed = await start_waiter(redis_server.url, key_prefix, "doomed", 0.2)
-    await asyncio.sleep(0.3)
-    last = await start_waiter(redis_server.url, key_prefix, "last", 0.2)
-    await asyncio.sleep(0.3)
+    line = f"{{{key_prefix}}}:global|line"
+
+    async def in_line(name: str, placed: int):
+        process = await start_waiter(redis_server.url, key_prefix, name, 0.2)
+        # in line before the next one comes
+        await eventually(lambda: redis_client.zcard(line) == placed, what=f"{name} in line")
+        return process
+
+    first = await in_line("first", 1)
+    doomed = await in_line("doomed", 2)
+    last = await in_line("last", 3)
     doomed.send_signal(signal.SIGKILL)  # dies in line
     await doomed.wait()
     await holder.release()
@@ -216,9 +228,11 @@ async def test_waiters_arriving_during_a_heartbeat_keep_their_place(make_redis_m
 
 
 async def waiting(manager, user: str, **kwargs) -> asyncio.Task:
-    """An acquire that waits up to 30 s, started and given time to enter its line."""
+    """An acquire that waits up to 30 s, started and in its line when this returns."""
+    placed = manager.stats()["waiting"] + 1
     task = asyncio.create_task(manager.acquire(user, wait_timeout=30, **kwargs))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: task.done() or manager.stats()["waiting"] == placed,
+                     what=f"{user} in line")
     assert not task.done()
     return task
 
@@ -273,8 +287,9 @@ async def test_a_heavy_waiter_is_passed_by_one_pool_of_slots_at_most(make_manage
 
 
 async def served_in_order(manager, holder, waiters: list[tuple[str, dict]]) -> list[str]:
-    """Starts the waiters one by one (a known arrival order), frees the holder's slot, and
-    returns the order in which they were served (each gives its slot back at once)."""
+    """Starts the waiters one by one, each once the one before has its place in the line (a
+    known arrival order, however slow the machine), frees the holder's slot, and returns the
+    order in which they were served (each gives its slot back at once)."""
     served: list[str] = []
 
     async def wait_then_pass_on(name: str, user: str, options: dict) -> None:
@@ -283,11 +298,10 @@ async def served_in_order(manager, holder, waiters: list[tuple[str, dict]]) -> l
         await lease.release()
 
     tasks = []
-    for name, options in waiters:
+    for placed, (name, options) in enumerate(waiters, start=1):
         user = options.pop("user", name.rstrip("0123456789"))
         tasks.append(asyncio.create_task(wait_then_pass_on(name, user, options)))
-        await asyncio.sleep(0.02)
-    await eventually(lambda: manager.stats()["waiting"] == len(waiters), what="all to wait")
+        await in_line(manager, placed, name)
     await holder.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     return served
