@@ -3,10 +3,13 @@ hang up mid-stream."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -203,6 +206,31 @@ def test_a_client_that_leaves_mid_upload_leaves_the_line(backend_url, key_prefix
         uploader.close()  # gone before its body was all sent
         wait_until(lambda: waiting() == 0, what="the departed uploader to leave the line")
         holder.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("size", [10, 1_000_000])
+def test_a_body_sent_while_waiting_reaches_the_app_whole(backend_url, key_prefix, size):
+    """The waiting code watches for a disconnect without taking the body: the app reads all of
+    it, in order, once admitted (a small body held for it, a large one mostly left unread)."""
+    server = start_slow_app(backend_url, key_prefix, max_global=1)
+    try:
+        holder = open_stream(server.port, "holder")
+        body = os.urandom(size)
+        with ThreadPoolExecutor(1) as pool:
+            upload = pool.submit(
+                httpx.post, server.base_url + "/upload?user_id=uploader&wait=30", content=body,
+                timeout=30,
+            )
+            wait_until(
+                lambda: httpx.get(server.base_url + "/stats").json()["waiting"] == 1,
+                what="the uploader to wait in line",
+            )
+            holder.close()
+            answer = upload.result(timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"size": size, "sha256": hashlib.sha256(body).hexdigest()}
     finally:
         server.stop()
 

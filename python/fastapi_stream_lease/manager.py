@@ -14,7 +14,8 @@ from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from .client_ip import Network, trusted_networks
-from .errors import ClientDisconnected, RateLimited, StreamLeaseError
+from .disconnect import unless_disconnected
+from .errors import RateLimited, StreamLeaseError
 from .handlers import install_exception_handler
 from .lease import Lease, log
 from .rates import RateDecision, RateLimit
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 
     from .telemetry import Telemetry
 
-# How often a waiting request checks that its client is still there (no Redis involved).
-DISCONNECT_CHECK_SECONDS = 0.2
 # How often a drain checks whether the worker's streams have ended (no Redis involved).
 DRAIN_CHECK_SECONDS = 0.05
 
@@ -249,7 +248,7 @@ class StreamLeaseManager:
         if request is None:
             return await acquired
         try:
-            handle = await _unless_disconnected(request, acquired)
+            handle = await unless_disconnected(request, acquired)
         except RateLimited as refused:
             remember(request.scope, refused.decisions)
             raise
@@ -473,30 +472,3 @@ class StreamLeaseManager:
 
     def __repr__(self) -> str:
         return f"StreamLeaseManager(backend={self.backend!r}, config={self.config!r})"
-
-
-async def _unless_disconnected(
-    request: Request, acquired: Awaitable[_core.LeaseHandle]
-) -> _core.LeaseHandle:
-    """Awaits ``acquired`` while the client is there; cancels it (leaving the line) if not,
-    also when the client goes away while still sending its body, or the request's task is
-    cancelled."""
-    from starlette.requests import ClientDisconnect
-
-    waiting = asyncio.ensure_future(acquired)
-    try:
-        # Read meanwhile (Starlette caches it), so watching for a disconnect consumes none of
-        # it; a client that goes away mid-upload ends the read at once.
-        await request.body()
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_CHECK_SECONDS)
-            if done:
-                return waiting.result()
-            if await request.is_disconnected():
-                raise ClientDisconnect()
-    except ClientDisconnect:
-        waiting.cancel()
-        raise ClientDisconnected("the client went away while waiting in line") from None
-    except BaseException:
-        waiting.cancel()
-        raise

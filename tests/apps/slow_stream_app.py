@@ -1,6 +1,7 @@
 """A streaming endpoint that never ends by itself, to test client disconnects for real."""
 
 import asyncio
+import hashlib
 import os
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,20 @@ async def stream(request: Request, user_id: str, wait: float = 0):
             await asyncio.sleep(0.05)
 
     return StreamingResponse(lease.wrap(ticks()), media_type="text/event-stream")
+
+
+@app.post("/upload")
+async def upload(request: Request, user_id: str, wait: float = 0) -> dict[str, int | str]:
+    """Reads the body only once admitted (after a wait in line): its size and SHA-256."""
+    lease = await manager.acquire(user_id, wait_timeout=wait, request=request)
+    try:
+        digest, size = hashlib.sha256(), 0
+        async for chunk in request.stream():
+            digest.update(chunk)
+            size += len(chunk)
+        return {"size": size, "sha256": digest.hexdigest()}
+    finally:
+        await lease.release()
 
 
 @app.get("/count")
