@@ -416,3 +416,24 @@ async def test_a_resource_can_have_a_line_limit_of_its_own(make_manager):
     await (await asyncio.wait_for(first, 5)).release()
     with pytest.raises((TypeError, ValueError), match="max_waiting"):
         Resource(capacity=1, name="x", max_waiting=-1)
+
+
+async def test_a_line_that_never_empties_forgets_the_users_it_served(make_redis_manager,
+                                                                     redis_client, key_prefix):
+    """Fair order remembers each user's last turn in a pool's line; a line that always has a
+    waiter is never deleted, so the users whose last turn was served are swept as others come."""
+    manager = make_redis_manager(max_global=1)
+    current = await manager.acquire("holder")
+    turns = f"{{{key_prefix}}}:global|turns"
+    following = asyncio.create_task(manager.acquire("user0", wait_timeout=30))
+    await in_line(manager, 1, "user0")
+    for i in range(1, 200):
+        next_one = asyncio.create_task(manager.acquire(f"user{i}", wait_timeout=30))
+        await in_line(manager, 2, f"user{i}")  # the line never empties
+        await current.release()
+        current = await asyncio.wait_for(following, 10)
+        following = next_one
+    assert redis_client.hlen(turns) <= 100, "about the line's current users, not all 200 served"
+    following.cancel()
+    await current.release()
+

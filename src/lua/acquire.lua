@@ -135,6 +135,28 @@ local function drop_dead_waiters()
   end
 end
 
+-- Forgets, a few users at a time, those whose last turn in a pool's line was served: the next
+-- waiter of such a user takes the same turn without its entry, and a line that never empties
+-- would otherwise keep an entry for every user it ever served. Once the hash is big, each new
+-- waiter looks at the next few entries (HSCAN, its cursor kept in the hash's 'sweep' field), so
+-- the sweep keeps pace with the entries waiters add.
+local TURN_FIELDS = {[''] = true, at = true, gap = true, sweep = true}
+local function sweep_turns(turns)
+  if redis.call('HLEN', turns) <= 64 then
+    return
+  end
+  local kept = redis.call('HMGET', turns, '', 'sweep')
+  local served = tonumber(kept[1]) or 0
+  local scan = redis.call('HSCAN', turns, kept[2] or '0', 'COUNT', 16)
+  local entries = scan[2]
+  for j = 1, #entries, 2 do
+    if not TURN_FIELDS[entries[j]] and tonumber(entries[j + 1]) <= served then
+      redis.call('HDEL', turns, entries[j])
+    end
+  end
+  redis.call('HSET', turns, 'sweep', scan[1])
+end
+
 -- Puts a waiter in line and in the line of each pool it needs (or finds it there), with what
 -- it needs, and keeps its process alive; returns its ticket.
 local function enter_line(lined)
@@ -151,6 +173,7 @@ local function enter_line(lined)
       redis.call('ZADD', pool_line(pool), integer(place), waiter)
       if fair then
         redis.call('HSET', pool_turns(pool), user, integer(place % TURNS))
+        sweep_turns(pool_turns(pool))
       end
       needs[#needs + 1] = pool
     end

@@ -165,7 +165,9 @@ local function used_slots(pool, holders, weight, capacity)
 end
 
 -- The line of one capped shared pool (sorted set: waiter id by its place, see acquire.lua),
--- and its turns (hash: user -> the turn of its last waiter there; '' -> the last turn served).
+-- and its turns (hash: user -> the turn of its last waiter there; '' -> the last turn served;
+-- 'at', 'gap': when a waiter was last served and the mean time between two; 'sweep': see
+-- acquire.lua's sweep_turns).
 -- '|' is in no pool name nor key prefix.
 local function pool_line(pool)
   return pool .. '|line'

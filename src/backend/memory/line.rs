@@ -18,6 +18,8 @@ struct PoolLine {
     places: HashMap<String, u64>,
     /// User -> the turn of its last waiter here.
     turns: HashMap<String, u64>,
+    /// How many users `turns` kept after it last forgot those served (see `note_turn`).
+    turns_kept: usize,
     /// The last turn served here.
     served: u64,
     /// Waiter -> slots that later requests took past it while it did not fit.
@@ -47,6 +49,19 @@ impl PoolLine {
             LineOrder::Fair => self.served.max(self.turns.get(user).copied().unwrap_or(0)) + 1,
         };
         u64::from(MAX_PRIORITY - in_line.priority) * TURNS + turn
+    }
+
+    /// Records the turn of `user`'s last waiter. Whenever the users known doubled, forgets
+    /// those whose last turn was served (their next waiter's turn is the same without them), so
+    /// that a line that never empties does not remember every user it ever served, as the
+    /// script's `sweep_turns`.
+    fn note_turn(&mut self, user: &str, turn: u64) {
+        self.turns.insert(user.to_owned(), turn);
+        if self.turns.len() > 2 * self.turns_kept + 64 {
+            let served = self.served;
+            self.turns.retain(|_, last| *last > served);
+            self.turns_kept = self.turns.len();
+        }
     }
 }
 
@@ -93,7 +108,7 @@ impl MemoryLines {
             line.order.insert((place, waiter.id.clone()));
             line.places.insert(waiter.id.clone(), place);
             if in_line.order == LineOrder::Fair {
-                line.turns.insert(user.to_owned(), place % TURNS);
+                line.note_turn(user, place % TURNS);
             }
         }
         let keys = lined.iter().map(|pool| pool.key.clone()).collect();
@@ -188,5 +203,25 @@ impl MemoryLines {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_that_never_empties_forgets_the_users_it_served() {
+        let mut line = PoolLine::default();
+        for turn in 1..=1000 {
+            line.note_turn(&format!("user{turn}"), turn);
+            line.served = turn - 1; // the one before was just served: one waiter left each time
+        }
+        assert!(line.turns.len() <= 2 * 64 + 1, "{} users kept", line.turns.len());
+        assert_eq!(
+            line.turns.get("user1000"),
+            Some(&1000),
+            "a user still waiting is kept"
+        );
     }
 }
