@@ -1,7 +1,7 @@
 """One worker process of the chaos run: a StreamLeaseManager on the URL it is given, and
 ``concurrency`` runners, each opening one stream after another with a random user, weight,
-resources and length; some wait in line, some are cancelled while they acquire or while they
-stream. It tells the auditor, one JSON line on stdout per event:
+resources and length; some wait in line (at a random priority), some are cancelled while they
+acquire or while they stream. It tells the auditor, one JSON line on stdout per event:
 
 * ``{"e": "start", ...}``: a stream began. ``t_req`` is the monotonic time just before the
   acquire was called, ``t_start`` just after it returned: Redis granted the lease in between.
@@ -57,6 +57,7 @@ class Plan:
     resources: list[str]
     weight: int
     wait: float  # wait_timeout: seconds it may wait in line
+    priority: int  # its place among waiters: higher first (0 to 9)
     style: str  # "wrap" (lease.wrap of a generator) or "block" (async with manager.lease())
     cancel_acquire: float | None  # cancelled this long after it asked, if still acquiring
     cancel_stream: float | None  # cancelled this long after it asked, if still running
@@ -140,10 +141,11 @@ class Worker:
         length = (rng.uniform(0.05, self.settings.short_stream) if rng.random() < 0.8
                   else rng.uniform(self.settings.short_stream, self.settings.long_stream))
         wait = rng.uniform(0.2, 2.0) if rng.random() < 0.35 else 0.0
+        priority = rng.choices([0, 5, 9], weights=[70, 20, 10])[0] if wait else 0
         cancel_acquire = rng.uniform(0.0, 0.3) if rng.random() < 0.08 else None
         cancel_stream = wait + length * rng.uniform(0.1, 0.9) if rng.random() < 0.1 else None
         return Plan(
-            sid, user, resources, rng.choices([1, 2, 3], weights=[75, 18, 7])[0], wait,
+            sid, user, resources, rng.choices([1, 2, 3], weights=[75, 18, 7])[0], wait, priority,
             "wrap" if rng.random() < 0.7 else "block", cancel_acquire, cancel_stream, length,
         )
 
@@ -191,7 +193,7 @@ class Worker:
              weight=plan.weight, res=plan.resources)
 
     def acquire_args(self, plan: Plan) -> dict[str, Any]:
-        return {"weight": plan.weight, "wait_timeout": plan.wait,
+        return {"weight": plan.weight, "wait_timeout": plan.wait, "priority": plan.priority,
                 "resources": [self.resources[name] for name in plan.resources]}
 
     async def wrap_stream(self, plan: Plan, t_req: float) -> None:
