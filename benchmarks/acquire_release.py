@@ -6,7 +6,7 @@ Measured against one Redis server, in one run:
 * ``fastapi_stream_lease``: ``lease = await manager.acquire(user_id); await lease.release()`` on
   a ``StreamLeaseManager`` with unlimited pools (``max_per_user=0, max_global=0``);
 * ``redis-py``: ``redis.asyncio`` (hiredis parser, blocking pool of 64 connections) replaying
-  the Rust core's own EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua``: read once
+  the Rust core's own FCALL calls of ``src/lua/acquire.lua`` and ``release.lua``: read once
   with ``redis-cli MONITOR`` while the core acquires and releases one lease, then sent with
   another user's pool key and a fresh lease id (same scripts, KEYS and ARGV, whatever their
   layout);
@@ -70,7 +70,6 @@ from common import (
     Child,
     Implementation,
     RunResult,
-    core_script,
     machine_info,
     print_table,
     redis_py_client,
@@ -97,15 +96,15 @@ Runner = Callable[[int, int], Awaitable[RunResult]]
 class CoreCalls:
     """What the Rust core sent for one acquire and one release of ``PROBE_USER``."""
 
-    acquire: list[str]  # EVALSHA's words after the command name: sha, numkeys, KEYS, ARGV
+    acquire: list[str]  # FCALL's words after the command name: function, numkeys, KEYS, ARGV
     release: list[str]
     lease_id: str
 
 
 async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls:
-    """The EVALSHA calls of ``src/lua/acquire.lua`` and ``release.lua`` that the Rust core makes
-    for one acquire and one release, read with ``redis-cli MONITOR``."""
-    sha_of = {hashlib.sha1(core_script(name)).hexdigest(): name for name in ("acquire", "release")}
+    """The FCALL calls of ``src/lua/acquire.lua`` and ``release.lua`` (functions of the core's
+    library) that the Rust core makes for one acquire and one release, read with ``redis-cli
+    MONITOR``."""
     monitor = await asyncio.create_subprocess_exec(
         "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE
     )
@@ -118,14 +117,15 @@ async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls
         for _line in range(1000):
             line = await asyncio.wait_for(monitor.stdout.readline(), 10.0)
             words = re.findall(r'"((?:[^"\\]|\\.)*)"', line.decode())
-            if words[:1] == ["EVALSHA"] and words[1] in sha_of and lease.lease_id in words:
-                calls[sha_of[words[1]]] = words[1:]
+            script = words[1].rsplit("_", 1)[-1] if words[:1] == ["FCALL"] else None
+            if script in ("acquire", "release") and lease.lease_id in words:
+                calls[script] = words[1:]
                 if len(calls) == 2:
                     return CoreCalls(calls["acquire"], calls["release"], lease.lease_id)
         raise RuntimeError("MONITOR did not show the core's acquire and release")
     except asyncio.TimeoutError:
         raise RuntimeError(
-            "the core called no script of src/lua/acquire.lua and release.lua as they are now:"
+            "MONITOR showed no FCALL of the core's acquire and release:"
             " rebuild with bash benchmarks/setup_bench_env.sh"
         ) from None
     finally:
@@ -134,10 +134,10 @@ async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls
 
 
 class ScriptCall:
-    """One EVALSHA call of the core, replayed with another user's pool and another lease id."""
+    """One FCALL of the core, replayed with another user's pool and another lease id."""
 
     def __init__(self, words: Sequence[str], probe_user_key: str, probe_lease_id: str) -> None:
-        self.sha, numkeys = words[0], int(words[1])
+        self.function, numkeys = words[0], int(words[1])
         self.keys, self.args = list(words[2 : 2 + numkeys]), list(words[2 + numkeys :])
         if probe_user_key not in self.keys or probe_lease_id not in self.args:
             raise RuntimeError(
@@ -147,10 +147,10 @@ class ScriptCall:
         self._probe_user_key, self._probe_lease_id = probe_user_key, probe_lease_id
 
     async def send(self, client: aioredis.Redis, user_key: str, lease_id: str) -> Any:
-        """EVALSHA with the probe's user key and lease id replaced by these."""
+        """FCALL with the probe's user key and lease id replaced by these."""
         swap = {self._probe_user_key: user_key, self._probe_lease_id: lease_id}
         words = [swap.get(word, word) for word in self.keys + self.args]
-        return await client.evalsha(self.sha, len(self.keys), *words)
+        return await client.fcall(self.function, len(self.keys), *words)
 
 
 class RedisPyLeases:
@@ -181,7 +181,7 @@ class RedisPyLeases:
         return lease
 
     async def release(self, lease: tuple[str, str]) -> bool:
-        return bool(await self._release.send(self._client, *lease))
+        return await self._release.send(self._client, *lease) == [1]  # one flag per lease
 
     async def left_in_global_pool(self) -> int:
         return int(await self._client.zcard(f"{self._tag}:global"))
@@ -227,6 +227,7 @@ class Summary:
     p99_ms: float
     ratio_vs_redis_py: float
     ratio_vs_peer: float
+    redis_us_per_cycle: float | None  # Redis time in script calls per cycle
 
 
 async def compare(
@@ -253,7 +254,7 @@ async def compare(
 
         def local(impl: Implementation[Any], count_left: Callable[[], Awaitable[int]]) -> Runner:
             return lambda coroutines, repeat: timed_run(
-                impl, coroutines, repeat, warmup_s, window_s, count_left
+                impl, coroutines, repeat, warmup_s, window_s, count_left, client
             )
 
         async def project_left() -> int:
@@ -277,7 +278,8 @@ async def compare(
                     print(
                         f"  {run.scenario:<14} #{repeat} {run.implementation:<32}"
                         f" {run.cycles_per_s:>10,.0f} cycles/s"
-                        f"  p50 {run.p50_ms:.3f} ms  p99 {run.p99_ms:.3f} ms",
+                        f"  p50 {run.p50_ms:.3f} ms  p99 {run.p99_ms:.3f} ms"
+                        f"  redis {run.redis_us_per_cycle or 0:.1f} µs/cycle",
                         flush=True,
                     )
         return runs, server_version, peer.hello
@@ -289,14 +291,16 @@ async def compare(
 
 def summarize(runs: Sequence[RunResult]) -> list[Summary]:
     """Medians per level and implementation, with the cycles/s ratios to redis-py and the peer."""
-    medians: dict[tuple[int, str], tuple[int, float, float, float]] = {}
+    medians: dict[tuple[int, str], tuple[int, float, float, float, float | None]] = {}
     for key in dict.fromkeys((r.coroutines, r.implementation) for r in runs):
         mine = [r for r in runs if (r.coroutines, r.implementation) == key]
+        redis_us = [r.redis_us_per_cycle for r in mine if r.redis_us_per_cycle is not None]
         medians[key] = (
             len(mine),
             statistics.median(r.cycles_per_s for r in mine),
             statistics.median(r.p50_ms for r in mine),
             statistics.median(r.p99_ms for r in mine),
+            statistics.median(redis_us) if redis_us else None,
         )
     return [
         Summary(
@@ -309,8 +313,9 @@ def summarize(runs: Sequence[RunResult]) -> list[Summary]:
             p99_ms=p99,
             ratio_vs_redis_py=rate / medians[(coroutines, REDIS_PY)][1],
             ratio_vs_peer=rate / medians[(coroutines, PEER)][1],
+            redis_us_per_cycle=redis_us,
         )
-        for (coroutines, impl), (count, rate, p50, p99) in medians.items()
+        for (coroutines, impl), (count, rate, p50, p99, redis_us) in medians.items()
     ]
 
 
@@ -364,6 +369,7 @@ def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
             f"{s.p99_ms:.3f}",
             f"{s.ratio_vs_redis_py:.2f}x",
             f"{s.ratio_vs_peer:.2f}x",
+            "" if s.redis_us_per_cycle is None else f"{s.redis_us_per_cycle:.1f}",
         ]
         for s in summaries
     ]
@@ -378,13 +384,15 @@ def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
             "",
             "",
             "",
+            "",
         ]
     )
     header = ["scenario", "implementation", "runs", "cycles/s", "p50 ms", "p99 ms"]
-    print_table([*header, "vs redis-py", "vs peer"], rows)
+    print_table([*header, "vs redis-py", "vs peer", "Redis µs/cycle"], rows)
     print(
         "vs redis-py / vs peer = cycles/s over theirs at the same concurrency; medians of the"
-        " runs; p50/p99 are of\nacquire alone."
+        " runs; p50/p99 are of\nacquire alone; Redis µs/cycle = time in script calls per"
+        " acquire + release (INFO commandstats)."
         f" ceiling: EVALSHA 'return 1' at {top['requests_per_s']:,.0f} requests/s"
         f" = {top['cycles_per_s_ceiling']:,.0f} cycles/s (2 script calls per cycle)."
     )

@@ -96,6 +96,8 @@ class RunResult:
     acquires_timed: int
     failed_releases: int
     left_in_global_pool: int
+    # Redis time in script calls per cycle (INFO commandstats), where the run could read it.
+    redis_us_per_cycle: float | None = None
 
 
 def scenario_name(coroutines: int) -> str:
@@ -135,18 +137,22 @@ async def timed_run(
     warmup_s: float,
     window_s: float,
     count_left: Callable[[], Awaitable[int]],
+    server: aioredis.Redis | None = None,
 ) -> RunResult:
     """Runs ``coroutines`` workers (one user id each) through the warm-up and the window.
 
-    ``count_left`` tells, after the run, how many leases are still in the global pool.
+    ``count_left`` tells, after the run, how many leases are still in the global pool; with
+    ``server``, the Redis time spent in script calls during the window is read too.
     """
     window_start = time.perf_counter() + warmup_s
     window_end = window_start + window_s
     workers = (
         cycle_until(impl, f"bench-user-{n}", window_start, window_end) for n in range(coroutines)
     )
+    script_time = asyncio.ensure_future(script_micros_between(server, window_start, window_end))
     # Every call is bounded (redis_timeout, socket_timeout); this bounds the run as a whole.
     tallies = await asyncio.wait_for(asyncio.gather(*workers), warmup_s + window_s + 15.0)
+    micros = await script_time
     latencies = sorted(s for t in tallies for s in t.acquire_latencies_s)
     if not latencies:
         raise RuntimeError(f"{impl.name}: no acquire completed within the {window_s} s window")
@@ -164,7 +170,27 @@ async def timed_run(
         acquires_timed=len(latencies),
         failed_releases=sum(t.failed_releases for t in tallies),
         left_in_global_pool=await count_left(),
+        redis_us_per_cycle=None if micros is None or not cycles else micros / cycles,
     )
+
+
+async def script_micros_between(
+    server: aioredis.Redis | None, start: float, end: float
+) -> float | None:
+    """The µs Redis spent in script calls between two ``time.perf_counter()`` instants."""
+    if server is None:
+        return None
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    before = await script_micros(server)
+    await asyncio.sleep(max(0.0, end - time.perf_counter()))
+    return await script_micros(server) - before
+
+
+async def script_micros(client: aioredis.Redis) -> int:
+    """µs the server has spent in script calls so far (``INFO commandstats``; the commands a
+    script runs are inside its call's time)."""
+    stats = await client.info("commandstats")
+    return sum(int(v["usec"]) for k, v in stats.items() if k in SCRIPT_COMMANDS)
 
 
 SCRIPT_COMMANDS = frozenset(

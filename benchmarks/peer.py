@@ -88,6 +88,7 @@ async def cycles(url: str) -> None:
                 request["warmup_s"],
                 request["window_s"],
                 manager.get_active_count,
+                manager.redis,
             )
             reply({"kind": "run", **asdict(run)})
     finally:

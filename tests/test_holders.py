@@ -97,7 +97,7 @@ async def test_a_release_that_failed_is_retried(own_redis, make_own_redis_manage
     manager = make_own_redis_manager(lease_seconds=2)
     lease = await manager.acquire("alice")
     kept = await manager.acquire("bob")  # keeps this process's holder entry alive
-    own_redis.cli("ACL", "SETUSER", "default", "-evalsha", "-eval")  # scripts refused
+    own_redis.cli("ACL", "SETUSER", "default", "-fcall", "-evalsha", "-eval")  # scripts refused
     try:
         with pytest.raises(StreamLeaseError):
             await lease.release()

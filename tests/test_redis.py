@@ -83,19 +83,45 @@ def test_a_redis_manager_without_identity_secret_warns_its_builder(redis_server)
         StreamLeaseManager(url="memory://")  # the keys never leave the process
 
 
-async def test_script_flush_does_not_break_acquire_renew_or_release(make_redis_manager,
-                                                                   redis_client):
-    manager = make_redis_manager(lease_seconds=1, max_per_user=2)
+async def test_a_flushed_function_library_does_not_break_acquire_renew_or_release(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(lease_seconds=1, max_per_user=2)
     first = await manager.acquire("alice")
-    redis_client.script_flush()
-    second = await manager.acquire("alice")  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
-    redis_client.script_flush()
+
+    def flush() -> None:
+        own_redis.cli("FUNCTION", "FLUSH")
+        own_redis.cli("SCRIPT", "FLUSH")
+
+    flush()
+    second = await manager.acquire("alice")  # Function not found -> FUNCTION LOAD -> FCALL
+    flush()
     await asyncio.sleep(1.5)  # renewals ran across the flush and kept both leases
     assert await manager.get_active_count("alice") == 2
     assert not first.lost and not second.lost
-    redis_client.script_flush()
+    flush()
     assert await first.release() is True
     assert manager.stats()["renew_failures"] == 0
+    assert "fastapi_stream_lease_" in own_redis.cli("FUNCTION", "LIST")
+
+
+async def test_a_user_without_functions_runs_the_scripts_as_scripts(own_redis, key_prefix):
+    """Where the server has no functions (Redis 6) or the user may not load them, the same
+    scripts go as EVALSHA (reloaded on NOSCRIPT)."""
+    own_redis.cli("ACL", "SETUSER", "scripts", "on", ">pw", "~*", "&*", "+@all", "-function")
+    url = f"redis://scripts:pw@127.0.0.1:{own_redis.port}/0"
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=1)
+    manager = StreamLeaseManager(url=url, config=config)
+    try:
+        lease = await manager.acquire("alice")
+        own_redis.cli("SCRIPT", "FLUSH")
+        await asyncio.sleep(1.5)  # renewed across the flush
+        assert await manager.get_active_count("alice") == 1 and not lease.lost
+        assert await lease.release() is True
+        assert own_redis.cli("FUNCTION", "LIST") == ""
+        assert manager.stats()["renew_failures"] == 0
+    finally:
+        await manager.aclose()
 
 
 async def test_a_redis_restart_is_survived_and_leases_are_taken_back(own_redis,
@@ -458,3 +484,21 @@ async def test_redis_killed_mid_stream_then_restarted(own_redis, make_own_redis_
     outcomes = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 15)
     assert all(isinstance(outcome, LeaseLost) for outcome in outcomes)
     own_redis.start()
+
+
+async def test_releases_made_together_go_out_together_each_with_its_own_answer(
+    make_redis_manager, redis_client, key_prefix
+):
+    """While a release call is in flight the next releases queue and go in one call; each
+    caller still learns whether Redis had its own lease."""
+    manager = make_redis_manager(max_per_user=0)
+    leases = [await manager.acquire(f"user{i}") for i in range(64)]
+    gone = leases[10]
+    keys = redis_client.scan_iter(f"{{{key_prefix}}}:*")
+    pools = [key for key in keys if redis_client.type(key) == b"zset"]
+    assert sum(redis_client.zrem(pool, gone.lease_id) for pool in pools) > 0  # behind our back
+    calls_before = manager.stats()["redis_calls"]
+    answers = await asyncio.gather(*(lease.release() for lease in leases))
+    assert answers == [lease is not gone for lease in leases]
+    assert manager.stats()["redis_calls"] - calls_before < len(leases)
+    assert await manager.get_active_count() == 0

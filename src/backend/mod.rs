@@ -296,8 +296,12 @@ impl Backend {
     }
 
     /// Removes the leases of one batch (idempotent) and wakes the line's waiters in every
-    /// process; returns how many leases were still there.
-    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&LineKeys>) -> CoreResult<u64> {
+    /// process; returns whether each lease was still there.
+    pub async fn release(
+        &self,
+        leases: &[Arc<LeaseRecord>],
+        line: Option<&LineKeys>,
+    ) -> CoreResult<Vec<bool>> {
         match self {
             Backend::Memory(m) => Ok(m.release(leases)),
             Backend::Redis(r) => r.release(leases, line).await,

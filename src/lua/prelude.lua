@@ -1,4 +1,5 @@
--- Prelude of every script (src/backend/redis/scripts.rs puts it in front of each one).
+-- Prelude of every script: src/backend/redis/scripts.rs puts it once in front of the function
+-- library of all of them (or in front of each, where a script runs on its own).
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- A holder is one manager in one process. It keeps every lease it holds in a hash tag alive
 -- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
@@ -24,6 +25,12 @@ local IDLE_MS = 3600000
 local REAP_BUDGET = 1000
 local REAP_POOLS = 200
 local reap_left = REAP_BUDGET
+-- In the function library (src/backend/redis/scripts.rs) every script shares this prelude's
+-- state across calls; each call starts here. (A script of its own gets it fresh anyway.)
+local function begin_call()
+  now = nil
+  reap_left = REAP_BUDGET
+end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL = 0, 1, 2, 3, 4, 5
 

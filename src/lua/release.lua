@@ -9,9 +9,10 @@
 -- A pool where the holder has no member left leaves its pool list, and a holder with no pool
 -- left in a tag leaves the tag's holders, so released leases leave no key behind (checked once
 -- per pool and tag of the batch, not per lease).
--- Returns the number of leases that were still present in at least one pool.
+-- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0.
 local holder = holder_name(ARGV[2])
 local released = 0
+local present_each = {}
 -- holders key -> set of the pools touched in its tag, and the members removed there
 local touched = {}
 local removed_in = {}
@@ -36,6 +37,7 @@ while i <= #ARGV do
   if present then
     released = released + 1
   end
+  present_each[#present_each + 1] = present and 1 or 0
   i = i + 4 + k
 end
 for holders, pools in pairs(touched) do
@@ -55,4 +57,4 @@ end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
   wake(ARGV[1], released)
 end
-return released
+return present_each

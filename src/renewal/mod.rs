@@ -5,6 +5,7 @@
 mod handle;
 mod held;
 mod keeper;
+mod release_queue;
 mod revoke;
 mod round;
 mod sweep;
@@ -24,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
+use self::release_queue::ReleaseQueue;
 use crate::backend::{batches, Stores};
 use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
@@ -77,6 +79,8 @@ pub struct Leases {
     owner_pid: AtomicU32,
     /// Releases in flight, so `close()` can wait for them.
     releases: TaskTracker,
+    /// Releases from Redis, those that come while one is in flight sent together.
+    release_queue: Arc<ReleaseQueue>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -117,6 +121,7 @@ impl Leases {
             unremoved: Mutex::new(HashMap::new()),
             owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
+            release_queue: Arc::default(),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -234,12 +239,18 @@ impl Leases {
                 Store::Main => leases.line.as_ref(),
                 Store::Fallback => None,
             };
-            let released = leases
-                .stores
-                .call(record.store, |store| {
-                    store.release(std::slice::from_ref(&record), line)
-                })
-                .await;
+            let released = if embedded {
+                leases
+                    .stores
+                    .call(record.store, |store| {
+                        store.release(std::slice::from_ref(&record), line)
+                    })
+                    .await
+                    .map(|present| present == [true])
+            } else {
+                let queue = Arc::clone(&leases.release_queue);
+                queue.release(&leases.stores, line, Arc::clone(&record)).await
+            };
             match released {
                 Ok(_) => leases.flight_end(&record, true),
                 Err(_) => leases.retry_later([Arc::clone(&record)]),
@@ -249,7 +260,7 @@ impl Leases {
             if let Some(settled) = settled {
                 let _ = settled.await;
             }
-            released.map(|n| n > 0)
+            released
         };
         // The embedded store never waits: done now. Redis: on the runtime, whoever awaits.
         Some(if embedded {
@@ -299,7 +310,7 @@ impl Leases {
                     Ok(_) => batch.iter().for_each(|record| self.flight_end(record, true)),
                     Err(_) => self.retry_later(batch),
                 }
-                released
+                released.map(|present| present.iter().filter(|&&p| p).count() as u64)
             }));
         }
         // Closing a manager that holds 100,000 leases makes a hundred calls.

@@ -169,9 +169,9 @@ impl MemoryBackend {
         self.state().line.leave(waiter_id);
     }
 
-    pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> u64 {
+    pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> Vec<bool> {
         let mut state = self.state();
-        let mut released = 0;
+        let mut released = Vec::with_capacity(leases.len());
         for lease in leases {
             let mut present = false;
             for pool in &lease.pools {
@@ -185,7 +185,7 @@ impl MemoryBackend {
                     }
                 }
             }
-            released += u64::from(present);
+            released.push(present);
         }
         released
     }
@@ -321,8 +321,8 @@ mod tests {
             store.acquire(&held, None, &RateCheck::default()),
             AcquireOutcome::Granted { .. }
         ));
-        assert_eq!(store.release(std::slice::from_ref(&held)), 1);
-        assert_eq!(store.release(&[held]), 0);
+        assert_eq!(store.release(std::slice::from_ref(&held)), [true]);
+        assert_eq!(store.release(&[held]), [false]);
         assert_eq!(store.count("g"), 0);
         assert!(store.state().pools.is_empty());
     }

@@ -11,9 +11,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
+use super::scripts::{Invocation, LIBRARY};
 use crate::backend::CallStats;
 use crate::errors::{CoreError, CoreResult};
 
@@ -105,6 +106,9 @@ pub struct Link {
     /// The URL without its password, for error messages.
     pub target: String,
     timeout: Duration,
+    /// Set once the server turned out to have no functions (Redis 6) or to refuse them to this
+    /// user: the scripts then go as scripts of their own (EVALSHA).
+    scripts_only: AtomicBool,
     /// Script calls made, those that failed, and the time they took.
     calls: AtomicU64,
     failed: AtomicU64,
@@ -118,6 +122,7 @@ impl Link {
             connection: Mutex::new(None),
             target,
             timeout,
+            scripts_only: AtomicBool::new(false),
             calls: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             micros: AtomicU64::new(0),
@@ -179,9 +184,9 @@ impl Link {
             .map(Connection::Standalone)
     }
 
-    /// Runs one script call (EVALSHA, SCRIPT LOAD on NOSCRIPT), connecting first if needed; the
-    /// whole of it is bounded by `redis_timeout`.
-    pub async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+    /// Runs one script call, connecting first if needed; the whole of it is bounded by
+    /// `redis_timeout`.
+    pub async fn run<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         let started = Instant::now();
         let outcome = self.run_bounded(invocation).await;
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -192,13 +197,13 @@ impl Link {
         outcome
     }
 
-    async fn run_bounded<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> CoreResult<T> {
+    async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         // Whether the call may have reached Redis (it may then have run there).
         let sending = AtomicBool::new(false);
         let call = async {
             let mut connection = self.connection().await?;
             sending.store(true, Ordering::Relaxed);
-            invocation.invoke_async(&mut connection).await.map_err(|e| {
+            self.invoke(&mut connection, invocation).await.map_err(|e| {
                 // Behind Sentinel a dead or demoted master means asking the sentinels again.
                 if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
                     self.forget_master();
@@ -216,6 +221,36 @@ impl Link {
             }
             timed_out => timed_out,
         })?
+    }
+
+    /// FCALL of the script's function, loading the library first when the server does not have
+    /// it (a new server, FUNCTION FLUSH, a restart without persistence); EVALSHA where the server
+    /// has no functions or will not let this user load them.
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        connection: &mut Connection,
+        invocation: &Invocation,
+    ) -> RedisResult<T> {
+        if !self.scripts_only.load(Ordering::Relaxed) {
+            match invocation.fcall().query_async(connection).await {
+                Err(e) if is_missing_function(&e) => {
+                    let loaded = redis::cmd("FUNCTION")
+                        .arg("LOAD")
+                        .arg("REPLACE")
+                        .arg(&LIBRARY.code)
+                        .query_async::<Value>(connection)
+                        .await;
+                    match loaded {
+                        Ok(_) => return invocation.fcall().query_async(connection).await,
+                        Err(e) if !is_without_functions(&e) => return Err(e),
+                        Err(_) => self.scripts_only.store(true, Ordering::Relaxed),
+                    }
+                }
+                Err(e) if is_without_functions(&e) => self.scripts_only.store(true, Ordering::Relaxed),
+                done => return done,
+            }
+        }
+        invocation.script().invoke_async(connection).await
     }
 
     fn forget_master(&self) {
@@ -333,4 +368,17 @@ impl Link {
         };
         CoreError::Backend(format!("Redis at {target} answered with an error: {err}{hint}"))
     }
+}
+
+/// The server has not got the library's function (it never had, or lost it).
+fn is_missing_function(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|detail| detail.contains("Function not found"))
+}
+
+/// The server has no functions (Redis 6: unknown command) or this user may not use them.
+fn is_without_functions(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.detail()
+            .is_some_and(|d| d.contains("unknown command") || d.contains("unknown subcommand"))
 }

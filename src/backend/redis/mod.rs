@@ -11,9 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation};
-
 use self::connection::Link;
+use self::scripts::{Invocation, LuaScript};
 pub use self::url::redact;
 use super::{AcquireOutcome, InLine, Placed};
 use crate::errors::{CoreError, CoreResult, Rejection};
@@ -166,7 +165,11 @@ impl RedisBackend {
         self.link.run::<u64>(&invocation).await.map(drop)
     }
 
-    pub async fn release(&self, leases: &[Arc<LeaseRecord>], line: Option<&LineKeys>) -> CoreResult<u64> {
+    pub async fn release(
+        &self,
+        leases: &[Arc<LeaseRecord>],
+        line: Option<&LineKeys>,
+    ) -> CoreResult<Vec<bool>> {
         // A cluster's batch is of one slot: the line joins it only when it shares that slot
         // (without a global pool, users' own tags have no line).
         let line = line.filter(|line| {
@@ -182,7 +185,11 @@ impl RedisBackend {
             };
             invocation.arg(self.holder);
         });
-        self.link.run(&invocation).await
+        let present: Vec<u64> = self.link.run(&invocation).await?;
+        if present.len() != leases.len() {
+            return Err(unexpected_reply("release", &present));
+        }
+        Ok(present.into_iter().map(|flag| flag == 1).collect())
     }
 
     /// Calls `woken` for every wake-up published on the line's channel, until the subscription
@@ -336,7 +343,7 @@ impl RedisBackend {
 
 /// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost, and
 /// whether it is a budget (whose counter keeps an epoch for refunds).
-fn rate_args(invocation: &mut ScriptInvocation<'_>, policies: &[RatePolicy], costs: &[u64]) {
+fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
     for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
@@ -362,7 +369,7 @@ fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
 struct KeyIndex<'k>(HashMap<&'k str, usize>);
 
 impl<'k> KeyIndex<'k> {
-    fn index(&mut self, invocation: &mut ScriptInvocation<'_>, key: &'k str) -> usize {
+    fn index(&mut self, invocation: &mut Invocation, key: &'k str) -> usize {
         let next = self.0.len() + 1;
         *self.0.entry(key).or_insert_with(|| {
             invocation.key(key);
@@ -373,7 +380,7 @@ impl<'k> KeyIndex<'k> {
 
 /// The line's keys in the order every script takes them: the line, then the liveness of the
 /// processes with waiters.
-fn line_keys(invocation: &mut ScriptInvocation<'_>, line: &LineKeys) {
+fn line_keys(invocation: &mut Invocation, line: &LineKeys) {
     invocation.key(&line.line).key(&line.alive);
 }
 
@@ -381,12 +388,12 @@ fn line_keys(invocation: &mut ScriptInvocation<'_>, line: &LineKeys) {
 /// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id,
 /// weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each followed by the
 /// pool's capacity, `with_capacity`).
-fn batch_invocation<'a>(
-    script: &'a Script,
+fn batch_invocation(
+    script: &'static LuaScript,
     leases: &[Arc<LeaseRecord>],
     with_capacity: bool,
-    lead: impl FnOnce(&mut ScriptInvocation<'a>),
-) -> ScriptInvocation<'a> {
+    lead: impl FnOnce(&mut Invocation),
+) -> Invocation {
     let mut invocation = script.prepare_invoke();
     let mut key_index = KeyIndex::default();
     let keys = leases

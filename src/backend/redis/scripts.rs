@@ -1,34 +1,162 @@
-//! The Lua scripts, each built once with the prelude in front (`lua/prelude.lua`): redis-rs
-//! calls them by EVALSHA and reloads on NOSCRIPT (after SCRIPT FLUSH, a restart or a failover
-//! the server's script cache is empty).
+//! The Lua scripts (`src/lua/`), each with the prelude (`lua/prelude.lua`) in front, and how
+//! they are called: as the functions of one library (FCALL; Redis 7 and Valkey), whose code,
+//! the prelude's 40-odd helpers included, is loaded once per server instead of being rebuilt on
+//! every call (that rebuild was about half of a script call's time), or, where the server has no
+//! functions (Redis 6) or the user may not load them, each as a script of its own (EVALSHA).
+//! Either is reloaded when the server lost it (FUNCTION FLUSH or SCRIPT FLUSH, a restart, a
+//! failover); see `connection.rs`.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Script, ToRedisArgs};
 
-macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/prelude.lua"),
-                include_str!(concat!("../../lua/", $file))
-            ))
-        })
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+
+/// A script: its function's name in the library, and the same code as a script of its own.
+pub struct LuaScript {
+    pub function: String,
+    pub script: Script,
+}
+
+/// The function library of every script: its name carries a hash of its code, so that
+/// processes running two versions of this package side by side (a rolling deploy) each call
+/// their own.
+pub struct Library {
+    pub code: String,
+}
+
+/// Every script by name, with its code.
+const SOURCES: [(&str, &str); 15] = [
+    ("acquire", include_str!("../../lua/acquire.lua")),
+    ("keepalive", include_str!("../../lua/keepalive.lua")),
+    ("reclaim", include_str!("../../lua/reclaim.lua")),
+    ("count", include_str!("../../lua/count.lua")),
+    ("release", include_str!("../../lua/release.lua")),
+    ("leave", include_str!("../../lua/leave.lua")),
+    ("heartbeat", include_str!("../../lua/heartbeat.lua")),
+    ("strays", include_str!("../../lua/strays.lua")),
+    ("prune", include_str!("../../lua/prune.lua")),
+    ("hit", include_str!("../../lua/hit.lua")),
+    ("forget", include_str!("../../lua/forget.lua")),
+    ("topup", include_str!("../../lua/topup.lua")),
+    ("settle", include_str!("../../lua/settle.lua")),
+    ("revoke", include_str!("../../lua/revoke.lua")),
+    ("revoked", include_str!("../../lua/revoked.lua")),
+];
+
+/// The library's name: `fastapi_stream_lease_` and the first 12 hex digits of the SHA-1 of
+/// the scripts' code.
+static LIBRARY_NAME: LazyLock<String> = LazyLock::new(|| {
+    let all: String = SOURCES.iter().map(|(_, code)| *code).collect();
+    let hash = Script::new(&format!("{PRELUDE}{all}")).get_hash().to_owned();
+    format!("fastapi_stream_lease_{}", &hash[..12])
+});
+
+/// The library: the prelude once, then each script as a function whose arguments are named as a
+/// script's globals (KEYS, ARGV), starting from the prelude's per-call state.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let name = &*LIBRARY_NAME;
+    let mut code = format!("#!lua name={name}\n{PRELUDE}\n");
+    for (script, body) in SOURCES {
+        code.push_str(&format!(
+            "redis.register_function('{name}_{script}', function(KEYS, ARGV)\nbegin_call()\n{body}\nend)\n"
+        ));
+    }
+    Library { code }
+});
+
+fn script(name: &str) -> LuaScript {
+    let (_, body) = SOURCES
+        .iter()
+        .find(|(script, _)| *script == name)
+        .expect("a script of SOURCES");
+    LuaScript {
+        function: format!("{}_{name}", *LIBRARY_NAME),
+        script: Script::new(&format!("{PRELUDE}{body}")),
+    }
+}
+
+macro_rules! scripts {
+    ($($name:ident = $file:literal;)*) => {
+        $(pub static $name: LazyLock<LuaScript> = LazyLock::new(|| script($file));)*
     };
 }
 
-pub static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
-pub static KEEPALIVE: LazyLock<Script> = script!("keepalive.lua");
-pub static RECLAIM: LazyLock<Script> = script!("reclaim.lua");
-pub static COUNT: LazyLock<Script> = script!("count.lua");
-pub static RELEASE: LazyLock<Script> = script!("release.lua");
-pub static LEAVE: LazyLock<Script> = script!("leave.lua");
-pub static HEARTBEAT: LazyLock<Script> = script!("heartbeat.lua");
-pub static STRAYS: LazyLock<Script> = script!("strays.lua");
-pub static PRUNE: LazyLock<Script> = script!("prune.lua");
-pub static HIT: LazyLock<Script> = script!("hit.lua");
-pub static FORGET: LazyLock<Script> = script!("forget.lua");
-pub static TOP_UP: LazyLock<Script> = script!("topup.lua");
-pub static SETTLE: LazyLock<Script> = script!("settle.lua");
-pub static REVOKE: LazyLock<Script> = script!("revoke.lua");
-pub static REVOKED: LazyLock<Script> = script!("revoked.lua");
+scripts! {
+    ACQUIRE = "acquire";
+    KEEPALIVE = "keepalive";
+    RECLAIM = "reclaim";
+    COUNT = "count";
+    RELEASE = "release";
+    LEAVE = "leave";
+    HEARTBEAT = "heartbeat";
+    STRAYS = "strays";
+    PRUNE = "prune";
+    HIT = "hit";
+    FORGET = "forget";
+    TOP_UP = "topup";
+    SETTLE = "settle";
+    REVOKE = "revoke";
+    REVOKED = "revoked";
+}
+
+impl LuaScript {
+    pub fn prepare_invoke(&'static self) -> Invocation {
+        Invocation {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a script: its keys and arguments, sent as FCALL or EVALSHA.
+pub struct Invocation {
+    pub script: &'static LuaScript,
+    pub keys: Vec<Vec<u8>>,
+    pub args: Vec<Vec<u8>>,
+}
+
+impl Invocation {
+    pub fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// The call as FCALL of the script's function in the library.
+    pub fn fcall(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.script.function)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// The call as a script of its own (EVALSHA, and SCRIPT LOAD on NOSCRIPT).
+    pub fn script(&self) -> redis::ScriptInvocation<'static> {
+        let mut invocation = self.script.script.prepare_invoke();
+        invocation.key(&self.keys).arg(&self.args);
+        invocation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_names_every_script_and_its_version() {
+        let library = &LIBRARY.code;
+        assert!(library.starts_with(&format!("#!lua name={}\n", *LIBRARY_NAME)));
+        for (name, _) in SOURCES {
+            assert!(library.contains(&format!("'{}_{name}'", *LIBRARY_NAME)), "{name}");
+        }
+        assert_eq!(ACQUIRE.function, format!("{}_acquire", *LIBRARY_NAME));
+    }
+}
