@@ -175,7 +175,7 @@ class RedisPyLeases:
 
     async def acquire(self, user_id: str) -> tuple[str, str]:
         lease = (self.user_key(user_id), uuid.uuid4().hex)
-        reply = await self._acquire.send(self._client, *lease)
+        (reply,) = await self._acquire.send(self._client, *lease)  # a batch of one
         if reply[0] != 1:
             raise RuntimeError(f"acquire.lua refused a lease in unlimited pools: {reply!r}")
         return lease

@@ -105,7 +105,8 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
         # no waiter, no line, no own pool, 1 pool of capacity 1, no rate policy (cost 1)
         # priority 0, fair order, no waiting for one's own quota, capacity 1, no max_waiting
         args = [lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 0, "fair", 0, 1, 0]
-        reply = await acquire(keys=keys, args=args)
+        # as the core sends a lone acquire: a batch of one request
+        (reply,) = await acquire(keys=keys, args=[1, len(keys), len(args), *args])
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:

@@ -22,6 +22,7 @@ mod breaker;
 mod config;
 mod errors;
 mod fifo;
+mod group_commit;
 mod rate;
 mod runtime;
 mod sync;

@@ -194,14 +194,63 @@ async def test_a_walk_removes_a_bounded_number_of_unknown_members_per_call(make_
     assert len([n for n in removed_per_call if n]) >= 3
 
 
+LUA = Path(__file__).resolve().parent.parent / "src" / "lua"
+
+
+def core_script(redis_client, name: str):
+    """One of the core's scripts as a script of its own (scripts.rs: the prelude in front)."""
+    return redis_client.register_script(
+        (LUA / "prelude.lua").read_text() + (LUA / f"{name}.lua").read_text()
+    )
+
+
+def batched_acquire(redis_client):
+    """acquire.lua deciding a batch: called with [(keys, args), ...], answers each in order."""
+    script = core_script(redis_client, "acquire")
+
+    def decide(requests):
+        counts = [count for keys, args in requests for count in (len(keys), len(args))]
+        return script(
+            keys=[key for keys, _ in requests for key in keys],
+            args=[len(requests), *counts, *(arg for _, args in requests for arg in args)],
+        )
+
+    return decide
+
+
+def one_acquire(redis_client):
+    """acquire.lua called with one request, as the core sends a lone acquire."""
+    decide = batched_acquire(redis_client)
+    return lambda keys, args: decide([(keys, args)])[0]
+
+
+def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(redis_client,
+                                                                            key_prefix):
+    decide = batched_acquire(redis_client)
+    pool, tag = global_pool(key_prefix), holders(key_prefix)
+    wrong = f"{{{key_prefix}}}:wrong"
+    redis_client.set(wrong, "a string, not a pool")
+
+    def request(lease: str, *pools: str):
+        # lease, ttl, weight, no waiter, no line, own pools 0, holder, n pools, priority 0,
+        # fair order, no waiting for one's own quota, each of capacity 1, no max_waiting
+        args = [lease, 30_000, 1, "", 0, 0, "", 0, 777, len(pools), 0, "fair", 0]
+        return ([*pools, tag], [*args, *[1] * len(pools), *[0] * len(pools)])
+
+    replies = decide([request("first", pool), request("broken", wrong), request("second", pool)])
+    assert replies[0] == [1, 0, 1], "granted; the holder was new"
+    assert replies[1][0] == 6 and b"WRONGTYPE" in replies[1][1], "its own error, alone"
+    assert replies[2] == [0, 1, 1, 30_000], "refused: the first took the only slot"
+    assert redis_client.zrange(pool, 0, -1) == [b"first"]
+    assert redis_client.get(f"{tag}:777:members") == b"1", "counted once for the batch"
+    redis_client.delete(pool, wrong, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
+
+
 def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):
     # The script as src/backend/redis/scripts.rs builds it, run twice with the same lease id
     # (what a client does when it resends a call whose reply was lost), against a pool of
     # capacity 1.
-    lua = Path(__file__).resolve().parent.parent / "src" / "lua"
-    acquire = redis_client.register_script(
-        (lua / "prelude.lua").read_text() + (lua / "acquire.lua").read_text()
-    )
+    acquire = one_acquire(redis_client)
     keys = [global_pool(key_prefix), holders(key_prefix)]
     # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
     # order, no waiting for one's own quota, of capacity 1, no max_waiting, no rate policy
@@ -216,14 +265,8 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
     # The scripts as src/backend/redis/scripts.rs builds them, called in the order of the race
     # the protocol model found: the prune's list is asked for, an acquire sent after the ids to
     # keep were taken is run by Redis, then the removal runs (and runs again, late).
-    lua = Path(__file__).resolve().parent.parent / "src" / "lua"
-
-    def script(name: str):
-        return redis_client.register_script(
-            (lua / "prelude.lua").read_text() + (lua / name).read_text()
-        )
-
-    acquire, strays, prune = script("acquire.lua"), script("strays.lua"), script("prune.lua")
+    acquire = one_acquire(redis_client)
+    strays, prune = core_script(redis_client, "strays"), core_script(redis_client, "prune")
     pool, tag = global_pool(key_prefix), holders(key_prefix)
     members = f"{tag}:777:members"
 

@@ -8,7 +8,12 @@
 -- user's previous waiter, whichever is later: round robin by user, first come first served
 -- within a user); in arrival order the turn is the ticket. Equal places go by waiter id, which
 -- the process makes in time order.
+-- One call decides a batch of such requests, of one holder in one hash slot, one after the other
+-- in their order, as as many calls would (the end of this file: how they are packed). What a
+-- batch needs once is done once: the clock and the reaper, the holder's entry, its count of
+-- members, its index of pools, the dead waiters dropped.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
+-- Each request's KEYS and ARGV:
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
@@ -43,20 +48,12 @@
 -- those would take at the line's recent service rate, or a lease duration before it has one);
 -- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
-local id = ARGV[1]
-local ttl = tonumber(ARGV[2])
-local weight = tonumber(ARGV[3])
-local waiter = ARGV[4]
-local queued = ARGV[6] == '1'
-local pools = tonumber(ARGV[10])
-local holders = KEYS[pools + 1]
-local own = tonumber(ARGV[8])
-local holder = holder_name(ARGV[9])
-local line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
-local first_rate = pools + (queued and 5 or 2)
-local priority = tonumber(ARGV[11])
-local fair = ARGV[12] == 'fair'
-local own_waits = ARGV[13] == '1'
+local BATCH_KEYS, BATCH_ARGV = KEYS, ARGV
+-- The request being decided: its slices of the call's KEYS and ARGV, and what they say (see
+-- load_request).
+local KEYS, ARGV
+local id, ttl, weight, waiter, queued, pools, holders, own, holder, line, alive, tickets
+local first_rate, priority, fair, own_waits, user
 local CAPS = 13 -- ARGV[CAPS + i]: capacity of KEYS[i]; ARGV[CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
@@ -64,8 +61,31 @@ local TURNS = 2 ^ 48
 local function integer(n)
   return string.format('%d', n)
 end
--- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
-local user = own > 0 and KEYS[1] or waiter
+
+local function load_request(keys, args)
+  KEYS, ARGV = keys, args
+  id = ARGV[1]
+  ttl = tonumber(ARGV[2])
+  weight = tonumber(ARGV[3])
+  waiter = ARGV[4]
+  queued = ARGV[6] == '1'
+  pools = tonumber(ARGV[10])
+  holders = KEYS[pools + 1]
+  own = tonumber(ARGV[8])
+  holder = holder_name(ARGV[9])
+  line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
+  first_rate = pools + (queued and 5 or 2)
+  priority = tonumber(ARGV[11])
+  fair = ARGV[12] == 'fair'
+  own_waits = ARGV[13] == '1'
+  -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
+  user = own > 0 and KEYS[1] or waiter
+end
+
+-- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
+-- was live before; the first grant's ZADD serves the others, same clock and lease), the members
+-- it was granted (counted once, at the end), the pools in its index, the dead waiters dropped.
+local batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
@@ -125,8 +145,12 @@ local function place_in(pool, ticket)
   return (9 - priority) * TURNS + turn
 end
 
--- The waiters of processes that stopped keeping them alive leave the line.
+-- The waiters of processes that stopped keeping them alive leave the line (once per batch).
 local function drop_dead_waiters()
+  if batch.waiters_dropped then
+    return
+  end
+  batch.waiters_dropped = true
   for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
     local theirs = alive .. ':' .. process
     forget_waiters(line, redis.call('SMEMBERS', theirs))
@@ -313,74 +337,108 @@ end
 -- Adds the lease's members to every pool for this holder, and takes the start from every rate
 -- policy.
 local function grant(used, rates)
-  local was_alive = hold(holders, holder, ttl)
-  local granted = {GRANTED, was_alive and 1 or 0}
+  local first = batch.holder_was_alive == nil
+  if first then
+    batch.holder_was_alive = hold(holders, holder, ttl)
+  end
+  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0}
   for i = 1, pools do
-    add_members(KEYS[i], holders, holder, id, weight, used[i] == 0)
+    add_members(KEYS[i], holders, holder, id, weight, used[i] == 0, batch.indexed)
     granted[i + 2] = used[i] + weight
   end
-  count_members(holders, holder, weight * pools)
-  if not was_alive then
-    refresh(holders, holder) -- its keys may be new
-  end
+  batch.granted_members = batch.granted_members + weight * pools
   answer_rates(granted, rates, true)
   return granted
 end
 
-read_clock()
-steady_clock(holders, ttl)
-reap(holders)
--- A waiter checks first: a resent call must not put it back in line.
-if waiter ~= '' then
-  local granted = already_granted()
-  if granted then
-    return granted
-  end
-end
 
--- A banned user: refused before anything else is looked at or taken.
-if own > 0 then
-  local ban = redis.call('PTTL', KEYS[1] .. ':ban')
-  if ban > 0 then
-    return refuse({BANNED, ban})
-  end
-end
-
--- Over a rate limit: refused before taking a place in line or a slot.
-local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 1)
-if rate_refused > 0 then
-  local refused = {RATE_LIMITED, rate_refused, rate_retry}
-  answer_rates(refused, rates, false)
-  return refuse(refused)
-end
-
-local ticket, lined = 0, lined_pools()
-if queued then
-  drop_dead_waiters()
+-- Decides the request loaded.
+local function decide()
+  -- A waiter checks first: a resent call must not put it back in line.
   if waiter ~= '' then
-    local full = line_full(lined)
-    if full then
-      return full
+    local granted = already_granted()
+    if granted then
+      return granted
     end
-    ticket = enter_line(lined)
   end
+
+  -- A banned user: refused before anything else is looked at or taken.
+  if own > 0 then
+    local ban = redis.call('PTTL', KEYS[1] .. ':ban')
+    if ban > 0 then
+      return refuse({BANNED, ban})
+    end
+  end
+
+  -- Over a rate limit: refused before taking a place in line or a slot.
+  local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 1)
+  if rate_refused > 0 then
+    local refused = {RATE_LIMITED, rate_refused, rate_retry}
+    answer_rates(refused, rates, false)
+    return refuse(refused)
+  end
+
+  local ticket, lined = 0, lined_pools()
+  if queued then
+    drop_dead_waiters()
+    if waiter ~= '' then
+      local full = line_full(lined)
+      if full then
+        return full
+      end
+      ticket = enter_line(lined)
+    end
+  end
+
+  local used, instead, passing = check_pools(ticket, lined)
+  if instead then
+    return instead
+  end
+
+  local granted = grant(used, rates)
+  for _, passed in ipairs(passing) do
+    redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
+    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(ARGV[5])) * 2)
+  end
+  if queued and waiter ~= '' then
+    served(lined)
+    leave_line()
+    if redis.call('ZCARD', line) > 0 then
+      wake(ARGV[7], 0)
+    end
+  end
+  return granted
 end
 
-local used, instead, passing = check_pools(ticket, lined)
-if instead then
-  return instead
-end
-
-local granted = grant(used, rates)
-for _, passed in ipairs(passing) do
-  redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
-  redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(ARGV[5])) * 2)
-end
-if queued and waiter ~= '' then
-  served(lined)
-  leave_line()
-  if redis.call('ZCARD', line) > 0 then
-    wake(ARGV[7], 0)
+-- The call: BATCH_ARGV[1] = m, the number of requests; BATCH_ARGV[2r] and BATCH_ARGV[2r + 1]:
+-- how many keys and arguments request r has; then the requests' arguments, in order; BATCH_KEYS:
+-- their keys, in order. Returns each request's reply, in order; a request whose decision failed
+-- (a key of another type, say) gets {FAILED, error message}, and the others are decided all the
+-- same.
+read_clock()
+local requests = tonumber(BATCH_ARGV[1])
+local replies = {}
+local next_key, next_arg = 1, 2 * requests + 2
+for r = 1, requests do
+  local key_count, arg_count = tonumber(BATCH_ARGV[2 * r]), tonumber(BATCH_ARGV[2 * r + 1])
+  load_request({unpack(BATCH_KEYS, next_key, next_key + key_count - 1)},
+    {unpack(BATCH_ARGV, next_arg, next_arg + arg_count - 1)})
+  next_key, next_arg = next_key + key_count, next_arg + arg_count
+  if r == 1 then
+    steady_clock(holders, ttl)
+    reap(holders)
+  end
+  local decided, reply = pcall(decide)
+  if decided then
+    replies[r] = reply
+  else -- a command's error is {err = ...}; as an error reply, it would fail the whole call
+    replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
   end
 end
-return granted
+if requests > 0 then
+  count_members(holders, holder, batch.granted_members)
+  if batch.holder_was_alive == false then
+    refresh(holders, holder) -- its keys may be new
+  end
+end
+return replies

@@ -32,7 +32,7 @@ local function begin_call()
   reap_left = REAP_BUDGET
 end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
-local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL = 0, 1, 2, 3, 4, 5
+local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL, FAILED = 0, 1, 2, 3, 4, 5, 6
 
 -- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
 -- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would
@@ -246,7 +246,7 @@ end
 -- Adds a lease's members to a pool for a holder (the caller counts them, once per lease: see
 -- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
 -- pools).
-local function add_members(pool, holders, holder, id, weight, new_pool)
+local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
   local args = {}
   for _, member in ipairs(members(id, weight)) do
     args[#args + 1] = holder
@@ -256,7 +256,13 @@ local function add_members(pool, holders, holder, id, weight, new_pool)
   if new_pool then
     redis.call('PEXPIRE', pool, IDLE_MS)
   end
-  redis.call('SADD', holders .. ':' .. holder, pool)
+  -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile).
+  if not (indexed and indexed[pool]) then
+    redis.call('SADD', holders .. ':' .. holder, pool)
+    if indexed then
+      indexed[pool] = true
+    end
+  end
 end
 
 -- Removes a lease's members from a pool; returns how many were there (the caller counts them

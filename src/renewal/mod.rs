@@ -25,10 +25,11 @@ use tokio_util::task::TaskTracker;
 
 pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
-use self::release_queue::ReleaseQueue;
+use self::release_queue::ReleaseCalls;
 use crate::backend::{batches, Stores};
 use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
+use crate::group_commit::GroupCommit;
 use crate::keys::LineKeys;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::runtime;
@@ -80,7 +81,7 @@ pub struct Leases {
     /// Releases in flight, so `close()` can wait for them.
     releases: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
-    release_queue: Arc<ReleaseQueue>,
+    release_calls: Arc<GroupCommit<ReleaseCalls>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -110,6 +111,10 @@ impl Leases {
         period: Duration,
         redis_timeout: Duration,
     ) -> Self {
+        let release_calls = Arc::new(GroupCommit::new(ReleaseCalls {
+            stores: Arc::clone(&stores),
+            line: line.clone(),
+        }));
         Leases {
             stores,
             budgets,
@@ -121,7 +126,7 @@ impl Leases {
             unremoved: Mutex::new(HashMap::new()),
             owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
-            release_queue: Arc::default(),
+            release_calls,
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -248,8 +253,7 @@ impl Leases {
                     .await
                     .map(|present| present == [true])
             } else {
-                let queue = Arc::clone(&leases.release_queue);
-                queue.release(&leases.stores, line, Arc::clone(&record)).await
+                leases.release_calls.submit(Arc::clone(&record)).await
             };
             match released {
                 Ok(_) => leases.flight_end(&record, true),

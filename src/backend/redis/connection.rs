@@ -310,7 +310,7 @@ impl Link {
     }
 
     /// Maps a redis-rs error to what the user can act on.
-    fn error(&self, err: &redis::RedisError) -> CoreError {
+    pub fn error(&self, err: &redis::RedisError) -> CoreError {
         let target = &self.target;
         if err.is_timeout() {
             return CoreError::Unavailable(format!(

@@ -16,9 +16,11 @@ use self::scripts::{Invocation, LuaScript};
 pub use self::url::redact;
 use super::{AcquireOutcome, InLine, Placed};
 use crate::errors::{CoreError, CoreResult, Rejection};
+use crate::group_commit::{Batches, GroupCommit};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
 use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp, Unit};
+use redis::{FromRedisValue, Value};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 const HOLDER_IDS: u64 = 1 << 48;
@@ -30,9 +32,16 @@ const WAIT: u64 = 2;
 const RATE_LIMITED: u64 = 3;
 const BANNED: u64 = 4;
 const LINE_FULL: u64 = 5;
+/// One request's decision failed (in a batch: the others were decided).
+const FAILED: i64 = 6;
+
+/// Acquires one acquire.lua call decides at most: bounds how long one call blocks Redis.
+const ACQUIRES_PER_CALL: usize = 64;
 
 pub struct RedisBackend {
-    link: Link,
+    link: Arc<Link>,
+    /// Acquires that come while one is in flight go together, decided in order by one call.
+    acquires: Arc<GroupCommit<AcquireCalls>>,
     /// This manager's holder id: it scores its leases in every pool and keeps them alive with
     /// one entry per hash tag (see `docs/design.md`).
     holder: u64,
@@ -42,8 +51,12 @@ pub struct RedisBackend {
 
 impl RedisBackend {
     pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
+        let link = Arc::new(url::open(url, timeout, ca_pem)?);
         Ok(RedisBackend {
-            link: url::open(url, timeout, ca_pem)?,
+            acquires: Arc::new(GroupCommit::new(AcquireCalls {
+                link: Arc::clone(&link),
+            })),
+            link,
             holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
                 % (HOLDER_IDS - 1),
             cursors: Mutex::new(HashMap::new()),
@@ -102,7 +115,12 @@ impl RedisBackend {
         }
         invocation.key(&rates.keys);
         rate_args(&mut invocation, &rates.policies, &rates.costs);
-        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let request = OneAcquire {
+            tag: keys::hash_tag(&lease.holders).to_owned(),
+            keys: invocation.keys,
+            args: invocation.args,
+        };
+        let reply = self.acquires.submit(request).await?;
         let n = pools.len();
         match reply.as_slice() {
             [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 4 * rates.policies.len() => {
@@ -338,6 +356,72 @@ impl RedisBackend {
             return Err(unexpected_reply("count", &counts));
         }
         Ok(counts)
+    }
+}
+
+/// One acquire's keys and arguments for acquire.lua, and the hash tag they are in.
+struct OneAcquire {
+    tag: String,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+/// Sends acquires in batches: acquire.lua takes, after the count of requests, each one's count
+/// of keys and of arguments, then all of their arguments and keys in order, and answers each.
+struct AcquireCalls {
+    link: Arc<Link>,
+}
+
+impl Batches for AcquireCalls {
+    type Request = OneAcquire;
+    /// The request's reply, as acquire.lua gives it.
+    type Answer = Vec<u64>;
+
+    fn together(&self, first: &OneAcquire, other: &OneAcquire) -> bool {
+        first.tag == other.tag
+    }
+
+    async fn send(&self, requests: Vec<OneAcquire>) -> Vec<CoreResult<Vec<u64>>> {
+        let mut answers = Vec::with_capacity(requests.len());
+        for batch in requests.chunks(ACQUIRES_PER_CALL) {
+            let mut invocation = scripts::ACQUIRE.prepare_invoke();
+            invocation.arg(batch.len());
+            for request in batch {
+                invocation.arg(request.keys.len()).arg(request.args.len());
+            }
+            for request in batch {
+                invocation.key(&request.keys).arg(&request.args);
+            }
+            match self.link.run::<Vec<Value>>(&invocation).await {
+                Ok(replies) if replies.len() == batch.len() => {
+                    answers.extend(replies.into_iter().map(|reply| self.answer(reply)));
+                }
+                Ok(replies) => {
+                    answers.extend(batch.iter().map(|_| Err(unexpected_reply("acquire", &replies))))
+                }
+                Err(error) => answers.extend(batch.iter().map(|_| Err(error.clone()))),
+            }
+        }
+        answers
+    }
+}
+
+impl AcquireCalls {
+    /// One request's numbers, or the error its decision met (as Redis would have answered it
+    /// for a call of its own).
+    fn answer(&self, reply: Value) -> CoreResult<Vec<u64>> {
+        if let Value::Array(items) = &reply {
+            if let [Value::Int(FAILED), message] = items.as_slice() {
+                let message = String::from_redis_value_ref(message).unwrap_or_default();
+                return Err(
+                    match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
+                        Ok(Value::ServerError(error)) => self.link.error(&error.into()),
+                        _ => CoreError::Backend(format!("Redis answered with an error: {message}")),
+                    },
+                );
+            }
+        }
+        Vec::<u64>::from_redis_value_ref(&reply).map_err(|_| unexpected_reply("acquire", &reply))
     }
 }
 
