@@ -63,6 +63,7 @@ from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager
 from common import (
     BENCH_DIR,
     PEER,
+    PEER_DEFAULT_POOL,
     PEER_PYTHON,
     PROJECT,
     REDIS_PY_POOL_SIZE,
@@ -195,9 +196,9 @@ class PeerRuns:
         self.hello = hello
 
     @classmethod
-    async def start(cls, url: str) -> PeerRuns:
+    async def start(cls, url: str, default_pool: bool) -> PeerRuns:
         argv = [str(PEER_PYTHON), str(BENCH_DIR / "peer.py"), "cycles", "--url", url]
-        child = await Child.start(argv, PEER)
+        child = await Child.start(argv + ["--default-pool"] * default_pool, PEER)
         return cls(child, await child.receive())
 
     async def run(
@@ -240,7 +241,8 @@ async def compare(
     config = LeaseConfig(max_per_user=0, max_global=0, key_prefix=KEY_PREFIX)
     manager = StreamLeaseManager(url=url, config=config)
     client = redis_py_client(url)
-    peer = await PeerRuns.start(url)
+    peer = await PeerRuns.start(url, default_pool=False)
+    peer_as_users = await PeerRuns.start(url, default_pool=True)
     try:
         server_version = str((await client.info("server"))["redis_version"])
         captured = await capture_core_calls(url, manager)
@@ -267,6 +269,7 @@ async def compare(
             local(project_impl, project_left),
             local(redis_py_impl, redis_py.left_in_global_pool),
             lambda coroutines, repeat: peer.run(coroutines, repeat, warmup_s, window_s),
+            lambda coroutines, repeat: peer_as_users.run(coroutines, repeat, warmup_s, window_s),
         ]
         runs: list[RunResult] = []
         for coroutines in levels:
@@ -285,6 +288,7 @@ async def compare(
         return runs, server_version, peer.hello
     finally:
         await peer.stop()
+        await peer_as_users.stop()
         await manager.aclose()
         await client.aclose()
 
@@ -312,7 +316,7 @@ def summarize(runs: Sequence[RunResult]) -> list[Summary]:
             p50_ms=p50,
             p99_ms=p99,
             ratio_vs_redis_py=rate / medians[(coroutines, REDIS_PY)][1],
-            ratio_vs_peer=rate / medians[(coroutines, PEER)][1],
+            ratio_vs_peer=rate / medians[(coroutines, PEER_DEFAULT_POOL)][1],
             redis_us_per_cycle=redis_us,
         )
         for (coroutines, impl), (count, rate, p50, p99, redis_us) in medians.items()

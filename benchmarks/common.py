@@ -38,6 +38,10 @@ sys.path.insert(1, str(BENCH_DIR.parent / "tests"))
 RESULTS_DIR = BENCH_DIR / "results"
 PEER_PYTHON = BENCH_DIR / ".venv-peer" / "bin" / "python"
 PEER = "peer fastapi-stream-lease 0.6.3"
+# The peer as its README builds it: redis.asyncio.from_url(url), redis-py's default pool (a
+# connection per concurrent call, no limit); PEER itself gets the blocking pool of 64 that the
+# redis-py baseline has.
+PEER_DEFAULT_POOL = f"{PEER}, default pool"
 PROJECT = "fastapi_stream_lease"
 # Every redis-py client here (the same-scripts baseline and the peer's) has this many
 # connections; a caller beyond it waits for a free one instead of failing.

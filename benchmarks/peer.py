@@ -39,6 +39,7 @@ from fastapi_stream_lease import LeaseConfig, StreamLease, StreamLeaseLost, Stre
 
 from common import (
     PEER,
+    PEER_DEFAULT_POOL,
     REDIS_PY_POOL_SIZE,
     Implementation,
     redis_py_client,
@@ -51,14 +52,19 @@ from common import (
 UNLIMITED_BUT_COUNTED = 10**9
 
 
-def peer_manager(url: str, key_prefix: str, lease_seconds: float) -> StreamLeaseManager:
+def peer_manager(
+    url: str, key_prefix: str, lease_seconds: float, default_pool: bool = False
+) -> StreamLeaseManager:
+    """The peer's manager; ``default_pool``: its client as the peer's README builds it
+    (``redis.asyncio.from_url``), else the baseline's blocking pool of 64 connections."""
     config = LeaseConfig(
         lease_seconds=lease_seconds,
         max_per_user=0,
         max_global=UNLIMITED_BUT_COUNTED,
         key_prefix=key_prefix,
     )
-    return StreamLeaseManager(redis=redis_py_client(url), config=config)
+    client = redis.asyncio.from_url(url) if default_pool else redis_py_client(url)
+    return StreamLeaseManager(redis=client, config=config)
 
 
 async def release(lease: StreamLease) -> bool:
@@ -66,9 +72,10 @@ async def release(lease: StreamLease) -> bool:
     return True
 
 
-async def cycles(url: str) -> None:
-    manager = peer_manager(url, "bench-peer", 30.0)
-    impl: Implementation[StreamLease] = Implementation(PEER, manager.acquire, release)
+async def cycles(url: str, default_pool: bool) -> None:
+    manager = peer_manager(url, "bench-peer", 30.0, default_pool)
+    name = PEER_DEFAULT_POOL if default_pool else PEER
+    impl: Implementation[StreamLease] = Implementation(name, manager.acquire, release)
     reply(
         {
             "kind": "hello",
@@ -152,9 +159,12 @@ def main() -> None:
     parser.add_argument("--lease-seconds", type=float, default=2.0, help="hold: lease duration")
     parser.add_argument("--key-prefix", default="hold-peer", help="hold: Redis key prefix")
     parser.add_argument("--acquire-concurrency", type=int, default=REDIS_PY_POOL_SIZE)
+    parser.add_argument(
+        "--default-pool", action="store_true", help="cycles: redis-py's default pool, as users"
+    )
     args = parser.parse_args()
     if args.mode == "cycles":
-        asyncio.run(cycles(args.url))
+        asyncio.run(cycles(args.url, args.default_pool))
     else:
         # One ERROR line per lost lease would bury the table; the losses are counted instead.
         logging.getLogger("fastapi_stream_lease").setLevel(logging.CRITICAL)

@@ -66,7 +66,9 @@ impl<B: Batches> GroupCommit<B> {
             !std::mem::replace(&mut queue.sending, true)
         };
         if first {
-            self.send_next().await;
+            // Boxed: the acquire future that awaits this would otherwise nest the whole call's
+            // state, deeper than the compiler lays out in a release build.
+            Box::pin(self.send_next()).await;
         }
         answered
             .await
