@@ -51,6 +51,20 @@ async def test_simultaneous_hits_admit_exactly_the_limit(make_manager):
     assert (len(admitted), len(refused)) == (20, 180)  # 10 each for two users
 
 
+async def test_hits_made_together_go_out_together_each_decided(make_redis_manager):
+    """While a hit call is in flight the next hits queue and go in one call, decided one after
+    the other: exactly the limit is admitted."""
+    manager = make_redis_manager()
+    burst = RateLimit("burst", 10, per=60)
+    calls_before = manager.stats()["redis_calls"]
+    results = await asyncio.gather(
+        *(manager.hit("alice", burst) for _ in range(50)), return_exceptions=True
+    )
+    assert sum(isinstance(r, list) for r in results) == 10
+    assert sum(isinstance(r, RateLimited) for r in results) == 40
+    assert manager.stats()["redis_calls"] - calls_before < 50
+
+
 async def test_hits_from_four_processes_admit_exactly_the_limit(redis_server, key_prefix):
     processes = [
         await asyncio.create_subprocess_exec(

@@ -9,7 +9,7 @@
 -- within a user); in arrival order the turn is the ticket. Equal places go by waiter id, which
 -- the process makes in time order.
 -- One call decides a batch of such requests, of one holder in one hash slot, one after the other
--- in their order, as as many calls would (the end of this file: how they are packed). What a
+-- in their order, as as many calls would (packed as the prelude's decide_each says). What a
 -- batch needs once is done once: the clock and the reaper, the holder's entry, its count of
 -- members, its index of pools, the dead waiters dropped.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
@@ -410,32 +410,19 @@ local function decide()
   return granted
 end
 
--- The call: BATCH_ARGV[1] = m, the number of requests; BATCH_ARGV[2r] and BATCH_ARGV[2r + 1]:
--- how many keys and arguments request r has; then the requests' arguments, in order; BATCH_KEYS:
--- their keys, in order. Returns each request's reply, in order; a request whose decision failed
--- (a key of another type, say) gets {FAILED, error message}, and the others are decided all the
--- same.
+-- The call decides each request in order (the prelude's decide_each packs and unpacks them);
+-- the clock, the reaper and the holder's count of members are seen to once.
 read_clock()
-local requests = tonumber(BATCH_ARGV[1])
-local replies = {}
-local next_key, next_arg = 1, 2 * requests + 2
-for r = 1, requests do
-  local key_count, arg_count = tonumber(BATCH_ARGV[2 * r]), tonumber(BATCH_ARGV[2 * r + 1])
-  load_request({unpack(BATCH_KEYS, next_key, next_key + key_count - 1)},
-    {unpack(BATCH_ARGV, next_arg, next_arg + arg_count - 1)})
-  next_key, next_arg = next_key + key_count, next_arg + arg_count
-  if r == 1 then
+local replies = decide_each(BATCH_KEYS, BATCH_ARGV, function(keys, args)
+  local first = holders == nil
+  load_request(keys, args)
+  if first then
     steady_clock(holders, ttl)
     reap(holders)
   end
-  local decided, reply = pcall(decide)
-  if decided then
-    replies[r] = reply
-  else -- a command's error is {err = ...}; as an error reply, it would fail the whole call
-    replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
-  end
-end
-if requests > 0 then
+  return decide()
+end)
+if holders then
   count_members(holders, holder, batch.granted_members)
   if batch.holder_was_alive == false then
     refresh(holders, holder) -- its keys may be new

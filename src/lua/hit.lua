@@ -1,5 +1,7 @@
 -- Count one hit against several rate policies of one identity at once, all or nothing: a hit
 -- refused by one policy consumes from none. Design: docs/design.md ("Rate limits").
+-- One call counts a batch of hits, in order (packed as the prelude's decide_each says); each
+-- hit's KEYS and ARGV:
 -- KEYS[i]: the counter of policy i (same hash tag).
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
 -- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
@@ -15,7 +17,9 @@
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
 -- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken).
 read_clock()
-local states, refused, retry = look_rates(KEYS, 1, ARGV, 2, 1)
-local reply = {refused, retry}
-answer_rates(reply, states, ARGV[1] == '1' and refused == 0)
-return reply
+return decide_each(KEYS, ARGV, function(keys, args)
+  local states, refused, retry = look_rates(keys, 1, args, 2, 1)
+  local reply = {refused, retry}
+  answer_rates(reply, states, args[1] == '1' and refused == 0)
+  return reply
+end)

@@ -34,6 +34,31 @@ end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL, FAILED = 0, 1, 2, 3, 4, 5, 6
 
+-- A call that decides a batch of requests (acquire.lua, hit.lua): ARGV[1] = m, the number of
+-- requests; ARGV[2r] and ARGV[2r + 1]: how many keys and arguments request r has; then the
+-- requests' arguments, in order; KEYS: their keys, in order. Calls decide(keys, args) for each,
+-- in order, and returns each one's reply; a request whose decision failed (a key of another
+-- type, say) gets {FAILED, message} (as an error reply it would fail the whole reply in a
+-- client), and the others are decided all the same.
+local function decide_each(batch_keys, batch_argv, decide)
+  local requests = tonumber(batch_argv[1])
+  local replies = {}
+  local next_key, next_arg = 1, 2 * requests + 2
+  for r = 1, requests do
+    local key_count, arg_count = tonumber(batch_argv[2 * r]), tonumber(batch_argv[2 * r + 1])
+    local keys = {unpack(batch_keys, next_key, next_key + key_count - 1)}
+    local args = {unpack(batch_argv, next_arg, next_arg + arg_count - 1)}
+    next_key, next_arg = next_key + key_count, next_arg + arg_count
+    local decided, reply = pcall(decide, keys, args)
+    if decided then
+      replies[r] = reply
+    else -- a command's error is {err = ...}
+      replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
+    end
+  end
+  return replies
+end
+
 -- Steps of the server's clock (docs/design.md, "Clock steps"). Expiries are server wall-clock
 -- times, so a forward step (NTP, an operator, a promoted replica whose clock runs ahead) would
 -- make live holders look dead. Each tag keeps the time a script last read the clock there

@@ -35,13 +35,16 @@ const LINE_FULL: u64 = 5;
 /// One request's decision failed (in a batch: the others were decided).
 const FAILED: i64 = 6;
 
-/// Acquires one acquire.lua call decides at most: bounds how long one call blocks Redis.
-const ACQUIRES_PER_CALL: usize = 64;
+/// Requests one batched call (acquire.lua, hit.lua) decides at most: bounds how long one call
+/// blocks Redis.
+const REQUESTS_PER_CALL: usize = 64;
 
 pub struct RedisBackend {
     link: Arc<Link>,
-    /// Acquires that come while one is in flight go together, decided in order by one call.
-    acquires: Arc<GroupCommit<AcquireCalls>>,
+    /// Acquires (hits) that come while one is in flight go together, decided in order by one
+    /// call.
+    acquires: Arc<GroupCommit<BatchedCalls>>,
+    hits: Arc<GroupCommit<BatchedCalls>>,
     /// This manager's holder id: it scores its leases in every pool and keeps them alive with
     /// one entry per hash tag (see `docs/design.md`).
     holder: u64,
@@ -53,9 +56,8 @@ impl RedisBackend {
     pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
         let link = Arc::new(url::open(url, timeout, ca_pem)?);
         Ok(RedisBackend {
-            acquires: Arc::new(GroupCommit::new(AcquireCalls {
-                link: Arc::clone(&link),
-            })),
+            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link),
+            hits: BatchedCalls::of(&scripts::HIT, &link),
             link,
             holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
                 % (HOLDER_IDS - 1),
@@ -115,12 +117,10 @@ impl RedisBackend {
         }
         invocation.key(&rates.keys);
         rate_args(&mut invocation, &rates.policies, &rates.costs);
-        let request = OneAcquire {
-            tag: keys::hash_tag(&lease.holders).to_owned(),
-            keys: invocation.keys,
-            args: invocation.args,
-        };
-        let reply = self.acquires.submit(request).await?;
+        let reply = self
+            .acquires
+            .submit(OneCall::of(invocation, &lease.holders))
+            .await?;
         let n = pools.len();
         match reply.as_slice() {
             [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 4 * rates.policies.len() => {
@@ -240,7 +240,10 @@ impl RedisBackend {
         let mut invocation = scripts::HIT.prepare_invoke();
         invocation.key(keys).arg(u8::from(consume));
         rate_args(&mut invocation, policies, &vec![cost; policies.len()]);
-        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let Some(first_key) = keys.first() else {
+            return Err(CoreError::Panic("a hit without a policy".into()));
+        };
+        let reply = self.hits.submit(OneCall::of(invocation, first_key)).await?;
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
         };
@@ -359,32 +362,54 @@ impl RedisBackend {
     }
 }
 
-/// One acquire's keys and arguments for acquire.lua, and the hash tag they are in.
-struct OneAcquire {
+/// One request of a batched call: its keys and arguments, and the hash tag they are in.
+struct OneCall {
     tag: String,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
 }
 
-/// Sends acquires in batches: acquire.lua takes, after the count of requests, each one's count
-/// of keys and of arguments, then all of their arguments and keys in order, and answers each.
-struct AcquireCalls {
-    link: Arc<Link>,
+impl OneCall {
+    /// The request `invocation` built, its keys in the hash tag of `key`.
+    fn of(invocation: Invocation, key: &str) -> Self {
+        OneCall {
+            tag: keys::hash_tag(key).to_owned(),
+            keys: invocation.keys,
+            args: invocation.args,
+        }
+    }
 }
 
-impl Batches for AcquireCalls {
-    type Request = OneAcquire;
-    /// The request's reply, as acquire.lua gives it.
+/// Sends the requests of a script that decides batches (acquire.lua, hit.lua: the prelude's
+/// `decide_each`): after the count of requests, each one's count of keys and of arguments,
+/// then all of their arguments and keys in order; it answers each.
+struct BatchedCalls {
+    link: Arc<Link>,
+    script: &'static LuaScript,
+}
+
+impl BatchedCalls {
+    fn of(script: &'static LuaScript, link: &Arc<Link>) -> Arc<GroupCommit<Self>> {
+        Arc::new(GroupCommit::new(BatchedCalls {
+            link: Arc::clone(link),
+            script,
+        }))
+    }
+}
+
+impl Batches for BatchedCalls {
+    type Request = OneCall;
+    /// The request's reply, as the script gives it.
     type Answer = Vec<u64>;
 
-    fn together(&self, first: &OneAcquire, other: &OneAcquire) -> bool {
+    fn together(&self, first: &OneCall, other: &OneCall) -> bool {
         first.tag == other.tag
     }
 
-    async fn send(&self, requests: Vec<OneAcquire>) -> Vec<CoreResult<Vec<u64>>> {
+    async fn send(&self, requests: Vec<OneCall>) -> Vec<CoreResult<Vec<u64>>> {
         let mut answers = Vec::with_capacity(requests.len());
-        for batch in requests.chunks(ACQUIRES_PER_CALL) {
-            let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for batch in requests.chunks(REQUESTS_PER_CALL) {
+            let mut invocation = self.script.prepare_invoke();
             invocation.arg(batch.len());
             for request in batch {
                 invocation.arg(request.keys.len()).arg(request.args.len());
@@ -397,7 +422,7 @@ impl Batches for AcquireCalls {
                     answers.extend(replies.into_iter().map(|reply| self.answer(reply)));
                 }
                 Ok(replies) => {
-                    answers.extend(batch.iter().map(|_| Err(unexpected_reply("acquire", &replies))))
+                    answers.extend(batch.iter().map(|_| Err(unexpected_reply(self.name(), &replies))))
                 }
                 Err(error) => answers.extend(batch.iter().map(|_| Err(error.clone()))),
             }
@@ -406,7 +431,11 @@ impl Batches for AcquireCalls {
     }
 }
 
-impl AcquireCalls {
+impl BatchedCalls {
+    fn name(&self) -> &str {
+        self.script.function.rsplit('_').next().unwrap_or("batched")
+    }
+
     /// One request's numbers, or the error its decision met (as Redis would have answered it
     /// for a call of its own).
     fn answer(&self, reply: Value) -> CoreResult<Vec<u64>> {
@@ -421,7 +450,7 @@ impl AcquireCalls {
                 );
             }
         }
-        Vec::<u64>::from_redis_value_ref(&reply).map_err(|_| unexpected_reply("acquire", &reply))
+        Vec::<u64>::from_redis_value_ref(&reply).map_err(|_| unexpected_reply(self.name(), &reply))
     }
 }
 
