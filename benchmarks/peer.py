@@ -75,6 +75,8 @@ async def release(lease: StreamLease) -> bool:
 async def cycles(url: str, default_pool: bool) -> None:
     manager = peer_manager(url, "bench-peer", 30.0, default_pool)
     name = PEER_DEFAULT_POOL if default_pool else PEER
+    # INFO goes on a connection of its own: the peer's pool may be all busy.
+    stats_client = redis.asyncio.from_url(url)
     impl: Implementation[StreamLease] = Implementation(name, manager.acquire, release)
     reply(
         {
@@ -95,12 +97,13 @@ async def cycles(url: str, default_pool: bool) -> None:
                 request["warmup_s"],
                 request["window_s"],
                 manager.get_active_count,
-                manager.redis,
+                stats_client,
             )
             reply({"kind": "run", **asdict(run)})
     finally:
         await manager.close(drain=False)
         await manager.redis.aclose()
+        await stats_client.aclose()
 
 
 class PeerHolder:
