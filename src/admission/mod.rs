@@ -25,6 +25,7 @@ use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
 use crate::rate::RatePolicy;
 use crate::renewal::{Counters, Leases};
+use crate::runtime;
 use crate::sync::lock;
 
 /// How long Redis remembers which leases were revoked, at least (4 lease durations if longer),
@@ -162,7 +163,7 @@ impl Manager {
 
     /// Starts the renewal loop on first use, and refuses use in a process forked after it.
     fn start_here(&self) -> CoreResult<()> {
-        let pid = std::process::id();
+        let pid = runtime::process_id();
         match self.used_in_pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 self.leases.start_keeper();
@@ -242,7 +243,7 @@ impl Manager {
     /// a few in flight); the returned future finishes the work.
     pub fn close(&self) -> impl Future<Output = CoreResult<()>> + Send + 'static {
         let owner = self.used_in_pid.load(Ordering::Acquire);
-        let forked_copy = owner != 0 && owner != std::process::id();
+        let forked_copy = owner != 0 && owner != runtime::process_id();
         // A forked copy only refuses new leases: those it lists belong to the parent, which
         // still renews them.
         let closed = if forked_copy {

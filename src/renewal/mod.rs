@@ -142,14 +142,14 @@ impl Leases {
 
     /// Starts the renewal loop (once, by the process that uses the manager).
     pub fn start_keeper(self: &Arc<Self>) {
-        self.owner_pid.store(std::process::id(), Ordering::Release);
+        self.owner_pid.store(runtime::process_id(), Ordering::Release);
         *lock(&self.keeper) = Some(keeper::start(self));
     }
 
     /// True in a process forked from the one that holds these leases.
     fn in_forked_child(&self) -> bool {
         let owner = self.owner_pid.load(Ordering::Acquire);
-        owner != 0 && owner != std::process::id()
+        owner != 0 && owner != runtime::process_id()
     }
 
     /// Keeps leases for another release try (each once, up to `MAX_UNREMOVED`; those beyond are
