@@ -4,7 +4,6 @@
 //! batch. A request with nothing in flight goes at once: no added latency when idle.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -23,10 +22,11 @@ pub trait Batches: Send + Sync + 'static {
 
     /// Sends the requests, in as few calls as the sender's limits allow; one answer per request,
     /// in order.
-    fn send(
-        &self,
-        requests: Vec<Self::Request>,
-    ) -> impl Future<Output = Vec<CoreResult<Self::Answer>>> + Send;
+    fn send(&self, requests: &[Self::Request]) -> impl Future<Output = Vec<CoreResult<Self::Answer>>> + Send;
+
+    /// Undoes what a request did whose caller went away while its call was in flight (a
+    /// cancelled waiter): nobody else will.
+    fn unanswered(&self, request: Self::Request, answer: Self::Answer) -> impl Future<Output = ()> + Send;
 }
 
 pub struct GroupCommit<B: Batches> {
@@ -40,9 +40,30 @@ struct Queue<B: Batches> {
     waiting: Vec<Waiting<B>>,
 }
 
+/// A request's answer, and the request back, so that whoever finds its caller gone can undo it.
+type Answered<B> = (<B as Batches>::Request, CoreResult<<B as Batches>::Answer>);
+
 struct Waiting<B: Batches> {
     request: B::Request,
-    answer: oneshot::Sender<CoreResult<B::Answer>>,
+    answer: oneshot::Sender<Answered<B>>,
+}
+
+/// A caller's wait for its answer. Dropped unanswered (the caller was cancelled), it closes the
+/// channel, so the sender undoes the request; dropped with an answer it did not take (cancelled
+/// between the answer and its next turn), it undoes the request itself.
+struct Awaiting<B: Batches> {
+    commit: Arc<GroupCommit<B>>,
+    answered: oneshot::Receiver<Answered<B>>,
+}
+
+impl<B: Batches> Drop for Awaiting<B> {
+    fn drop(&mut self) {
+        self.answered.close();
+        if let Ok((request, Ok(answer))) = self.answered.try_recv() {
+            let commit = Arc::clone(&self.commit);
+            runtime::handle().spawn(async move { commit.batches.unanswered(request, answer).await });
+        }
+    }
 }
 
 impl<B: Batches> GroupCommit<B> {
@@ -60,56 +81,52 @@ impl<B: Batches> GroupCommit<B> {
     /// A request whose caller went away before its batch left is not sent.
     pub async fn submit(self: &Arc<Self>, request: B::Request) -> CoreResult<B::Answer> {
         let (answer, answered) = oneshot::channel();
+        let mut awaiting = Awaiting {
+            commit: Arc::clone(self),
+            answered,
+        };
         let first = {
             let mut queue = lock(&self.queue);
             queue.waiting.push(Waiting { request, answer });
             !std::mem::replace(&mut queue.sending, true)
         };
         if first {
-            // Boxed: the acquire future that awaits this would otherwise nest the whole call's
-            // state, deeper than the compiler lays out in a release build.
-            Box::pin(self.send_next()).await;
+            // The calls go from a task of their own: a caller cancelled mid-call (a waiter whose
+            // client left) must neither strand the queue nor drop the answers of the others.
+            runtime::handle().spawn(Arc::clone(self).send_all());
         }
-        answered
-            .await
-            .unwrap_or_else(|_| Err(CoreError::Panic("a batched call was dropped unanswered".into())))
+        match (&mut awaiting.answered).await {
+            Ok((_, answer)) => answer,
+            Err(_) => Err(CoreError::Panic("a batched call was dropped unanswered".into())),
+        }
     }
 
-    /// Sends what waits (those that may share a call with the first), then hands what is left
-    /// or came meanwhile to a task of its own, so the caller who sent this batch has its answer
-    /// now however busy the queue stays.
-    async fn send_next(self: &Arc<Self>) {
-        let batch: Vec<Waiting<B>> = {
-            let mut queue = lock(&self.queue);
-            let mut waiting = std::mem::take(&mut queue.waiting)
-                .into_iter()
-                .filter(|w| !w.answer.is_closed());
-            let Some(first) = waiting.next() else {
-                queue.sending = false;
-                return;
+    /// Sends what waits, a batch per call (those that may share a call with the first), until
+    /// nothing does; each batch's callers get their answers as soon as its call returns.
+    async fn send_all(self: Arc<Self>) {
+        loop {
+            let batch: Vec<Waiting<B>> = {
+                let mut queue = lock(&self.queue);
+                let mut waiting = std::mem::take(&mut queue.waiting)
+                    .into_iter()
+                    .filter(|w| !w.answer.is_closed());
+                let Some(first) = waiting.next() else {
+                    queue.sending = false;
+                    return;
+                };
+                let (together, later): (Vec<_>, Vec<_>) =
+                    waiting.partition(|w| self.batches.together(&first.request, &w.request));
+                queue.waiting = later;
+                std::iter::once(first).chain(together).collect()
             };
-            let (together, later): (Vec<_>, Vec<_>) =
-                waiting.partition(|w| self.batches.together(&first.request, &w.request));
-            queue.waiting = later;
-            std::iter::once(first).chain(together).collect()
-        };
-        let (requests, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.request, w.answer)).unzip();
-        let outcomes = self.batches.send(requests).await;
-        for (answer, outcome) in answers.into_iter().zip(outcomes) {
-            let _ = answer.send(outcome);
+            let (requests, answers): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|w| (w.request, w.answer)).unzip();
+            let outcomes = self.batches.send(&requests).await;
+            for ((request, answer), outcome) in requests.into_iter().zip(answers).zip(outcomes) {
+                if let Err((request, Ok(answer))) = answer.send((request, outcome)) {
+                    self.batches.unanswered(request, answer).await;
+                }
+            }
         }
-        let mut queue = lock(&self.queue);
-        if queue.waiting.is_empty() {
-            queue.sending = false;
-        } else {
-            drop(queue);
-            self.send_rest();
-        }
-    }
-
-    fn send_rest(self: &Arc<Self>) {
-        let rest = Arc::clone(self);
-        let rest: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move { rest.send_next().await });
-        runtime::handle().spawn(rest);
     }
 }

@@ -33,6 +33,33 @@ async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):
     assert manager.stats()["held"] == 0
 
 
+async def test_waiters_cancelled_mid_call_strand_nobody(make_manager):
+    """A waiting acquire is aborted when cancelled, also while its call is in flight, and calls
+    go in batches: a cancelled caller must not take the others' answers (or the queue) along.
+    The chaos run found the stop of a worker hanging on an acquire that never answered."""
+    manager = make_manager(max_per_user=0, max_global=0)
+    rng = random.Random(15)
+    kept = []
+
+    async def one(i: int) -> None:
+        task = asyncio.create_task(manager.acquire(f"user{i % 13}", wait_timeout=5))
+        await asyncio.sleep(rng.random() * 0.003)
+        if i % 2:
+            task.cancel()
+        try:
+            kept.append(await asyncio.wait_for(task, 10))
+        except asyncio.CancelledError:
+            pass
+
+    for _ in range(3):
+        await asyncio.gather(*(one(i) for i in range(200)))
+    # Every acquire not cancelled was answered (wait_for above), and one more still is.
+    kept.append(await asyncio.wait_for(manager.acquire("after"), 10))
+    for lease in kept:
+        await lease.release()
+    await count_is(manager, 0)
+
+
 async def test_acquires_timed_out_by_wait_for_leave_no_ghost_lease(make_manager):
     manager = make_manager(max_per_user=0, max_global=0)
     rng = random.Random(7)

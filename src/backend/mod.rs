@@ -308,6 +308,15 @@ impl Backend {
         }
     }
 
+    /// The manager's holder leaves the tags of `holders_keys` (one hash slot) where it holds
+    /// nothing any more (its manager closes); the embedded store keeps no holders.
+    pub async fn depart(&self, holders_keys: &[String]) -> CoreResult<u64> {
+        match self {
+            Backend::Memory(_) => Ok(0),
+            Backend::Redis(r) => r.depart(holders_keys).await,
+        }
+    }
+
     /// One hit of `cost` against every policy (`keys[i]` counts `policies[i]`, all in one hash
     /// tag), all or nothing; `consume: false` only looks.
     pub async fn hit(

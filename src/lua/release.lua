@@ -6,9 +6,11 @@
 -- ''; ARGV[2]: holder id;
 -- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
 -- 1-based KEYS indexes of its pools.
--- A pool where the holder has no member left leaves its pool list, and a holder with no pool
--- left in a tag leaves the tag's holders, so released leases leave no key behind (checked once
--- per pool and tag of the batch, not per lease).
+-- A pool where the holder has no member left leaves its pool list (checked once per pool of the
+-- batch, not per lease; an empty pool is gone with its last member). The holder stays in the
+-- tag's holders with nothing there, so its next acquire finds its entry alive instead of
+-- building it again: it leaves when its manager closes (depart.lua), or, if it died, when the
+-- reaper finds its entry expired.
 -- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0.
 local holder = holder_name(ARGV[2])
 local released = 0
@@ -43,15 +45,10 @@ end
 for holders, pools in pairs(touched) do
   count_members(holders, holder, -(removed_in[holders] or 0))
   local index = holders .. ':' .. holder
-  local left_a_pool = false
   for pool in pairs(pools) do
     if redis.call('ZCOUNT', pool, holder, holder) == 0 then
       redis.call('SREM', index, pool)
-      left_a_pool = true
     end
-  end
-  if left_a_pool and redis.call('EXISTS', index) == 0 then
-    leave_tag(holders, holder)
   end
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then

@@ -11,7 +11,7 @@ mod round;
 mod sweep;
 mod tally;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ use crate::backend::{batches, Stores};
 use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
 use crate::group_commit::GroupCommit;
-use crate::keys::LineKeys;
+use crate::keys::{self, LineKeys};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::runtime;
 use crate::sync::lock;
@@ -82,6 +82,9 @@ pub struct Leases {
     releases: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
     release_calls: Arc<GroupCommit<ReleaseCalls>>,
+    /// The holders keys of the tags where this manager's holder was granted a lease in Redis:
+    /// it stays there between leases, and leaves them on close (`depart`).
+    joined: Mutex<HashSet<String>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -127,6 +130,7 @@ impl Leases {
             owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
             release_calls,
+            joined: Mutex::new(HashSet::new()),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -203,6 +207,9 @@ impl Leases {
             deadline_ms
         };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
+        if record.store == Store::Main {
+            lock(&self.joined).insert(record.holders.clone());
+        }
         // Counted as held before it stops being in flight, so no figure in between misses it.
         if record.store == Store::Main {
             held.tallies.flight_end(&record, true);
@@ -345,7 +352,30 @@ impl Leases {
             let released = leases.release_all(&held).await;
             leases.releases.close();
             let _ = tokio::time::timeout(leases.redis_timeout, leases.releases.wait()).await;
+            leases.depart().await;
             released.map(drop)
+        }
+    }
+
+    /// Leaves every tag this manager joined where it holds nothing now (a failure leaves the
+    /// holder's entry to expire and the reaper). Not from a forked child: the tags are its
+    /// parent's.
+    async fn depart(&self) {
+        if self.in_forked_child() {
+            return;
+        }
+        let mut joined: Vec<String> = lock(&self.joined).drain().collect();
+        let one_slot = self.stores.get(Store::Main).is_cluster();
+        joined.sort_unstable_by(|a, b| keys::hash_tag(a).cmp(keys::hash_tag(b)));
+        let groups: Vec<&[String]> = if one_slot {
+            joined
+                .chunk_by(|a, b| keys::hash_tag(a) == keys::hash_tag(b))
+                .collect()
+        } else {
+            joined.chunks(1000).collect()
+        };
+        for group in groups {
+            let _ = self.stores.call(Store::Main, |main| main.depart(group)).await;
         }
     }
 

@@ -25,9 +25,9 @@ impl Batches for ReleaseCalls {
         !self.stores.get(Store::Main).is_cluster() || first.hash_tag() == other.hash_tag()
     }
 
-    async fn send(&self, leases: Vec<Arc<LeaseRecord>>) -> Vec<CoreResult<bool>> {
+    async fn send(&self, leases: &[Arc<LeaseRecord>]) -> Vec<CoreResult<bool>> {
         let mut answers = Vec::with_capacity(leases.len());
-        for batch in batches(&leases, false) {
+        for batch in batches(leases, false) {
             let line = self.line.as_ref();
             match self
                 .stores
@@ -40,4 +40,7 @@ impl Batches for ReleaseCalls {
         }
         answers
     }
+
+    /// A release runs from a task that is never cancelled: always answered.
+    async fn unanswered(&self, _lease: Arc<LeaseRecord>, _present: bool) {}
 }

@@ -167,6 +167,14 @@ impl RedisBackend {
         }
     }
 
+    /// This manager's holder leaves the tags of `holders_keys` (one hash slot) where it holds
+    /// nothing; returns how many.
+    pub async fn depart(&self, holders_keys: &[String]) -> CoreResult<u64> {
+        let mut invocation = scripts::DEPART.prepare_invoke();
+        invocation.key(holders_keys).arg(self.holder);
+        self.link.run(&invocation).await
+    }
+
     pub async fn leave(&self, line: &LineKeys, waiter_id: &str) -> CoreResult<()> {
         let mut invocation = scripts::LEAVE.prepare_invoke();
         line_keys(&mut invocation, line);
@@ -406,7 +414,7 @@ impl Batches for BatchedCalls {
         first.tag == other.tag
     }
 
-    async fn send(&self, requests: Vec<OneCall>) -> Vec<CoreResult<Vec<u64>>> {
+    async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Vec<u64>>> {
         let mut answers = Vec::with_capacity(requests.len());
         for batch in requests.chunks(REQUESTS_PER_CALL) {
             let mut invocation = self.script.prepare_invoke();
@@ -429,9 +437,50 @@ impl Batches for BatchedCalls {
         }
         answers
     }
+
+    async fn unanswered(&self, request: OneCall, reply: Vec<u64>) {
+        if std::ptr::eq(self.script, &*scripts::ACQUIRE) {
+            self.undo_acquire(request, reply).await;
+        }
+    }
 }
 
 impl BatchedCalls {
+    /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter):
+    /// a grant is released, a place in line given up (the request's own keys and arguments, as
+    /// `RedisBackend::acquire` lays them out, say which). A hit that counted stays counted.
+    async fn undo_acquire(&self, request: OneCall, reply: Vec<u64>) {
+        let arg = |i: usize| request.args.get(i).map(Vec::as_slice).unwrap_or_default();
+        let number = |i: usize| {
+            std::str::from_utf8(arg(i))
+                .ok()
+                .and_then(|n| n.parse::<usize>().ok())
+        };
+        let (Some(weight), Some(pools)) = (number(2), number(9)) else {
+            return;
+        };
+        let holder = arg(8);
+        let invocation = match reply.first() {
+            Some(&GRANTED) if request.keys.len() > pools => {
+                let mut release = scripts::RELEASE.prepare_invoke();
+                release.key(&request.keys[..=pools]).arg("").arg(holder);
+                release.arg(arg(0)).arg(weight).arg(pools + 1).arg(pools);
+                release.arg((1..=pools).collect::<Vec<_>>());
+                release
+            }
+            Some(&WAIT) if request.keys.len() > pools + 2 => {
+                let mut leave = scripts::LEAVE.prepare_invoke();
+                leave
+                    .key(&request.keys[pools + 1..=pools + 2])
+                    .arg(arg(3))
+                    .arg(holder);
+                leave
+            }
+            _ => return,
+        };
+        let _ = self.link.run::<Value>(&invocation).await;
+    }
+
     fn name(&self) -> &str {
         self.script.function.rsplit('_').next().unwrap_or("batched")
     }

@@ -26,7 +26,7 @@ pub struct Library {
 }
 
 /// Every script by name, with its code.
-const SOURCES: [(&str, &str); 15] = [
+const SOURCES: [(&str, &str); 16] = [
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("keepalive", include_str!("../../lua/keepalive.lua")),
     ("reclaim", include_str!("../../lua/reclaim.lua")),
@@ -42,6 +42,7 @@ const SOURCES: [(&str, &str); 15] = [
     ("settle", include_str!("../../lua/settle.lua")),
     ("revoke", include_str!("../../lua/revoke.lua")),
     ("revoked", include_str!("../../lua/revoked.lua")),
+    ("depart", include_str!("../../lua/depart.lua")),
 ];
 
 /// The library's name: `fastapi_stream_lease_` and the first 12 hex digits of the SHA-1 of
@@ -98,6 +99,7 @@ scripts! {
     SETTLE = "settle";
     REVOKE = "revoke";
     REVOKED = "revoked";
+    DEPART = "depart";
 }
 
 impl LuaScript {

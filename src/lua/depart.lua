@@ -1,0 +1,16 @@
+-- A closing manager's holder leaves the hash tags where it holds nothing any more (release.lua
+-- keeps it there for its next acquire): its entry in <tag>:holders and its count of members go
+-- (the tag's clock with the last holder), so a closed manager leaves no key behind.
+-- Design: docs/design.md (the keys, the holder and lease states, the invariants).
+-- KEYS: the holders keys of the tags (one hash slot in a cluster). ARGV[1]: holder id.
+-- Returns how many tags it left (a tag where it still has members, a release that failed, is
+-- left to the reaper once its entry expires).
+local holder = holder_name(ARGV[1])
+local left = 0
+for _, holders in ipairs(KEYS) do
+  if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
+    leave_tag(holders, holder)
+    left = left + 1
+  end
+end
+return left
