@@ -1,7 +1,8 @@
 //! Group commit of script calls: while a call is in flight, the requests that follow wait, then
 //! go out together in one call (release.lua takes many leases, acquire.lua decides many
 //! acquires in their order), so the per-call and per-holder work of a script is paid once per
-//! batch. A request with nothing in flight goes at once (one task hop away): nothing waits when idle.
+//! batch. A request with nothing in flight goes at once (one task hop away): nothing waits
+//! when idle.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
