@@ -189,7 +189,7 @@ impl Backend {
     /// Takes `weight` slots in every pool and the start from every rate policy, all or nothing.
     pub async fn acquire(
         &self,
-        lease: &LeaseRecord,
+        lease: &Arc<LeaseRecord>,
         ttl_ms: u64,
         in_line: Option<InLine<'_>>,
         rates: &RateCheck,

@@ -5,7 +5,7 @@
 mod handle;
 mod held;
 mod keeper;
-mod release_queue;
+mod release_calls;
 mod revoke;
 mod round;
 mod sweep;
@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 
 pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
-use self::release_queue::ReleaseCalls;
+use self::release_calls::ReleaseCalls;
 use crate::backend::{batches, Stores};
 use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};

@@ -55,12 +55,14 @@ pub struct RedisBackend {
 impl RedisBackend {
     pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
         let link = Arc::new(url::open(url, timeout, ca_pem)?);
+        let holder =
+            1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
+                % (HOLDER_IDS - 1);
         Ok(RedisBackend {
-            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link),
-            hits: BatchedCalls::of(&scripts::HIT, &link),
+            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link, holder),
+            hits: BatchedCalls::of(&scripts::HIT, &link, holder),
             link,
-            holder: 1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
-                % (HOLDER_IDS - 1),
+            holder,
             cursors: Mutex::new(HashMap::new()),
         })
     }
@@ -79,7 +81,7 @@ impl RedisBackend {
 
     pub async fn acquire(
         &self,
-        lease: &LeaseRecord,
+        lease: &Arc<LeaseRecord>,
         ttl_ms: u64,
         in_line: Option<InLine<'_>>,
         rates: &RateCheck,
@@ -117,9 +119,13 @@ impl RedisBackend {
         }
         invocation.key(&rates.keys);
         rate_args(&mut invocation, &rates.policies, &rates.costs);
+        let undo = Undo {
+            lease: Arc::clone(lease),
+            waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
+        };
         let reply = self
             .acquires
-            .submit(OneCall::of(invocation, &lease.holders))
+            .submit(OneCall::of(invocation, &lease.holders, Some(undo)))
             .await?;
         let n = pools.len();
         match reply.as_slice() {
@@ -176,9 +182,7 @@ impl RedisBackend {
     }
 
     pub async fn leave(&self, line: &LineKeys, waiter_id: &str) -> CoreResult<()> {
-        let mut invocation = scripts::LEAVE.prepare_invoke();
-        line_keys(&mut invocation, line);
-        invocation.arg(waiter_id).arg(self.holder);
+        let invocation = leave_invocation(line, waiter_id, self.holder);
         self.link.run::<u64>(&invocation).await.map(drop)
     }
 
@@ -204,13 +208,8 @@ impl RedisBackend {
                     .first()
                     .is_some_and(|lease| keys::hash_tag(&line.line) == lease.hash_tag())
         });
-        let invocation = batch_invocation(&scripts::RELEASE, leases, false, |invocation| {
-            match line {
-                Some(line) => invocation.key(&line.line).arg(self.wake_channel(line)),
-                None => invocation.arg(""),
-            };
-            invocation.arg(self.holder);
-        });
+        let line = line.map(|line| (line, self.wake_channel(line)));
+        let invocation = release_invocation(leases, line, self.holder);
         let present: Vec<u64> = self.link.run(&invocation).await?;
         if present.len() != leases.len() {
             return Err(unexpected_reply("release", &present));
@@ -251,7 +250,7 @@ impl RedisBackend {
         let Some(first_key) = keys.first() else {
             return Err(CoreError::Panic("a hit without a policy".into()));
         };
-        let reply = self.hits.submit(OneCall::of(invocation, first_key)).await?;
+        let reply = self.hits.submit(OneCall::of(invocation, first_key, None)).await?;
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
         };
@@ -375,15 +374,24 @@ struct OneCall {
     tag: String,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    /// For an acquire: what to give back if its caller goes away while its call is in flight.
+    undo: Option<Undo>,
+}
+
+/// An acquire's lease, and the line and id of its waiter.
+struct Undo {
+    lease: Arc<LeaseRecord>,
+    waiter: Option<(LineKeys, String)>,
 }
 
 impl OneCall {
     /// The request `invocation` built, its keys in the hash tag of `key`.
-    fn of(invocation: Invocation, key: &str) -> Self {
+    fn of(invocation: Invocation, key: &str, undo: Option<Undo>) -> Self {
         OneCall {
             tag: keys::hash_tag(key).to_owned(),
             keys: invocation.keys,
             args: invocation.args,
+            undo,
         }
     }
 }
@@ -394,13 +402,16 @@ impl OneCall {
 struct BatchedCalls {
     link: Arc<Link>,
     script: &'static LuaScript,
+    /// The manager's holder id, for what undoes an acquire.
+    holder: u64,
 }
 
 impl BatchedCalls {
-    fn of(script: &'static LuaScript, link: &Arc<Link>) -> Arc<GroupCommit<Self>> {
+    fn of(script: &'static LuaScript, link: &Arc<Link>, holder: u64) -> Arc<GroupCommit<Self>> {
         Arc::new(GroupCommit::new(BatchedCalls {
             link: Arc::clone(link),
             script,
+            holder,
         }))
     }
 }
@@ -438,49 +449,23 @@ impl Batches for BatchedCalls {
         answers
     }
 
-    async fn unanswered(&self, request: OneCall, reply: Vec<u64>) {
-        if std::ptr::eq(self.script, &*scripts::ACQUIRE) {
-            self.undo_acquire(request, reply).await;
-        }
-    }
-}
-
-impl BatchedCalls {
     /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter):
-    /// a grant is released, a place in line given up (the request's own keys and arguments, as
-    /// `RedisBackend::acquire` lays them out, say which). A hit that counted stays counted.
-    async fn undo_acquire(&self, request: OneCall, reply: Vec<u64>) {
-        let arg = |i: usize| request.args.get(i).map(Vec::as_slice).unwrap_or_default();
-        let number = |i: usize| {
-            std::str::from_utf8(arg(i))
-                .ok()
-                .and_then(|n| n.parse::<usize>().ok())
-        };
-        let (Some(weight), Some(pools)) = (number(2), number(9)) else {
+    /// its grant is released (without a wake-up: waiters look again within a second), its place
+    /// in line given up. A hit that counted stays counted.
+    async fn unanswered(&self, request: OneCall, reply: Vec<u64>) {
+        let Some(undo) = request.undo else {
             return;
         };
-        let holder = arg(8);
-        let invocation = match reply.first() {
-            Some(&GRANTED) if request.keys.len() > pools => {
-                let mut release = scripts::RELEASE.prepare_invoke();
-                release.key(&request.keys[..=pools]).arg("").arg(holder);
-                release.arg(arg(0)).arg(weight).arg(pools + 1).arg(pools);
-                release.arg((1..=pools).collect::<Vec<_>>());
-                release
-            }
-            Some(&WAIT) if request.keys.len() > pools + 2 => {
-                let mut leave = scripts::LEAVE.prepare_invoke();
-                leave
-                    .key(&request.keys[pools + 1..=pools + 2])
-                    .arg(arg(3))
-                    .arg(holder);
-                leave
-            }
+        let invocation = match (reply.first(), &undo.waiter) {
+            (Some(&GRANTED), _) => release_invocation(&[undo.lease], None, self.holder),
+            (Some(&WAIT), Some((line, waiter_id))) => leave_invocation(line, waiter_id, self.holder),
             _ => return,
         };
         let _ = self.link.run::<Value>(&invocation).await;
     }
+}
 
+impl BatchedCalls {
     fn name(&self) -> &str {
         self.script.function.rsplit('_').next().unwrap_or("batched")
     }
@@ -550,6 +535,29 @@ fn line_keys(invocation: &mut Invocation, line: &LineKeys) {
 /// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id,
 /// weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each followed by the
 /// pool's capacity, `with_capacity`).
+/// release.lua's call for `leases`, waking the waiters of `line` (with its channel) if given.
+fn release_invocation(
+    leases: &[Arc<LeaseRecord>],
+    line: Option<(&LineKeys, String)>,
+    holder: u64,
+) -> Invocation {
+    batch_invocation(&scripts::RELEASE, leases, false, |invocation| {
+        match line {
+            Some((line, channel)) => invocation.key(&line.line).arg(channel),
+            None => invocation.arg(""),
+        };
+        invocation.arg(holder);
+    })
+}
+
+/// leave.lua's call: a waiter out of the line.
+fn leave_invocation(line: &LineKeys, waiter_id: &str, holder: u64) -> Invocation {
+    let mut invocation = scripts::LEAVE.prepare_invoke();
+    line_keys(&mut invocation, line);
+    invocation.arg(waiter_id).arg(holder);
+    invocation
+}
+
 fn batch_invocation(
     script: &'static LuaScript,
     leases: &[Arc<LeaseRecord>],
