@@ -13,7 +13,9 @@
 -- batch needs once is done once: the clock and the reaper, the holder's entry, its count of
 -- members, its index of pools, the dead waiters dropped.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
--- Each request's KEYS and ARGV:
+-- The helpers above the line `--[[ per call ]]` are defined once, when the library loads (see
+-- src/backend/redis/scripts.rs); what follows it runs on every call.
+-- Each request's keys and args (KEYS and ARGV of a lone request):
 -- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
 -- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
@@ -48,13 +50,12 @@
 -- those would take at the line's recent service rate, or a lease duration before it has one);
 -- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
-local BATCH_KEYS, BATCH_ARGV = KEYS, ARGV
 -- The request being decided: its slices of the call's KEYS and ARGV, and what they say (see
 -- load_request).
-local KEYS, ARGV
+local keys, args
 local id, ttl, weight, waiter, queued, pools, holders, own, holder, line, alive, tickets
 local first_rate, priority, fair, own_waits, user
-local CAPS = 13 -- ARGV[CAPS + i]: capacity of KEYS[i]; ARGV[CAPS + pools + i]: its line's limit
+local CAPS = 13 -- args[CAPS + i]: capacity of keys[i]; args[CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
@@ -62,42 +63,43 @@ local function integer(n)
   return string.format('%d', n)
 end
 
-local function load_request(keys, args)
-  KEYS, ARGV = keys, args
-  id = ARGV[1]
-  ttl = tonumber(ARGV[2])
-  weight = tonumber(ARGV[3])
-  waiter = ARGV[4]
-  queued = ARGV[6] == '1'
-  pools = tonumber(ARGV[10])
-  holders = KEYS[pools + 1]
-  own = tonumber(ARGV[8])
-  holder = holder_name(ARGV[9])
-  line, alive, tickets = KEYS[pools + 2], KEYS[pools + 3], KEYS[pools + 4]
+local function load_request(request_keys, request_args)
+  keys, args = request_keys, request_args
+  id = args[1]
+  ttl = tonumber(args[2])
+  weight = tonumber(args[3])
+  waiter = args[4]
+  queued = args[6] == '1'
+  pools = tonumber(args[10])
+  holders = keys[pools + 1]
+  own = tonumber(args[8])
+  holder = holder_name(args[9])
+  line, alive, tickets = keys[pools + 2], keys[pools + 3], keys[pools + 4]
   first_rate = pools + (queued and 5 or 2)
-  priority = tonumber(ARGV[11])
-  fair = ARGV[12] == 'fair'
-  own_waits = ARGV[13] == '1'
+  priority = tonumber(args[11])
+  fair = args[12] == 'fair'
+  own_waits = args[13] == '1'
   -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
-  user = own > 0 and KEYS[1] or waiter
+  user = own > 0 and keys[1] or waiter
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
 -- was live before; the first grant's ZADD serves the others, same clock and lease), the members
 -- it was granted (counted once, at the end), the pools in its index, the dead waiters dropped.
-local batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
+-- Made anew by each call.
+local batch
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
 local function already_granted()
-  if not redis.call('ZSCORE', KEYS[1], id) then
+  if not redis.call('ZSCORE', keys[1], id) then
     return nil
   end
   local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
   for i = 1, pools do
-    granted[i + 2] = redis.call('ZCARD', KEYS[i])
+    granted[i + 2] = redis.call('ZCARD', keys[i])
   end
-  answer_rates(granted, (look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 0)), false)
+  answer_rates(granted, (look_rates(keys, first_rate, args, CAPS + 1 + 2 * pools, 0)), false)
   return granted
 end
 
@@ -124,8 +126,8 @@ end
 local function lined_pools()
   local lined = {}
   for i = own_waits and 1 or own + 1, pools do
-    if tonumber(ARGV[CAPS + i]) > 0 then
-      lined[KEYS[i]] = i
+    if tonumber(args[CAPS + i]) > 0 then
+      lined[keys[i]] = i
     end
   end
   return lined
@@ -207,9 +209,9 @@ local function enter_line(lined)
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
   end
-  redis.call('ZADD', alive, now + tonumber(ARGV[5]), holder)
+  redis.call('ZADD', alive, now + tonumber(args[5]), holder)
   for _, key in ipairs(keep) do
-    redis.call('PEXPIRE', key, math.max(ttl, tonumber(ARGV[5])) * 2)
+    redis.call('PEXPIRE', key, math.max(ttl, tonumber(args[5])) * 2)
   end
   return ticket
 end
@@ -265,7 +267,7 @@ local function line_full(lined)
     return nil
   end
   for pool, i in pairs(lined) do
-    local max_waiting = tonumber(ARGV[CAPS + pools + i])
+    local max_waiting = tonumber(args[CAPS + pools + i])
     local waiting = max_waiting > 0 and redis.call('ZCARD', pool_line(pool)) or 0
     if max_waiting > 0 and waiting >= max_waiting then
       local gap = tonumber(redis.call('HGET', pool_turns(pool), 'gap'))
@@ -303,17 +305,17 @@ local function check_pools(ticket, lined)
   -- Nobody waits at all (the usual case): no line to walk.
   local anyone_waits = queued and redis.call('ZCARD', line) > 0
   for i = 1, pools do
-    local capacity = tonumber(ARGV[CAPS + i])
-    used[i] = used_slots(KEYS[i], holders, weight, capacity)
+    local capacity = tonumber(args[CAPS + i])
+    used[i] = used_slots(keys[i], holders, weight, capacity)
     local promised = 0
-    if anyone_waits and lined[KEYS[i]] then
+    if anyone_waits and lined[keys[i]] then
       local passing_here = {}
-      promised = promised_in(KEYS[i], capacity, used[i], passing_here)
+      promised = promised_in(keys[i], capacity, used[i], passing_here)
       if used[i] + promised + weight > capacity then
         -- Looks full: counted again by live holders, and what the waiters keep with it.
-        used[i] = used_slots(KEYS[i], holders, weight + promised, capacity)
+        used[i] = used_slots(keys[i], holders, weight + promised, capacity)
         passing_here = {}
-        promised = promised_in(KEYS[i], capacity, used[i], passing_here)
+        promised = promised_in(keys[i], capacity, used[i], passing_here)
       end
       for _, passed in ipairs(passing_here) do
         passing[#passing + 1] = passed
@@ -343,7 +345,7 @@ local function grant(used, rates)
   end
   local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0}
   for i = 1, pools do
-    add_members(KEYS[i], holders, holder, id, weight, used[i] == 0, batch.indexed)
+    add_members(keys[i], holders, holder, id, weight, used[i] == 0, batch.indexed)
     granted[i + 2] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
@@ -364,14 +366,14 @@ local function decide()
 
   -- A banned user: refused before anything else is looked at or taken.
   if own > 0 then
-    local ban = redis.call('PTTL', KEYS[1] .. ':ban')
+    local ban = redis.call('PTTL', keys[1] .. ':ban')
     if ban > 0 then
       return refuse({BANNED, ban})
     end
   end
 
   -- Over a rate limit: refused before taking a place in line or a slot.
-  local rates, rate_refused, rate_retry = look_rates(KEYS, first_rate, ARGV, CAPS + 1 + 2 * pools, 1)
+  local rates, rate_refused, rate_retry = look_rates(keys, first_rate, args, CAPS + 1 + 2 * pools, 1)
   if rate_refused > 0 then
     local refused = {RATE_LIMITED, rate_refused, rate_retry}
     answer_rates(refused, rates, false)
@@ -398,24 +400,27 @@ local function decide()
   local granted = grant(used, rates)
   for _, passed in ipairs(passing) do
     redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
-    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(ARGV[5])) * 2)
+    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(args[5])) * 2)
   end
   if queued and waiter ~= '' then
     served(lined)
     leave_line()
     if redis.call('ZCARD', line) > 0 then
-      wake(ARGV[7], 0)
+      wake(args[7], 0)
     end
   end
   return granted
 end
 
+--[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
 -- the clock, the reaper and the holder's count of members are seen to once.
+batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
+holders = nil
 read_clock()
-local replies = decide_each(BATCH_KEYS, BATCH_ARGV, function(keys, args)
+local replies = decide_each(KEYS, ARGV, function(request_keys, request_args)
   local first = holders == nil
-  load_request(keys, args)
+  load_request(request_keys, request_args)
   if first then
     steady_clock(holders, ttl)
     reap(holders)

@@ -53,14 +53,22 @@ static LIBRARY_NAME: LazyLock<String> = LazyLock::new(|| {
     format!("fastapi_stream_lease_{}", &hash[..12])
 });
 
-/// The library: the prelude once, then each script as a function whose arguments are named as a
-/// script's globals (KEYS, ARGV), starting from the prelude's per-call state.
+/// The line of a script that ends its definitions (helpers that keep nothing from one call to
+/// the next): the library defines them once, at load; what follows the line runs on every
+/// call. As a script of its own, the file runs from the top, as it reads.
+const PER_CALL: &str = "\n--[[ per call ]]\n";
+
+/// The library: the prelude once, then each script in a block of its own: its definitions, and
+/// a function whose arguments are named as a script's globals (KEYS, ARGV) that starts from the
+/// prelude's per-call state and runs the rest.
 pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let name = &*LIBRARY_NAME;
     let mut code = format!("#!lua name={name}\n{PRELUDE}\n");
     for (script, body) in SOURCES {
+        let (definitions, call) = body.split_once(PER_CALL).unwrap_or(("", body));
         code.push_str(&format!(
-            "redis.register_function('{name}_{script}', function(KEYS, ARGV)\nbegin_call()\n{body}\nend)\n"
+            "do\n{definitions}\nredis.register_function('{name}_{script}', function(KEYS, ARGV)\n\
+             begin_call()\n{call}\nend)\nend\n"
         ));
     }
     Library { code }
@@ -160,5 +168,15 @@ mod tests {
             assert!(library.contains(&format!("'{}_{name}'", *LIBRARY_NAME)), "{name}");
         }
         assert_eq!(ACQUIRE.function, format!("{}_acquire", *LIBRARY_NAME));
+    }
+
+    #[test]
+    fn acquire_defines_its_helpers_once_per_library() {
+        let (definitions, call) = SOURCES[0].1.split_once(PER_CALL).expect("acquire.lua's line");
+        assert!(definitions.contains("local function decide()"));
+        assert!(!call.contains("local function"));
+        assert!(LIBRARY
+            .code
+            .contains(&format!("{definitions}\nredis.register_function(")));
     }
 }
