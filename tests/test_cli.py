@@ -132,3 +132,29 @@ async def test_the_wrong_server_or_prefix_gets_a_message_and_an_exit_code(redis_
     code, _, err = await cli("redis://127.0.0.1:1/0", "revoke", USER)
     assert code == 3 and "cannot revoke" in err and "Traceback" not in err
     assert USER not in err
+
+
+def test_version_is_the_packages_one():
+    from importlib.metadata import version
+
+    import fastapi_stream_lease
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "fastapi_stream_lease", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert shown == f"fastapi-stream-lease {fastapi_stream_lease.__version__}"
+    # One number in one place: Cargo.toml's, which maturin gives the distribution.
+    assert fastapi_stream_lease.__version__ == version("fastapi-stream-lease")
+
+
+def test_changelog_has_the_version():
+    from pathlib import Path
+
+    import fastapi_stream_lease
+
+    changelog = (Path(__file__).resolve().parent.parent / "CHANGELOG.md").read_text()
+    assert f"\n## {fastapi_stream_lease.__version__} " in changelog

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._core import LeaseConfig, Manager
+from ._core import LeaseConfig, Manager, __version__
 from .errors import BackendError
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
@@ -233,6 +233,9 @@ def reset(options: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastapi_stream_lease", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"fastapi-stream-lease {__version__}"
+    )
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     parser.add_argument("--key-prefix", default=LeaseConfig().key_prefix)
     commands = parser.add_subparsers(dest="command", required=True)
