@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from common import BENCH_DIR
-from support.redis_servers import RedisServer, redis_binary
+from support.redis_servers import RedisServer, server_version
 
 
 def run(script: str, *args: str) -> None:
@@ -36,10 +36,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = RedisServer().start()
     try:
-        version = subprocess.run(
-            [redis_binary(), "--version"], capture_output=True, text=True, check=True
-        ).stdout.split()[2]
-        print(f"==> redis-server {version} on 127.0.0.1:{server.port}", flush=True)
+        print(f"==> {server_version()} on 127.0.0.1:{server.port}", flush=True)
         run("acquire_release.py", "--url", server.url, *sys.argv[1:])
         run("plot.py", "--figure", "cycles")
         run("holding.py", "--url", server.url)
@@ -53,7 +50,7 @@ def main() -> None:
         run("telemetry_cost.py", "--url", server.url)
     finally:
         server.cleanup()
-        print("==> stopped redis-server", flush=True)
+        print("==> stopped the server", flush=True)
 
 
 if __name__ == "__main__":

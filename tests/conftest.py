@@ -11,7 +11,11 @@ import redis as redis_py
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from support.redis_servers import RedisCluster, RedisServer
+from support.redis_servers import RedisCluster, RedisServer, server_binary, server_version
+
+
+def pytest_report_header() -> str:
+    return f"server: {server_version()} ({server_binary()})"
 
 
 @pytest.fixture(scope="session")

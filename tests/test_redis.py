@@ -21,7 +21,7 @@ from fastapi_stream_lease import (
 )
 
 from support.redis_servers import RedisServer
-from support.tls import tls_server
+from support.tls import require_tls, tls_server
 from support.waiting import eventually
 
 
@@ -406,6 +406,7 @@ async def test_a_unix_socket_client_is_followed(key_prefix, tmp_path):
 
 
 async def test_tls_with_a_private_ca(key_prefix, tmp_path):
+    require_tls()
     server = tls_server(tmp_path).start()
     ca_file = str(tmp_path / "ca.pem")
     url = f"rediss://127.0.0.1:{server.port}/0"

