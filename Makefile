@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis test chaos lint fmt demo bench wheel clean
+.PHONY: help venv build redis test chaos lint fmt demo bench wheel docs docs-serve clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,12 @@ demo: build ## Run the demos (streams, then an LLM proxy with token budgets) on 
 	$(BIN)/python examples/demo.py
 	$(BIN)/python examples/llm_proxy.py
 
+docs: venv ## Build the documentation site into site/ (MkDocs; a warning fails the build)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: venv ## Serve the documentation site on http://127.0.0.1:8000, rebuilt as you edit
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 # zig (from PyPI) links the core against an old glibc: one wheel for every manylinux2014 system.
 ZIGLANG := ziglang==0.17.1
 wheel: venv ## Build the release wheel (abi3: CPython 3.10+, manylinux2014, through zig) and the sdist into dist/
@@ -76,4 +82,4 @@ bench: ## Run the benchmarks (release build, own Redis) and print the table
 	bash benchmarks/run.sh
 
 clean: ## Remove build outputs and the virtualenvs
-	rm -rf target dist $(VENV) benchmarks/.venv benchmarks/.venv-peer
+	rm -rf target dist site $(VENV) benchmarks/.venv benchmarks/.venv-peer

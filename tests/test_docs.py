@@ -1,4 +1,5 @@
-"""The README's code and the demo run as written."""
+"""The README's and the documentation site's code, and the demo, run as written; the site
+builds without a warning."""
 
 from __future__ import annotations
 
@@ -14,13 +15,29 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Every Python block of every page, by "<page>:<n>" (its n-th block there).
+BLOCKS = {
+    f"{page.relative_to(ROOT)}:{n}": code
+    for page in PAGES
+    for n, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S))
+}
 
 
-def load_block(index: int, redis_url: str, tmp_path: Path):
-    """Runs README block ``index`` as a module, pointed at the test's Redis."""
-    code = BLOCKS[index].replace("redis://localhost:6379", redis_url)
-    path = tmp_path / f"readme_block_{index}.py"
+def block_with(marker: str) -> str:
+    (name,) = [name for name, code in BLOCKS.items() if marker in code]
+    return name
+
+
+QUICKSTART = block_with("lease.wrap(token_generator())")
+WEBSOCKET = block_with("async def websocket_chat")
+LIMITER = block_with('@app.get("/both"')
+
+
+def load_block(name: str, redis_url: str, tmp_path: Path):
+    """Runs block ``name`` as a module, pointed at the test's Redis."""
+    code = BLOCKS[name].replace("redis://localhost:6379", redis_url)
+    path = tmp_path / ("docs_block_" + re.sub(r"\W", "_", name) + ".py")
     path.write_text(code)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
@@ -29,29 +46,29 @@ def load_block(index: int, redis_url: str, tmp_path: Path):
     return module
 
 
-def test_readme_has_the_blocks_these_tests_expect():
-    assert len(BLOCKS) == 10
-    assert "lease.wrap(token_generator())" in BLOCKS[0]
-    assert "websocket_chat" in BLOCKS[1]
+def test_the_pages_have_the_blocks_these_tests_expect():
+    assert QUICKSTART == "README.md:0"
+    for recipe in (ROOT / "docs" / "recipes").glob("*.md"):  # each recipe shows its code
+        assert f"{recipe.relative_to(ROOT)}:0" in BLOCKS, recipe.name
 
 
 def test_readme_quickstart(redis_server, tmp_path):
-    module = load_block(0, redis_server.url, tmp_path)
+    module = load_block(QUICKSTART, redis_server.url, tmp_path)
     with TestClient(module.app) as client:
         response = client.get("/api/chat/stream")
         assert response.status_code == 200
         assert "data: streamed!" in response.text
 
 
-def test_readme_limiter(redis_server, tmp_path):
-    module = load_block(3, redis_server.url, tmp_path)
+def test_limiter_block(redis_server, tmp_path):
+    module = load_block(LIMITER, redis_server.url, tmp_path)
     with TestClient(module.app) as client:
         assert client.get("/messages").json() == []
         assert client.get("/both").json() == "ok"
 
 
-def test_readme_websocket(redis_server, tmp_path):
-    module = load_block(1, redis_server.url, tmp_path)
+def test_websocket_block(redis_server, tmp_path):
+    module = load_block(WEBSOCKET, redis_server.url, tmp_path)
     with TestClient(module.app) as client:
         # The example loops until the client leaves, which Starlette reports by raising.
         with pytest.raises(WebSocketDisconnect), client.websocket_connect("/ws/chat/u1") as ws:
@@ -59,9 +76,20 @@ def test_readme_websocket(redis_server, tmp_path):
             assert ws.receive_text() == "Echo: hi"
 
 
-@pytest.mark.parametrize("index", [2, 4, 5, 6, 7, 8, 9])
-def test_readme_snippets_run(redis_server, tmp_path, index):
-    load_block(index, redis_server.url, tmp_path)
+@pytest.mark.parametrize(
+    "name", [name for name in BLOCKS if name not in (QUICKSTART, WEBSOCKET, LIMITER)]
+)
+def test_every_other_block_runs(redis_server, tmp_path, name):
+    load_block(name, redis_server.url, tmp_path)
+
+
+def test_the_site_builds_without_warnings(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
