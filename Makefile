@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PYO3_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: help venv build redis browser test chaos lint fmt demo demo-web bench wheel docs docs-serve clean
+.PHONY: help venv build redis browser test chaos lint fmt demo demo-web bench load wheel docs docs-serve clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -86,6 +86,10 @@ wheel: venv ## Build the release wheel (abi3: CPython 3.10+, manylinux2014, thro
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux2014 --out dist
 	$(BIN)/maturin sdist --out dist
 	@echo "==> built:" && ls -1 dist/fastapi_stream_lease-*
+
+load: redis ## 4 uvicorn workers under SSE and WebSocket clients, Redis restarted: audits the caps, draws benchmarks/results/load.png
+	bash benchmarks/setup_bench_env.sh
+	benchmarks/.venv/bin/python benchmarks/load.py
 
 bench: ## Run the benchmarks (release build, own Redis) and print the table
 	bash benchmarks/run.sh
