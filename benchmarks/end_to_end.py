@@ -1,13 +1,16 @@
 """End to end: what a lease costs a real SSE endpoint served by uvicorn.
 
-Two uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log) serve
-the README quickstart's endpoint, ``GET /api/chat/stream?user_id=...``, which streams 5 short
-``data:`` events:
+Three uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log)
+serve the README quickstart's endpoint, ``GET /api/chat/stream?user_id=...``, which streams 5
+short ``data:`` events:
 
 * ``lease``: as in the quickstart, ``lease = await lease_manager.acquire(user_id)`` and
   ``StreamingResponse(lease.wrap(token_generator()))``, the manager built from a
   ``redis.asyncio`` client (``max_per_user=2, max_global=500, lease_seconds=30``) on the Redis
   at ``--url``;
+* ``peer``: the same quickstart, word for word, on the pure-Python peer (PyPI
+  ``fastapi-stream-lease`` 0.6.3, which has the same import name and API), served from
+  ``benchmarks/.venv-peer``;
 * ``none``: the same endpoint without any limiter.
 
 A load generator in its own process (raw asyncio sockets, HTTP/1.1 keep-alive, chunked bodies
@@ -67,7 +70,10 @@ from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "end_to_end.json"
-VARIANTS = ("lease", "none")
+VARIANTS = ("lease", "peer", "none")
+# The peer's quickstart runs this very file in the peer's virtualenv, where fastapi_stream_lease
+# is the peer.
+PEER_PYTHON = SCRIPT.parent / ".venv-peer" / "bin" / "python"
 CLIENT_LEVELS = (1, 32)
 EVENTS = ("Hello", "world", "this", "is", "streamed!")
 KEY_PREFIX = "e2e"
@@ -85,7 +91,8 @@ async def token_generator() -> AsyncIterator[str]:
 
 
 def build_app(variant: str, url: str) -> FastAPI:
-    """The quickstart's app (``lease``) or the same endpoint with no limiter (``none``)."""
+    """The quickstart's app (``lease``, and ``peer`` when run by the peer's Python) or the
+    same endpoint with no limiter (``none``)."""
     app = FastAPI()
     if variant == "none":
 
@@ -98,7 +105,7 @@ def build_app(variant: str, url: str) -> FastAPI:
     lease_manager = StreamLeaseManager(
         redis=aioredis.from_url(url),
         config=LeaseConfig(
-            max_per_user=2, max_global=500, lease_seconds=30.0, key_prefix=KEY_PREFIX
+            max_per_user=2, max_global=500, lease_seconds=30.0, key_prefix=f"{KEY_PREFIX}-{variant}"
         ),
     )
 
@@ -298,7 +305,8 @@ class Server:
     @classmethod
     async def start(cls, variant: str, url: str) -> Server:
         port = free_port()
-        argv = [sys.executable, str(SCRIPT), "--serve", variant]
+        python = PEER_PYTHON if variant == "peer" else sys.executable
+        argv = [str(python), str(SCRIPT), "--serve", variant]
         process = await asyncio.create_subprocess_exec(
             *argv, "--url", url, "--port", str(port), stdin=asyncio.subprocess.DEVNULL
         )
@@ -374,7 +382,7 @@ async def measure(
                         f"  server CPU {run.server_cpu_ms_per_stream:.3f} ms/stream",
                         flush=True,
                     )
-        left = int(await client.zcard(f"{{{KEY_PREFIX}}}:global"))
+        left = int(await client.zcard(f"{{{KEY_PREFIX}-lease}}:global"))
     finally:
         await load.stop()
         for server in servers:
@@ -409,30 +417,31 @@ def summarize(runs: Sequence[E2ERun]) -> list[dict[str, Any]]:
         refused = sum(r.refused + r.dropped_connections for r in runs if r.clients == clients)
         for variant in VARIANTS:
             summary.append({"clients": clients, "variant": variant, **medians[variant]})
-        summary.append(
-            {
-                "clients": clients,
-                "variant": "overhead",
-                "streams_per_s_ratio": medians["lease"]["streams_per_s"]
-                / medians["none"]["streams_per_s"],
-                **{
-                    f"{name}_delta": medians["lease"][name] - medians["none"][name]
-                    for name in figures[1:6]
-                },
-                "refused": refused,
-            }
-        )
+        for limited in ("lease", "peer"):
+            summary.append(
+                {
+                    "clients": clients,
+                    "variant": f"{limited} overhead",
+                    "streams_per_s_ratio": medians[limited]["streams_per_s"]
+                    / medians["none"]["streams_per_s"],
+                    **{
+                        f"{name}_delta": medians[limited][name] - medians["none"][name]
+                        for name in figures[1:6]
+                    },
+                    "refused": refused if limited == "lease" else 0,
+                }
+            )
     return summary
 
 
 def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
     rows: list[list[str]] = []
     for s in summary:
-        if s["variant"] == "overhead":
+        if s["variant"].endswith("overhead"):
             rows.append(
                 [
                     f"{s['clients']}",
-                    "lease overhead",
+                    s["variant"],
                     f"{s['streams_per_s_ratio']:.2f}x",
                     f"{s['ttfb_p50_ms_delta']:+.3f}",
                     f"{s['ttfb_p99_ms_delta']:+.3f}",
@@ -446,7 +455,11 @@ def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
         rows.append(
             [
                 f"{s['clients']}",
-                "quickstart (lease, Redis)" if s["variant"] == "lease" else "no limiter",
+                {
+                    "lease": "quickstart (lease, Redis)",
+                    "peer": "the peer's quickstart",
+                    "none": "no limiter",
+                }[s["variant"]],
                 f"{s['streams_per_s']:,.0f}",
                 f"{s['ttfb_p50_ms']:.3f}",
                 f"{s['ttfb_p99_ms']:.3f}",
@@ -462,7 +475,7 @@ def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
     print(
         "times in ms, medians of the runs; TTFB = request sent -> status line, TTLB = -> last"
         " byte; server CPU/stream\n= the uvicorn process's CPU ms (all threads) per admitted"
-        " stream; overhead rows = lease - no limiter.\n"
+        " stream; overhead rows = lease (or peer) - no limiter.\n"
         f"streams refused or cut: {refused}; leases left in the global pool at the end: {left}"
     )
 

@@ -61,4 +61,6 @@ if [[ ! -x "$peer/bin/python" ]]; then
 fi
 echo "==> installing the peer (PyPI fastapi-stream-lease==0.6.3) into $peer"
 # Starlette brings anyio, which the peer uses when present, as it is in any FastAPI app.
-"$peer/bin/pip" install --quiet fastapi-stream-lease==0.6.3 "${redis_py[@]}" starlette==1.10.0
+# FastAPI and uvicorn: end_to_end.py serves the peer's quickstart from here.
+"$peer/bin/pip" install --quiet fastapi-stream-lease==0.6.3 "${redis_py[@]}" starlette==1.10.0 \
+    fastapi==0.165.0 uvicorn==0.54.0
