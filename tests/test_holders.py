@@ -307,6 +307,7 @@ def restore(server, snapshot: bytes) -> None:
     server.stop()
     (server.dir / "dump.rdb").write_bytes(snapshot)
     server.start()
+    assert int(server.cli("dbsize")) > 0, f"the snapshot was not loaded on port {server.port}"
 
 
 def snapshot(server) -> bytes:
