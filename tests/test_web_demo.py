@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from support.browser import Browser, browser_binaries
-from support.ports import free_port
+from support.uvicorn_server import Uvicorn
 from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,28 +36,9 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def web_demo(redis_server) -> Iterator[str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "examples"), "web_demo:app",
-         "--port", str(port)],
-        env={**os.environ, "REDIS_URL": redis_server.url},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/"
-
-    def serving() -> bool:
-        assert server.poll() is None, "the web demo exited"
-        try:
-            return httpx.get(url, timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(serving, timeout=30, what="the web demo to serve its page")
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    server = Uvicorn("web_demo:app", ROOT / "examples", {"REDIS_URL": redis_server.url})
+    yield server.base_url + "/"
+    server.stop()
 
 
 def test_a_visitor_sees_streams_refusals_and_the_pools_use(web_demo, browser, tmp_path):

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from support.ports import free_port
-from support.waiting import wait_until
+from support.uvicorn_server import Uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
@@ -60,24 +59,10 @@ def test_the_wheel_installs_without_rust_and_serves_the_quickstart(redis_server,
     (tmp_path / "quickstart.py").write_text(
         QUICKSTART.replace("redis://localhost:6379", redis_server.url)
     )
-    port = free_port()
-    server = subprocess.Popen(
-        [venv / "bin" / "python", "-m", "uvicorn", "quickstart:app", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    server = Uvicorn("quickstart:app", tmp_path, env, python=venv / "bin" / "python")
     try:
-        url = f"http://127.0.0.1:{port}/api/chat/stream"
-
-        def answers() -> httpx.Response | None:
-            assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
-            try:
-                return httpx.get(url, timeout=30)
-            except httpx.TransportError:
-                return None
-
-        response = wait_until(answers, timeout=60, what="the quickstart to answer")
+        response = httpx.get(server.base_url + "/api/chat/stream", timeout=30)
         assert response.status_code == 200
         assert "data: streamed!" in response.text
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()

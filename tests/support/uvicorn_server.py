@@ -17,16 +17,17 @@ class Uvicorn:
     """``uvicorn <app> --app-dir <app_dir>``, started and answering once built."""
 
     def __init__(
-        self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str
+        self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str,
+        python: str | Path = sys.executable,
     ) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", app, "--app-dir", str(app_dir),
+            [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
              *extra_args],
             env={**os.environ, **(env or {})},
         )
-        wait_until(self._up, timeout=30, what="uvicorn to accept connections")
+        wait_until(self._up, timeout=60, what="uvicorn to accept connections")
 
     @property
     def base_url(self) -> str:
