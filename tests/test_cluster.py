@@ -10,11 +10,11 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, StreamLeaseRejected
 
 from support.redis_servers import RedisCluster
-from support.waiting import eventually
+from support.waiting import eventually, renewals_ran
 
 
 async def test_caps_hold_on_a_cluster(redis_cluster, key_prefix):
-    config = LeaseConfig(key_prefix=key_prefix, max_per_user=2, max_global=5, lease_seconds=1)
+    config = LeaseConfig(key_prefix=key_prefix, max_per_user=2, max_global=5, lease_seconds=3)
     managers = [StreamLeaseManager(url=redis_cluster.url, config=config) for _ in range(3)]
     results = await asyncio.gather(
         *(managers[i % 3].acquire(f"user{i % 4}") for i in range(40)), return_exceptions=True
@@ -22,7 +22,9 @@ async def test_caps_hold_on_a_cluster(redis_cluster, key_prefix):
     granted = [r for r in results if not isinstance(r, BaseException)]
     assert all(isinstance(r, StreamLeaseRejected) for r in results if r not in granted)
     assert len(granted) == 5
-    await asyncio.sleep(1.5)  # renewal batches run on the cluster too
+    for manager in managers:  # renewal batches run on the cluster too
+        if manager.stats()["held"]:
+            await renewals_ran(manager)
     assert await managers[0].get_active_count() == 5
     assert not any(lease.lost for lease in granted)
     for manager in managers:
@@ -116,7 +118,7 @@ def _serves(node, slot: int) -> bool:
 
 async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, key_prefix):
     config = LeaseConfig(key_prefix=key_prefix, max_per_user=1, global_pool=False,
-                         lease_seconds=1)
+                         lease_seconds=3)
     manager = StreamLeaseManager(url=redis_cluster.url, config=config)
     leases = [await manager.acquire(f"user{i}") for i in range(60)]
     keys_per_node = [
@@ -126,9 +128,9 @@ async def test_without_a_global_pool_users_spread_across_shards(redis_cluster, k
     # per user: its pool, holders, the tag's clock, and this holder's pools and count of members
     assert sum(keys_per_node) == 5 * 60
     assert sum(1 for n in keys_per_node if n > 0) == 3, keys_per_node
-    await asyncio.sleep(1.5)  # renewal batches stay within one slot each: no CROSSSLOT
-    assert manager.stats()["renew_failures"] == 0
-    assert not any(lease.lost for lease in leases)
+    await renewals_ran(manager, calls=2 * 60)  # one keep-alive per tag, each in its slot
+    assert manager.stats()["renew_failures"] == 0, manager.stats()  # no CROSSSLOT
+    assert not any(lease.lost for lease in leases), manager.stats()
     assert await manager.get_active_count("user7") == 1
     with pytest.raises(StreamLeaseRejected):
         await manager.acquire("user7")

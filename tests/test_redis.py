@@ -22,7 +22,7 @@ from fastapi_stream_lease import (
 
 from support.redis_servers import RedisServer
 from support.tls import require_tls, tls_server
-from support.waiting import eventually
+from support.waiting import eventually, renewals_ran
 
 
 async def admits_again(manager: StreamLeaseManager, what: str) -> None:
@@ -86,7 +86,7 @@ def test_a_redis_manager_without_identity_secret_warns_its_builder(redis_server)
 async def test_a_flushed_function_library_does_not_break_acquire_renew_or_release(
     own_redis, make_own_redis_manager
 ):
-    manager = make_own_redis_manager(lease_seconds=1, max_per_user=2)
+    manager = make_own_redis_manager(lease_seconds=3, max_per_user=2)
     first = await manager.acquire("alice")
 
     def flush() -> None:
@@ -96,7 +96,7 @@ async def test_a_flushed_function_library_does_not_break_acquire_renew_or_releas
     flush()
     second = await manager.acquire("alice")  # Function not found -> FUNCTION LOAD -> FCALL
     flush()
-    await asyncio.sleep(1.5)  # renewals ran across the flush and kept both leases
+    await renewals_ran(manager)  # across the flush, and kept both leases
     assert await manager.get_active_count("alice") == 2
     assert not first.lost and not second.lost
     flush()
@@ -110,12 +110,12 @@ async def test_a_user_without_functions_runs_the_scripts_as_scripts(own_redis, k
     scripts go as EVALSHA (reloaded on NOSCRIPT)."""
     own_redis.cli("ACL", "SETUSER", "scripts", "on", ">pw", "~*", "&*", "+@all", "-function")
     url = f"redis://scripts:pw@127.0.0.1:{own_redis.port}/0"
-    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=1)
+    config = LeaseConfig(key_prefix=key_prefix, lease_seconds=3)
     manager = StreamLeaseManager(url=url, config=config)
     try:
         lease = await manager.acquire("alice")
         own_redis.cli("SCRIPT", "FLUSH")
-        await asyncio.sleep(1.5)  # renewed across the flush
+        await renewals_ran(manager)  # across the flush
         assert await manager.get_active_count("alice") == 1 and not lease.lost
         assert await lease.release() is True
         assert own_redis.cli("FUNCTION", "LIST") == ""
