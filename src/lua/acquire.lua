@@ -54,14 +54,11 @@
 -- load_request).
 local keys, args
 local id, ttl, weight, waiter, queued, pools, holders, own, holder, line, alive, tickets
-local first_rate, priority, fair, own_waits, user
+local first_rate, priority, fair, own_waits, user, capacities
 local CAPS = 13 -- args[CAPS + i]: capacity of keys[i]; args[CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
-local function integer(n)
-  return string.format('%d', n)
-end
 
 local function load_request(request_keys, request_args)
   keys, args = request_keys, request_args
@@ -73,7 +70,7 @@ local function load_request(request_keys, request_args)
   pools = tonumber(args[10])
   holders = keys[pools + 1]
   own = tonumber(args[8])
-  holder = holder_name(args[9])
+  holder = args[9] -- the core's decimal text, as stored (holder_name is for scores read back)
   line, alive, tickets = keys[pools + 2], keys[pools + 3], keys[pools + 4]
   first_rate = pools + (queued and 5 or 2)
   priority = tonumber(args[11])
@@ -81,6 +78,10 @@ local function load_request(request_keys, request_args)
   own_waits = args[13] == '1'
   -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
   user = own > 0 and keys[1] or waiter
+  capacities = {}
+  for i = 1, pools do
+    capacities[i] = tonumber(args[CAPS + i])
+  end
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
@@ -126,7 +127,7 @@ end
 local function lined_pools()
   local lined = {}
   for i = own_waits and 1 or own + 1, pools do
-    if tonumber(args[CAPS + i]) > 0 then
+    if capacities[i] > 0 then
       lined[keys[i]] = i
     end
   end
@@ -147,13 +148,23 @@ local function place_in(pool, ticket)
   return (9 - priority) * TURNS + turn
 end
 
--- The waiters of processes that stopped keeping them alive leave the line (once per batch).
+-- Whether anyone may be waiting in the line: read once per batch, and true from the moment a
+-- request of the batch enters it (a line emptied meanwhile still says true: an empty walk).
+local function anyone_may_wait()
+  if batch.line_empty == nil then
+    batch.line_empty = redis.call('ZCARD', line) == 0
+  end
+  return not batch.line_empty
+end
+
+-- The waiters of processes that stopped keeping them alive leave the line (once per batch, and
+-- only when someone waits: the waiters of a dead process are found the next time anyone does).
 local function drop_dead_waiters()
-  if batch.waiters_dropped then
+  if batch.waiters_dropped or not anyone_may_wait() then
     return
   end
   batch.waiters_dropped = true
-  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 16)) do
+  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now_text, 'LIMIT', 0, 16)) do
     local theirs = alive .. ':' .. process
     forget_waiters(line, redis.call('SMEMBERS', theirs))
     redis.call('DEL', theirs)
@@ -190,6 +201,7 @@ local function enter_line(lined)
   local ticket = tonumber(redis.call('ZSCORE', line, waiter))
   local keep = {line, line .. ':needs', alive, tickets, mine}
   if not ticket then
+    batch.line_empty = false
     ticket = redis.call('INCR', tickets)
     redis.call('ZADD', line, ticket, waiter)
     redis.call('SADD', mine, waiter)
@@ -209,7 +221,7 @@ local function enter_line(lined)
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
   end
-  redis.call('ZADD', alive, now + tonumber(args[5]), holder)
+  redis.call('ZADD', alive, integer(now + tonumber(args[5])), holder)
   for _, key in ipairs(keep) do
     redis.call('PEXPIRE', key, math.max(ttl, tonumber(args[5])) * 2)
   end
@@ -303,9 +315,9 @@ end
 local function check_pools(ticket, lined)
   local used, passing = {}, {}
   -- Nobody waits at all (the usual case): no line to walk.
-  local anyone_waits = queued and redis.call('ZCARD', line) > 0
+  local anyone_waits = queued and anyone_may_wait()
   for i = 1, pools do
-    local capacity = tonumber(args[CAPS + i])
+    local capacity = capacities[i]
     used[i] = used_slots(keys[i], holders, weight, capacity)
     local promised = 0
     if anyone_waits and lined[keys[i]] then
@@ -412,13 +424,8 @@ local function decide()
   return granted
 end
 
---[[ per call ]]
--- The call decides each request in order (the prelude's decide_each packs and unpacks them);
--- the clock, the reaper and the holder's count of members are seen to once.
-batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
-holders = nil
-read_clock()
-local replies = decide_each(KEYS, ARGV, function(request_keys, request_args)
+-- Loads and decides one request of the call; the first sees to the tag's clock and the reaper.
+local function decide_request(request_keys, request_args)
   local first = holders == nil
   load_request(request_keys, request_args)
   if first then
@@ -426,7 +433,15 @@ local replies = decide_each(KEYS, ARGV, function(request_keys, request_args)
     reap(holders)
   end
   return decide()
-end)
+end
+
+--[[ per call ]]
+-- The call decides each request in order (the prelude's decide_each packs and unpacks them);
+-- the clock, the reaper and the holder's count of members are seen to once.
+batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
+holders = nil
+read_clock()
+local replies = decide_each(KEYS, ARGV, decide_request)
 if holders then
   count_members(holders, holder, batch.granted_members)
   if batch.holder_was_alive == false then

@@ -38,7 +38,7 @@ for i, holders in ipairs(KEYS) do
     local scan = redis.call('SSCAN', index, cursor, 'COUNT', slice)
     next_cursor = scan[1]
     for _, pool in ipairs(scan[2]) do
-      redis.call('PEXPIRE', pool, IDLE_MS)
+      redis.call('PEXPIRE', pool, IDLE_MS_TEXT)
     end
   end
   reply[#reply + 1] = alive and '1' or '0'

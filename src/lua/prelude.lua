@@ -9,16 +9,24 @@
 -- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
 -- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
 -- it differs from what it holds (a failover that lost the last writes, a reap, a lost release).
+-- Numbers go to commands as integer text: Lua would print them with printf's %.14g, which costs
+-- a few thousand instructions per argument.
+local function integer(n)
+  return string.format('%d', n)
+end
 -- The server's time in ms, read by `read_clock()` in the scripts that need it (not in release
--- or leave, which run for every stream).
-local now
+-- or leave, which run for every stream), as a number and as text.
+local now, now_text
 local function read_clock()
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ms = math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + ms
+  now_text = t[1] .. string.format('%03d', ms)
 end
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
 -- and live holders refresh theirs (acquires, keepalives).
 local IDLE_MS = 3600000
+local IDLE_MS_TEXT = IDLE_MS .. '' -- as text (string.format is absent while a library loads)
 -- Members of dead holders removed per call at most, by the reaper and the walks together, so
 -- one call never blocks Redis for long however many members a holder left; the rest goes on
 -- the next calls. And pools the reaper visits per call at most.
@@ -28,7 +36,7 @@ local reap_left = REAP_BUDGET
 -- In the function library (src/backend/redis/scripts.rs) every script shares this prelude's
 -- state across calls; each call starts here. (A script of its own gets it fresh anyway.)
 local function begin_call()
-  now = nil
+  now, now_text = nil, nil
   reap_left = REAP_BUDGET
 end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
@@ -91,7 +99,7 @@ local function steady_clock(holders, lease)
     end
   end
   if not last or step >= CLOCK_GRAIN or shift ~= 0 then
-    redis.call('SET', clock, now, 'PX', IDLE_MS)
+    redis.call('SET', clock, now_text, 'PX', IDLE_MS_TEXT)
   end
 end
 
@@ -101,10 +109,14 @@ local function holder_name(text)
 end
 
 -- The members of a lease of weight w: id, id#2, ..., id#w (so ZCARD counts slots).
+local function member(id, unit)
+  return unit == 1 and id or id .. '#' .. unit
+end
+
 local function members(id, weight)
   local list = {id}
   for unit = 2, weight do
-    list[unit] = id .. '#' .. unit
+    list[unit] = member(id, unit)
   end
   return list
 end
@@ -148,7 +160,7 @@ end
 -- leaves <tag>:holders once its index is empty.
 local function reap(holders)
   local pools_left = REAP_POOLS
-  for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 16)) do
+  for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now_text, 'LIMIT', 0, 16)) do
     if reap_left <= 0 or pools_left <= 0 then
       return
     end
@@ -251,9 +263,9 @@ end
 
 -- Keeps a holder's keys from idling out (the keep-alive does it every round).
 local function refresh(holders, holder)
-  redis.call('PEXPIRE', holders, IDLE_MS)
-  redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS)
-  redis.call('PEXPIRE', members_key(holders, holder), IDLE_MS)
+  redis.call('PEXPIRE', holders, IDLE_MS_TEXT)
+  redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS_TEXT)
+  redis.call('PEXPIRE', members_key(holders, holder), IDLE_MS_TEXT)
 end
 
 -- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
@@ -264,7 +276,7 @@ local function hold(holders, holder, ttl)
   if not alive then
     redis.call('DEL', members_key(holders, holder))
   end
-  redis.call('ZADD', holders, now + ttl, holder)
+  redis.call('ZADD', holders, integer(now + ttl), holder)
   return alive
 end
 
@@ -272,14 +284,14 @@ end
 -- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
 -- pools).
 local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
-  local args = {}
-  for _, member in ipairs(members(id, weight)) do
-    args[#args + 1] = holder
-    args[#args + 1] = member
+  local args = {holder, id}
+  for unit = 2, weight do
+    args[2 * unit - 1] = holder
+    args[2 * unit] = member(id, unit)
   end
   redis.call('ZADD', pool, unpack(args))
   if new_pool then
-    redis.call('PEXPIRE', pool, IDLE_MS)
+    redis.call('PEXPIRE', pool, IDLE_MS_TEXT)
   end
   -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile).
   if not (indexed and indexed[pool]) then
@@ -299,7 +311,7 @@ end
 -- Moves a holder's count of members in a tag by `change`.
 local function count_members(holders, holder, change)
   if change ~= 0 then
-    redis.call('INCRBY', members_key(holders, holder), change)
+    redis.call('INCRBY', members_key(holders, holder), integer(change))
   end
 end
 
@@ -309,7 +321,7 @@ local function recount(holders, holder)
   for _, pool in ipairs(redis.call('SMEMBERS', holders .. ':' .. holder)) do
     count = count + redis.call('ZCOUNT', pool, holder, holder)
   end
-  redis.call('SET', members_key(holders, holder), count, 'PX', IDLE_MS)
+  redis.call('SET', members_key(holders, holder), count, 'PX', IDLE_MS_TEXT)
   return count
 end
 

@@ -12,7 +12,7 @@
 -- building it again: it leaves when its manager closes (depart.lua), or, if it died, when the
 -- reaper finds its entry expired.
 -- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0.
-local holder = holder_name(ARGV[2])
+local holder = ARGV[2] -- the core's decimal text, as stored
 local released = 0
 local present_each = {}
 -- holders key -> set of the pools touched in its tag, and the members removed there
