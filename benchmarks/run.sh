@@ -14,6 +14,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 scripts/ensure-redis.sh
+# redis_instructions.py counts redis-server's instructions under valgrind; it skips without it.
+command -v valgrind >/dev/null || scripts/apt-install.sh valgrind || true
 for tool in python3 redis-server redis-cli redis-benchmark cargo; do
     if ! command -v "$tool" >/dev/null; then
         echo "run.sh: $tool is not on PATH" >&2

@@ -3,7 +3,8 @@ virtualenvs are set up.
 
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
 tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
-waiting.py, cluster_spread.py (on a cluster of its own), end_to_end.py, then the rate limits'
+waiting.py, cluster_spread.py (on a cluster of its own), redis_instructions.py (on a server of
+its own, under callgrind), end_to_end.py, then the rate limits'
 rate_hits.py, plot.py again and rate_http.py, the token budgets' token_budgets.py and the cost of
 OpenTelemetry (telemetry_cost.py) in turn,
 and stops the server however the run ends. (The rate limits and budgets come last: the keys they
@@ -42,6 +43,7 @@ def main() -> None:
         run("holding.py", "--url", server.url)
         run("waiting.py", "--url", server.url)
         run("cluster_spread.py")
+        run("redis_instructions.py")  # a server of its own, under callgrind
         run("end_to_end.py", "--url", server.url)
         run("rate_hits.py", "--url", server.url)
         run("plot.py", "--figure", "rates")
