@@ -82,6 +82,7 @@ pub struct Budgets {
     /// Settlements whose call failed, retried every round.
     unsettled: Mutex<Vec<(Store, Settlement)>>,
     dropped: AtomicU64,
+    /// Settlement calls under way (first tries, and a round's retries).
     settles: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
@@ -191,12 +192,13 @@ impl Budgets {
         self.dropped.fetch_add(lost.len() as u64, Ordering::Relaxed);
     }
 
-    /// Streams with budgets open now, settlements waiting for another try, and settlements
-    /// dropped (the queue full, or still failing when the manager closed).
+    /// Streams with budgets open now, settlements not applied yet (under way, or waiting for
+    /// another try: so 0 means every ended stream is settled), and settlements dropped (the
+    /// queue full, or still failing when the manager closed).
     pub fn counts(&self) -> (usize, usize, u64) {
         (
             lock(&self.meters).len(),
-            lock(&self.unsettled).len(),
+            lock(&self.unsettled).len() + self.settles.len(),
             self.dropped.load(Ordering::Relaxed),
         )
     }

@@ -72,9 +72,15 @@ impl Budgets {
         });
         futures_util::future::join_all(sends).await;
         let retries = std::mem::take(&mut *lock(&self.unsettled));
-        for (store, settlement) in retries {
-            self.send_settlement(store, settlement).await;
-        }
+        // Tracked as under way, so the settlements taken out of the queue still count as not
+        // applied (`counts`) until their calls return.
+        self.settles
+            .track_future(async {
+                for (store, settlement) in retries {
+                    self.send_settlement(store, settlement).await;
+                }
+            })
+            .await;
     }
 
     /// One call's top-ups, and their answers to the meters (a call that failed: granted here
