@@ -2,13 +2,13 @@
 virtualenvs are set up.
 
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
-tests do), runs acquire_release.py (with this script's arguments), plot.py, holding.py,
-waiting.py, cluster_spread.py (on a cluster of its own), redis_instructions.py (on a server of
-its own, under callgrind), end_to_end.py, then the rate limits'
-rate_hits.py, plot.py again and rate_http.py, the token budgets' token_budgets.py and the cost of
-OpenTelemetry (telemetry_cost.py) in turn,
-and stops the server however the run ends. (The rate limits and budgets come last: the keys they
-leave behind expire in the server's background, which must not weigh on holding.py's figures.)
+tests do), runs acquire_release.py (with this script's arguments), plot.py, core_threads.py,
+holding.py, waiting.py, cluster_spread.py (on a cluster of its own), redis_instructions.py (on a
+server of its own, under callgrind), end_to_end.py, then the rate limits' rate_hits.py, plot.py
+again and rate_http.py, the token budgets' token_budgets.py and the cost of OpenTelemetry
+(telemetry_cost.py) in turn, and stops the server however the run ends. (The rate limits and
+budgets come last: the keys they leave behind expire in the server's background, which must not
+weigh on holding.py's figures.)
 
 Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
 
@@ -40,6 +40,7 @@ def main() -> None:
         print(f"==> {server_version()} on 127.0.0.1:{server.port}", flush=True)
         run("acquire_release.py", "--url", server.url, *sys.argv[1:])
         run("plot.py", "--figure", "cycles")
+        run("core_threads.py", "--url", server.url)
         run("holding.py", "--url", server.url)
         run("waiting.py", "--url", server.url)
         run("cluster_spread.py")

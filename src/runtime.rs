@@ -10,9 +10,24 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
+/// One worker thread unless `TOKIO_WORKER_THREADS` (tokio's own variable) says otherwise. A
+/// process serves one event loop, whose thread spends more CPU per call than the core does, so
+/// a second worker adds no throughput; it moved tasks between threads instead, each move a
+/// wake-up across cores: one worker spends a quarter less of the core's CPU per cycle of
+/// acquire and release than two, at one stream at a time and under load alike
+/// (benchmarks/README.md). Behind several workers of a web server, one thread per process also
+/// keeps the threads fewer than the cores.
+fn worker_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|threads| threads.trim().parse().ok())
+        .filter(|&threads| threads > 0)
+        .unwrap_or(1)
+}
+
 fn build() -> Runtime {
     Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(worker_threads())
         .thread_name("stream-lease")
         .enable_all()
         .build()
