@@ -397,9 +397,10 @@ class StreamLeaseManager:
           and the time they took in all, in microseconds (0 on the embedded store);
         * ``waiting``: its acquires waiting in line now;
         * ``budget_streams``: its streams with token budgets open now;
-        * ``unsettled``: settlements of ended streams' budgets not applied yet: under way, or
-          whose call failed, waiting for another try (at most 10,000 of those); 0 once every
-          ended stream is settled;
+        * ``unsettled``: settlements of ended streams' budgets not applied yet: calls under way
+          (top-ups in flight included: a stream that ends during one is settled when it
+          returns), or whose call failed, waiting for another try (at most 10,000 of those); 0
+          once every ended stream is settled;
         * ``settlements_dropped``: settlements given up: the queue was full (those that only give
           tokens back go first), or they still failed when the manager closed (their charges,
           the tokens streamed past a reservation, are lost: an under-count).

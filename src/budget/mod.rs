@@ -82,7 +82,8 @@ pub struct Budgets {
     /// Settlements whose call failed, retried every round.
     unsettled: Mutex<Vec<(Store, Settlement)>>,
     dropped: AtomicU64,
-    /// Settlement calls under way (first tries, and a round's retries).
+    /// Budget calls under way that settle ended streams: settlements (first tries and a round's
+    /// retries) and top-ups (a stream may end while one is in flight).
     settles: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
@@ -192,9 +193,10 @@ impl Budgets {
         self.dropped.fetch_add(lost.len() as u64, Ordering::Relaxed);
     }
 
-    /// Streams with budgets open now, settlements not applied yet (under way, or waiting for
-    /// another try: so 0 means every ended stream is settled), and settlements dropped (the
-    /// queue full, or still failing when the manager closed).
+    /// Streams with budgets open now, settlements not applied yet (calls under way, top-ups
+    /// included, and settlements waiting for another try: 0 means every ended stream is
+    /// settled), and settlements dropped (the queue full, or still failing when the manager
+    /// closed).
     pub fn counts(&self) -> (usize, usize, u64) {
         (
             lock(&self.meters).len(),

@@ -71,21 +71,21 @@ impl Budgets {
                 .map(move |chunk| self.send_top_ups(store, chunk))
         });
         futures_util::future::join_all(sends).await;
+        // Under way from before the queue is emptied, so the settlements taken out of it count
+        // as not applied (`counts`) until their calls return.
+        let _under_way = self.settles.token();
         let retries = std::mem::take(&mut *lock(&self.unsettled));
-        // Tracked as under way, so the settlements taken out of the queue still count as not
-        // applied (`counts`) until their calls return.
-        self.settles
-            .track_future(async {
-                for (store, settlement) in retries {
-                    self.send_settlement(store, settlement).await;
-                }
-            })
-            .await;
+        for (store, settlement) in retries {
+            self.send_settlement(store, settlement).await;
+        }
     }
 
     /// One call's top-ups, and their answers to the meters (a call that failed: granted here
     /// under `failure_mode="open"`, else tried again next round).
     async fn send_top_ups(&self, store: Store, chunk: Vec<&Due>) {
+        // Under way too: a stream that ends while its top-up is in flight is settled when the
+        // answer comes back (the refund below).
+        let _under_way = self.settles.token();
         let top_ups: Vec<&TopUp> = chunk.iter().map(|(_, top_up)| top_up).collect();
         let sent_at = monotonic_ms();
         let answers = self.stores.call(store, |backend| backend.top_up(&top_ups)).await;

@@ -157,10 +157,11 @@ local function anyone_may_wait()
   return not batch.line_empty
 end
 
--- The waiters of processes that stopped keeping them alive leave the line (once per batch, and
--- only when someone waits: the waiters of a dead process are found the next time anyone does).
+-- The waiters of processes that stopped keeping them alive leave the line (once per batch; also
+-- when the line is empty, so the liveness entries of dead processes never pile up ahead of one
+-- that died with waiters in line).
 local function drop_dead_waiters()
-  if batch.waiters_dropped or not anyone_may_wait() then
+  if batch.waiters_dropped then
     return
   end
   batch.waiters_dropped = true
