@@ -22,22 +22,19 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
-from common import RESULTS_DIR, machine_info, print_table, write_json
+from common import RESULTS_DIR, machine_info, print_table, scenario_name, write_json
 
 USERS = 16
 
 
 async def cycles(url: str, coroutines: int, seconds: float) -> dict[str, float]:
     """Runs acquire + release cycles for ``seconds``; what they cost, per cycle."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no identity_secret: fine for a benchmark
-        manager = StreamLeaseManager(
-            url=url, config=LeaseConfig(key_prefix="threads", max_per_user=0, max_global=0)
-        )
+    manager = StreamLeaseManager(
+        url=url, config=LeaseConfig(key_prefix="threads", max_per_user=0, max_global=0)
+    )
     for _ in range(100):  # warm: connected, the library loaded, the holder registered
         await (await manager.acquire("warm-up")).release()
     done, stop = 0, False
@@ -98,7 +95,7 @@ def main() -> None:
         median = {k: statistics.median(r[k] for r in results) for k in results[0]}
         summary.append({"coroutines": coroutines, "threads": threads, **median})
         rows.append([
-            f"{coroutines} coroutine{'s' if coroutines > 1 else ''}", str(threads),
+            scenario_name(coroutines), str(threads),
             f"{median['cycles_per_s']:,.0f}", f"{median['process_us']:.0f}",
             f"{median['loop_thread_us']:.0f}", f"{median['core_threads_us']:.0f}",
         ])

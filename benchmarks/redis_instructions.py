@@ -28,12 +28,12 @@ import argparse
 import asyncio
 import shutil
 import subprocess
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+from acquire_release import CoreCalls, capture_core_calls
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
@@ -82,9 +82,7 @@ def commands_run(client: redis.Redis) -> tuple[int, int]:
 
 async def library_cycles(url: str, cycles: int, concurrency: int) -> None:
     config = LeaseConfig(max_per_user=1000, max_global=100_000)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no identity_secret: fine for a benchmark
-        manager = StreamLeaseManager(url=url, config=config)
+    manager = StreamLeaseManager(url=url, config=config)
 
     async def worker(w: int) -> None:
         for i in range(cycles // concurrency):
@@ -95,19 +93,15 @@ async def library_cycles(url: str, cycles: int, concurrency: int) -> None:
     await manager.aclose()
 
 
-def captured_cycle(server: RedisServer) -> list[list[bytes]]:
-    """The FCALLs of one acquire + release of this library, as MONITOR shows them."""
-    client = redis.Redis(port=server.port)
-    asyncio.run(library_cycles(server.url, USERS, 1))  # the library loaded, the users known
-    with client.monitor() as monitor:
-        asyncio.run(library_cycles(server.url, 1, 1))
-        calls: list[list[bytes]] = []
-        while len(calls) < 2:
-            # redis-py gives the words unquoted, joined by spaces (none of ours holds one).
-            words = [w.encode() for w in monitor.next_command()["command"].split(" ")]
-            if words[0].upper() == b"FCALL" and not words[1].endswith(b"_keepalive"):
-                calls.append(words)
-    return calls
+async def captured_cycle(url: str) -> CoreCalls:
+    """The script calls of one acquire + release of this library (MONITOR, as
+    acquire_release.py reads them), once the library is loaded and the users known."""
+    await library_cycles(url, USERS, 1)
+    manager = StreamLeaseManager(url=url, config=LeaseConfig(max_per_user=1000))
+    try:
+        return await capture_core_calls(url, manager)
+    finally:
+        await manager.aclose()
 
 
 def measure(server: CallgrindServer, name: str, cycles: int,
@@ -139,17 +133,19 @@ def main() -> None:
             "FUNCTION", "LOAD", "REPLACE",
             f"#!lua name={NOOP}\nredis.register_function('{NOOP}', function() return 1 end)",
         )
-        acquire, release = captured_cycle(server)
+        core_calls = asyncio.run(captured_cycle(server.url))
+        # FCALL's words after the function's name: numkeys, KEYS, ARGV.
+        acquire, release = core_calls.acquire[1:], core_calls.release[1:]
         n = args.cycles
 
-        def floor(calls: list[list[bytes]]) -> Callable[[], object]:
+        def floor(calls: list[list[str]]) -> Callable[[], object]:
             return lambda: [client.execute_command(*call) for _ in range(n) for call in calls]
 
         rows = [
             measure(server, "trivial function, no arguments", n,
-                    floor([[b"FCALL", NOOP.encode(), b"0"]] * 2)),
+                    floor([["FCALL", NOOP, "0"]] * 2)),
             measure(server, "trivial function, the cycle's arguments", n,
-                    floor([[b"FCALL", NOOP.encode(), *call[2:]] for call in (acquire, release)])),
+                    floor([["FCALL", NOOP, *call] for call in (acquire, release)])),
             measure(server, "this library, 1 coroutine", n,
                     lambda: asyncio.run(library_cycles(server.url, n, 1))),
             measure(server, "this library, 8 coroutines", n,
@@ -159,7 +155,7 @@ def main() -> None:
         server.cleanup()
     floor_ir = rows[1]["instructions_per_cycle"]
     print(f"\nredis-server instructions per acquire + release cycle (callgrind; {n} cycles, "
-          f"{USERS} users; arguments: acquire {len(acquire) - 3}, release {len(release) - 3})")
+          f"{USERS} users; arguments: acquire {len(acquire) - 1}, release {len(release) - 1})")
     print_table(
         ["scenario", "instructions / cycle", "script calls / cycle", "commands inside / cycle",
          "vs the cycle's arguments alone"],

@@ -114,8 +114,8 @@ local function member(id, unit)
 end
 
 local function members(id, weight)
-  local list = {id}
-  for unit = 2, weight do
+  local list = {}
+  for unit = 1, weight do
     list[unit] = member(id, unit)
   end
   return list
@@ -284,8 +284,8 @@ end
 -- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
 -- pools).
 local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
-  local args = {holder, id}
-  for unit = 2, weight do
+  local args = {}
+  for unit = 1, weight do
     args[2 * unit - 1] = holder
     args[2 * unit] = member(id, unit)
   end
