@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::waiting::{waiter_id, LocalTurn, RECHECK_WAITING, WAITER_TTL};
@@ -166,11 +167,9 @@ impl Manager {
             line_limits,
         );
         let disclose = self.config.disclose_usage;
-        Ok(async move {
-            admitted
-                .await
-                .map_err(|e| if disclose { e } else { e.without_shared_usage() })
-        })
+        // A combinator, not an async block that awaits `admitted`: see `bridge::delivering`.
+        Ok(admitted
+            .map(move |granted| granted.map_err(|e| if disclose { e } else { e.without_shared_usage() })))
     }
 
     /// The pools a request takes, its own quota first; refuses what could never be granted.
@@ -307,9 +306,9 @@ impl Manager {
             };
             if let Some(unavailable) = unavailable {
                 drop(cleanup);
-                return self
-                    .admit_locally(&record, &rates, budget, unavailable, sent_at)
-                    .await;
+                // Boxed, as the heartbeat below: rare paths whose futures would otherwise size
+                // every acquire's task (the largest variant sets the size of an async fn's state).
+                return Box::pin(self.admit_locally(&record, &rates, budget, unavailable, sent_at)).await;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -320,10 +319,11 @@ impl Manager {
             if let (Some(line), true) = (&self.line, self.local_line.heartbeat_due()) {
                 let ids = self.local_line.ids();
                 let ttl_ms = WAITER_TTL.as_millis() as u64;
-                let _ = self
-                    .stores
-                    .call(Store::Main, |main| main.heartbeat(line, &ids, ttl_ms))
-                    .await;
+                let _ = Box::pin(
+                    self.stores
+                        .call(Store::Main, |main| main.heartbeat(line, &ids, ttl_ms)),
+                )
+                .await;
             }
             tokio::select! {
                 _ = freed.changed() => {}

@@ -250,7 +250,8 @@ impl Manager {
             self.leases.refuse_new();
             None
         } else {
-            Some(self.leases.close())
+            // Boxed: a future that an async block captures and then awaits is stored twice.
+            Some(Box::pin(self.leases.close()))
         };
         let (budgets, wait) = (Arc::clone(&self.budgets), self.config.redis_timeout());
         async move {

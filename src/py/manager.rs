@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::args;
-use super::bridge::{self, Delivery};
+use super::bridge;
 use super::config::LeaseConfig;
 use super::errors::error_class;
 use super::lease::LeaseHandle;
@@ -123,18 +123,17 @@ impl Manager {
         let waits = !request.wait.is_zero();
         let acquired = self.core.acquire(request)?;
         let embedded = self.core.is_embedded();
-        let op = async move {
-            let granted = acquired.await?;
-            // Held only once delivered on the loop thread, so a result nobody receives (loop
-            // gone, future cancelled) is released, not kept alive.
-            Ok(Box::new(move |py: Python<'_>| {
+        // Held only once delivered on the loop thread, so a result nobody receives (loop gone,
+        // future cancelled) is released, not kept alive.
+        let op = bridge::delivering(acquired, move |granted| {
+            Box::new(move |py: Python<'_>| {
                 let rates = granted.rate_decisions().to_vec();
                 let usage = granted.usage().to_vec();
                 let meter = granted.meter().cloned();
                 let handle = granted.hold()?;
                 Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates, &usage, meter))?.into_any())
-            }) as Delivery)
-        };
+            })
+        });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
         // does not wait runs to completion, so it can give back what it took.
         if waits {
@@ -160,12 +159,9 @@ impl Manager {
         let policies = rate::keyed_policies_of(policies)?;
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
         let hit = self.core.hit(&identity, policies, cost, consume)?;
-        let op = async move {
-            let outcome = hit.await?;
-            Ok(Box::new(move |py: Python<'_>| {
-                Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind())
-            }) as Delivery)
-        };
+        let op = bridge::delivering(hit, |outcome| {
+            Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
+        });
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
@@ -178,10 +174,7 @@ impl Manager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
         let forgotten = self.core.forget_rates(&identity, rate::policies_of(policies)?)?;
-        let op = async move {
-            forgotten.await?;
-            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Delivery)
-        };
+        let op = bridge::delivering(forgotten, |()| Box::new(|py: Python<'_>| Ok(py.None())));
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
@@ -192,10 +185,9 @@ impl Manager {
         user_id: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let counted = self.core.count(args::identity(user_id)?.as_deref())?;
-        let op = async move {
-            let count = counted.await?;
-            Ok(Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind())) as Delivery)
-        };
+        let op = bridge::delivering(counted, |count| {
+            Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
+        });
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
@@ -203,10 +195,7 @@ impl Manager {
     /// a few in flight).
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let closed = self.core.close();
-        let op = async move {
-            closed.await?;
-            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as Delivery)
-        };
+        let op = bridge::delivering(closed, |()| Box::new(|py: Python<'_>| Ok(py.None())));
         // Waits for the renewal loop and in-flight releases, so never finishes inline.
         bridge::spawn(py, op, false)
     }
@@ -221,10 +210,9 @@ impl Manager {
     /// process has acquired), with its capacity: `[(pool, used, capacity)]`, one call.
     fn shared_usage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let usage = self.core.shared_usage()?;
-        let op = async move {
-            let usage = usage.await?;
-            Ok(Box::new(move |py: Python<'_>| Ok(usage.into_pyobject(py)?.into_any().unbind())) as Delivery)
-        };
+        let op = bridge::delivering(usage, |usage| {
+            Box::new(move |py: Python<'_>| Ok(usage.into_pyobject(py)?.into_any().unbind()))
+        });
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
@@ -256,10 +244,9 @@ impl Manager {
             )));
         }
         let revoked = self.core.revoke(&identity, Duration::from_secs_f64(ban))?;
-        let op = async move {
-            let count = revoked.await?;
-            Ok(Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind())) as Delivery)
-        };
+        let op = bridge::delivering(revoked, |count| {
+            Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
+        });
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
