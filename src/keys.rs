@@ -34,10 +34,27 @@ pub enum PoolRole {
 pub struct Pool {
     /// Name shown to users when this pool refuses: `"per_user"`, `"global"` or a resource's.
     pub name: Arc<str>,
-    pub key: String,
+    pub key: Arc<str>,
+    /// The holders key of the pool's hash tag (`holders_key`): one string for every pool and
+    /// lease of a shared tag, held leases being many.
+    pub holders: Arc<str>,
     /// 0 means unlimited (the pool still counts).
     pub capacity: u64,
     pub role: PoolRole,
+}
+
+impl Pool {
+    /// A pool with a holders key of its own; `KeySpace` builds the pools of a shared tag with
+    /// one between them.
+    pub fn new(name: &str, key: String, capacity: u64, role: PoolRole) -> Self {
+        Pool {
+            name: name.into(),
+            holders: holders_key(&key).into(),
+            key: key.into(),
+            capacity,
+            role,
+        }
+    }
 }
 
 /// The first-come-first-served line of a manager's shared pools (see `docs/design.md`).
@@ -59,19 +76,45 @@ pub struct KeySpace {
     prefix: String,
     secret: Vec<u8>,
     max_per_user: u64,
-    max_global: u64,
-    global_pool: bool,
+    /// Built once and shared (by reference count) by every acquire's pools and held lease.
+    per_user_name: Arc<str>,
+    shared_holders: Arc<str>,
+    global: Option<Pool>,
 }
 
 impl KeySpace {
     pub fn new(config: &Config) -> Self {
+        KeySpace::with(
+            &config.key_prefix,
+            &config.identity_secret,
+            config.max_per_user,
+            config.global_pool.then_some(config.max_global),
+        )
+    }
+
+    /// `max_global`: the global pool's capacity, None for no global pool.
+    fn with(prefix: &str, secret: &[u8], max_per_user: u64, max_global: Option<u64>) -> Self {
+        let tag = format!("{{{prefix}}}");
+        let shared_holders: Arc<str> = holders_key(&tag).into();
+        let global = max_global.map(|capacity| Pool {
+            name: "global".into(),
+            key: format!("{tag}:global").into(),
+            holders: Arc::clone(&shared_holders),
+            capacity,
+            role: PoolRole::Shared,
+        });
         KeySpace {
-            prefix: config.key_prefix.clone(),
-            secret: config.identity_secret.clone(),
-            max_per_user: config.max_per_user,
-            max_global: config.max_global,
-            global_pool: config.global_pool,
+            prefix: prefix.to_owned(),
+            secret: secret.to_vec(),
+            max_per_user,
+            per_user_name: PER_USER.into(),
+            shared_holders,
+            global,
         }
+    }
+
+    fn has_global_pool(&self) -> bool {
+        self.global.is_some()
     }
 
     /// The hash tag shared by every key of a manager with a global pool.
@@ -88,14 +131,18 @@ impl KeySpace {
 
     pub fn user_pool(&self, identity: &str) -> Pool {
         let digest = self.identity_digest(identity);
-        let key = if self.global_pool {
-            format!("{}:user:{digest}", self.shared_tag())
+        let (key, holders) = if self.has_global_pool() {
+            let key = format!("{}:user:{digest}", self.shared_tag());
+            (key, Arc::clone(&self.shared_holders))
         } else {
-            format!("{{{}:{digest}}}:user", self.prefix)
+            let key = format!("{{{}:{digest}}}:user", self.prefix);
+            let holders = holders_key(&key).into();
+            (key, holders)
         };
         Pool {
-            name: PER_USER.into(),
-            key,
+            name: Arc::clone(&self.per_user_name),
+            key: key.into(),
+            holders,
             capacity: self.max_per_user,
             role: PoolRole::Own,
         }
@@ -114,7 +161,7 @@ impl KeySpace {
             policy.algorithm.code(),
             policy.unit.code()
         );
-        if self.global_pool {
+        if self.has_global_pool() {
             format!("{}:{scope}:{digest}", self.shared_tag())
         } else {
             format!("{{{}:{digest}}}:{scope}", self.prefix)
@@ -123,12 +170,7 @@ impl KeySpace {
 
     /// None when the manager keeps no global pool (`global_pool=False`).
     pub fn global_pool(&self) -> Option<Pool> {
-        self.global_pool.then(|| Pool {
-            name: "global".into(),
-            key: format!("{}:global", self.shared_tag()),
-            capacity: self.max_global,
-            role: PoolRole::Shared,
-        })
+        self.global.clone()
     }
 
     /// The waiting lines of the shared pools, in their tag `{<key_prefix>}` (the global pool's
@@ -147,7 +189,8 @@ impl KeySpace {
     pub fn resource_pool(&self, name: &str, capacity: u64) -> Pool {
         Pool {
             name: name.into(),
-            key: format!("{}:resource:{name}", self.shared_tag()),
+            key: format!("{}:resource:{name}", self.shared_tag()).into(),
+            holders: Arc::clone(&self.shared_holders),
             capacity,
             role: PoolRole::Shared,
         }
@@ -233,25 +276,17 @@ mod tests {
     use super::*;
 
     fn space(secret: &[u8]) -> KeySpace {
-        KeySpace {
-            prefix: "app".into(),
-            secret: secret.to_vec(),
-            max_per_user: 2,
-            max_global: 0,
-            global_pool: true,
-        }
+        KeySpace::with("app", secret, 2, Some(0))
     }
 
     #[test]
     fn without_a_global_pool_each_user_has_a_tag_of_its_own() {
-        let space = KeySpace {
-            global_pool: false,
-            ..space(b"")
-        };
+        let space = KeySpace::with("app", b"", 2, None);
         let pools = space.pools_for(Some("alice"), &[]);
         assert_eq!(pools.len(), 1);
         let digest = space.identity_digest("alice");
-        assert_eq!(pools[0].key, format!("{{app:{digest}}}:user"));
+        assert_eq!(&*pools[0].key, format!("{{app:{digest}}}:user"));
+        assert_eq!(&*pools[0].holders, format!("{{app:{digest}}}:holders"));
     }
 
     #[test]
@@ -266,12 +301,7 @@ mod tests {
     #[test]
     fn resources_share_the_tag_and_need_no_identity() {
         let pools = space(b"").pools_for(None, &[("db".into(), 5)]);
-        let db = Pool {
-            name: "db".into(),
-            key: "{app}:resource:db".into(),
-            capacity: 5,
-            role: PoolRole::Shared,
-        };
+        let db = Pool::new("db", "{app}:resource:db".into(), 5, PoolRole::Shared);
         assert_eq!(pools, vec![db]);
         assert_eq!(space(b"").pools_for(Some("u"), &[("db".into(), 5)]).len(), 3);
         assert!(check_resource("db", 5).is_ok());

@@ -1,8 +1,12 @@
 //! A lease as the core sees it: its id, the pools it takes a slot in, and its state, shared by
 //! the caller's handle, the renewal loop and releases in flight.
 
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -30,14 +34,59 @@ pub enum Store {
     Fallback,
 }
 
+/// A lease's id: a random UUID as 32 lowercase hex digits, kept inline (a `String` would be one
+/// more allocation per held lease, and one more per map that holds it by id).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LeaseId([u8; 32]);
+
+impl LeaseId {
+    pub fn random() -> Self {
+        let mut hex = [0u8; 32];
+        uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
+        LeaseId(hex)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("a lease id is ASCII hex")
+    }
+}
+
+impl Deref for LeaseId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// Hashed as its text, so maps keyed by `LeaseId` can be searched with a `&str`.
+impl Hash for LeaseId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl Borrow<str> for LeaseId {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug)]
 pub struct LeaseRecord {
-    pub id: String,
+    pub id: LeaseId,
     /// The pools this lease takes a slot in, the caller's own quota first (keys and capacities,
     /// to take it back if lost).
     pub pools: Vec<Pool>,
-    /// The holders key of the pools' hash tag (they all share one).
-    pub holders: String,
+    /// The holders key of the pools' hash tag (they all share one); shared by the leases of a
+    /// tag when the pools come from the manager's `KeySpace`.
+    pub holders: Arc<str>,
     /// How many of the first pools are the caller's own quota (refuse at once, never wait).
     pub own_pools: usize,
     pub weight: u32,
@@ -50,8 +99,10 @@ pub struct LeaseRecord {
 impl LeaseRecord {
     pub fn new(pools: Vec<Pool>, weight: u32, store: Store) -> Self {
         LeaseRecord {
-            id: uuid::Uuid::new_v4().simple().to_string(),
-            holders: keys::holders_key(pools.first().map_or("", |pool| pool.key.as_str())),
+            id: LeaseId::random(),
+            holders: pools
+                .first()
+                .map_or_else(|| keys::holders_key("").into(), |pool| Arc::clone(&pool.holders)),
             own_pools: pools.iter().take_while(|p| p.role == PoolRole::Own).count(),
             pools,
             weight,

@@ -288,7 +288,7 @@ impl Manager {
                             .iter()
                             .zip(placed.places)
                             .filter(|(_, place)| *place > 0)
-                            .map(|(pool, place)| (pool.key.clone(), place))
+                            .map(|(pool, place)| (pool.key.to_string(), place))
                             .collect();
                         local_turn = Some(self.local_line.join(placed.ticket, places, &waiter.id));
                     }
@@ -363,7 +363,7 @@ impl Manager {
             let share = local_share(pool.capacity, self.config.fallback_workers);
             // The fallback store checks its own leases against what is left of the share.
             let local_slots = fallback
-                .count(std::slice::from_ref(&pool.key), self.config.lease_ms())
+                .count(&[pool.key.to_string()], self.config.lease_ms())
                 .await?[0];
             let redis_slots = self.leases.slots_in(&pool.key).saturating_sub(local_slots);
             let left = share.saturating_sub(redis_slots);

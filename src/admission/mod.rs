@@ -196,12 +196,11 @@ impl Manager {
         self.start_here()?;
         let manager = Arc::clone(self);
         let ttl_ms = self.config.lease_ms();
+        let keys = [pool.key.to_string()];
         Ok(async move {
             let counts = manager
                 .stores
-                .call(Store::Main, |main| {
-                    main.count(std::slice::from_ref(&pool.key), ttl_ms)
-                })
+                .call(Store::Main, |main| main.count(&keys, ttl_ms))
                 .await?;
             Ok(counts[0])
         })
@@ -226,7 +225,7 @@ impl Manager {
             if pools.is_empty() {
                 return Ok(Vec::new());
             }
-            let keys: Vec<String> = pools.iter().map(|pool| pool.key.clone()).collect();
+            let keys: Vec<String> = pools.iter().map(|pool| pool.key.to_string()).collect();
             let counts = manager
                 .stores
                 .call(Store::Main, |main| main.count(&keys, ttl_ms))

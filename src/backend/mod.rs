@@ -461,12 +461,7 @@ mod tests {
     use crate::keys::{Pool, PoolRole};
 
     fn lease_in(key: String, weight: u32) -> Arc<LeaseRecord> {
-        let pool = Pool {
-            name: "global".into(),
-            key,
-            capacity: 0,
-            role: PoolRole::Shared,
-        };
+        let pool = Pool::new("global", key, 0, PoolRole::Shared);
         Arc::new(LeaseRecord::new(vec![pool], weight, Store::Main))
     }
 

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 pub use self::meter::{Account, Charge, Meter};
 use crate::backend::Stores;
 use crate::config::FailureMode;
-use crate::lease::{LeaseRecord, Store};
+use crate::lease::{LeaseId, LeaseRecord, Store};
 use crate::rate::{RatePolicy, Settlement};
 use crate::runtime;
 use crate::sync::lock;
@@ -76,7 +76,7 @@ pub struct Budgets {
     stores: Arc<Stores>,
     failure_mode: FailureMode,
     /// Open meters by lease id (settled ones leave).
-    meters: Mutex<HashMap<String, Arc<Meter>>>,
+    meters: Mutex<HashMap<LeaseId, Arc<Meter>>>,
     /// Woken by a meter that needs a top-up.
     due: Arc<Notify>,
     /// Settlements whose call failed, retried every round.
@@ -121,7 +121,7 @@ impl Budgets {
     ) -> Arc<Meter> {
         let due = Arc::clone(&self.due);
         let meter = Arc::new(Meter::new(record.store, accounts, request, room, due));
-        lock(&self.meters).insert(record.id.clone(), Arc::clone(&meter));
+        lock(&self.meters).insert(record.id, Arc::clone(&meter));
         let mut round_loop = lock(&self.round_loop);
         if round_loop.is_none() && !self.stop.is_cancelled() {
             *round_loop = Some(round::start(self));
@@ -136,7 +136,7 @@ impl Budgets {
         let meter = lock(&self.meters).remove(&record.id)?;
         let adjustments = meter.end().filter(|adjustments| !adjustments.is_empty())?;
         let settlement = Settlement {
-            id: record.id.clone(),
+            id: record.id.to_string(),
             adjustments,
         };
         let store = meter.store;

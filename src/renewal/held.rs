@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::tally::Tallies;
-use crate::lease::{LeaseRecord, Store};
+use crate::lease::{LeaseId, LeaseRecord, Store};
 
 /// Leases kept alive together, and when the store drops them unless kept alive meanwhile.
 #[derive(Default)]
 struct HeldGroup {
-    leases: HashMap<String, Arc<LeaseRecord>>,
+    leases: HashMap<LeaseId, Arc<LeaseRecord>>,
     /// `monotonic_ms` of the last successful acquire or keep-alive send, plus the lease duration.
     deadline_ms: u64,
 }
@@ -23,24 +23,24 @@ pub const NEVER: u64 = u64::MAX;
 /// Groups by holders key, per store.
 #[derive(Default)]
 pub struct Held {
-    main: HashMap<String, HeldGroup>,
-    fallback: HashMap<String, HeldGroup>,
+    main: HashMap<Arc<str>, HeldGroup>,
+    fallback: HashMap<Arc<str>, HeldGroup>,
     count: usize,
     /// Slots held in each pool (by key), both stores together: what a local floor counts.
-    slots_by_pool: HashMap<String, u64>,
+    slots_by_pool: HashMap<Arc<str>, u64>,
     /// What the holder's counts in Redis should be (main store).
     pub tallies: Tallies,
 }
 
 impl Held {
-    fn side(&self, store: Store) -> &HashMap<String, HeldGroup> {
+    fn side(&self, store: Store) -> &HashMap<Arc<str>, HeldGroup> {
         match store {
             Store::Main => &self.main,
             Store::Fallback => &self.fallback,
         }
     }
 
-    fn side_mut(&mut self, store: Store) -> &mut HashMap<String, HeldGroup> {
+    fn side_mut(&mut self, store: Store) -> &mut HashMap<Arc<str>, HeldGroup> {
         match store {
             Store::Main => &mut self.main,
             Store::Fallback => &mut self.fallback,
@@ -62,9 +62,9 @@ impl Held {
         now_ms: u64,
     ) -> Vec<Arc<LeaseRecord>> {
         let side = self.side_mut(record.store);
-        let overdue = match side.get(&record.holders) {
+        let overdue = match side.get(&*record.holders) {
             Some(group) if !holder_was_alive && group.deadline_ms <= now_ms => side
-                .remove(&record.holders)
+                .remove(&*record.holders)
                 .map(|group| group.leases.into_values().collect())
                 .unwrap_or_default(),
             _ => Vec::new(),
@@ -80,13 +80,10 @@ impl Held {
         }
         let group = self
             .side_mut(record.store)
-            .entry(record.holders.clone())
+            .entry(Arc::clone(&record.holders))
             .or_default();
         group.deadline_ms = group.deadline_ms.max(deadline_ms);
-        let added = group
-            .leases
-            .insert(record.id.clone(), Arc::clone(&record))
-            .is_none();
+        let added = group.leases.insert(record.id, Arc::clone(&record)).is_none();
         if added {
             self.count += 1;
             self.count_slots(&record, true);
@@ -101,17 +98,16 @@ impl Held {
         }
         let weight = u64::from(record.weight);
         for pool in &record.pools {
-            // Looked up by reference first: a pool key is copied only when it starts to count.
-            match self.slots_by_pool.get_mut(&pool.key) {
+            match self.slots_by_pool.get_mut(&*pool.key) {
                 Some(slots) if held => *slots += weight,
                 Some(slots) => {
                     *slots = slots.saturating_sub(weight);
                     if *slots == 0 {
-                        self.slots_by_pool.remove(&pool.key);
+                        self.slots_by_pool.remove(&*pool.key);
                     }
                 }
                 None if held => {
-                    self.slots_by_pool.insert(pool.key.clone(), weight);
+                    self.slots_by_pool.insert(Arc::clone(&pool.key), weight);
                 }
                 None => {}
             }
@@ -126,12 +122,12 @@ impl Held {
     /// True if the lease was held.
     pub fn remove(&mut self, record: &LeaseRecord) -> bool {
         let side = self.side_mut(record.store);
-        let Some(group) = side.get_mut(&record.holders) else {
+        let Some(group) = side.get_mut(&*record.holders) else {
             return false;
         };
-        let removed = group.leases.remove(&record.id).is_some();
+        let removed = group.leases.remove(&*record.id).is_some();
         if group.leases.is_empty() {
-            side.remove(&record.holders);
+            side.remove(&*record.holders);
         }
         if removed {
             self.count -= 1;
@@ -146,7 +142,10 @@ impl Held {
 
     /// The holders keys of one store's groups.
     pub fn groups(&self, store: Store) -> Vec<String> {
-        self.side(store).keys().cloned().collect()
+        self.side(store)
+            .keys()
+            .map(|holders| holders.to_string())
+            .collect()
     }
 
     pub fn leases_of(&self, store: Store, holders: &str) -> Vec<Arc<LeaseRecord>> {
@@ -163,7 +162,7 @@ impl Held {
         listed
             .into_iter()
             .filter(|(id, _)| {
-                !group.is_some_and(|group| group.leases.contains_key(id))
+                !group.is_some_and(|group| group.leases.contains_key(id.as_str()))
                     && !self.tallies.is_in_flight(holders, id)
             })
             .collect()
@@ -234,12 +233,12 @@ mod tests {
     use crate::keys::{Pool, PoolRole};
 
     fn lease(tag: &str, store: Store) -> Arc<LeaseRecord> {
-        let pools = vec![Pool {
-            name: "global".into(),
-            key: format!("{{{tag}}}:global"),
-            capacity: 0,
-            role: PoolRole::Shared,
-        }];
+        let pools = vec![Pool::new(
+            "global",
+            format!("{{{tag}}}:global"),
+            0,
+            PoolRole::Shared,
+        )];
         Arc::new(LeaseRecord::new(pools, 1, store))
     }
 
@@ -333,7 +332,7 @@ mod tests {
         let listed = |leases: &[&Arc<LeaseRecord>]| -> Vec<(String, u32)> {
             leases
                 .iter()
-                .map(|lease| (lease.id.clone(), lease.weight))
+                .map(|lease| (lease.id.to_string(), lease.weight))
                 .collect()
         };
         // What a list may name: any lease granted after the ids to keep were taken.

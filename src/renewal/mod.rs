@@ -31,7 +31,7 @@ use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
 use crate::group_commit::GroupCommit;
 use crate::keys::{self, LineKeys};
-use crate::lease::{monotonic_ms, LeaseRecord, Store};
+use crate::lease::{monotonic_ms, LeaseId, LeaseRecord, Store};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -74,7 +74,7 @@ pub struct Leases {
     /// Leases to take out of the store again, by id: their release failed, or they were lost (a
     /// holder that comes back would otherwise keep their members alive). Retried every round,
     /// after the keep-alive; at most `MAX_UNREMOVED`.
-    unremoved: Mutex<HashMap<String, Arc<LeaseRecord>>>,
+    unremoved: Mutex<HashMap<LeaseId, Arc<LeaseRecord>>>,
     /// The process that runs the renewal loop (0: not started). A forked child's copies of the
     /// leases belong to it: the child never releases them.
     owner_pid: AtomicU32,
@@ -84,7 +84,7 @@ pub struct Leases {
     release_calls: Arc<GroupCommit<ReleaseCalls>>,
     /// The holders keys of the tags where this manager's holder was granted a lease in Redis:
     /// it stays there between leases, and leaves them on close (`depart`).
-    joined: Mutex<HashSet<String>>,
+    joined: Mutex<HashSet<Arc<str>>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -167,7 +167,7 @@ impl Leases {
                 continue;
             }
             self.flight_start(&record);
-            unremoved.insert(record.id.clone(), record);
+            unremoved.insert(record.id, record);
         }
     }
 
@@ -208,7 +208,7 @@ impl Leases {
         };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         if record.store == Store::Main {
-            lock(&self.joined).insert(record.holders.clone());
+            lock(&self.joined).insert(Arc::clone(&record.holders));
         }
         // Counted as held before it stops being in flight, so no figure in between misses it.
         if record.store == Store::Main {
@@ -364,7 +364,10 @@ impl Leases {
         if self.in_forked_child() {
             return;
         }
-        let mut joined: Vec<String> = lock(&self.joined).drain().collect();
+        let mut joined: Vec<String> = lock(&self.joined)
+            .drain()
+            .map(|holders| holders.to_string())
+            .collect();
         let one_slot = self.stores.get(Store::Main).is_cluster();
         joined.sort_unstable_by(|a, b| keys::hash_tag(a).cmp(keys::hash_tag(b)));
         let groups: Vec<&[String]> = if one_slot {

@@ -55,7 +55,7 @@ impl Leases {
     pub fn revoke_user(self: &Arc<Self>, pool_key: &str) -> usize {
         let held = lock(&self.held).all();
         held.iter()
-            .filter(|record| record.own_pools > 0 && record.pools[0].key == pool_key)
+            .filter(|record| record.own_pools > 0 && &*record.pools[0].key == pool_key)
             .filter(|record| self.end_revoked(record))
             .count()
     }
@@ -71,7 +71,7 @@ impl Leases {
                 Ok(ids) => {
                     let ids: HashSet<String> = ids.into_iter().collect();
                     let held = lock(&self.held).leases_of(Store::Main, &holders);
-                    for record in held.iter().filter(|record| ids.contains(&record.id)) {
+                    for record in held.iter().filter(|record| ids.contains(record.id.as_str())) {
                         self.end_revoked(record);
                     }
                 }

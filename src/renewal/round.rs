@@ -112,7 +112,7 @@ impl Leases {
                 let mut keep: Vec<String> = held
                     .leases_of(store, &holders)
                     .iter()
-                    .map(|lease| lease.id.clone())
+                    .map(|lease| lease.id.to_string())
                     .collect();
                 keep.extend(held.tallies.in_flight(&holders));
                 keep

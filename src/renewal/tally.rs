@@ -9,19 +9,19 @@
 
 use std::collections::HashMap;
 
-use crate::lease::LeaseRecord;
+use crate::lease::{LeaseId, LeaseRecord};
 
 #[derive(Default)]
 struct Tally {
     /// Members of the leases held.
     held: u64,
     /// Lease id -> members, of the leases in flight (few: only calls under way).
-    in_flight: HashMap<String, u64>,
+    in_flight: HashMap<LeaseId, u64>,
     /// Since the window opened: the lowest and highest `held`, and the leases in flight at any
     /// moment, less those found to have added nothing (refused, never sent).
     lo: u64,
     held_hi: u64,
-    seen_in_flight: HashMap<String, u64>,
+    seen_in_flight: HashMap<LeaseId, u64>,
     /// The window is open until the keep-alive's answer arrives.
     window_open: bool,
     /// What that answer said: the holder's count in Redis.
@@ -85,12 +85,9 @@ impl Tallies {
     pub fn flight_start(&mut self, record: &LeaseRecord, held: bool) {
         let units = record.units();
         self.change(&record.holders, |tally| {
-            // A waiter's acquire is sent again and again: its id is copied once.
-            if !tally.in_flight.contains_key(&record.id) {
-                tally.in_flight.insert(record.id.clone(), units);
-            }
+            tally.in_flight.insert(record.id, units);
             if !held && tally.window_open {
-                tally.seen_in_flight.insert(record.id.clone(), units);
+                tally.seen_in_flight.insert(record.id, units);
             }
         });
     }
@@ -152,9 +149,9 @@ impl Tallies {
 
     /// The ids of the leases in flight in the tag.
     pub fn in_flight(&self, holders: &str) -> Vec<String> {
-        self.by_tag
-            .get(holders)
-            .map_or_else(Vec::new, |tally| tally.in_flight.keys().cloned().collect())
+        self.by_tag.get(holders).map_or_else(Vec::new, |tally| {
+            tally.in_flight.keys().map(|id| id.to_string()).collect()
+        })
     }
 
     /// Whether a lease is in flight in the tag.
@@ -174,12 +171,7 @@ mod tests {
     use crate::lease::Store;
 
     fn lease(weight: u32) -> Arc<LeaseRecord> {
-        let pool = |key: &str| Pool {
-            name: "global".into(),
-            key: key.into(),
-            capacity: 0,
-            role: PoolRole::Shared,
-        };
+        let pool = |key: &str| Pool::new("global", key.into(), 0, PoolRole::Shared);
         Arc::new(LeaseRecord::new(
             vec![pool("{t}:user:a"), pool("{t}:global")],
             weight,

@@ -89,7 +89,7 @@ impl MemoryLines {
         }
         pools.iter().enumerate().find_map(|(i, pool)| {
             let limit = in_line.max_waiting.get(i).copied().unwrap_or(0);
-            let line = self.lines.get(&pool.key).filter(|_| limit > 0)?;
+            let line = self.lines.get(&*pool.key).filter(|_| limit > 0)?;
             let waiting = line.order.len() as u64;
             (waiting >= limit).then(|| (i, waiting, line.wait_estimate_ms()))
         })
@@ -103,7 +103,7 @@ impl MemoryLines {
         self.last_ticket += 1;
         self.tickets.insert(waiter.id.clone(), self.last_ticket);
         for pool in lined {
-            let line = self.lines.entry(pool.key.clone()).or_default();
+            let line = self.lines.entry(pool.key.to_string()).or_default();
             let place = line.place_for(user, Some(self.last_ticket), in_line);
             line.order.insert((place, waiter.id.clone()));
             line.places.insert(waiter.id.clone(), place);
@@ -111,7 +111,7 @@ impl MemoryLines {
                 line.note_turn(user, place % TURNS);
             }
         }
-        let keys = lined.iter().map(|pool| pool.key.clone()).collect();
+        let keys = lined.iter().map(|pool| pool.key.to_string()).collect();
         self.needs.insert(waiter.id.clone(), (weight, keys));
     }
 
@@ -128,7 +128,7 @@ impl MemoryLines {
         in_line: &InLine<'_>,
         passing: &mut Vec<(String, String)>,
     ) -> u64 {
-        let Some(line) = self.lines.get(&pool.key) else {
+        let Some(line) = self.lines.get(&*pool.key) else {
             return 0;
         };
         let mine = waiter.and_then(|w| line.places.get(&w.id).map(|place| (*place, w.id.clone())));
@@ -140,7 +140,7 @@ impl MemoryLines {
             if used + promised + need <= pool.capacity || passed >= pool.capacity {
                 promised += need;
             } else {
-                passing.push((pool.key.clone(), id.clone()));
+                passing.push((pool.key.to_string(), id.clone()));
             }
         }
         promised
@@ -163,7 +163,7 @@ impl MemoryLines {
                 .iter()
                 .map(|pool| {
                     self.lines
-                        .get(&pool.key)
+                        .get(&*pool.key)
                         .and_then(|line| line.places.get(&waiter.id))
                         .copied()
                         .unwrap_or(0)

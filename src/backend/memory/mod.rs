@@ -15,19 +15,19 @@ use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine};
 use crate::errors::Rejection;
 use crate::keys::{Pool, PoolRole};
-use crate::lease::LeaseRecord;
+use crate::lease::{LeaseId, LeaseRecord};
 use crate::rate::{Adjustment, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
 
 #[derive(Default)]
 struct MemoryPool {
     /// lease id -> weight
-    leases: HashMap<String, u64>,
+    leases: HashMap<LeaseId, u64>,
     used: u64,
 }
 
 #[derive(Default)]
 struct State {
-    pools: HashMap<String, MemoryPool>,
+    pools: HashMap<Arc<str>, MemoryPool>,
     line: MemoryLines,
     /// Users' own pools whose new streams are banned, until when.
     bans: HashMap<String, Instant>,
@@ -54,7 +54,7 @@ fn refusal(pool: &Pool, used: u64) -> Rejection {
 /// The ms left of a ban on the user of `lease` (the pool of its own quota), if any.
 fn ban_left(bans: &HashMap<String, Instant>, lease: &LeaseRecord) -> Option<u64> {
     let own = lease.pools.first().filter(|_| lease.own_pools > 0)?;
-    let left = bans.get(&own.key)?.checked_duration_since(Instant::now())?;
+    let left = bans.get(&*own.key)?.checked_duration_since(Instant::now())?;
     Some((left.as_millis() as u64).max(1))
 }
 
@@ -103,7 +103,7 @@ impl MemoryBackend {
             .filter(|pool| pool.capacity > 0 && (pool.role == PoolRole::Shared || own_waits))
             .collect();
         let user = match (lease.own_pools, waiter) {
-            (1.., _) => lease.pools[0].key.as_str(),
+            (1.., _) => &*lease.pools[0].key,
             (0, Some(waiter)) => waiter.id.as_str(),
             (0, None) => "",
         };
@@ -123,7 +123,7 @@ impl MemoryBackend {
         let used: Vec<u64> = lease
             .pools
             .iter()
-            .map(|pool| store.get(&pool.key).map_or(0, |entry| entry.used))
+            .map(|pool| store.get(&*pool.key).map_or(0, |entry| entry.used))
             .collect();
         let mut passing = Vec::new();
         let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
@@ -146,8 +146,8 @@ impl MemoryBackend {
             return AcquireOutcome::Rejected(refusal(pool, taken));
         }
         for pool in &lease.pools {
-            let entry = store.entry(pool.key.clone()).or_default();
-            if entry.leases.insert(lease.id.clone(), weight).is_none() {
+            let entry = store.entry(Arc::clone(&pool.key)).or_default();
+            if entry.leases.insert(lease.id, weight).is_none() {
                 entry.used += weight;
             }
         }
@@ -175,13 +175,13 @@ impl MemoryBackend {
         for lease in leases {
             let mut present = false;
             for pool in &lease.pools {
-                if let Some(entry) = state.pools.get_mut(&pool.key) {
+                if let Some(entry) = state.pools.get_mut(&*pool.key) {
                     if let Some(weight) = entry.leases.remove(&lease.id) {
                         entry.used -= weight;
                         present = true;
                     }
                     if entry.leases.is_empty() {
-                        state.pools.remove(&pool.key);
+                        state.pools.remove(&*pool.key);
                     }
                 }
             }
@@ -244,12 +244,7 @@ mod tests {
     use crate::lease::Store;
 
     fn pool(name: &str, key: &str, capacity: u64, role: PoolRole) -> Pool {
-        Pool {
-            name: name.into(),
-            key: key.into(),
-            capacity,
-            role,
-        }
+        Pool::new(name, key.into(), capacity, role)
     }
 
     fn pools(user_cap: u64, global_cap: u64) -> Vec<Pool> {

@@ -168,7 +168,7 @@ impl RedisBackend {
                 }
                 Err(e) => {
                     report.failures.push(e);
-                    failed.extend(batch.iter().map(|lease| lease.holders.clone()));
+                    failed.extend(batch.iter().map(|lease| lease.holders.to_string()));
                 }
             }
         }

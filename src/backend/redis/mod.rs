@@ -89,12 +89,12 @@ impl RedisBackend {
         let pools = &lease.pools;
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for pool in pools {
-            invocation.key(&pool.key);
+            invocation.key(&*pool.key);
         }
-        invocation.key(&lease.holders);
+        invocation.key(&*lease.holders);
         let waiter = in_line.and_then(|l| l.waiter);
         invocation
-            .arg(&lease.id)
+            .arg(lease.id.as_str())
             .arg(ttl_ms)
             .arg(lease.weight)
             .arg(waiter.map_or("", |w| w.id.as_str()))
@@ -568,7 +568,7 @@ fn batch_invocation(
     let mut key_index = KeyIndex::default();
     let keys = leases
         .iter()
-        .flat_map(|l| l.pools.iter().map(|p| p.key.as_str()).chain([l.holders.as_str()]));
+        .flat_map(|l| l.pools.iter().map(|p| &*p.key).chain([&*l.holders]));
     for key in keys {
         key_index.index(&mut invocation, key);
     }
@@ -576,12 +576,12 @@ fn batch_invocation(
     lead(&mut invocation);
     for lease in leases {
         invocation
-            .arg(&lease.id)
+            .arg(lease.id.as_str())
             .arg(lease.weight)
-            .arg(key_index[lease.holders.as_str()])
+            .arg(key_index[&*lease.holders])
             .arg(lease.pools.len());
         for pool in &lease.pools {
-            invocation.arg(key_index[pool.key.as_str()]);
+            invocation.arg(key_index[&*pool.key]);
             if with_capacity {
                 invocation.arg(pool.capacity);
             }
