@@ -21,7 +21,7 @@ pub struct LeaseHandle {
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
-    usage: Vec<(String, u64, u64)>,
+    usage: Vec<PoolUsage>,
     /// The stream's token budgets (None without any).
     meter: Option<Arc<Meter>>,
 }
@@ -31,7 +31,7 @@ impl LeaseHandle {
         handle: CoreHandle,
         embedded: bool,
         rates: Vec<Decision>,
-        usage: &[PoolUsage],
+        usage: Vec<PoolUsage>,
         meter: Option<Arc<Meter>>,
     ) -> Self {
         LeaseHandle {
@@ -39,10 +39,7 @@ impl LeaseHandle {
             embedded,
             rates,
             meter,
-            usage: usage
-                .iter()
-                .map(|u| (u.name.to_string(), u.capacity, u.used))
-                .collect(),
+            usage,
         }
     }
 }
@@ -81,7 +78,10 @@ impl LeaseHandle {
     /// shared ones under `disclose_usage`): `(name, capacity, slots in use)` after the grant.
     #[getter]
     fn pool_usage(&self) -> Vec<(String, u64, u64)> {
-        self.usage.clone()
+        self.usage
+            .iter()
+            .map(|u| (u.name.to_string(), u.capacity, u.used))
+            .collect()
     }
 
     /// True once renewal found the lease gone from the store.
