@@ -18,6 +18,7 @@ URL redaction) rather than copies of it. It holds:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -358,9 +359,10 @@ async def serve_holder(holder: Holder, leases: int, acquire_concurrency: int) ->
     """The holding child: ``leases`` tasks each acquire a lease (at most ``acquire_concurrency``
     acquires in flight) and hold it until the parent asks to stop.
 
-    Replies ``held`` once every acquire has settled (with the resident memory before and
-    after: "before" already counts the parked tasks, so the difference is the leases' own
-    cost), then, on the parent's ``stop`` request, ``done`` with the lost and active counts.
+    Replies ``held`` one second after every acquire has settled (with the resident memory
+    before and then: "before" already counts the parked tasks, so the difference is the leases'
+    own cost, read once the acquires' short-lived memory has been given back), then, on the
+    parent's ``stop`` request, ``done`` with the lost and active counts.
     """
     await holder.warm_up()
     start, stop, settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -374,9 +376,12 @@ async def serve_holder(holder: Holder, leases: int, acquire_concurrency: int) ->
             settled.set()
 
     async def one(n: int) -> None:
+        # The holding coroutine (its frame, the user id, the callback) exists before "before",
+        # so the difference counts the lease, not the harness.
+        holding = holder.hold(f"hold-user-{n}", gate, functools.partial(count, "acquired"), stop)
         await start.wait()
         try:
-            await holder.hold(f"hold-user-{n}", gate, lambda: count("acquired"), stop)
+            await holding
         except Exception as error:
             first_error.append(repr(error))
             count("failed")
@@ -388,6 +393,7 @@ async def serve_holder(holder: Holder, leases: int, acquire_concurrency: int) ->
     start.set()
     await settled.wait()
     acquire_s = time.perf_counter() - started
+    await asyncio.sleep(1.0)
     reply(
         {
             "kind": "held",

@@ -6,7 +6,7 @@ asyncio task, as N open streams would. Once every lease is held and one more sec
 this script measures a window (10 s by default):
 
 * Redis commands per second: the delta of ``INFO commandstats``, both the script calls (the
-  round trips that carry the leases: EVALSHA for this project, EVAL for the peer) and all
+  round trips that carry the leases: FCALL for this project, EVAL for the peer) and all
   commands, which include the ZSCORE/ZADD/... that those scripts run inside Redis;
 * the Redis server's CPU (``INFO cpu``, user + system) as a percentage of one core;
 * the holder's CPU: user + system seconds of the child (all its threads, ``/proc/<pid>/stat``)
@@ -180,8 +180,7 @@ async def hold_one_size(
             error = str(held["first_error"])
             note = f"{held['failed']:,} acquires failed ({error.split('(')[0]})"
             return HoldResult(implementation, leases, renew_every_s, False, note, first_error=error)
-        await asyncio.sleep(1.0)
-        first = await sample(client, child.pid)
+        first = await sample(client, child.pid)  # one second after the last acquire
         await asyncio.sleep(window_s)
         last = await sample(client, child.pid)
         await child.send({"kind": "stop"})
@@ -298,6 +297,7 @@ def print_results(results: Sequence[HoldResult]) -> None:
         " / leases, each lease held by a parked task\nin both cases (the tasks are in 'before')."
     )
     by_key = {(r.implementation, r.leases): r for r in results}
+    print_marginal_rss(by_key)
     for leases in PEER_SIZES:
         mine, peer = by_key.get((PROJECT, leases)), by_key.get((PEER, leases))
         if not (mine and peer and mine.script_calls_per_s and mine.commands_per_s):
@@ -310,6 +310,24 @@ def print_results(results: Sequence[HoldResult]) -> None:
             f" {peer.script_calls_per_s / mine.script_calls_per_s:,.0f}x this project's script"
             f" calls/s and makes Redis run {peer.commands_per_s / mine.commands_per_s:.2f}x its"
             f" commands/s{caveat}"
+        )
+
+
+def print_marginal_rss(by_key: dict[tuple[str, int], HoldResult]) -> None:
+    """RSS per lease between the two largest sizes each library held: what one more lease
+    costs, without the fixed costs (allocator pages, tables) that weigh on the smaller size."""
+    for implementation in (PROJECT, PEER):
+        sizes = sorted(
+            (r.leases, r.rss_per_lease_bytes * r.leases)
+            for (name, _), r in by_key.items()
+            if name == implementation and r.completed and r.rss_per_lease_bytes is not None
+        )
+        if len(sizes) < 2:
+            continue
+        (small, small_rss), (large, large_rss) = sizes[-2:]
+        print(
+            f"{implementation}: RSS per lease from {small:,} to {large:,} leases:"
+            f" {(large_rss - small_rss) / (large - small):,.0f} B"
         )
 
 
