@@ -107,8 +107,10 @@ async def capture_core_calls(url: str, manager: StreamLeaseManager) -> CoreCalls
     """The FCALL calls of ``src/lua/acquire.lua`` and ``release.lua`` (functions of the core's
     library) that the Rust core makes for one acquire and one release, read with ``redis-cli
     MONITOR``."""
+    # A line can be long: on a server that has not seen the core yet, MONITOR shows the
+    # FUNCTION LOAD of its whole library (over asyncio's default limit of 64 KiB per line).
     monitor = await asyncio.create_subprocess_exec(
-        "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE
+        "redis-cli", "-u", url, "MONITOR", stdout=asyncio.subprocess.PIPE, limit=2**22
     )
     assert monitor.stdout is not None
     try:
