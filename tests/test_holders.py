@@ -366,7 +366,10 @@ async def test_a_release_lost_in_a_failover_frees_its_slot(own_redis, make_own_r
 
     await eventually(alice_has_room, what="the member of the released lease to be pruned")
     stats = manager.stats()
-    assert stats["pruned"] == 2, stats  # one member in her pool, one in the global pool
+    # One member in her pool, one in the global pool. The whole stats as text: pytest shortens
+    # a dict, and when this failed once under CI's load (Valkey pass, session 10: pruned 0, so
+    # the slot freed by another road) the counters that tell which road were cut off.
+    assert stats["pruned"] == 2, str(stats)
     await kept.release()
 
 
