@@ -137,6 +137,48 @@ async def test_a_dead_holder_is_reaped_by_the_next_acquire(make_redis_manager, r
     assert all(lease.released for lease in held)
 
 
+async def test_pools_a_holder_left_leave_its_index(make_redis_manager, redis_client, key_prefix):
+    # A release leaves its pools in the holder's index (no upkeep per stream); the keep-alive
+    # drops those that are gone, and, while the index lists over 64 pools more than the holder
+    # has members, those where it has none, though others' leases keep them.
+    churner = make_redis_manager(lease_seconds=2, max_per_user=0)
+    alice = await churner.acquire("alice")  # held throughout: the churner keeps renewing
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    index = f"{holders(key_prefix)}:{holder.decode()}"
+    keeper = make_redis_manager(lease_seconds=2, max_per_user=0)
+    kept = [await keeper.acquire(f"kept{i}") for i in range(100)]
+    for user in [f"kept{i}" for i in range(100)] + [f"gone{i}" for i in range(100)]:
+        lease = await churner.acquire(user)
+        await lease.release()
+
+    def swept() -> bool:
+        listed = redis_client.smembers(index)
+        # alice's pool, the global pool, and at most 64 pools others' leases keep.
+        return len(listed) <= 2 + 64 and all(redis_client.exists(pool) for pool in listed)
+
+    await eventually(swept, timeout=30, what="the churner's index to drop the pools it left")
+    assert await churner.get_active_count() == 101
+    assert not alice.lost and not any(lease.lost for lease in kept)
+    await keeper.aclose()
+    await churner.aclose()
+    await eventually(
+        lambda: redis_client.keys(f"{{{key_prefix}}}*") == [], what="every key to be gone"
+    )
+
+
+async def test_a_closing_manager_leaves_no_key_after_users_came_and_went(make_redis_manager,
+                                                                         redis_client, key_prefix):
+    # Long leases: no keep-alive sweeps the index before the close; the close does.
+    manager = make_redis_manager(lease_seconds=30, max_per_user=0)
+    for i in range(300):
+        lease = await manager.acquire(f"user{i}")
+        await lease.release()
+    (holder,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    assert redis_client.scard(f"{holders(key_prefix)}:{holder.decode()}") == 301
+    await manager.aclose()
+    assert redis_client.keys(f"{{{key_prefix}}}*") == []
+
+
 async def test_a_dead_holder_is_reaped_a_bounded_number_of_members_per_call(
         make_redis_manager, redis_server, redis_client, key_prefix):
     child = await asyncio.create_subprocess_exec(

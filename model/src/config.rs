@@ -116,6 +116,10 @@ pub struct ModelConfig {
     /// expired but not yet reaped, so a check whose recount never came, one answered late or
     /// lost, left the count below the members, and members in excess unseen).
     pub reclaim_recounts: bool,
+    /// `release.lua` leaves the holder's index and entry as they are, and the keep-alive drops
+    /// from the index the pools where the holder has no member left (issue 15). Before, the
+    /// release dropped such pools itself, and a holder whose index it emptied left the tag.
+    pub lazy_index: bool,
 }
 
 impl ModelConfig {
@@ -142,6 +146,7 @@ impl ModelConfig {
             late_grants_lost: true,
             check_on_excess: true,
             reclaim_recounts: true,
+            lazy_index: true,
         }
     }
 
@@ -155,6 +160,7 @@ impl ModelConfig {
             late_grants_lost: false,
             check_on_excess: false,
             reclaim_recounts: false,
+            lazy_index: false,
             ..self
         }
     }
@@ -179,6 +185,7 @@ impl ModelConfig {
             late_grants_lost: true,
             check_on_excess: true,
             reclaim_recounts: true,
+            lazy_index: true,
             ..self
         }
     }

@@ -203,6 +203,11 @@ fn stalled_holder_reaped(m: &ProtocolModel, s: &State) -> bool {
     })
 }
 
+/// I5: the index of every holder lists each pool where it has members.
+fn index_covers_members(m: &ProtocolModel, s: &State) -> bool {
+    s.redis.index_covers_members(&m.cfg)
+}
+
 /// The properties that apply to a configuration (the reachability ones only where its budgets
 /// make them reachable).
 pub fn all(cfg: &ModelConfig) -> Vec<P> {
@@ -210,6 +215,10 @@ pub fn all(cfg: &ModelConfig) -> Vec<P> {
         P::always(
             "I2: a pool never holds more than its capacity",
             pools_within_capacity,
+        ),
+        P::always(
+            "I5: a holder's index lists every pool where it has members",
+            index_covers_members,
         ),
         P::always(
             "(a) live streams within every cap, outside windows",

@@ -213,8 +213,30 @@ impl Redis {
         };
         if alive {
             self.entry[holder] = Some(cfg.ttl);
+            if cfg.lazy_index {
+                self.sweep_index(cfg, holder);
+            }
         }
         KeepaliveReply { alive, members }
+    }
+
+    /// `keepalive.lua`'s sweep of the index (the whole index at these sizes): a pool where the
+    /// holder has no member leaves it (release.lua leaves it listed).
+    fn sweep_index(&mut self, cfg: &ModelConfig, holder: usize) {
+        for pool in bits(self.index[holder]) {
+            if self.zcount(cfg, pool, holder) == 0 {
+                self.index[holder] &= !(1 << pool);
+            }
+        }
+    }
+
+    /// The index lists every pool where the holder has members (what the reaper, the recount
+    /// and the prune rely on to find them).
+    pub fn index_covers_members(&self, cfg: &ModelConfig) -> bool {
+        (0..cfg.leases.len()).all(|l| {
+            let holder = cfg.leases[l].holder;
+            self.members[l] & !self.index[holder] == 0
+        })
     }
 
     /// `reclaim.lua`: the holder's leases in `check` (a mask), one by one; returns the masks
@@ -258,7 +280,9 @@ impl Redis {
     }
 
     /// `release.lua` for the holder's leases in `leases` (a mask); returns how many were still
-    /// present somewhere.
+    /// present somewhere. Today the index and the holder's entry stay (the keep-alive's sweep
+    /// and the reaper see to them); before `lazy_index`, pools the holder left went from its
+    /// index, and a holder whose index emptied left the tag.
     pub fn release(&mut self, cfg: &ModelConfig, holder: usize, leases: u8) -> u8 {
         let mut touched = 0u8;
         let mut removed = 0u8;
@@ -274,15 +298,17 @@ impl Redis {
             released += u8::from(present);
         }
         self.count_members(cfg, holder, -(removed as i8));
-        let mut left_a_pool = false;
-        for pool in bits(touched) {
-            if self.zcount(cfg, pool, holder) == 0 {
-                self.index[holder] &= !(1 << pool);
-                left_a_pool = true;
+        if !cfg.lazy_index {
+            let mut left_a_pool = false;
+            for pool in bits(touched) {
+                if self.zcount(cfg, pool, holder) == 0 {
+                    self.index[holder] &= !(1 << pool);
+                    left_a_pool = true;
+                }
             }
-        }
-        if left_a_pool && self.index[holder] == 0 {
-            self.leave_tag(holder);
+            if left_a_pool && self.index[holder] == 0 {
+                self.leave_tag(holder);
+            }
         }
         released
     }

@@ -50,57 +50,65 @@
 -- those would take at the line's recent service rate, or a lease duration before it has one);
 -- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
--- The request being decided: its slices of the call's KEYS and ARGV, and what they say (see
--- load_request).
-local keys, args
+-- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
+-- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
+local keys, kb, key_count, args, ab
 local id, ttl, weight, waiter, queued, pools, holders, own, holder, line, alive, tickets
-local first_rate, priority, fair, own_waits, user, capacities
-local CAPS = 13 -- args[CAPS + i]: capacity of keys[i]; args[CAPS + pools + i]: its line's limit
+local first_rate, priority, fair, own_waits, user
+local CAPS = 13 -- args[ab + CAPS + i]: capacity of pool i; args[ab + CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
 
-local function load_request(request_keys, request_args)
-  keys, args = request_keys, request_args
-  id = args[1]
-  ttl = tonumber(args[2])
-  weight = tonumber(args[3])
-  waiter = args[4]
-  queued = args[6] == '1'
-  pools = tonumber(args[10])
-  holders = keys[pools + 1]
-  own = tonumber(args[8])
-  holder = args[9] -- the core's decimal text, as stored (holder_name is for scores read back)
-  line, alive, tickets = keys[pools + 2], keys[pools + 3], keys[pools + 4]
+local function load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
+  keys, kb, key_count, args, ab = call_keys, key_base, keys_of_request, call_args, arg_base
+  id = args[ab + 1]
+  ttl = num(args[ab + 2])
+  weight = num(args[ab + 3])
+  waiter = args[ab + 4]
+  queued = args[ab + 6] == '1'
+  pools = num(args[ab + 10])
+  holders = keys[kb + pools + 1]
+  own = num(args[ab + 8])
+  holder = args[ab + 9] -- the core's decimal text, as stored (holder_name: scores read back)
+  line, alive, tickets = keys[kb + pools + 2], keys[kb + pools + 3], keys[kb + pools + 4]
   first_rate = pools + (queued and 5 or 2)
-  priority = tonumber(args[11])
-  fair = args[12] == 'fair'
-  own_waits = args[13] == '1'
+  priority = num(args[ab + 11])
+  fair = args[ab + 12] == 'fair'
+  own_waits = args[ab + 13] == '1'
   -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
-  user = own > 0 and keys[1] or waiter
-  capacities = {}
-  for i = 1, pools do
-    capacities[i] = tonumber(args[CAPS + i])
-  end
+  user = own > 0 and keys[kb + 1] or waiter
+end
+
+-- The capacity of the request's pool i (0 = unlimited).
+local function capacity_of(i)
+  return num(args[ab + CAPS + i])
+end
+
+-- The request's rate policies, from look_rates.
+local function request_rates(scale)
+  return look_rates(keys, kb + first_rate, kb + key_count, args, ab + CAPS + 1 + 2 * pools, scale)
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
 -- was live before; the first grant's ZADD serves the others, same clock and lease), the members
--- it was granted (counted once, at the end), the pools in its index, the dead waiters dropped.
+-- it was granted (counted once, at the end), the pools in its index, the dead waiters dropped,
+-- the slots in use in each pool it looked at (kept up to date by its grants and walks, the only
+-- changes to a pool during the call, so a shared pool is counted once per batch).
 -- Made anew by each call.
 local batch
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
 local function already_granted()
-  if not redis.call('ZSCORE', keys[1], id) then
+  if not redis.call('ZSCORE', keys[kb + 1], id) then
     return nil
   end
   local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
   for i = 1, pools do
-    granted[i + 2] = redis.call('ZCARD', keys[i])
+    granted[i + 2] = redis.call('ZCARD', keys[kb + i])
   end
-  answer_rates(granted, (look_rates(keys, first_rate, args, CAPS + 1 + 2 * pools, 0)), false)
+  answer_rates(granted, (request_rates(0)), false)
   return granted
 end
 
@@ -127,8 +135,8 @@ end
 local function lined_pools()
   local lined = {}
   for i = own_waits and 1 or own + 1, pools do
-    if capacities[i] > 0 then
-      lined[keys[i]] = i
+    if capacity_of(i) > 0 then
+      lined[keys[kb + i]] = i
     end
   end
   return lined
@@ -222,9 +230,9 @@ local function enter_line(lined)
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
   end
-  redis.call('ZADD', alive, integer(now + tonumber(args[5])), holder)
+  redis.call('ZADD', alive, integer(now + num(args[ab + 5])), holder)
   for _, key in ipairs(keep) do
-    redis.call('PEXPIRE', key, math.max(ttl, tonumber(args[5])) * 2)
+    redis.call('PEXPIRE', key, math.max(ttl, num(args[ab + 5])) * 2)
   end
   return ticket
 end
@@ -280,7 +288,7 @@ local function line_full(lined)
     return nil
   end
   for pool, i in pairs(lined) do
-    local max_waiting = tonumber(args[CAPS + pools + i])
+    local max_waiting = num(args[ab + CAPS + pools + i])
     local waiting = max_waiting > 0 and redis.call('ZCARD', pool_line(pool)) or 0
     if max_waiting > 0 and waiting >= max_waiting then
       local gap = tonumber(redis.call('HGET', pool_turns(pool), 'gap'))
@@ -314,21 +322,23 @@ end
 -- without room (beyond what the waiters before it keep there), the answer to give instead of a
 -- grant.
 local function check_pools(ticket, lined)
-  local used, passing = {}, {}
   -- Nobody waits at all (the usual case): no line to walk.
   local anyone_waits = queued and anyone_may_wait()
+  local used, passing = {}, anyone_waits and {} or NONE
   for i = 1, pools do
-    local capacity = capacities[i]
-    used[i] = used_slots(keys[i], holders, weight, capacity)
+    local pool, capacity = keys[kb + i], capacity_of(i)
+    used[i] = used_slots(pool, holders, weight, capacity, batch.used[pool])
+    batch.used[pool] = used[i]
     local promised = 0
-    if anyone_waits and lined[keys[i]] then
+    if anyone_waits and lined[pool] then
       local passing_here = {}
-      promised = promised_in(keys[i], capacity, used[i], passing_here)
+      promised = promised_in(pool, capacity, used[i], passing_here)
       if used[i] + promised + weight > capacity then
         -- Looks full: counted again by live holders, and what the waiters keep with it.
-        used[i] = used_slots(keys[i], holders, weight + promised, capacity)
+        used[i] = used_slots(pool, holders, weight + promised, capacity, used[i])
+        batch.used[pool] = used[i]
         passing_here = {}
-        promised = promised_in(keys[i], capacity, used[i], passing_here)
+        promised = promised_in(pool, capacity, used[i], passing_here)
       end
       for _, passed in ipairs(passing_here) do
         passing[#passing + 1] = passed
@@ -358,7 +368,10 @@ local function grant(used, rates)
   end
   local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0}
   for i = 1, pools do
-    add_members(keys[i], holders, holder, id, weight, used[i] == 0, batch.indexed)
+    local pool = keys[kb + i]
+    -- Counted first: a grant that fails half way never lets the batch count too few.
+    batch.used[pool] = used[i] + weight
+    add_members(pool, holders, holder, id, weight, used[i] == 0, batch.indexed)
     granted[i + 2] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
@@ -379,23 +392,27 @@ local function decide()
 
   -- A banned user: refused before anything else is looked at or taken.
   if own > 0 then
-    local ban = redis.call('PTTL', keys[1] .. ':ban')
+    local ban = redis.call('PTTL', keys[kb + 1] .. ':ban')
     if ban > 0 then
       return refuse({BANNED, ban})
     end
   end
 
   -- Over a rate limit: refused before taking a place in line or a slot.
-  local rates, rate_refused, rate_retry = look_rates(keys, first_rate, args, CAPS + 1 + 2 * pools, 1)
+  local rates, rate_refused, rate_retry = request_rates(1)
   if rate_refused > 0 then
     local refused = {RATE_LIMITED, rate_refused, rate_retry}
     answer_rates(refused, rates, false)
     return refuse(refused)
   end
 
-  local ticket, lined = 0, lined_pools()
+  -- The capped pools with a line matter only when someone may wait (not the usual case).
+  local ticket, lined = 0, NONE
   if queued then
     drop_dead_waiters()
+    if waiter ~= '' or anyone_may_wait() then
+      lined = lined_pools()
+    end
     if waiter ~= '' then
       local full = line_full(lined)
       if full then
@@ -413,22 +430,22 @@ local function decide()
   local granted = grant(used, rates)
   for _, passed in ipairs(passing) do
     redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
-    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, tonumber(args[5])) * 2)
+    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, num(args[ab + 5])) * 2)
   end
   if queued and waiter ~= '' then
     served(lined)
     leave_line()
     if redis.call('ZCARD', line) > 0 then
-      wake(args[7], 0)
+      wake(args[ab + 7], 0)
     end
   end
   return granted
 end
 
 -- Loads and decides one request of the call; the first sees to the tag's clock and the reaper.
-local function decide_request(request_keys, request_args)
+local function decide_request(call_keys, key_base, keys_of_request, call_args, arg_base)
   local first = holders == nil
-  load_request(request_keys, request_args)
+  load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
   if first then
     steady_clock(holders, ttl)
     reap(holders)
@@ -439,7 +456,7 @@ end
 --[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
 -- the clock, the reaper and the holder's count of members are seen to once.
-batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false}
+batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false, used = {}}
 holders = nil
 read_clock()
 local replies = decide_each(KEYS, ARGV, decide_request)

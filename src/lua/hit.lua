@@ -17,9 +17,9 @@
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
 -- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken).
 read_clock()
-return decide_each(KEYS, ARGV, function(keys, args)
-  local states, refused, retry = look_rates(keys, 1, args, 2, 1)
+return decide_each(KEYS, ARGV, function(keys, kb, kn, args, ab)
+  local states, refused, retry = look_rates(keys, kb + 1, kb + kn, args, ab + 2, 1)
   local reply = {refused, retry}
-  answer_rates(reply, states, args[1] == '1' and refused == 0)
+  answer_rates(reply, states, args[ab + 1] == '1' and refused == 0)
   return reply
 end)

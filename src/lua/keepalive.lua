@@ -1,6 +1,7 @@
 -- Keep one holder's leases alive in many hash tags: one write per tag, whatever the number of
 -- leases (see the prelude). Also reaps dead holders and keeps the holder's pools from idling
--- out, a slice per call (SSCAN of its pool list, every pool within a quarter of IDLE_MS).
+-- out, a slice per call (SSCAN of its pool list, every pool within a quarter of IDLE_MS), and
+-- drops from that list the pools the holder left (release.lua leaves them there).
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS: <tag>:holders of each tag where the holder has leases (one slot in a cluster).
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms;
@@ -34,11 +35,24 @@ for i, holders in ipairs(KEYS) do
     redis.call('ZADD', holders, now + ttl, holder)
     refresh(holders, holder)
     local index = holders .. ':' .. holder
-    local slice = math.max(16, math.ceil(redis.call('SCARD', index) * period / (IDLE_MS / 4)))
+    local listed = redis.call('SCARD', index)
+    local slice = math.max(16, math.ceil(listed * period / (IDLE_MS / 4)))
+    -- release.lua leaves pools listed: a pool found gone leaves the index. And when the index
+    -- lists more pools than the holder has members (each listed pool where it has some holds
+    -- one at least), a bigger slice looks for its members and drops the pools without any, so
+    -- the index stays about the size of what the holder holds, however many users come and go.
+    local stale = listed - count > 64
+    if stale then
+      slice = math.max(slice, math.min(1000, listed - count))
+    end
     local scan = redis.call('SSCAN', index, cursor, 'COUNT', slice)
     next_cursor = scan[1]
     for _, pool in ipairs(scan[2]) do
-      redis.call('PEXPIRE', pool, IDLE_MS_TEXT)
+      if stale and redis.call('ZCOUNT', pool, holder, holder) == 0 then
+        redis.call('SREM', index, pool)
+      elseif redis.call('PEXPIRE', pool, IDLE_MS_TEXT) == 0 then
+        redis.call('SREM', index, pool)
+      end
     end
   end
   reply[#reply + 1] = alive and '1' or '0'

@@ -14,6 +14,25 @@
 local function integer(n)
   return string.format('%d', n)
 end
+-- Numbers read from ARGV, each text parsed once per library load: Lua's tonumber runs strtod,
+-- ~1.5k instructions, and a call reads the same few texts (durations, counts, capacities,
+-- KEYS indexes) again and again. Only for texts of few values (not ids, not scores): the memo
+-- starts over past 1,000 texts.
+local NUMBERS, numbers_kept = {}, 0
+local function num(text)
+  local n = NUMBERS[text]
+  if n == nil then
+    n = tonumber(text)
+    if numbers_kept >= 1000 then
+      NUMBERS, numbers_kept = {}, 0
+    end
+    NUMBERS[text], numbers_kept = n, numbers_kept + 1
+  end
+  return n
+end
+-- An empty list that is never filled: what a request without waiters or rate policies gets
+-- instead of a table of its own (a table costs ~1k instructions to make and collect).
+local NONE = {}
 -- The server's time in ms, read by `read_clock()` in the scripts that need it (not in release
 -- or leave, which run for every stream), as a number and as text.
 local now, now_text
@@ -44,25 +63,25 @@ local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL, FAILED = 0, 1, 2,
 
 -- A call that decides a batch of requests (acquire.lua, hit.lua): ARGV[1] = m, the number of
 -- requests; ARGV[2r] and ARGV[2r + 1]: how many keys and arguments request r has; then the
--- requests' arguments, in order; KEYS: their keys, in order. Calls decide(keys, args) for each,
--- in order, and returns each one's reply; a request whose decision failed (a key of another
+-- requests' arguments, in order; KEYS: their keys, in order. Calls decide(KEYS, kb, kn, ARGV,
+-- ab) for each, in order: the request's keys are KEYS[kb + 1 .. kb + kn], its arguments
+-- ARGV[ab + 1 ..] (read in place: a copy per request would cost more than the rest of its
+-- decision). Returns each one's reply; a request whose decision failed (a key of another
 -- type, say) gets {FAILED, message} (as an error reply it would fail the whole reply in a
 -- client), and the others are decided all the same.
 local function decide_each(batch_keys, batch_argv, decide)
-  local requests = tonumber(batch_argv[1])
+  local requests = num(batch_argv[1])
   local replies = {}
-  local next_key, next_arg = 1, 2 * requests + 2
+  local key_base, arg_base = 0, 2 * requests + 1
   for r = 1, requests do
-    local key_count, arg_count = tonumber(batch_argv[2 * r]), tonumber(batch_argv[2 * r + 1])
-    local keys = {unpack(batch_keys, next_key, next_key + key_count - 1)}
-    local args = {unpack(batch_argv, next_arg, next_arg + arg_count - 1)}
-    next_key, next_arg = next_key + key_count, next_arg + arg_count
-    local decided, reply = pcall(decide, keys, args)
+    local key_count, arg_count = num(batch_argv[2 * r]), num(batch_argv[2 * r + 1])
+    local decided, reply = pcall(decide, batch_keys, key_base, key_count, batch_argv, arg_base)
     if decided then
       replies[r] = reply
     else -- a command's error is {err = ...}
       replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
     end
+    key_base, arg_base = key_base + key_count, arg_base + arg_count
   end
   return replies
 end
@@ -199,9 +218,10 @@ local function live_count(pool, holders)
 end
 
 -- Slots in use in a pool, for a lease of `weight` that needs room under `capacity` (0 =
--- unlimited): the plain count, recounted by live holders when it looks full.
-local function used_slots(pool, holders, weight, capacity)
-  local used = redis.call('ZCARD', pool)
+-- unlimited): the plain count (or `known`, the count the call has already), recounted by live
+-- holders when it looks full.
+local function used_slots(pool, holders, weight, capacity, known)
+  local used = known or redis.call('ZCARD', pool)
   if capacity > 0 and used + weight > capacity then
     used = live_count(pool, holders)
   end
@@ -284,12 +304,16 @@ end
 -- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
 -- pools).
 local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
-  local args = {}
-  for unit = 1, weight do
-    args[2 * unit - 1] = holder
-    args[2 * unit] = member(id, unit)
+  if weight == 1 then
+    redis.call('ZADD', pool, holder, id)
+  else
+    local args = {}
+    for unit = 1, weight do
+      args[2 * unit - 1] = holder
+      args[2 * unit] = member(id, unit)
+    end
+    redis.call('ZADD', pool, unpack(args))
   end
-  redis.call('ZADD', pool, unpack(args))
   if new_pool then
     redis.call('PEXPIRE', pool, IDLE_MS_TEXT)
   end
@@ -305,6 +329,9 @@ end
 -- Removes a lease's members from a pool; returns how many were there (the caller counts them
 -- down, once per tag or lease: see `count_members`).
 local function remove_members(pool, id, weight)
+  if weight == 1 then
+    return redis.call('ZREM', pool, id)
+  end
   return redis.call('ZREM', pool, unpack(members(id, weight)))
 end
 
@@ -453,16 +480,20 @@ local function give_back(key, algorithm, slot, epoch, tokens)
   return 0
 end
 
--- Looks at the policies whose counters are keys[k0..] and whose (algorithm, limit, window,
--- cost, '1' for a budget's counter else '0') are args[a0..]: their states, the 1-based index of the first that cannot take its cost
--- more (0: none) and when it could. `scale` multiplies every cost (0: only looking).
-local function look_rates(keys, k0, args, a0, scale)
+-- Looks at the policies whose counters are keys[k0..k1] and whose (algorithm, limit, window,
+-- cost, '1' for a budget's counter else '0') are args[a0..]: their states, the 1-based index of
+-- the first that cannot take its cost more (0: none) and when it could. `scale` multiplies
+-- every cost (0: only looking).
+local function look_rates(keys, k0, k1, args, a0, scale)
+  if k0 > k1 then
+    return NONE, 0, 0
+  end
   local states, refused, retry = {}, 0, 0
-  for i = k0, #keys do
+  for i = k0, k1 do
     local at = a0 + (i - k0) * 5
-    local state = look_rate(keys[i], args[at], tonumber(args[at + 2]), args[at + 4] == '1')
-    state.limit = tonumber(args[at + 1])
-    state.cost = tonumber(args[at + 3]) * scale
+    local state = look_rate(keys[i], args[at], num(args[at + 2]), args[at + 4] == '1')
+    state.limit = num(args[at + 1])
+    state.cost = num(args[at + 3]) * scale
     states[#states + 1] = state
     if refused == 0 and state.used + state.cost > state.limit then
       refused, retry = #states, state.wait(state.used + state.cost - state.limit)

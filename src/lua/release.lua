@@ -6,50 +6,38 @@
 -- ''; ARGV[2]: holder id;
 -- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
 -- 1-based KEYS indexes of its pools.
--- A pool where the holder has no member left leaves its pool list (checked once per pool of the
--- batch, not per lease; an empty pool is gone with its last member). The holder stays in the
--- tag's holders with nothing there, so its next acquire finds its entry alive instead of
--- building it again: it leaves when its manager closes (depart.lua), or, if it died, when the
--- reaper finds its entry expired.
+-- The holder's index of pools is left as it is: a pool it no longer has members in leaves the
+-- index when the keep-alive's sweep finds the pool gone (keepalive.lua), or when the reaper,
+-- a prune or the manager's close (depart.lua) looks at it. So the index may list pools where
+-- the holder has nothing left, never miss one where it has members, and a stream that comes
+-- and goes costs its pool no index upkeep. The holder stays in the tag's holders with nothing
+-- there, so its next acquire finds its entry alive instead of building it again: it leaves when
+-- its manager closes (depart.lua), or, if it died, when the reaper finds its entry expired.
 -- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0.
 local holder = ARGV[2] -- the core's decimal text, as stored
 local released = 0
 local present_each = {}
--- holders key -> set of the pools touched in its tag, and the members removed there
-local touched = {}
+-- holders key -> the members removed in its tag
 local removed_in = {}
 local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
-  local weight = tonumber(ARGV[i + 1])
-  local holders = KEYS[tonumber(ARGV[i + 2])]
-  local k = tonumber(ARGV[i + 3])
-  local pools = touched[holders] or {}
-  touched[holders] = pools
-  local present = false
+  local weight = num(ARGV[i + 1])
+  local holders = KEYS[num(ARGV[i + 2])]
+  local k = num(ARGV[i + 3])
+  local removed = 0
   for j = 1, k do
-    local key = KEYS[tonumber(ARGV[i + 3 + j])]
-    pools[key] = true
-    local removed = remove_members(key, id, weight)
-    if removed > 0 then
-      present = true
-      removed_in[holders] = (removed_in[holders] or 0) + removed
-    end
+    removed = removed + remove_members(KEYS[num(ARGV[i + 3 + j])], id, weight)
   end
-  if present then
+  if removed > 0 then
     released = released + 1
+    removed_in[holders] = (removed_in[holders] or 0) + removed
   end
-  present_each[#present_each + 1] = present and 1 or 0
+  present_each[#present_each + 1] = removed > 0 and 1 or 0
   i = i + 4 + k
 end
-for holders, pools in pairs(touched) do
-  count_members(holders, holder, -(removed_in[holders] or 0))
-  local index = holders .. ':' .. holder
-  for pool in pairs(pools) do
-    if redis.call('ZCOUNT', pool, holder, holder) == 0 then
-      redis.call('SREM', index, pool)
-    end
-  end
+for holders, removed in pairs(removed_in) do
+  count_members(holders, holder, -removed)
 end
 if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
   wake(ARGV[1], released)
