@@ -556,4 +556,18 @@ mod tests {
         let size = std::mem::size_of_val(&acquire);
         assert!(size <= 2048, "an acquire's future takes {size} bytes: box a rare path, or await a captured future through a combinator");
     }
+
+    /// Every release through Redis is a task of its own until its batched call answers.
+    #[test]
+    fn a_release_in_flight_stays_small() {
+        let manager = manager();
+        let pools = vec![manager.keys.user_pool("alice")];
+        let record = Arc::new(LeaseRecord::new(pools, 1, Store::Main));
+        let release = Arc::clone(&manager.leases).release_task(record, None);
+        let size = std::mem::size_of_val(&release);
+        assert!(
+            size <= 512,
+            "a release's task takes {size} bytes: keep other paths' futures out of it"
+        );
+    }
 }

@@ -243,48 +243,66 @@ impl Leases {
                 held.tallies.flight_start(record, was_held);
             }
         }
-        let leases = Arc::clone(self);
-        let record = Arc::clone(record);
-        let embedded = self.stores.get(record.store).is_embedded();
-        let release = async move {
+        if self.stores.get(record.store).is_embedded() {
+            // The embedded store never waits: done now.
             let line = match record.store {
-                Store::Main => leases.line.as_ref(),
+                Store::Main => self.line.as_ref(),
                 Store::Fallback => None,
             };
-            let released = if embedded {
-                leases
-                    .stores
-                    .call(record.store, |store| {
-                        store.release(std::slice::from_ref(&record), line)
-                    })
-                    .await
-                    .map(|present| present == [true])
-            } else {
-                leases.release_calls.submit(Arc::clone(&record)).await
-            };
-            match released {
-                Ok(_) => leases.flight_end(&record, true),
-                Err(_) => leases.retry_later([Arc::clone(&record)]),
-            }
-            leases.wake();
-            // Its budgets are settled too when the release resolves (usage() then tells it).
-            if let Some(settled) = settled {
-                let _ = settled.await;
-            }
-            released
-        };
-        // The embedded store never waits: done now. Redis: on the runtime, whoever awaits.
-        Some(if embedded {
-            futures_util::future::ready(release.now_or_never().expect("the memory backend never waits"))
-                .left_future()
-        } else {
-            let task = runtime::handle().spawn(self.releases.track_future(release));
+            let released = self
+                .stores
+                .call(record.store, |store| {
+                    store.release(std::slice::from_ref(record), line)
+                })
+                .now_or_never()
+                .expect("the memory backend never waits")
+                .map(|present| present == [true]);
+            let done = self.after_release(record, released, settled).now_or_never();
+            return Some(
+                futures_util::future::ready(done.expect("the memory backend never waits")).left_future(),
+            );
+        }
+        // Redis: on the runtime, whoever awaits.
+        let release = Arc::clone(self).release_task(Arc::clone(record), settled);
+        let task = runtime::handle().spawn(self.releases.track_future(release));
+        Some(
             async move {
                 task.await
                     .map_err(|e| CoreError::Panic(format!("release task failed: {e}")))?
             }
-            .right_future()
-        })
+            .right_future(),
+        )
+    }
+
+    /// A release through Redis, as its task runs it: the call (batched), then `after_release`.
+    /// Only what this path awaits is in it (the embedded store's call in the same block made
+    /// every release's task 4 KB).
+    pub(crate) async fn release_task(
+        self: Arc<Self>,
+        record: Arc<LeaseRecord>,
+        settled: Option<JoinHandle<()>>,
+    ) -> CoreResult<bool> {
+        let released = self.release_calls.submit(Arc::clone(&record)).await;
+        self.after_release(&record, released, settled).await
+    }
+
+    /// What follows a release's call: out of flight (or kept for another try), waiters woken,
+    /// and its budgets settled too when the release resolves (usage() then tells it).
+    async fn after_release(
+        &self,
+        record: &Arc<LeaseRecord>,
+        released: CoreResult<bool>,
+        settled: Option<JoinHandle<()>>,
+    ) -> CoreResult<bool> {
+        match released {
+            Ok(_) => self.flight_end(record, true),
+            Err(_) => self.retry_later([Arc::clone(record)]),
+        }
+        self.wake();
+        if let Some(settled) = settled {
+            let _ = settled.await;
+        }
+        released
     }
 
     /// Starts the release without waiting for it; true if this call released the lease.
