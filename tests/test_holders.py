@@ -246,38 +246,45 @@ def core_script(redis_client, name: str):
     )
 
 
-def batched_acquire(redis_client):
-    """acquire.lua deciding a batch: called with [(keys, args), ...], answers each in order."""
+def batched_acquire(redis_client, tag: str):
+    """acquire.lua deciding a batch for holder 777 in `tag` (the holders key), without a line:
+    called with [(keys, args), ...] (each request's), answers each in order."""
     script = core_script(redis_client, "acquire")
+    # The head the requests share: the tag's holders; lease of 30 s, no line, no channel,
+    # holder 777, fair order, no waiting for one's own quota.
+    head_keys, head_args = [tag], [30_000, 0, "", 777, "fair", 0]
 
     def decide(requests):
         counts = [count for keys, args in requests for count in (len(keys), len(args))]
         return script(
-            keys=[key for keys, _ in requests for key in keys],
-            args=[len(requests), *counts, *(arg for _, args in requests for arg in args)],
+            keys=[*head_keys, *(key for keys, _ in requests for key in keys)],
+            args=[
+                len(requests), len(head_keys), len(head_args), *head_args, *counts,
+                *(arg for _, args in requests for arg in args),
+            ],
         )
 
     return decide
 
 
-def one_acquire(redis_client):
+def one_acquire(redis_client, tag: str):
     """acquire.lua called with one request, as the core sends a lone acquire."""
-    decide = batched_acquire(redis_client)
+    decide = batched_acquire(redis_client, tag)
     return lambda keys, args: decide([(keys, args)])[0]
 
 
 def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(redis_client,
                                                                             key_prefix):
-    decide = batched_acquire(redis_client)
     pool, tag = global_pool(key_prefix), holders(key_prefix)
+    decide = batched_acquire(redis_client, tag)
     wrong = f"{{{key_prefix}}}:wrong"
     redis_client.set(wrong, "a string, not a pool")
 
     def request(lease: str, *pools: str):
-        # lease, ttl, weight, no waiter, no line, own pools 0, holder, n pools, priority 0,
-        # fair order, no waiting for one's own quota, each of capacity 1, no max_waiting
-        args = [lease, 30_000, 1, "", 0, 0, "", 0, 777, len(pools), 0, "fair", 0]
-        return ([*pools, tag], [*args, *[1] * len(pools), *[0] * len(pools)])
+        # lease, weight, no waiter (liveness 0), own pools 0, n pools, priority 0, each of
+        # capacity 1, no max_waiting
+        args = [lease, 1, "", 0, 0, len(pools), 0]
+        return (list(pools), [*args, *[1] * len(pools), *[0] * len(pools)])
 
     replies = decide([request("first", pool), request("broken", wrong), request("second", pool)])
     assert replies[0] == [1, 0, 1], "granted; the holder was new"
@@ -292,31 +299,32 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     # The script as src/backend/redis/scripts.rs builds it, run twice with the same lease id
     # (what a client does when it resends a call whose reply was lost), against a pool of
     # capacity 1.
-    acquire = one_acquire(redis_client)
-    keys = [global_pool(key_prefix), holders(key_prefix)]
-    # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
-    # order, no waiting for one's own quota, of capacity 1, no max_waiting, no rate policy
-    args = ["lease-1", 30_000, 1, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 1, 0]
+    tag = holders(key_prefix)
+    acquire = one_acquire(redis_client, tag)
+    keys = [global_pool(key_prefix)]
+    # lease, weight, no waiter (liveness 0), own pools 0, 1 pool, priority 0, of capacity 1,
+    # no max_waiting, no rate policy
+    args = ["lease-1", 1, "", 0, 0, 1, 0, 1, 0]
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
-    redis_client.delete(*keys, f"{keys[1]}:777", f"{keys[1]}:777:members", f"{keys[1]}:clock")
+    redis_client.delete(*keys, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
 
 
 def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):
     # The scripts as src/backend/redis/scripts.rs builds them, called in the order of the race
     # the protocol model found: the prune's list is asked for, an acquire sent after the ids to
     # keep were taken is run by Redis, then the removal runs (and runs again, late).
-    acquire = one_acquire(redis_client)
-    strays, prune = core_script(redis_client, "strays"), core_script(redis_client, "prune")
     pool, tag = global_pool(key_prefix), holders(key_prefix)
+    acquire = one_acquire(redis_client, tag)
+    strays, prune = core_script(redis_client, "strays"), core_script(redis_client, "prune")
     members = f"{tag}:777:members"
 
     def grant(lease: str, weight: int) -> None:
-        # lease, ttl, weight, no waiter, no line, own pools 0, holder, 1 pool, priority 0, fair
-        # order, no waiting for one's own quota, unlimited, no max_waiting, no rate policy
-        args = [lease, 30_000, weight, "", 0, 0, "", 0, 777, 1, 0, "fair", 0, 0, 0]
-        assert acquire(keys=[pool, tag], args=args)[0] == 1
+        # lease, weight, no waiter (liveness 0), own pools 0, 1 pool, priority 0, unlimited, no
+        # max_waiting, no rate policy
+        args = [lease, weight, "", 0, 0, 1, 0, 0, 0]
+        assert acquire(keys=[pool], args=args)[0] == 1
 
     grant("held", 1)
     grant("released", 2)  # its release lost in a failover: in Redis, neither held nor in flight

@@ -15,26 +15,26 @@
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- The helpers above the line `--[[ per call ]]` are defined once, when the library loads (see
 -- src/backend/redis/scripts.rs); what follows it runs on every call.
--- Each request's keys and args (KEYS and ARGV of a lone request):
--- KEYS[1..n]: the pools (sorted sets: member = lease id, score = holder id), all in one hash
--- slot; the first ARGV[8] of them are the caller's own quota (a full one refuses at once, never
--- makes it wait), the others shared capacity. KEYS[n+1]: the tag's holders (see the prelude).
--- With a waiting line (ARGV[6] = 1), KEYS[n+2..n+4]: the line, every waiter of every pool
--- (sorted set: waiter id by ticket; <line>:needs is the hash waiter id -> "<weight> <pool key>
--- ...", the capped shared pools it waits for, each with its own line: see the prelude's
--- pool_line), the liveness of the processes that have waiters (sorted set: holder id by expiry
--- in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket counter.
--- The keys left after those: the caller's rate counters (see hit.lua).
--- ARGV[1]: lease id; ARGV[2]: lease duration in ms; ARGV[3]: weight (slots taken in each pool);
--- ARGV[4]: waiter id, or '' for a caller that will not wait; ARGV[5]: liveness of the waiter's
--- process in ms (its heartbeat extends it);
--- ARGV[6]: 1 if the line's keys follow, else 0; ARGV[7]: the channel to publish on (see the
--- prelude's wake) when a grant leaves others in line (they may fit too); ARGV[8]: how many
--- pools are the caller's own quota
--- (0 or 1); ARGV[9]: holder id; ARGV[10]: n, the number of pools; ARGV[11]: priority (0 to 9,
--- higher first); ARGV[12]: the lines' order, 'fair' or 'arrival'; ARGV[13]: '1' if a full own
--- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it;
--- ARGV[13 + i]: capacity of KEYS[i] (0 = unlimited); ARGV[13 + n + i]: the waiters its line
+-- The head, what every request of the call shares (see the prelude's decide_each):
+-- KEYS[1]: the tag's holders (see the prelude). With a waiting line (head ARGV 2 = 1), KEYS[2..4]:
+-- the line, every waiter of every pool (sorted set: waiter id by ticket; <line>:needs is the hash
+-- waiter id -> "<weight> <pool key> ...", the capped shared pools it waits for, each with its own
+-- line: see the prelude's pool_line), the liveness of the processes that have waiters (sorted
+-- set: holder id by expiry in ms; <liveness>:<holder id> is the set of that process's waiters)
+-- and the ticket counter. Its ARGV (from ARGV[4]): 1: lease duration in ms; 2: 1 if the line's
+-- keys are there, else 0; 3: the channel to publish on (see the prelude's wake) when a grant
+-- leaves others in line (they may fit too); 4: holder id; 5: the lines' order, 'fair' or
+-- 'arrival'; 6: '1' if a full own pool makes a waiter wait in its own line (wait_for_own_quota)
+-- rather than refuses it.
+-- Each request's keys and args:
+-- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
+-- slot; the first `own` (arg 5) of them are the caller's own quota (a full one refuses at once,
+-- never makes it wait), the others shared capacity; then the caller's rate counters (see
+-- hit.lua).
+-- args 1: lease id; 2: weight (slots taken in each pool); 3: waiter id, or '' for a caller that
+-- will not wait; 4: liveness of the waiter's process in ms (its heartbeat extends it); 5: how
+-- many pools are the caller's own quota (0 or 1); 6: n, the number of pools; 7: priority (0 to
+-- 9, higher first); 7 + i: capacity of pool i (0 = unlimited); 7 + n + i: the waiters its line
 -- holds at most (0: no limit); then per rate policy: algorithm, limit, window in ms, the units
 -- the start takes from it (1 for a request rate, the reservation for a token budget), and '1'
 -- for a budget, as in hit.lua.
@@ -42,40 +42,44 @@
 -- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
 -- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
--- with buckets 0); {REFUSED, i, used_i, retry_ms} when KEYS[i] refuses; {RATE_LIMITED, i,
+-- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
 -- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
--- retry_ms} when the line of KEYS[i] holds max_waiting waiters already (retry_ms: the time
+-- retry_ms} when the line of pool i holds max_waiting waiters already (retry_ms: the time
 -- those would take at the line's recent service rate, or a lease duration before it has one);
 -- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
+-- What the call's head says (see load_head).
+local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits
 -- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
 -- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
 local keys, kb, key_count, args, ab
-local id, ttl, weight, waiter, queued, pools, holders, own, holder, line, alive, tickets
-local first_rate, priority, fair, own_waits, user
-local CAPS = 13 -- args[ab + CAPS + i]: capacity of pool i; args[ab + CAPS + pools + i]: its line's limit
+local id, weight, waiter, liveness, own, pools, priority, user
+local CAPS = 7 -- args[ab + CAPS + i]: capacity of pool i; args[ab + CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
 
+local function load_head(call_keys, call_args)
+  holders, line, alive, tickets = call_keys[1], call_keys[2], call_keys[3], call_keys[4]
+  ttl = num(call_args[4])
+  queued = call_args[5] == '1'
+  channel = call_args[6]
+  holder = call_args[7] -- the core's decimal text, as stored (holder_name: scores read back)
+  fair = call_args[8] == 'fair'
+  own_waits = call_args[9] == '1'
+end
+
 local function load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
   keys, kb, key_count, args, ab = call_keys, key_base, keys_of_request, call_args, arg_base
   id = args[ab + 1]
-  ttl = num(args[ab + 2])
-  weight = num(args[ab + 3])
-  waiter = args[ab + 4]
-  queued = args[ab + 6] == '1'
-  pools = num(args[ab + 10])
-  holders = keys[kb + pools + 1]
-  own = num(args[ab + 8])
-  holder = args[ab + 9] -- the core's decimal text, as stored (holder_name: scores read back)
-  line, alive, tickets = keys[kb + pools + 2], keys[kb + pools + 3], keys[kb + pools + 4]
-  first_rate = pools + (queued and 5 or 2)
-  priority = num(args[ab + 11])
-  fair = args[ab + 12] == 'fair'
-  own_waits = args[ab + 13] == '1'
+  weight = num(args[ab + 2])
+  waiter = args[ab + 3]
+  liveness = num(args[ab + 4])
+  own = num(args[ab + 5])
+  pools = num(args[ab + 6])
+  priority = num(args[ab + 7])
   -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
   user = own > 0 and keys[kb + 1] or waiter
 end
@@ -87,7 +91,7 @@ end
 
 -- The request's rate policies, from look_rates.
 local function request_rates(scale)
-  return look_rates(keys, kb + first_rate, kb + key_count, args, ab + CAPS + 1 + 2 * pools, scale)
+  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + CAPS + 1 + 2 * pools, scale)
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
@@ -230,9 +234,9 @@ local function enter_line(lined)
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
   end
-  redis.call('ZADD', alive, integer(now + num(args[ab + 5])), holder)
+  redis.call('ZADD', alive, integer(now + liveness), holder)
   for _, key in ipairs(keep) do
-    redis.call('PEXPIRE', key, math.max(ttl, num(args[ab + 5])) * 2)
+    redis.call('PEXPIRE', key, math.max(ttl, liveness) * 2)
   end
   return ticket
 end
@@ -430,26 +434,21 @@ local function decide()
   local granted = grant(used, rates)
   for _, passed in ipairs(passing) do
     redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
-    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, num(args[ab + 5])) * 2)
+    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, liveness) * 2)
   end
   if queued and waiter ~= '' then
     served(lined)
     leave_line()
     if redis.call('ZCARD', line) > 0 then
-      wake(args[ab + 7], 0)
+      wake(channel, 0)
     end
   end
   return granted
 end
 
--- Loads and decides one request of the call; the first sees to the tag's clock and the reaper.
+-- Loads and decides one request of the call.
 local function decide_request(call_keys, key_base, keys_of_request, call_args, arg_base)
-  local first = holders == nil
   load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
-  if first then
-    steady_clock(holders, ttl)
-    reap(holders)
-  end
   return decide()
 end
 
@@ -457,13 +456,13 @@ end
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
 -- the clock, the reaper and the holder's count of members are seen to once.
 batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false, used = {}}
-holders = nil
+load_head(KEYS, ARGV)
 read_clock()
+steady_clock(holders, ttl)
+reap(holders)
 local replies = decide_each(KEYS, ARGV, decide_request)
-if holders then
-  count_members(holders, holder, batch.granted_members)
-  if batch.holder_was_alive == false then
-    refresh(holders, holder) -- its keys may be new
-  end
+count_members(holders, holder, batch.granted_members)
+if batch.holder_was_alive == false then
+  refresh(holders, holder) -- its keys may be new
 end
 return replies

@@ -87,30 +87,32 @@ impl RedisBackend {
         rates: &RateCheck,
     ) -> CoreResult<AcquireOutcome> {
         let pools = &lease.pools;
+        // What the acquires of a batch share goes once per call (acquire.lua's head).
+        let mut head = scripts::ACQUIRE.prepare_invoke();
+        head.key(&*lease.holders);
+        if let Some(in_line) = in_line {
+            line_keys(&mut head, in_line.line);
+            head.key(&in_line.line.tickets);
+        }
+        head.arg(ttl_ms)
+            .arg(u8::from(in_line.is_some()))
+            .arg(in_line.map_or(String::new(), |l| self.wake_channel(l.line)))
+            .arg(self.holder)
+            .arg(in_line.map_or("fair", |l| l.order.code()))
+            .arg(u8::from(in_line.is_some_and(|l| l.own_waits)));
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for pool in pools {
             invocation.key(&*pool.key);
         }
-        invocation.key(&*lease.holders);
         let waiter = in_line.and_then(|l| l.waiter);
         invocation
             .arg(lease.id.as_str())
-            .arg(ttl_ms)
             .arg(lease.weight)
             .arg(waiter.map_or("", |w| w.id.as_str()))
             .arg(waiter.map_or(0, |w| w.ttl_ms))
-            .arg(u8::from(in_line.is_some()))
-            .arg(in_line.map_or(String::new(), |l| self.wake_channel(l.line)))
             .arg(lease.own_pools)
-            .arg(self.holder)
             .arg(pools.len())
-            .arg(in_line.map_or(0, |l| l.priority))
-            .arg(in_line.map_or("fair", |l| l.order.code()))
-            .arg(u8::from(in_line.is_some_and(|l| l.own_waits)));
-        if let Some(in_line) = in_line {
-            line_keys(&mut invocation, in_line.line);
-            invocation.key(&in_line.line.tickets);
-        }
+            .arg(in_line.map_or(0, |l| l.priority));
         for pool in pools {
             invocation.arg(pool.capacity);
         }
@@ -125,7 +127,7 @@ impl RedisBackend {
         };
         let reply = self
             .acquires
-            .submit(OneCall::of(invocation, &lease.holders, Some(undo)))
+            .submit(OneCall::of(invocation, Some(head), &lease.holders, Some(undo)))
             .await?;
         let n = pools.len();
         match reply.as_slice() {
@@ -250,7 +252,10 @@ impl RedisBackend {
         let Some(first_key) = keys.first() else {
             return Err(CoreError::Panic("a hit without a policy".into()));
         };
-        let reply = self.hits.submit(OneCall::of(invocation, first_key, None)).await?;
+        let reply = self
+            .hits
+            .submit(OneCall::of(invocation, None, first_key, None))
+            .await?;
         let [refused, retry_ms, per_policy @ ..] = reply.as_slice() else {
             return Err(unexpected_reply("hit", &reply));
         };
@@ -372,6 +377,11 @@ impl RedisBackend {
 /// One request of a batched call: its keys and arguments, and the hash tag they are in.
 struct OneCall {
     tag: String,
+    /// The keys and arguments it shares with the others of its batch, sent once per call
+    /// (acquire.lua's head: its tag's holders and line, the lease duration, the holder...): two
+    /// requests go in one call only when their heads are the same.
+    head_keys: Vec<Vec<u8>>,
+    head_args: Vec<Vec<u8>>,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
     /// For an acquire: what to give back if its caller goes away while its call is in flight.
@@ -385,10 +395,14 @@ struct Undo {
 }
 
 impl OneCall {
-    /// The request `invocation` built, its keys in the hash tag of `key`.
-    fn of(invocation: Invocation, key: &str, undo: Option<Undo>) -> Self {
+    /// The request `invocation` built, with what it shares with its batch (`head`), its keys in
+    /// the hash tag of `key`.
+    fn of(invocation: Invocation, head: Option<Invocation>, key: &str, undo: Option<Undo>) -> Self {
+        let (head_keys, head_args) = head.map_or_else(Default::default, |head| (head.keys, head.args));
         OneCall {
             tag: keys::hash_tag(key).to_owned(),
+            head_keys,
+            head_args,
             keys: invocation.keys,
             args: invocation.args,
             undo,
@@ -397,8 +411,9 @@ impl OneCall {
 }
 
 /// Sends the requests of a script that decides batches (acquire.lua, hit.lua: the prelude's
-/// `decide_each`): after the count of requests, each one's count of keys and of arguments,
-/// then all of their arguments and keys in order; it answers each.
+/// `decide_each`): after the count of requests, the head they share (its counts of keys and of
+/// arguments, then its arguments; its keys come first), each one's count of keys and of
+/// arguments, then all of their arguments and keys in order; it answers each.
 struct BatchedCalls {
     link: Arc<Link>,
     script: &'static LuaScript,
@@ -422,14 +437,20 @@ impl Batches for BatchedCalls {
     type Answer = Vec<u64>;
 
     fn together(&self, first: &OneCall, other: &OneCall) -> bool {
-        first.tag == other.tag
+        first.tag == other.tag && first.head_keys == other.head_keys && first.head_args == other.head_args
     }
 
     async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Vec<u64>>> {
         let mut answers = Vec::with_capacity(requests.len());
         for batch in requests.chunks(REQUESTS_PER_CALL) {
             let mut invocation = self.script.prepare_invoke();
-            invocation.arg(batch.len());
+            let head = &batch[0];
+            invocation
+                .arg(batch.len())
+                .arg(head.head_keys.len())
+                .arg(head.head_args.len())
+                .arg(&head.head_args)
+                .key(&head.head_keys);
             for request in batch {
                 invocation.arg(request.keys.len()).arg(request.args.len());
             }
