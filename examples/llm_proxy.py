@@ -133,9 +133,10 @@ async def story(base_url: str) -> None:
             "(the model's usage: prompt 7 + answer 40)"
         )
 
-        async with client.stream(
-            "POST", "/v1/chat/completions", json={**ask, "max_tokens": 1_000}
-        ) as r:
+        # A slow model (the fake's knob): the client is gone long before a second token, however
+        # busy the machine.
+        slow = {**ask, "max_tokens": 1_000, "seconds_per_token": 0.25}
+        async with client.stream("POST", "/v1/chat/completions", json=slow) as r:
             async for line in r.aiter_lines():
                 if '"content"' in line:
                     break  # the client goes away after its first token
