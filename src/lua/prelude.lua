@@ -4,7 +4,8 @@
 -- A holder is one manager in one process. It keeps every lease it holds in a hash tag alive
 -- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
 -- renewal costs one write per process, not one per lease. Pool members are scored by their
--- holder's id; <tag>:holders:<id> (set) lists the pools where that holder has members, so the
+-- holder's id; <tag>:holders:<id> (set) lists every pool where that holder has members (and
+-- may list pools it left: release.lua leaves them, keepalive.lua drops them), so the
 -- leases of a holder that stopped renewing are removed pool by pool ("reaped"), and
 -- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
 -- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
