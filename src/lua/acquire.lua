@@ -62,9 +62,13 @@ local CAPS = 7 -- args[ab + CAPS + i]: capacity of pool i; args[ab + CAPS + pool
 local TURNS = 2 ^ 48
 
 local function load_head(call_keys, call_args)
-  holders, line, alive, tickets = call_keys[1], call_keys[2], call_keys[3], call_keys[4]
   ttl = num(call_args[4])
   queued = call_args[5] == '1'
+  holders = call_keys[1]
+  line, alive, tickets = nil, nil, nil
+  if queued then
+    line, alive, tickets = call_keys[2], call_keys[3], call_keys[4]
+  end
   channel = call_args[6]
   holder = call_args[7] -- the core's decimal text, as stored (holder_name: scores read back)
   fair = call_args[8] == 'fair'
