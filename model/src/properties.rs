@@ -203,7 +203,8 @@ fn stalled_holder_reaped(m: &ProtocolModel, s: &State) -> bool {
     })
 }
 
-/// I5: the index of every holder lists each pool where it has members.
+/// The index of every holder lists each pool where it has members: how the reaper finds a dead
+/// holder's members (the guard of I3 in docs/design.md) and a closing manager its own (I5).
 fn index_covers_members(m: &ProtocolModel, s: &State) -> bool {
     s.redis.index_covers_members(&m.cfg)
 }
@@ -217,7 +218,7 @@ pub fn all(cfg: &ModelConfig) -> Vec<P> {
             pools_within_capacity,
         ),
         P::always(
-            "I5: a holder's index lists every pool where it has members",
+            "I3/I5 guard: a holder's index lists every pool where it has members",
             index_covers_members,
         ),
         P::always(
