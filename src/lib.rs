@@ -20,6 +20,7 @@ mod keys;
 // Values and tools shared by all of the above.
 mod breaker;
 mod config;
+mod deadline;
 mod errors;
 mod fifo;
 mod group_commit;

@@ -16,6 +16,7 @@ use tokio::sync::Mutex;
 
 use super::scripts::{Invocation, LIBRARY};
 use crate::backend::CallStats;
+use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
 
 pub enum Endpoint {
@@ -106,6 +107,8 @@ pub struct Link {
     /// The URL without its password, for error messages.
     pub target: String,
     timeout: Duration,
+    /// Bounds every call by `timeout`.
+    deadlines: Deadlines,
     /// Set once the server turned out to have no functions (Redis 6) or to refuse them to this
     /// user: the scripts then go as scripts of their own (EVALSHA).
     scripts_only: AtomicBool,
@@ -122,6 +125,7 @@ impl Link {
             connection: Mutex::new(None),
             target,
             timeout,
+            deadlines: Deadlines::new(timeout),
             scripts_only: AtomicBool::new(false),
             calls: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -172,11 +176,13 @@ impl Link {
         Ok(opened)
     }
 
-    /// A multiplexed connection that reconnects by itself, with our timeouts.
+    /// A multiplexed connection that reconnects by itself. Calls are bounded by `deadlines`,
+    /// not by a response timeout of redis-rs (a timer per call; it ended a call the way ours
+    /// does, without a reconnect).
     async fn manage(&self, client: redis::Client) -> redis::RedisResult<Connection> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         ConnectionManager::new_with_config(client, config)
@@ -211,11 +217,11 @@ impl Link {
                 self.error(&e)
             })
         };
-        let outcome = tokio::time::timeout(self.timeout, call).await;
-        if outcome.is_err() {
+        let outcome = self.deadlines.within(call).await;
+        if outcome.is_none() {
             self.forget_master();
         }
-        outcome.map_err(|_| match self.timed_out() {
+        outcome.ok_or_else(|| match self.timed_out() {
             CoreError::Unavailable(message) if !sending.load(Ordering::Relaxed) => {
                 CoreError::Unreached(message)
             }
@@ -295,9 +301,10 @@ impl Link {
 
     /// `call` within `redis_timeout`, its errors said for the user.
     async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> CoreResult<T> {
-        tokio::time::timeout(self.timeout, call)
+        self.deadlines
+            .within(call)
             .await
-            .map_err(|_| self.timed_out())?
+            .ok_or_else(|| self.timed_out())?
             .map_err(|e| self.error(&e))
     }
 
