@@ -6,18 +6,21 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use tokio::sync::Notify;
-
 use crate::keys::{self, Pool, PoolRole};
+use crate::sync::lock;
 
 /// State bits: a lease can be lost (or revoked, which is lost by an operator's decision) and
 /// later released; all stay visible.
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
 const REVOKED: u8 = 4;
+
+/// Told once a lease is lost (from whichever thread found it); dropped untold if the lease is
+/// released first.
+pub type LostWatcher = Box<dyn FnOnce() + Send>;
 
 /// Milliseconds on this process's monotonic clock (deadlines never follow wall-clock jumps).
 pub fn monotonic_ms() -> u64 {
@@ -78,7 +81,6 @@ impl fmt::Debug for LeaseId {
     }
 }
 
-#[derive(Debug)]
 pub struct LeaseRecord {
     pub id: LeaseId,
     /// The pools this lease takes a slot in, the caller's own quota first (keys and capacities,
@@ -92,8 +94,8 @@ pub struct LeaseRecord {
     pub weight: u32,
     pub store: Store,
     state: AtomicU8,
-    /// Woken when the lease becomes lost or released.
-    changed: Notify,
+    /// Waiting for the lease to be lost; emptied when it is lost or released.
+    lost_watchers: Mutex<Vec<LostWatcher>>,
 }
 
 impl LeaseRecord {
@@ -108,7 +110,7 @@ impl LeaseRecord {
             weight,
             store,
             state: AtomicU8::new(0),
-            changed: Notify::new(),
+            lost_watchers: Mutex::new(Vec::new()),
         }
     }
 
@@ -129,7 +131,7 @@ impl LeaseRecord {
             .compare_exchange(0, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if lost {
-            self.changed.notify_waiters();
+            self.tell_lost();
         }
         lost
     }
@@ -142,7 +144,7 @@ impl LeaseRecord {
             .compare_exchange(0, LOST | REVOKED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if revoked {
-            self.changed.notify_waiters();
+            self.tell_lost();
         }
         revoked
     }
@@ -155,7 +157,7 @@ impl LeaseRecord {
     pub fn mark_released(&self) -> bool {
         let released = self.state.fetch_or(RELEASED, Ordering::AcqRel) & RELEASED == 0;
         if released {
-            self.changed.notify_waiters();
+            drop(std::mem::take(&mut *lock(&self.lost_watchers)));
         }
         released
     }
@@ -168,19 +170,25 @@ impl LeaseRecord {
         self.state.load(Ordering::Acquire) & RELEASED != 0
     }
 
-    /// Resolves once the lease is lost; never if it is released first.
-    pub async fn lost(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            if self.is_released() {
-                std::future::pending::<()>().await;
-            }
-            changed.await;
+    /// Calls `watcher` once the lease is lost (now, if it is); never if it is released first.
+    pub fn when_lost(&self, watcher: LostWatcher) {
+        let mut watchers = lock(&self.lost_watchers);
+        // Read under the lock that `tell_lost` takes after the state changed: either this sees
+        // the change, or `tell_lost` sees the watcher.
+        let state = self.state.load(Ordering::Acquire);
+        if state & RELEASED != 0 {
+            return;
         }
+        if state & LOST == 0 {
+            watchers.push(watcher);
+            return;
+        }
+        drop(watchers);
+        watcher();
+    }
+
+    fn tell_lost(&self) {
+        let watchers = std::mem::take(&mut *lock(&self.lost_watchers));
+        watchers.into_iter().for_each(|watcher| watcher());
     }
 }

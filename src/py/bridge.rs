@@ -35,7 +35,8 @@ pub type Completion = Result<Delivery, CoreError>;
 
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 struct Inbox {
-    finished: Mutex<Vec<(u64, Completion)>>,
+    /// Results for the loop's futures by id; None forgets a future nothing will settle.
+    finished: Mutex<Vec<(u64, Option<Completion>)>>,
     wake_pending: AtomicBool,
     waker: UnixStream,
     /// The loop closed or went away: results are dropped on arrival (a grant releases itself).
@@ -50,12 +51,21 @@ impl Inbox {
             drop(completion);
             return;
         }
-        finished.push((id, completion));
+        finished.push((id, Some(completion)));
         // Written under the lock that `close` takes, so never after the loop's end is gone (no
         // SIGPIPE).
         if !self.wake_pending.swap(true, Ordering::AcqRel) {
             // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
             let _ = (&self.waker).write(&[1]);
+        }
+    }
+
+    /// Lets the loop drop its hold on a future nothing will settle, at its next wake-up (no
+    /// need to wake it for that).
+    fn forget(&self, id: u64) {
+        let mut finished = lock(&self.finished);
+        if !self.closed.load(Ordering::Acquire) {
+            finished.push((id, None));
         }
     }
 
@@ -109,8 +119,10 @@ impl LoopBridge {
         let finished = std::mem::take(&mut *lock(&self.inbox.finished));
         for (id, completion) in finished {
             let future = lock(&self.pending).remove(&id);
-            if let Some(future) = future.and_then(|future| future.bind(py).upgrade()) {
-                settle(&future, completion);
+            if let (Some(future), Some(completion)) = (future, completion) {
+                if let Some(future) = future.bind(py).upgrade() {
+                    settle(&future, completion);
+                }
             }
         }
     }
@@ -135,12 +147,11 @@ fn settle(future: &Bound<'_, PyAny>, completion: Completion) {
     }
 }
 
-/// Cancels the Rust task behind an abortable future when the Python future is cancelled.
+/// Cancels the Rust task behind an abortable future when the Python future is cancelled (its
+/// settler, dropped with the task, has the loop forget the future).
 #[pyclass(frozen)]
 struct AbortOnCancel {
     task: AbortHandle,
-    bridge: Py<LoopBridge>,
-    id: u64,
 }
 
 #[pymethods]
@@ -148,7 +159,6 @@ impl AbortOnCancel {
     fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
         if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
             self.task.abort();
-            lock(&self.bridge.get().pending).remove(&self.id);
         }
         Ok(())
     }
@@ -233,13 +243,31 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
     Ok(bridge)
 }
 
-/// Runs `op` on the core's runtime and returns an asyncio future for its result.
-/// An `abortable` op is cancelled with its Python future; the others run to completion
-/// (an acquire must finish so it can give back what it took).
-pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = Completion> + Send + 'static,
-{
+/// Settles an asyncio future from any thread, with no task behind it: for a future settled by
+/// an event (a lease lost), not by work. Dropped unused, the loop forgets the future.
+pub struct Settler {
+    inbox: Arc<Inbox>,
+    id: u64,
+    used: bool,
+}
+
+impl Settler {
+    pub fn settle(mut self, completion: Completion) {
+        self.used = true;
+        self.inbox.deliver(self.id, completion);
+    }
+}
+
+impl Drop for Settler {
+    fn drop(&mut self) {
+        if !self.used {
+            self.inbox.forget(self.id);
+        }
+    }
+}
+
+/// An asyncio future of the running loop and what settles it.
+pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Settler)> {
     let event_loop = running_loop(py)?;
     let bridge = bridge_for(&event_loop)?;
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
@@ -247,15 +275,39 @@ where
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
     let inbox = Arc::clone(&shared.inbox);
+    Ok((
+        future,
+        Settler {
+            inbox,
+            id,
+            used: false,
+        },
+    ))
+}
+
+/// Runs `op` on the core's runtime and returns an asyncio future for its result.
+/// An `abortable` op is cancelled with its Python future; the others run to their end, even
+/// when no future can be made for them (outside a running loop): an acquire must finish so it
+/// can give back what it took, and a release once started must reach the store.
+pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    let (future, settler) = match promise(py) {
+        Ok(made) => made,
+        Err(error) => {
+            if !abortable {
+                runtime::handle().spawn(op);
+            }
+            return Err(error);
+        }
+    };
     let task = runtime::handle().spawn(AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
-        let completion = outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref()))));
-        inbox.deliver(id, completion);
+        settler.settle(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
     }));
     if abortable {
         let on_cancel = AbortOnCancel {
             task: task.abort_handle(),
-            bridge,
-            id,
         };
         future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
     }
@@ -288,7 +340,7 @@ where
 }
 
 /// An asyncio future already settled with `completion` (for work that never waits).
-fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
+pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
     let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
     settle(&future, completion);
     Ok(future)

@@ -10,14 +10,12 @@ use super::{bridge, budget, rate};
 use crate::admission::PoolUsage;
 use crate::budget::Meter;
 use crate::rate::Decision;
-use crate::renewal::LeaseHandle as CoreHandle;
+use crate::renewal::{LeaseHandle as CoreHandle, Releasing};
 
 /// A slot held in every pool of one acquire, renewed by the manager until released.
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
 pub struct LeaseHandle {
     handle: CoreHandle,
-    /// Embedded leases are released at once: their awaitables are settled on the spot.
-    embedded: bool,
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
@@ -29,14 +27,12 @@ pub struct LeaseHandle {
 impl LeaseHandle {
     pub fn new(
         handle: CoreHandle,
-        embedded: bool,
         rates: Vec<Decision>,
         usage: Vec<PoolUsage>,
         meter: Option<Arc<Meter>>,
     ) -> Self {
         LeaseHandle {
             handle,
-            embedded,
             rates,
             meter,
             usage,
@@ -104,15 +100,13 @@ impl LeaseHandle {
 
     /// Releases the lease now; the awaitable resolves to True if the store still had it.
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let release = self.handle.release();
-        let op = async move {
-            let removed = release.await?;
-            Ok(
-                Box::new(move |py: Python<'_>| Ok(PyBool::new(py, removed).to_owned().into_any().unbind()))
-                    as bridge::Delivery,
-            )
-        };
-        bridge::submit(py, op, self.embedded, false)
+        fn deliver(removed: bool) -> bridge::Delivery {
+            Box::new(move |py: Python<'_>| Ok(PyBool::new(py, removed).to_owned().into_any().unbind()))
+        }
+        match self.handle.release() {
+            Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
+            Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
+        }
     }
 
     /// Starts the release without waiting for it; True if this call released the lease.
@@ -181,11 +175,12 @@ impl LeaseHandle {
     /// Resolves when the lease is lost (never, if it is released first). Cancelling the
     /// awaitable stops the wait.
     fn wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let lost = self.handle.lost();
-        let wait = async move {
-            lost.await;
-            Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
-        };
-        bridge::spawn(py, wait, true)
+        // No task waits for it: the renewal loop settles the future when it finds the lease
+        // lost (a task per stream cost a wake-up of the core's thread, and another to cancel it).
+        let (lost, settler) = bridge::promise(py)?;
+        self.handle.when_lost(Box::new(move || {
+            settler.settle(Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
+        }));
+        Ok(lost)
     }
 }

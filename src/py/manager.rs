@@ -131,7 +131,7 @@ impl Manager {
                 let usage = granted.usage().to_vec();
                 let meter = granted.meter().cloned();
                 let handle = granted.hold()?;
-                Ok(Py::new(py, LeaseHandle::new(handle, embedded, rates, usage, meter))?.into_any())
+                Ok(Py::new(py, LeaseHandle::new(handle, rates, usage, meter))?.into_any())
             })
         });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that

@@ -4,9 +4,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::Leases;
+use super::{Leases, Releasing};
 use crate::errors::CoreResult;
-use crate::lease::LeaseRecord;
+use crate::lease::{LeaseRecord, LostWatcher};
 
 pub struct LeaseHandle {
     record: Arc<LeaseRecord>,
@@ -22,16 +22,12 @@ impl LeaseHandle {
         &self.record
     }
 
-    /// Releases now; the future resolves to whether the store still had the lease (false if it
-    /// was released before). Dropping the future does not stop the release.
-    pub fn release(&self) -> impl Future<Output = CoreResult<bool>> + Send + 'static {
-        let release = self.leases.release(&self.record);
-        async move {
-            match release {
-                Some(release) => release.await,
-                None => Ok(false),
-            }
-        }
+    /// Releases now: whether the store still had the lease (false if it was released before),
+    /// or the call to Redis that will tell, to be run to its end.
+    pub fn release(&self) -> Releasing<impl Future<Output = CoreResult<bool>> + Send + 'static> {
+        self.leases
+            .release(&self.record)
+            .unwrap_or(Releasing::Done(Ok(false)))
     }
 
     /// Starts the release without waiting for it; true if this call released the lease.
@@ -39,10 +35,9 @@ impl LeaseHandle {
         self.leases.release_in_background(&self.record)
     }
 
-    /// Resolves once the lease is lost; never if it is released first.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let record = Arc::clone(&self.record);
-        async move { record.lost().await }
+    /// Calls `watcher` once the lease is lost; never if it is released first.
+    pub fn when_lost(&self, watcher: LostWatcher) {
+        self.record.when_lost(watcher);
     }
 }
 

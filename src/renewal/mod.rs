@@ -42,6 +42,14 @@ const RELEASE_CALLS_IN_FLIGHT: usize = 4;
 /// (or, while this process lives, to the reconciliation of its granted count).
 const MAX_UNREMOVED: usize = 10_000;
 
+/// What a release leaves to do once the lease is marked released.
+pub enum Releasing<F> {
+    /// Nothing: the store answered at once (the embedded store); whether it still had the lease.
+    Done(CoreResult<bool>),
+    /// The call to Redis, to run to its end whoever waits for it; resolves like `Done`.
+    Call(F),
+}
+
 /// Counters for monitoring.
 #[derive(Debug, Clone, Copy)]
 pub struct Counters {
@@ -225,13 +233,15 @@ impl Leases {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Marks the lease released, stops renewing it and starts removing it from its store, all
-    /// before returning, so no cancellation can undo it. Resolves to whether the store still
-    /// had it; None if it was already released.
+    /// Marks the lease released and stops renewing it, before returning, so no cancellation
+    /// can undo it; then removes it from its store: at once on the embedded store, or by the
+    /// returned call to Redis, which the caller must run to its end (`release_in_background`,
+    /// or as the task of whoever awaits it: one task, not one that waits for another). None if
+    /// it was already released.
     pub fn release(
         self: &Arc<Self>,
         record: &Arc<LeaseRecord>,
-    ) -> Option<impl Future<Output = CoreResult<bool>> + Send + 'static> {
+    ) -> Option<Releasing<impl Future<Output = CoreResult<bool>> + Send + 'static>> {
         if self.in_forked_child() || !record.mark_released() {
             return None;
         }
@@ -258,20 +268,11 @@ impl Leases {
                 .expect("the memory backend never waits")
                 .map(|present| present == [true]);
             let done = self.after_release(record, released, settled).now_or_never();
-            return Some(
-                futures_util::future::ready(done.expect("the memory backend never waits")).left_future(),
-            );
+            return Some(Releasing::Done(done.expect("the memory backend never waits")));
         }
-        // Redis: on the runtime, whoever awaits.
+        // Tracked, so that closing the manager waits for it.
         let release = Arc::clone(self).release_task(Arc::clone(record), settled);
-        let task = runtime::handle().spawn(self.releases.track_future(release));
-        Some(
-            async move {
-                task.await
-                    .map_err(|e| CoreError::Panic(format!("release task failed: {e}")))?
-            }
-            .right_future(),
-        )
+        Some(Releasing::Call(self.releases.track_future(release)))
     }
 
     /// A release through Redis, as its task runs it: the call (batched), then `after_release`.
@@ -307,7 +308,14 @@ impl Leases {
 
     /// Starts the release without waiting for it; true if this call released the lease.
     pub fn release_in_background(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
-        self.release(record).is_some()
+        match self.release(record) {
+            None => false,
+            Some(Releasing::Done(_)) => true,
+            Some(Releasing::Call(call)) => {
+                runtime::handle().spawn(call);
+                true
+            }
+        }
     }
 
     /// Releases many leases, in batched script calls, a few in flight; the leases of a call that
