@@ -1,5 +1,6 @@
 """Type stubs of the Rust core (checked against it with ``mypy.stubtest``)."""
 
+import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import final
 
@@ -113,7 +114,7 @@ class LeaseHandle:
     @property
     def budget_waiting(self) -> bool: ...
     def budget_ready(self) -> Awaitable[None]: ...
-    def wait_lost(self) -> Awaitable[None]: ...
+    def wait_lost(self) -> asyncio.Future[None]: ...
 
 @final
 class Manager:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from starlette.concurrency import iterate_in_threadpool
@@ -192,7 +192,7 @@ class Lease:
         watch = LostWatch(self)
         try:
             while True:
-                with watch.guarded():
+                with watch:
                     if tokens is not None:
                         await self.wait_budget()
                     try:
@@ -216,7 +216,7 @@ class Lease:
         """Holds the lease for an ``async with`` block (``StreamLeaseManager.lease()``)."""
         watch = LostWatch(self)
         try:
-            with watch.guarded():
+            with watch:
                 yield self
         finally:
             watch.close()
@@ -261,13 +261,22 @@ def _bounded(name: str, reported: int, counted: int, estimate: int) -> int:
 
 class LostWatch:
     """Watches one lease for the task that uses it: a lost lease ends the work under
-    ``on_lost="cancel"``, a revoked one (a drain, an operator) always."""
+    ``on_lost="cancel"``, a revoked one (a drain, an operator) always.
+
+    ``with watch:`` runs its body under the watch, raising :class:`LeaseLost`
+    (:class:`LeaseRevoked`) if the lease is lost (revoked). A class of its own rather than a
+    ``@contextmanager``: ``wrap()`` enters it once per item, and a generator-based context
+    manager cost more than the rest of the item's way through ``wrap()``.
+    """
+
+    __slots__ = ("_cancelled_by_us", "_lease", "_loop", "_task", "_waiter")
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
         self._task: asyncio.Task[object] | None = None
         self._cancelled_by_us = False
-        self._waiter = asyncio.ensure_future(lease._handle.wait_lost())
+        self._waiter: asyncio.Future[None] = lease._handle.wait_lost()
+        self._loop = self._waiter.get_loop()
         self._waiter.add_done_callback(self._on_lost)
 
     def _ends_work(self) -> bool:
@@ -290,25 +299,20 @@ class LostWatch:
             self._cancelled_by_us = True
             self._task.cancel(str(self._ended()))
 
-    @contextmanager
-    def guarded(self) -> Iterator[None]:
-        """Runs the ``with`` body under the watch; :class:`LeaseLost` (:class:`LeaseRevoked`) if
-        the lease is lost (revoked)."""
+    def __enter__(self) -> None:
         if self._lease.lost and self._ends_work():
             raise self._ended()
-        self._task = asyncio.current_task()
-        try:
-            yield
-        except asyncio.CancelledError:
-            if not self._cancelled_by_us:
-                raise
+        # With the loop given, current_task() does not look the running loop up.
+        self._task = asyncio.current_task(self._loop)
+
+    def __exit__(self, kind: type[BaseException] | None, error: object, traceback: object) -> None:
+        task, self._task = self._task, None
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self._cancelled_by_us:
             self._cancelled_by_us = False
-            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
             if uncancel is not None:
                 uncancel()
             raise self._ended() from None
-        finally:
-            self._task = None
 
     def _ended(self) -> LeaseLost:
         if self._lease.revoked:
