@@ -221,4 +221,54 @@ mod tests {
         });
         assert_eq!(outcomes, (None, Some(())));
     }
+
+    /// Calls that come and go at random, some that never answer: every one ends (the watchdog
+    /// is re-armed whatever the order), and none that answers well within the limit is cut.
+    #[test]
+    fn no_call_is_left_hanging_whatever_the_interleaving() {
+        let deadlines = Arc::new(Deadlines::new(Duration::from_millis(40)));
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let calls: Vec<_> = (0..300)
+            .map(|_| {
+                let start_after = Duration::from_millis(next() % 120);
+                // None: never answers; else answers after that long (quick ones well within).
+                let answers_after = match next() % 3 {
+                    0 => None,
+                    1 => Some(Duration::from_millis(next() % 5)),
+                    _ => Some(Duration::from_millis(next() % 80)),
+                };
+                let deadlines = Arc::clone(&deadlines);
+                runtime::handle().spawn(async move {
+                    tokio::time::sleep(start_after).await;
+                    let outcome = deadlines
+                        .within(async move {
+                            match answers_after {
+                                Some(after) => tokio::time::sleep(after).await,
+                                None => std::future::pending().await,
+                            }
+                        })
+                        .await;
+                    (answers_after, outcome)
+                })
+            })
+            .collect();
+        let ended = run(async {
+            tokio::time::timeout(Duration::from_secs(30), futures_util::future::join_all(calls)).await
+        })
+        .expect("every call ends, answered or cut at its deadline");
+        for (answers_after, outcome) in ended.into_iter().map(Result::unwrap) {
+            match answers_after {
+                None => assert_eq!(outcome, None),
+                Some(after) if after < Duration::from_millis(5) => assert_eq!(outcome, Some(())),
+                Some(_) => {}
+            }
+        }
+        assert!(lock(&deadlines.shared.calls).waiting.is_empty());
+    }
 }

@@ -188,16 +188,21 @@ class StreamLeaseManager:
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
         leaves a slot taken, nor a place in line.
         """
-        acquiring = self._acquire_handle(
+        arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
         )  # fmt: skip
         telemetry = self._instruments()
         try:
             if telemetry is None:
-                return Lease(await acquiring, cancel_on_lost=self._cancel_on_lost)
+                # The core's awaitable itself, without a coroutine around it (at 64 streams
+                # at once, each layer shows in the event loop's CPU).
+                handle = await self._start_acquire(*arguments)
+                return Lease(handle, cancel_on_lost=self._cancel_on_lost)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             policies = (*rate_limits, *budgets)
+            # Started inside admit(), so that arguments refused at once count as its result.
+            acquiring = self._acquire_handle(*arguments)
             handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
         except StreamLeaseError as refused:
             # The message names pools and policies, never the identity.
@@ -218,7 +223,11 @@ class StreamLeaseManager:
                 self._telemetry = Telemetry(self._core, meters, tracers, identities)
         return self._telemetry
 
-    async def _acquire_handle(
+    async def _acquire_handle(self, *arguments: Any) -> _core.LeaseHandle:
+        """The acquire as a coroutine: started when awaited."""
+        return await self._start_acquire(*arguments)
+
+    def _start_acquire(
         self,
         user_id: str | None,
         weight: int,
@@ -231,7 +240,9 @@ class StreamLeaseManager:
         reserve: int | tuple[int, int] | None,
         on_budget: OnBudget,
         priority: int,
-    ) -> _core.LeaseHandle:
+    ) -> Awaitable[_core.LeaseHandle]:
+        """Starts an acquire in the core (arguments it refuses raise here); resolves to the
+        granted handle."""
         pools = [(r.name, r.capacity, r.max_waiting) for r in resources] or None
         acquired = self._core.acquire(
             user_id,
@@ -246,7 +257,15 @@ class StreamLeaseManager:
             priority or None,
         )
         if request is None:
-            return await acquired
+            return acquired
+        return self._acquire_for(request, acquired)
+
+    @staticmethod
+    async def _acquire_for(
+        request: Request, acquired: Awaitable[_core.LeaseHandle]
+    ) -> _core.LeaseHandle:
+        """An acquire for an HTTP request: given up if the client goes away while it waits;
+        its decisions kept for the ``RateLimit`` headers."""
         try:
             handle = await unless_disconnected(request, acquired)
         except RateLimited as refused:

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::FutureExt;
 use pyo3::exceptions::PyRuntimeError;
@@ -32,6 +32,10 @@ use crate::sync::lock;
 /// Turns a finished result into a Python object on the loop thread.
 pub type Delivery = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 pub type Completion = Result<Delivery, CoreError>;
+
+/// Futures forgotten (their lease released before it was lost) before the loop is woken just to
+/// drop its hold on them.
+const FORGOTTEN_BEFORE_A_WAKE_UP: usize = 64;
 
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 struct Inbox {
@@ -52,20 +56,29 @@ impl Inbox {
             return;
         }
         finished.push((id, Some(completion)));
-        // Written under the lock that `close` takes, so never after the loop's end is gone (no
-        // SIGPIPE).
-        if !self.wake_pending.swap(true, Ordering::AcqRel) {
-            // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
-            let _ = (&self.waker).write(&[1]);
+        self.wake(&finished);
+    }
+
+    /// Lets the loop drop its hold on a future nothing will settle, at its next wake-up: no
+    /// need to wake it for that, unless forgotten futures pile up (a loop that nothing else
+    /// wakes, the embedded store's, would keep them all).
+    fn forget(&self, id: u64) {
+        let mut finished = lock(&self.finished);
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        finished.push((id, None));
+        if finished.len() >= FORGOTTEN_BEFORE_A_WAKE_UP {
+            self.wake(&finished);
         }
     }
 
-    /// Lets the loop drop its hold on a future nothing will settle, at its next wake-up (no
-    /// need to wake it for that).
-    fn forget(&self, id: u64) {
-        let mut finished = lock(&self.finished);
-        if !self.closed.load(Ordering::Acquire) {
-            finished.push((id, None));
+    /// Wakes the loop unless a wake-up is pending. Takes the guard of `finished` to be written
+    /// under the lock that `close` takes, so never after the loop's end is gone (no SIGPIPE).
+    fn wake(&self, _finished: &MutexGuard<'_, Vec<(u64, Option<Completion>)>>) {
+        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+            // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
+            let _ = (&self.waker).write(&[1]);
         }
     }
 
@@ -352,4 +365,51 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbox() -> (Inbox, UnixStream) {
+        let (waker, wakeup) = UnixStream::pair().unwrap();
+        waker.set_nonblocking(true).unwrap();
+        wakeup.set_nonblocking(true).unwrap();
+        let inbox = Inbox {
+            finished: Mutex::new(Vec::new()),
+            wake_pending: AtomicBool::new(false),
+            waker,
+            closed: AtomicBool::new(false),
+        };
+        (inbox, wakeup)
+    }
+
+    fn woken(wakeup: &UnixStream) -> bool {
+        (&*wakeup).read(&mut [0u8; 8]).is_ok()
+    }
+
+    #[test]
+    fn forgotten_futures_wake_the_loop_only_when_they_pile_up() {
+        let (inbox, wakeup) = inbox();
+        for id in 1..FORGOTTEN_BEFORE_A_WAKE_UP as u64 {
+            inbox.forget(id);
+        }
+        assert!(!woken(&wakeup), "a forgotten future alone does not wake the loop");
+        inbox.forget(0);
+        assert!(
+            woken(&wakeup),
+            "a pile of them does, so a loop nothing else wakes drops them"
+        );
+        assert_eq!(lock(&inbox.finished).len(), FORGOTTEN_BEFORE_A_WAKE_UP);
+    }
+
+    #[test]
+    fn a_closed_inbox_keeps_nothing() {
+        let (inbox, wakeup) = inbox();
+        inbox.close();
+        inbox.forget(1);
+        inbox.deliver(2, Err(CoreError::Panic("unused".into())));
+        assert!(lock(&inbox.finished).is_empty());
+        assert!(!woken(&wakeup));
+    }
 }
