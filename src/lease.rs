@@ -157,7 +157,8 @@ impl LeaseRecord {
     pub fn mark_released(&self) -> bool {
         let released = self.state.fetch_or(RELEASED, Ordering::AcqRel) & RELEASED == 0;
         if released {
-            drop(std::mem::take(&mut *lock(&self.lost_watchers)));
+            let never_told = std::mem::take(&mut *lock(&self.lost_watchers));
+            drop(never_told); // outside the lock: a watcher dropped untold tells its loop
         }
         released
     }

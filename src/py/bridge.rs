@@ -256,8 +256,9 @@ fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<LoopBridge>> {
     Ok(bridge)
 }
 
-/// Settles an asyncio future from any thread, with no task behind it: for a future settled by
-/// an event (a lease lost), not by work. Dropped unused, the loop forgets the future.
+/// Settles an asyncio future from any thread: with a task's result (`spawn`), or on an event with
+/// no task behind it (a lease lost). Dropped unused (its task aborted, its lease released
+/// first), it has the loop forget the future.
 pub struct Settler {
     inbox: Arc<Inbox>,
     id: u64,
