@@ -66,6 +66,11 @@ impl Deadlines {
         }
     }
 
+    /// How long a call may take.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
     /// `call`'s output, or None if it did not finish within the limit (it is then dropped).
     pub async fn within<F: Future>(&self, call: F) -> Option<F::Output> {
         self.watchdog.get_or_init(|| {

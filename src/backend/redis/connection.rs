@@ -106,8 +106,7 @@ pub struct Link {
     connection: Mutex<Option<Connection>>,
     /// The URL without its password, for error messages.
     pub target: String,
-    timeout: Duration,
-    /// Bounds every call by `timeout`.
+    /// Bounds every call, the connect included, by `redis_timeout`.
     deadlines: Deadlines,
     /// Set once the server turned out to have no functions (Redis 6) or to refuse them to this
     /// user: the scripts then go as scripts of their own (EVALSHA).
@@ -124,7 +123,6 @@ impl Link {
             endpoint,
             connection: Mutex::new(None),
             target,
-            timeout,
             deadlines: Deadlines::new(timeout),
             scripts_only: AtomicBool::new(false),
             calls: AtomicU64::new(0),
@@ -181,7 +179,7 @@ impl Link {
     /// does, without a reconnect).
     async fn manage(&self, client: redis::Client) -> redis::RedisResult<Connection> {
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.deadlines.limit()))
             .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
@@ -312,7 +310,7 @@ impl Link {
         CoreError::Unavailable(format!(
             "Redis at {} did not answer within {:.3} s; check that it is running and reachable, or raise LeaseConfig(redis_timeout=...)",
             self.target,
-            self.timeout.as_secs_f64()
+            self.deadlines.limit().as_secs_f64()
         ))
     }
 
