@@ -100,18 +100,20 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     admitted: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
 
     async def take(lease_id: str) -> bool:
-        # ARGV as the core sends them: lease, ttl, weight, no waiter, no line, own pools 0,
-        # holder, cap 1
-        # no waiter, no line, no own pool, 1 pool of capacity 1, no rate policy (cost 1)
-        # priority 0, fair order, no waiting for one's own quota, capacity 1, no max_waiting
-        args = [lease_id, 30_000, 1, "", 0, 0, "", 0, holder_id, 1, 0, "fair", 0, 1, 0]
-        # as the core sends a lone acquire: a batch of one request
-        (reply,) = await acquire(keys=keys, args=[1, len(keys), len(args), *args])
+        # As the core sends a lone acquire, a batch of one request. The head: the holders key;
+        # lease of 30 s, no line, no channel, the holder, fair order, no waiting for one's own
+        # quota. The request: the pool; lease, no waiter, and its shape: weight 1, liveness 0,
+        # no own pool, 1 pool, priority 0, capacity 1, no max_waiting; no rate policy.
+        head = [30_000, 0, "", holder_id, "fair", 0]
+        request = [lease_id, "", "1 0 0 1 0 1 0"]
+        (reply,) = await acquire(
+            keys=[keys[1], keys[0]], args=[1, 1, len(head), *head, 1, len(request), *request]
+        )
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:
-        # no channel, holder; lease, weight, holders at KEYS[2], 1 pool at KEYS[1]
-        await release(keys=keys, args=["", holder_id, lease_id, 1, 2, 1, 1])
+        # no channel, holder; lease and its shape: weight 1, holders at KEYS[2], 1 pool at KEYS[1]
+        await release(keys=keys, args=["", holder_id, lease_id, "1 2 1 1"])
 
     async def wait() -> None:
         lease_id = uuid.uuid4().hex

@@ -240,10 +240,16 @@ LUA = Path(__file__).resolve().parent.parent / "src" / "lua"
 
 
 def core_script(redis_client, name: str):
-    """One of the core's scripts as a script of its own (scripts.rs: the prelude in front)."""
+    """One of the core's scripts as a script of its own (scripts.rs: the prelude in front,
+    then the start of a call)."""
     return redis_client.register_script(
-        (LUA / "prelude.lua").read_text() + (LUA / f"{name}.lua").read_text()
+        (LUA / "prelude.lua").read_text() + "begin_call()\n" + (LUA / f"{name}.lua").read_text()
     )
+
+
+def shape(*numbers: int) -> str:
+    """A request's numbers in one argument (the prelude's shape_of)."""
+    return " ".join(map(str, numbers))
 
 
 def batched_acquire(redis_client, tag: str):
@@ -281,10 +287,10 @@ def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(re
     redis_client.set(wrong, "a string, not a pool")
 
     def request(lease: str, *pools: str):
-        # lease, weight, no waiter (liveness 0), own pools 0, n pools, priority 0, each of
+        # lease, no waiter; weight 1, liveness 0, own pools 0, n pools, priority 0, each of
         # capacity 1, no max_waiting
-        args = [lease, 1, "", 0, 0, len(pools), 0]
-        return (list(pools), [*args, *[1] * len(pools), *[0] * len(pools)])
+        n = len(pools)
+        return (list(pools), [lease, "", shape(1, 0, 0, n, 0, *[1] * n, *[0] * n)])
 
     replies = decide([request("first", pool), request("broken", wrong), request("second", pool)])
     assert replies[0] == [1, 0, 1], "granted; the holder was new"
@@ -302,9 +308,9 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     tag = holders(key_prefix)
     acquire = one_acquire(redis_client, tag)
     keys = [global_pool(key_prefix)]
-    # lease, weight, no waiter (liveness 0), own pools 0, 1 pool, priority 0, of capacity 1,
-    # no max_waiting, no rate policy
-    args = ["lease-1", 1, "", 0, 0, 1, 0, 1, 0]
+    # lease, no waiter; weight 1, liveness 0, own pools 0, 1 pool, priority 0, of capacity 1,
+    # no max_waiting; no rate policy
+    args = ["lease-1", "", shape(1, 0, 0, 1, 0, 1, 0)]
     assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
     assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
     assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
@@ -321,9 +327,9 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
     members = f"{tag}:777:members"
 
     def grant(lease: str, weight: int) -> None:
-        # lease, weight, no waiter (liveness 0), own pools 0, 1 pool, priority 0, unlimited, no
-        # max_waiting, no rate policy
-        args = [lease, weight, "", 0, 0, 1, 0, 0, 0]
+        # lease, no waiter; weight, liveness 0, own pools 0, 1 pool, priority 0, unlimited, no
+        # max_waiting; no rate policy
+        args = [lease, "", shape(weight, 0, 0, 1, 0, 0, 0)]
         assert acquire(keys=[pool], args=args)[0] == 1
 
     grant("held", 1)

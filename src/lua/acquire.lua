@@ -28,16 +28,17 @@
 -- rather than refuses it.
 -- Each request's keys and args:
 -- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
--- slot; the first `own` (arg 5) of them are the caller's own quota (a full one refuses at once,
+-- slot; the first `own` (shape 3) of them are the caller's own quota (a full one refuses at once,
 -- never makes it wait), the others shared capacity; then the caller's rate counters (see
 -- hit.lua).
--- args 1: lease id; 2: weight (slots taken in each pool); 3: waiter id, or '' for a caller that
--- will not wait; 4: liveness of the waiter's process in ms (its heartbeat extends it); 5: how
--- many pools are the caller's own quota (0 or 1); 6: n, the number of pools; 7: priority (0 to
--- 9, higher first); 7 + i: capacity of pool i (0 = unlimited); 7 + n + i: the waiters its line
--- holds at most (0: no limit); then per rate policy: algorithm, limit, window in ms, the units
--- the start takes from it (1 for a request rate, the reservation for a token budget), and '1'
--- for a budget, as in hit.lua.
+-- args 1: lease id; 2: waiter id, or '' for a caller that will not wait; 3: its shape (the
+-- prelude's shape_of), the numbers: 1: weight (slots taken in each pool); 2: liveness of the
+-- waiter's process in ms (its heartbeat extends it); 3: how many pools are the caller's own
+-- quota (0 or 1); 4: n, the number of pools; 5: priority (0 to 9, higher first); 5 + i:
+-- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
+-- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
+-- takes from it (1 for a request rate, the reservation for a token budget), and '1' for a
+-- budget, as in hit.lua.
 -- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
 -- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
@@ -55,8 +56,8 @@ local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_wai
 -- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
 -- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
 local keys, kb, key_count, args, ab
-local id, weight, waiter, liveness, own, pools, priority, user
-local CAPS = 7 -- args[ab + CAPS + i]: capacity of pool i; args[ab + CAPS + pools + i]: its line's limit
+local id, waiter, shape, weight, liveness, own, pools, priority, user
+local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 -- A place in a pool's line: (9 - priority) * TURNS + turn. Places and turns go to Redis as
 -- `integer()`: Lua prints numbers with 14 digits.
 local TURNS = 2 ^ 48
@@ -78,24 +79,21 @@ end
 local function load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
   keys, kb, key_count, args, ab = call_keys, key_base, keys_of_request, call_args, arg_base
   id = args[ab + 1]
-  weight = num(args[ab + 2])
-  waiter = args[ab + 3]
-  liveness = num(args[ab + 4])
-  own = num(args[ab + 5])
-  pools = num(args[ab + 6])
-  priority = num(args[ab + 7])
+  waiter = args[ab + 2]
+  shape = shape_of(args[ab + 3])
+  weight, liveness, own, pools, priority = shape[1], shape[2], shape[3], shape[4], shape[5]
   -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
   user = own > 0 and keys[kb + 1] or waiter
 end
 
 -- The capacity of the request's pool i (0 = unlimited).
 local function capacity_of(i)
-  return num(args[ab + CAPS + i])
+  return shape[CAPS + i]
 end
 
 -- The request's rate policies, from look_rates.
 local function request_rates(scale)
-  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + CAPS + 1 + 2 * pools, scale)
+  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + 4, scale)
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
@@ -109,12 +107,12 @@ local batch
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
 local function already_granted()
-  if not redis.call('ZSCORE', keys[kb + 1], id) then
+  if not call('ZSCORE', keys[kb + 1], id) then
     return nil
   end
   local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
   for i = 1, pools do
-    granted[i + 2] = redis.call('ZCARD', keys[kb + i])
+    granted[i + 2] = call('ZCARD', keys[kb + i])
   end
   answer_rates(granted, (request_rates(0)), false)
   return granted
@@ -124,7 +122,7 @@ end
 local function leave_line()
   if queued and waiter ~= '' then
     forget_waiters(line, {waiter})
-    redis.call('SREM', alive .. ':' .. holder, waiter)
+    call('SREM', alive .. ':' .. holder, waiter)
   end
 end
 
@@ -158,7 +156,7 @@ local function place_in(pool, ticket)
   if not fair then
     turn = ticket > 0 and ticket or TURNS - 1
   else
-    local turns = redis.call('HMGET', pool_turns(pool), '', user)
+    local turns = call('HMGET', pool_turns(pool), '', user)
     turn = math.max(tonumber(turns[1]) or 0, tonumber(turns[2]) or 0) + 1
   end
   return (9 - priority) * TURNS + turn
@@ -168,7 +166,7 @@ end
 -- request of the batch enters it (a line emptied meanwhile still says true: an empty walk).
 local function anyone_may_wait()
   if batch.line_empty == nil then
-    batch.line_empty = redis.call('ZCARD', line) == 0
+    batch.line_empty = call('ZCARD', line) == 0
   end
   return not batch.line_empty
 end
@@ -181,11 +179,11 @@ local function drop_dead_waiters()
     return
   end
   batch.waiters_dropped = true
-  for _, process in ipairs(redis.call('ZRANGEBYSCORE', alive, '-inf', now_text, 'LIMIT', 0, 16)) do
+  for _, process in ipairs(call('ZRANGEBYSCORE', alive, '-inf', now_text, 'LIMIT', 0, 16)) do
     local theirs = alive .. ':' .. process
-    forget_waiters(line, redis.call('SMEMBERS', theirs))
-    redis.call('DEL', theirs)
-    redis.call('ZREM', alive, process)
+    forget_waiters(line, call('SMEMBERS', theirs))
+    call('DEL', theirs)
+    call('ZREM', alive, process)
   end
 end
 
@@ -196,51 +194,51 @@ end
 -- the sweep keeps pace with the entries waiters add.
 local TURN_FIELDS = {[''] = true, at = true, gap = true, sweep = true}
 local function sweep_turns(turns)
-  if redis.call('HLEN', turns) <= 64 then
+  if call('HLEN', turns) <= 64 then
     return
   end
-  local kept = redis.call('HMGET', turns, '', 'sweep')
+  local kept = call('HMGET', turns, '', 'sweep')
   local served = tonumber(kept[1]) or 0
-  local scan = redis.call('HSCAN', turns, kept[2] or '0', 'COUNT', 16)
+  local scan = call('HSCAN', turns, kept[2] or '0', 'COUNT', 16)
   local entries = scan[2]
   for j = 1, #entries, 2 do
     if not TURN_FIELDS[entries[j]] and tonumber(entries[j + 1]) <= served then
-      redis.call('HDEL', turns, entries[j])
+      call('HDEL', turns, entries[j])
     end
   end
-  redis.call('HSET', turns, 'sweep', scan[1])
+  call('HSET', turns, 'sweep', scan[1])
 end
 
 -- Puts a waiter in line and in the line of each pool it needs (or finds it there), with what
 -- it needs, and keeps its process alive; returns its ticket.
 local function enter_line(lined)
   local mine = alive .. ':' .. holder
-  local ticket = tonumber(redis.call('ZSCORE', line, waiter))
+  local ticket = tonumber(call('ZSCORE', line, waiter))
   local keep = {line, line .. ':needs', alive, tickets, mine}
   if not ticket then
     batch.line_empty = false
-    ticket = redis.call('INCR', tickets)
-    redis.call('ZADD', line, ticket, waiter)
-    redis.call('SADD', mine, waiter)
+    ticket = call('INCR', tickets)
+    call('ZADD', line, ticket, waiter)
+    call('SADD', mine, waiter)
     local needs = {weight}
     for pool in pairs(lined) do
       local place = place_in(pool, ticket)
-      redis.call('ZADD', pool_line(pool), integer(place), waiter)
+      call('ZADD', pool_line(pool), integer(place), waiter)
       if fair then
-        redis.call('HSET', pool_turns(pool), user, integer(place % TURNS))
+        call('HSET', pool_turns(pool), user, integer(place % TURNS))
         sweep_turns(pool_turns(pool))
       end
       needs[#needs + 1] = pool
     end
-    redis.call('HSET', line .. ':needs', waiter, table.concat(needs, ' '))
+    call('HSET', line .. ':needs', waiter, table.concat(needs, ' '))
   end
   for pool in pairs(lined) do
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
   end
-  redis.call('ZADD', alive, integer(now + liveness), holder)
+  call('ZADD', alive, integer(now + liveness), holder)
   for _, key in ipairs(keep) do
-    redis.call('PEXPIRE', key, math.max(ttl, liveness) * 2)
+    call('PEXPIRE', key, math.max(ttl, liveness) * 2)
   end
   return ticket
 end
@@ -254,16 +252,16 @@ end
 local function promised_in(pool, capacity, used, passing)
   local ahead
   if waiter ~= '' then
-    local rank = redis.call('ZRANK', pool_line(pool), waiter)
-    ahead = (rank and rank > 0) and redis.call('ZRANGE', pool_line(pool), 0, rank - 1) or {}
+    local rank = call('ZRANK', pool_line(pool), waiter)
+    ahead = (rank and rank > 0) and call('ZRANGE', pool_line(pool), 0, rank - 1) or {}
   else
-    ahead = redis.call('ZRANGEBYSCORE', pool_line(pool), '-inf', integer(place_in(pool, 0)))
+    ahead = call('ZRANGEBYSCORE', pool_line(pool), '-inf', integer(place_in(pool, 0)))
   end
   local promised = 0
   for first = 1, #ahead, 1000 do
     local some = {unpack(ahead, first, math.min(first + 999, #ahead))}
-    local needs = redis.call('HMGET', line .. ':needs', unpack(some))
-    local passed = redis.call('HMGET', pool_passed(pool), unpack(some))
+    local needs = call('HMGET', line .. ':needs', unpack(some))
+    local passed = call('HMGET', pool_passed(pool), unpack(some))
     for j, other in ipairs(some) do
       local need = tonumber(string.match(needs[j] or '', '^%d+')) or 0
       if used + promised + need <= capacity or (tonumber(passed[j]) or 0) >= capacity then
@@ -283,7 +281,7 @@ local function places(lined)
     at[i] = 0
   end
   for pool, i in pairs(lined) do
-    at[i] = tonumber(redis.call('ZSCORE', pool_line(pool), waiter)) or 0
+    at[i] = tonumber(call('ZSCORE', pool_line(pool), waiter)) or 0
   end
   return at
 end
@@ -292,14 +290,14 @@ end
 -- there times the line's mean time between two waiters served (its 'gap'), or a lease duration
 -- before it has one.
 local function line_full(lined)
-  if redis.call('ZSCORE', line, waiter) then
+  if call('ZSCORE', line, waiter) then
     return nil
   end
   for pool, i in pairs(lined) do
-    local max_waiting = num(args[ab + CAPS + pools + i])
-    local waiting = max_waiting > 0 and redis.call('ZCARD', pool_line(pool)) or 0
+    local max_waiting = shape[CAPS + pools + i]
+    local waiting = max_waiting > 0 and call('ZCARD', pool_line(pool)) or 0
     if max_waiting > 0 and waiting >= max_waiting then
-      local gap = tonumber(redis.call('HGET', pool_turns(pool), 'gap'))
+      local gap = tonumber(call('HGET', pool_turns(pool), 'gap'))
       return {LINE_FULL, i, waiting, gap and math.ceil(gap * (waiting + 1)) or ttl}
     end
   end
@@ -311,18 +309,18 @@ end
 local function served(lined)
   for pool in pairs(lined) do
     local turns = pool_turns(pool)
-    local place = tonumber(redis.call('ZSCORE', pool_line(pool), waiter))
+    local place = tonumber(call('ZSCORE', pool_line(pool), waiter))
     if place and fair then
-      local last = tonumber(redis.call('HGET', turns, '')) or 0
-      redis.call('HSET', turns, '', integer(math.max(last, place % TURNS)))
+      local last = tonumber(call('HGET', turns, '')) or 0
+      call('HSET', turns, '', integer(math.max(last, place % TURNS)))
     end
-    local timing = redis.call('HMGET', turns, 'at', 'gap')
+    local timing = call('HMGET', turns, 'at', 'gap')
     local at, gap = tonumber(timing[1]), tonumber(timing[2])
     if at then
       gap = gap and gap + 0.2 * ((now - at) - gap) or (now - at)
-      redis.call('HSET', turns, 'gap', tostring(gap))
+      call('HSET', turns, 'gap', tostring(gap))
     end
-    redis.call('HSET', turns, 'at', integer(now))
+    call('HSET', turns, 'at', integer(now))
   end
 end
 
@@ -400,7 +398,7 @@ local function decide()
 
   -- A banned user: refused before anything else is looked at or taken.
   if own > 0 then
-    local ban = redis.call('PTTL', keys[kb + 1] .. ':ban')
+    local ban = call('PTTL', keys[kb + 1] .. ':ban')
     if ban > 0 then
       return refuse({BANNED, ban})
     end
@@ -437,13 +435,13 @@ local function decide()
 
   local granted = grant(used, rates)
   for _, passed in ipairs(passing) do
-    redis.call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
-    redis.call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, liveness) * 2)
+    call('HINCRBY', pool_passed(passed[1]), passed[2], weight)
+    call('PEXPIRE', pool_passed(passed[1]), math.max(ttl, liveness) * 2)
   end
   if queued and waiter ~= '' then
     served(lined)
     leave_line()
-    if redis.call('ZCARD', line) > 0 then
+    if call('ZCARD', line) > 0 then
       wake(channel, 0)
     end
   end

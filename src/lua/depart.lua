@@ -11,12 +11,12 @@ for _, holders in ipairs(KEYS) do
   local index = holders .. ':' .. holder
   -- release.lua leaves pools in the index: those where the holder has nothing left go first (up
   -- to 1,000 of them; a holder that listed more leaves the rest to the reaper).
-  for _, pool in ipairs(redis.call('SRANDMEMBER', index, 1000)) do
-    if redis.call('ZCOUNT', pool, holder, holder) == 0 then
-      redis.call('SREM', index, pool)
+  for _, pool in ipairs(call('SRANDMEMBER', index, 1000)) do
+    if call('ZCOUNT', pool, holder, holder) == 0 then
+      call('SREM', index, pool)
     end
   end
-  if redis.call('EXISTS', index) == 0 then
+  if call('EXISTS', index) == 0 then
     leave_tag(holders, holder)
     left = left + 1
   end

@@ -1,4 +1,4 @@
 -- Forget rate counters: support staff giving an identity a fresh allowance.
 -- Design: docs/design.md ("Rate limits").
 -- KEYS: the counters (same hash tag). ARGV: none. Returns how many existed.
-return redis.call('DEL', unpack(KEYS))
+return call('DEL', unpack(KEYS))

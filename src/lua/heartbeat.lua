@@ -13,29 +13,29 @@ read_clock()
 local line, alive = KEYS[1], KEYS[2]
 local mine = alive .. ':' .. holder_name(ARGV[2])
 local missed_before = mine .. ':stray'
-redis.call('ZADD', alive, 'XX', now + tonumber(ARGV[1]), holder_name(ARGV[2]))
+call('ZADD', alive, 'XX', now + tonumber(ARGV[1]), holder_name(ARGV[2]))
 local taken_out = 0
-if redis.call('SCARD', mine) > #ARGV - 2 then
+if call('SCARD', mine) > #ARGV - 2 then
   local live = {}
   for i = 3, #ARGV do
     live[ARGV[i]] = true
   end
   local missed = {}
-  for _, waiter in ipairs(redis.call('SMEMBERS', missed_before)) do
+  for _, waiter in ipairs(call('SMEMBERS', missed_before)) do
     missed[waiter] = true
   end
-  redis.call('DEL', missed_before)
-  for _, waiter in ipairs(redis.call('SMEMBERS', mine)) do
+  call('DEL', missed_before)
+  for _, waiter in ipairs(call('SMEMBERS', mine)) do
     if not live[waiter] then
       if missed[waiter] then
         forget_waiters(line, {waiter})
-        redis.call('SREM', mine, waiter)
+        call('SREM', mine, waiter)
         taken_out = taken_out + 1
       else
-        redis.call('SADD', missed_before, waiter)
+        call('SADD', missed_before, waiter)
       end
     end
   end
-  redis.call('PEXPIRE', missed_before, 10000)
+  call('PEXPIRE', missed_before, 10000)
 end
 return taken_out

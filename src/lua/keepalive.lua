@@ -27,15 +27,15 @@ for i, holders in ipairs(KEYS) do
   if resync then
     count = recount(holders, holder)
   else
-    count = tonumber(redis.call('GET', members_key(holders, holder)) or 0)
+    count = tonumber(call('GET', members_key(holders, holder)) or 0)
   end
   local alive = is_alive(holders, holder)
   local next_cursor = '0'
   if alive then
-    redis.call('ZADD', holders, now + ttl, holder)
+    call('ZADD', holders, now + ttl, holder)
     refresh(holders, holder)
     local index = holders .. ':' .. holder
-    local listed = redis.call('SCARD', index)
+    local listed = call('SCARD', index)
     local slice = math.max(16, math.ceil(listed * period / (IDLE_MS / 4)))
     -- release.lua leaves pools listed: a pool found gone leaves the index. And when the index
     -- lists more pools than the holder has members (each listed pool where it has some holds
@@ -45,19 +45,19 @@ for i, holders in ipairs(KEYS) do
     if stale then
       slice = math.max(slice, math.min(1000, listed - count))
     end
-    local scan = redis.call('SSCAN', index, cursor, 'COUNT', slice)
+    local scan = call('SSCAN', index, cursor, 'COUNT', slice)
     next_cursor = scan[1]
     for _, pool in ipairs(scan[2]) do
-      if stale and redis.call('ZCOUNT', pool, holder, holder) == 0 then
-        redis.call('SREM', index, pool)
-      elseif redis.call('PEXPIRE', pool, IDLE_MS_TEXT) == 0 then
-        redis.call('SREM', index, pool)
+      if stale and call('ZCOUNT', pool, holder, holder) == 0 then
+        call('SREM', index, pool)
+      elseif call('PEXPIRE', pool, IDLE_MS_TEXT) == 0 then
+        call('SREM', index, pool)
       end
     end
   end
   reply[#reply + 1] = alive and '1' or '0'
   reply[#reply + 1] = tostring(count)
   reply[#reply + 1] = next_cursor
-  reply[#reply + 1] = redis.call('GET', holders .. ':revocations') or '0'
+  reply[#reply + 1] = call('GET', holders .. ':revocations') or '0'
 end
 return reply

@@ -10,27 +10,45 @@
 -- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
 -- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
 -- it differs from what it holds (a failover that lost the last writes, a reap, a lost release).
+-- redis.call, kept in a local by begin_call (a library loads without it): reached through the
+-- globals on every command, it cost two table lookups each time.
+local call
 -- Numbers go to commands as integer text: Lua would print them with printf's %.14g, which costs
 -- a few thousand instructions per argument.
 local function integer(n)
   return string.format('%d', n)
 end
--- Numbers read from ARGV, each text parsed once per library load: Lua's tonumber runs strtod,
--- ~1.5k instructions, and a call reads the same few texts (durations, counts, capacities,
--- KEYS indexes) again and again. Only for texts of few values (not ids, not scores): the memo
+-- What a text of ARGV says, parsed once per library load: Lua's tonumber runs strtod, ~1.5k
+-- instructions, and a call reads the same few texts again and again. `memoized(parse)` keeps
+-- what `parse` made of each text; only for texts of few values (not ids, not scores): the memo
 -- starts over past 1,000 texts.
-local NUMBERS, numbers_kept = {}, 0
-local function num(text)
-  local n = NUMBERS[text]
-  if n == nil then
-    n = tonumber(text)
-    if numbers_kept >= 1000 then
-      NUMBERS, numbers_kept = {}, 0
+local function memoized(parse)
+  local kept, count = {}, 0
+  return function(text)
+    local value = kept[text]
+    if value == nil then
+      value = parse(text)
+      if count >= 1000 then
+        kept, count = {}, 0
+      end
+      kept[text], count = value, count + 1
     end
-    NUMBERS[text], numbers_kept = n, numbers_kept + 1
+    return value
   end
-  return n
 end
+-- A number (durations, counts, capacities, KEYS indexes).
+local num = memoized(function(text) return tonumber(text) end)
+-- A request's shape: the numbers that say what it is, in one argument ("1 30000 1 2 0 3 0 0 0"
+-- is a list of nine numbers), so that a call carries one text per request for them instead of
+-- one per number (each argument costs Redis about a thousand instructions to take in) and a
+-- batch of alike requests parses it once.
+local shape_of = memoized(function(text)
+  local shape = {}
+  for word in string.gmatch(text, '%d+') do
+    shape[#shape + 1] = tonumber(word)
+  end
+  return shape
+end)
 -- An empty list that is never filled: what a request without waiters or rate policies gets
 -- instead of a table of its own (a table costs ~1k instructions to make and collect).
 local NONE = {}
@@ -38,7 +56,7 @@ local NONE = {}
 -- or leave, which run for every stream), as a number and as text.
 local now, now_text
 local function read_clock()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   local ms = math.floor(tonumber(t[2]) / 1000)
   now = tonumber(t[1]) * 1000 + ms
   now_text = t[1] .. string.format('%03d', ms)
@@ -54,8 +72,9 @@ local REAP_BUDGET = 1000
 local REAP_POOLS = 200
 local reap_left = REAP_BUDGET
 -- In the function library (src/backend/redis/scripts.rs) every script shares this prelude's
--- state across calls; each call starts here. (A script of its own gets it fresh anyway.)
+-- state across calls; each call starts here (a script of its own too, though its state is new).
 local function begin_call()
+  call = redis.call
   now, now_text = nil, nil
   reap_left = REAP_BUDGET
 end
@@ -103,7 +122,7 @@ end
 local CLOCK_GRAIN = 100
 local function steady_clock(holders, lease)
   local clock = holders .. ':clock'
-  local last = tonumber(redis.call('GET', clock))
+  local last = tonumber(call('GET', clock))
   local step = last and now - last or 0
   local shift = 0
   if step > lease / 2 then
@@ -113,18 +132,18 @@ local function steady_clock(holders, lease)
   end
   if shift ~= 0 then
     -- In slices of 500 holders: unpack has a limit.
-    local entries = redis.call('ZRANGE', holders, 0, -1, 'WITHSCORES')
+    local entries = call('ZRANGE', holders, 0, -1, 'WITHSCORES')
     for first = 1, #entries, 1000 do
       local args = {}
       for i = first, math.min(first + 998, #entries - 1), 2 do
         args[#args + 1] = tonumber(entries[i + 1]) + shift
         args[#args + 1] = entries[i]
       end
-      redis.call('ZADD', holders, 'XX', unpack(args))
+      call('ZADD', holders, 'XX', unpack(args))
     end
   end
   if not last or step >= CLOCK_GRAIN or shift ~= 0 then
-    redis.call('SET', clock, now_text, 'PX', IDLE_MS_TEXT)
+    call('SET', clock, now_text, 'PX', IDLE_MS_TEXT)
   end
 end
 
@@ -147,7 +166,7 @@ local function members(id, weight)
 end
 
 local function is_alive(holders, holder)
-  local expiry = redis.call('ZSCORE', holders, holder)
+  local expiry = call('ZSCORE', holders, holder)
   return expiry and tonumber(expiry) > now
 end
 
@@ -157,10 +176,10 @@ end
 
 -- A holder with no pool left in a tag leaves it (the last one takes the tag's clock along).
 local function leave_tag(holders, holder)
-  redis.call('ZREM', holders, holder)
-  redis.call('DEL', members_key(holders, holder))
-  if redis.call('EXISTS', holders) == 0 then
-    redis.call('DEL', holders .. ':clock')
+  call('ZREM', holders, holder)
+  call('DEL', members_key(holders, holder))
+  if call('EXISTS', holders) == 0 then
+    call('DEL', holders .. ':clock')
   end
 end
 
@@ -171,12 +190,12 @@ local function remove_held(pool, holder)
     return false
   end
   local limit = reap_left
-  local found = redis.call('ZRANGEBYSCORE', pool, holder, holder, 'LIMIT', 0, limit)
+  local found = call('ZRANGEBYSCORE', pool, holder, holder, 'LIMIT', 0, limit)
   if #found > 0 then
-    redis.call('ZREM', pool, unpack(found))
+    call('ZREM', pool, unpack(found))
     reap_left = reap_left - #found
   end
-  return #found < limit or redis.call('ZCOUNT', pool, holder, holder) == 0
+  return #found < limit or call('ZCOUNT', pool, holder, holder) == 0
 end
 
 -- Removes the members of holders whose entry expired (the first 16 of them), within the call's
@@ -185,19 +204,19 @@ end
 -- leaves <tag>:holders once its index is empty.
 local function reap(holders)
   local pools_left = REAP_POOLS
-  for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now_text, 'LIMIT', 0, 16)) do
+  for _, holder in ipairs(call('ZRANGEBYSCORE', holders, '-inf', now_text, 'LIMIT', 0, 16)) do
     if reap_left <= 0 or pools_left <= 0 then
       return
     end
     local index = holders .. ':' .. holder
-    for _, pool in ipairs(redis.call('SRANDMEMBER', index, pools_left)) do
+    for _, pool in ipairs(call('SRANDMEMBER', index, pools_left)) do
       pools_left = pools_left - 1
       if not remove_held(pool, holder) then
         break
       end
-      redis.call('SREM', index, pool)
+      call('SREM', index, pool)
     end
-    if redis.call('EXISTS', index) == 0 then
+    if call('EXISTS', index) == 0 then
       leave_tag(holders, holder)
     end
   end
@@ -210,24 +229,24 @@ end
 -- second per pool (the <tag>:holders:walked:<pool> marker), so a flood of refusals does not
 -- walk it each time.
 local function live_count(pool, holders)
-  if reap_left > 0 and redis.call('SET', holders .. ':walked:' .. pool, 1, 'PX', 1000, 'NX') then
-    local entry = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
+  if reap_left > 0 and call('SET', holders .. ':walked:' .. pool, 1, 'PX', 1000, 'NX') then
+    local entry = call('ZRANGE', pool, 0, 0, 'WITHSCORES')
     while entry[2] and reap_left > 0 do
       local holder = holder_name(entry[2])
       if not is_alive(holders, holder) then
         remove_held(pool, holder)
       end
-      entry = redis.call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      entry = call('ZRANGEBYSCORE', pool, '(' .. holder, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     end
   end
-  return redis.call('ZCARD', pool)
+  return call('ZCARD', pool)
 end
 
 -- Slots in use in a pool, for a lease of `weight` that needs room under `capacity` (0 =
 -- unlimited): the plain count (or `known`, the count the call has already), recounted by live
 -- holders when it looks full.
 local function used_slots(pool, holders, weight, capacity, known)
-  local used = known or redis.call('ZCARD', pool)
+  local used = known or call('ZCARD', pool)
   if capacity > 0 and used + weight > capacity then
     used = live_count(pool, holders)
   end
@@ -259,20 +278,20 @@ end
 local function forget_waiters(line, waiters)
   for first = 1, #waiters, 1000 do
     local some = {unpack(waiters, first, math.min(first + 999, #waiters))}
-    local needs = redis.call('HMGET', line .. ':needs', unpack(some))
+    local needs = call('HMGET', line .. ':needs', unpack(some))
     for j, waiter in ipairs(some) do
       local words = string.gmatch(needs[j] or '', '%S+')
       words() -- the weight
       for pool in words do
-        redis.call('ZREM', pool_line(pool), waiter)
-        redis.call('HDEL', pool_passed(pool), waiter)
-        if redis.call('EXISTS', pool_line(pool)) == 0 then
-          redis.call('DEL', pool_turns(pool), pool_passed(pool))
+        call('ZREM', pool_line(pool), waiter)
+        call('HDEL', pool_passed(pool), waiter)
+        if call('EXISTS', pool_line(pool)) == 0 then
+          call('DEL', pool_turns(pool), pool_passed(pool))
         end
       end
     end
-    redis.call('ZREM', line, unpack(some))
-    redis.call('HDEL', line .. ':needs', unpack(some))
+    call('ZREM', line, unpack(some))
+    call('HDEL', line .. ':needs', unpack(some))
   end
 end
 
@@ -281,17 +300,17 @@ end
 -- instead of every node of the cluster.
 local function wake(channel, message)
   if string.sub(channel, 1, 1) == '!' then
-    redis.call('SPUBLISH', string.sub(channel, 2), message)
+    call('SPUBLISH', string.sub(channel, 2), message)
   else
-    redis.call('PUBLISH', channel, message)
+    call('PUBLISH', channel, message)
   end
 end
 
 -- Keeps a holder's keys from idling out (the keep-alive does it every round).
 local function refresh(holders, holder)
-  redis.call('PEXPIRE', holders, IDLE_MS_TEXT)
-  redis.call('PEXPIRE', holders .. ':' .. holder, IDLE_MS_TEXT)
-  redis.call('PEXPIRE', members_key(holders, holder), IDLE_MS_TEXT)
+  call('PEXPIRE', holders, IDLE_MS_TEXT)
+  call('PEXPIRE', holders .. ':' .. holder, IDLE_MS_TEXT)
+  call('PEXPIRE', members_key(holders, holder), IDLE_MS_TEXT)
 end
 
 -- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
@@ -300,9 +319,9 @@ end
 local function hold(holders, holder, ttl)
   local alive = is_alive(holders, holder)
   if not alive then
-    redis.call('DEL', members_key(holders, holder))
+    call('DEL', members_key(holders, holder))
   end
-  redis.call('ZADD', holders, integer(now + ttl), holder)
+  call('ZADD', holders, integer(now + ttl), holder)
   return alive
 end
 
@@ -311,21 +330,21 @@ end
 -- pools).
 local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
   if weight == 1 then
-    redis.call('ZADD', pool, holder, id)
+    call('ZADD', pool, holder, id)
   else
     local args = {}
     for unit = 1, weight do
       args[2 * unit - 1] = holder
       args[2 * unit] = member(id, unit)
     end
-    redis.call('ZADD', pool, unpack(args))
+    call('ZADD', pool, unpack(args))
   end
   if new_pool then
-    redis.call('PEXPIRE', pool, IDLE_MS_TEXT)
+    call('PEXPIRE', pool, IDLE_MS_TEXT)
   end
   -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile).
   if not (indexed and indexed[pool]) then
-    redis.call('SADD', holders .. ':' .. holder, pool)
+    call('SADD', holders .. ':' .. holder, pool)
     if indexed then
       indexed[pool] = true
     end
@@ -336,25 +355,25 @@ end
 -- down, once per tag or lease: see `count_members`).
 local function remove_members(pool, id, weight)
   if weight == 1 then
-    return redis.call('ZREM', pool, id)
+    return call('ZREM', pool, id)
   end
-  return redis.call('ZREM', pool, unpack(members(id, weight)))
+  return call('ZREM', pool, unpack(members(id, weight)))
 end
 
 -- Moves a holder's count of members in a tag by `change`.
 local function count_members(holders, holder, change)
   if change ~= 0 then
-    redis.call('INCRBY', members_key(holders, holder), integer(change))
+    call('INCRBY', members_key(holders, holder), integer(change))
   end
 end
 
 -- Counts a holder's members in its pools of one tag again, from the pools themselves.
 local function recount(holders, holder)
   local count = 0
-  for _, pool in ipairs(redis.call('SMEMBERS', holders .. ':' .. holder)) do
-    count = count + redis.call('ZCOUNT', pool, holder, holder)
+  for _, pool in ipairs(call('SMEMBERS', holders .. ':' .. holder)) do
+    count = count + call('ZCOUNT', pool, holder, holder)
   end
-  redis.call('SET', members_key(holders, holder), count, 'PX', IDLE_MS_TEXT)
+  call('SET', members_key(holders, holder), count, 'PX', IDLE_MS_TEXT)
   return count
 end
 
@@ -366,7 +385,7 @@ local SLICES = 10
 -- Field 'e' is the counter's epoch (see `take`), not a slice.
 local function slices_in_use(key, slice, window)
   local oldest = math.floor((now - window) / slice)
-  local fields = redis.call('HGETALL', key)
+  local fields = call('HGETALL', key)
   local live, stale = {}, {}
   for i = 1, #fields, 2 do
     local at = tonumber(fields[i])
@@ -379,7 +398,7 @@ local function slices_in_use(key, slice, window)
     end
   end
   if #stale > 0 then
-    redis.call('HDEL', key, unpack(stale))
+    call('HDEL', key, unpack(stale))
   end
   table.sort(live, function(a, b) return a[1] < b[1] end)
   return live
@@ -422,25 +441,25 @@ local function look_rate(key, algorithm, window, refundable)
       take = function(cost)
         local bucket, epoch = math.floor(now / slice), 0
         if refundable then
-          epoch = tonumber(redis.call('HGET', key, 'e'))
+          epoch = tonumber(call('HGET', key, 'e'))
           if not epoch then
             epoch = now
-            redis.call('HSET', key, 'e', epoch)
+            call('HSET', key, 'e', epoch)
           end
         end
-        redis.call('HINCRBY', key, bucket, cost)
-        redis.call('PEXPIRE', key, window + slice)
+        call('HINCRBY', key, bucket, cost)
+        call('PEXPIRE', key, window + slice)
         return bucket, epoch
       end,
       repair = function()
-        if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, window + slice) end
+        if call('PTTL', key) == -1 then call('PEXPIRE', key, window + slice) end
       end,
     }
   end
-  local used = tonumber(redis.call('GET', key) or 0)
-  local left = redis.call('PTTL', key)
+  local used = tonumber(call('GET', key) or 0)
+  local left = call('PTTL', key)
   if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
-    redis.call('PEXPIRE', key, window)
+    call('PEXPIRE', key, window)
     left = window
   end
   return {
@@ -451,9 +470,9 @@ local function look_rate(key, algorithm, window, refundable)
       return left > 0 and left or window
     end,
     take = function(cost)
-      redis.call('INCRBY', key, cost)
+      call('INCRBY', key, cost)
       if left <= 0 then
-        redis.call('PEXPIRE', key, window)
+        call('PEXPIRE', key, window)
         left = window
       end
       return now + left, 0
@@ -468,19 +487,19 @@ end
 local function give_back(key, algorithm, slot, epoch, tokens)
   local held
   if algorithm == 's' then
-    held = tonumber(redis.call('HGET', key, slot))
-    if held and tonumber(redis.call('HGET', key, 'e')) == epoch then
+    held = tonumber(call('HGET', key, slot))
+    if held and tonumber(call('HGET', key, 'e')) == epoch then
       local back = math.min(held, tokens)
-      redis.call('HINCRBY', key, slot, -back)
+      call('HINCRBY', key, slot, -back)
       return back
     end
     return 0
   end
-  local left = redis.call('PTTL', key)
-  held = tonumber(redis.call('GET', key))
+  local left = call('PTTL', key)
+  held = tonumber(call('GET', key))
   if held and left > 0 and math.abs(now + left - slot) <= 2 then
     local back = math.min(held, tokens)
-    redis.call('DECRBY', key, back)
+    call('DECRBY', key, back)
     return back
   end
   return 0

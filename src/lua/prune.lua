@@ -10,12 +10,12 @@ local holders = KEYS[1]
 local holder = holder_name(ARGV[1])
 local index = holders .. ':' .. holder
 local removed = 0
-for _, pool in ipairs(redis.call('SMEMBERS', index)) do
+for _, pool in ipairs(call('SMEMBERS', index)) do
   for i = 2, #ARGV, 2 do
     removed = removed + remove_members(pool, ARGV[i], tonumber(ARGV[i + 1]))
   end
-  if redis.call('ZCOUNT', pool, holder, holder) == 0 then
-    redis.call('SREM', index, pool)
+  if call('ZCOUNT', pool, holder, holder) == 0 then
+    call('SREM', index, pool)
   end
 end
 recount(holders, holder)

@@ -4,9 +4,10 @@
 -- reported lost otherwise: never re-added past a capacity.
 -- KEYS: every pool and the holders key of every tag named by the leases below, in any order
 -- (one hash slot in a cluster).
--- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id, weight w, the 1-based
--- KEYS index of its tag's holders, pool count k, and k pairs (1-based KEYS index of the pool,
--- its capacity; 0 = unlimited). A lease of weight w is stored as members id, id#2, ..., id#w.
+-- ARGV[1]: holder id; ARGV[2]: lease duration in ms; then per lease: id and its shape (the
+-- prelude's shape_of): weight w, the 1-based KEYS index of its tag's holders, pool count k, and
+-- k pairs (1-based KEYS index of the pool, its capacity; 0 = unlimited). A lease of weight w is
+-- stored as members id, id#2, ..., id#w.
 -- A lease an operator revoked (revoke.lua) is never taken back: it is removed everywhere.
 -- Returns {lost, reclaimed, revoked}: the 1-based positions (in ARGV order) of the leases found
 -- gone with no room to take them back (now removed everywhere), of those taken back, and of the
@@ -24,38 +25,37 @@ local position = 0
 local tags = {}
 local i = 3
 while i <= #ARGV do
-  local holders = KEYS[tonumber(ARGV[i + 2])]
+  local holders = KEYS[shape_of(ARGV[i + 1])[2]]
   if not tags[holders] then
     tags[holders] = true
     steady_clock(holders, ttl)
     hold(holders, holder, ttl)
   end
-  i = i + 4 + 2 * tonumber(ARGV[i + 3])
+  i = i + 2
 end
 
 i = 3
 while i <= #ARGV do
   position = position + 1
   local id = ARGV[i]
-  local weight = tonumber(ARGV[i + 1])
-  local holders = KEYS[tonumber(ARGV[i + 2])]
-  local k = tonumber(ARGV[i + 3])
+  local shape = shape_of(ARGV[i + 1])
+  local weight, holders, k = shape[1], KEYS[shape[2]], shape[3]
   local keys, capacities = {}, {}
   for j = 1, k do
-    keys[j] = KEYS[tonumber(ARGV[i + 2 + 2 * j])]
-    capacities[j] = tonumber(ARGV[i + 3 + 2 * j])
+    keys[j] = KEYS[shape[2 + 2 * j]]
+    capacities[j] = shape[3 + 2 * j]
   end
 
   local held = true
   for j = 1, k do
-    if not redis.call('ZSCORE', keys[j], id) then
+    if not call('ZSCORE', keys[j], id) then
       held = false
       break
     end
   end
 
   if not held then
-    local is_revoked = redis.call('ZSCORE', holders .. ':revoked', id)
+    local is_revoked = call('ZSCORE', holders .. ':revoked', id)
     local room = not is_revoked
     local removed = 0
     for j = 1, k do
@@ -80,7 +80,7 @@ while i <= #ARGV do
       end
     end
   end
-  i = i + 4 + 2 * k
+  i = i + 2
 end
 
 -- A holder left with no pool in a tag (every lease lost) leaves it. Else its count is taken
@@ -89,7 +89,7 @@ end
 -- (found by the protocol model: a check whose resync never came left the count short, and a
 -- member a failover brought back was never pruned).
 for holders in pairs(tags) do
-  if redis.call('EXISTS', holders .. ':' .. holder) == 0 then
+  if call('EXISTS', holders .. ':' .. holder) == 0 then
     leave_tag(holders, holder)
   else
     refresh(holders, holder)

@@ -4,8 +4,8 @@
 -- (one hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
 -- ARGV[1]: the channel to publish a wake-up on when someone waits (see the prelude's wake), or
 -- ''; ARGV[2]: holder id;
--- then per lease: id, weight, the 1-based KEYS index of its tag's holders, pool count k, and k
--- 1-based KEYS indexes of its pools.
+-- then per lease: id and its shape (the prelude's shape_of): weight, the 1-based KEYS index of
+-- its tag's holders, pool count k, and k 1-based KEYS indexes of its pools.
 -- The holder's index of pools is left as it is: a pool it no longer has members in leaves the
 -- index when the keep-alive's sweep finds the pool gone (keepalive.lua), or when the reaper,
 -- a prune or the manager's close (depart.lua) looks at it. So the index may list pools where
@@ -22,24 +22,23 @@ local removed_in = {}
 local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
-  local weight = num(ARGV[i + 1])
-  local holders = KEYS[num(ARGV[i + 2])]
-  local k = num(ARGV[i + 3])
+  local shape = shape_of(ARGV[i + 1])
+  local weight, holders = shape[1], KEYS[shape[2]]
   local removed = 0
-  for j = 1, k do
-    removed = removed + remove_members(KEYS[num(ARGV[i + 3 + j])], id, weight)
+  for j = 1, shape[3] do
+    removed = removed + remove_members(KEYS[shape[3 + j]], id, weight)
   end
   if removed > 0 then
     released = released + 1
     removed_in[holders] = (removed_in[holders] or 0) + removed
   end
   present_each[#present_each + 1] = removed > 0 and 1 or 0
-  i = i + 4 + k
+  i = i + 2
 end
 for holders, removed in pairs(removed_in) do
   count_members(holders, holder, -removed)
 end
-if ARGV[1] ~= '' and released > 0 and redis.call('ZCARD', KEYS[#KEYS]) > 0 then
+if ARGV[1] ~= '' and released > 0 and call('ZCARD', KEYS[#KEYS]) > 0 then
   wake(ARGV[1], released)
 end
 return present_each

@@ -15,26 +15,26 @@ local pool, holders = KEYS[1], KEYS[2]
 local ban, remember = tonumber(ARGV[1]), tonumber(ARGV[2])
 local revoked, count = holders .. ':revoked', 0
 local seen = {}
-for _, member in ipairs(redis.call('ZRANGE', pool, 0, -1)) do
+for _, member in ipairs(call('ZRANGE', pool, 0, -1)) do
   -- A lease of weight w is w members: id, id#2, ..., id#w.
   local id = string.match(member, '^[^#]+')
   if not seen[id] then
     seen[id] = true
-    redis.call('ZADD', revoked, now + remember, id)
+    call('ZADD', revoked, now + remember, id)
     count = count + 1
   end
 end
-redis.call('ZREMRANGEBYSCORE', revoked, '-inf', now)
+call('ZREMRANGEBYSCORE', revoked, '-inf', now)
 if count > 0 then
   local revocations = holders .. ':revocations'
-  redis.call('INCR', revocations)
-  redis.call('PEXPIRE', revocations, math.max(IDLE_MS, remember))
-  redis.call('PEXPIRE', revoked, remember)
+  call('INCR', revocations)
+  call('PEXPIRE', revocations, math.max(IDLE_MS, remember))
+  call('PEXPIRE', revoked, remember)
 end
 if ban > 0 then
   local key = pool .. ':ban'
-  if redis.call('PTTL', key) < ban then
-    redis.call('SET', key, '1', 'PX', ban)
+  if call('PTTL', key) < ban then
+    call('SET', key, '1', 'PX', ban)
   end
 end
 return count

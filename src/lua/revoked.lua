@@ -3,4 +3,4 @@
 -- KEYS[1]: the tag's holders. ARGV: none.
 -- Returns the revoked lease ids.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
-return redis.call('ZRANGE', KEYS[1] .. ':revoked', 0, -1)
+return call('ZRANGE', KEYS[1] .. ':revoked', 0, -1)

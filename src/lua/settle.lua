@@ -9,7 +9,7 @@
 -- give back there).
 -- Returns the tokens given back, or -1 if the settlement had been applied already.
 local SETTLED_MS = 600000
-if not redis.call('SET', KEYS[1], 1, 'NX', 'PX', SETTLED_MS) then
+if not call('SET', KEYS[1], 1, 'NX', 'PX', SETTLED_MS) then
   return -1
 end
 read_clock()

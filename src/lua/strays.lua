@@ -18,8 +18,8 @@ for i = 3, #ARGV do
 end
 local units = {}
 local listed = {}
-for _, pool in ipairs(redis.call('SMEMBERS', holders .. ':' .. holder)) do
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', pool, holder, holder)) do
+for _, pool in ipairs(call('SMEMBERS', holders .. ':' .. holder)) do
+  for _, member in ipairs(call('ZRANGEBYSCORE', pool, holder, holder)) do
     local id = string.match(member, '^[^#]+')
     if not keep[id] then
       local unit = tonumber(string.match(member, '#(%d+)$')) or 1

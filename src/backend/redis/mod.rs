@@ -8,6 +8,7 @@ mod scripts;
 mod url;
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -105,20 +106,23 @@ impl RedisBackend {
             invocation.key(&*pool.key);
         }
         let waiter = in_line.and_then(|l| l.waiter);
-        invocation
-            .arg(lease.id.as_str())
-            .arg(lease.weight)
-            .arg(waiter.map_or("", |w| w.id.as_str()))
-            .arg(waiter.map_or(0, |w| w.ttl_ms))
-            .arg(lease.own_pools)
-            .arg(pools.len())
-            .arg(in_line.map_or(0, |l| l.priority));
+        let mut shape = Shape::default();
+        shape
+            .push(lease.weight)
+            .push(waiter.map_or(0, |w| w.ttl_ms))
+            .push(lease.own_pools)
+            .push(pools.len())
+            .push(in_line.map_or(0, |l| l.priority));
         for pool in pools {
-            invocation.arg(pool.capacity);
+            shape.push(pool.capacity);
         }
         for i in 0..pools.len() {
-            invocation.arg(in_line.and_then(|l| l.max_waiting.get(i)).copied().unwrap_or(0));
+            shape.push(in_line.and_then(|l| l.max_waiting.get(i)).copied().unwrap_or(0));
         }
+        invocation
+            .arg(lease.id.as_str())
+            .arg(waiter.map_or("", |w| w.id.as_str()))
+            .arg(shape.0);
         invocation.key(&rates.keys);
         rate_args(&mut invocation, &rates.policies, &rates.costs);
         let undo = Undo {
@@ -552,10 +556,25 @@ fn line_keys(invocation: &mut Invocation, line: &LineKeys) {
     invocation.key(&line.line).key(&line.alive);
 }
 
+/// A request's numbers in one argument, the prelude's `shape_of` (a batch of alike requests is
+/// parsed once, and each argument costs Redis about a thousand instructions to take in).
+#[derive(Default)]
+struct Shape(String);
+
+impl Shape {
+    fn push(&mut self, number: impl std::fmt::Display) -> &mut Self {
+        if !self.0.is_empty() {
+            self.0.push(' ');
+        }
+        let _ = write!(self.0, "{number}");
+        self
+    }
+}
+
 /// A batched call (reclaim, release). KEYS: each distinct pool and holders key once, in order
-/// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id,
-/// weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each followed by the
-/// pool's capacity, `with_capacity`).
+/// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id
+/// and its shape: weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each
+/// followed by the pool's capacity, `with_capacity`).
 /// release.lua's call for `leases`, waking the waiters of `line` (with its channel) if given.
 fn release_invocation(
     leases: &[Arc<LeaseRecord>],
@@ -596,17 +615,18 @@ fn batch_invocation(
     let key_index = key_index.0;
     lead(&mut invocation);
     for lease in leases {
-        invocation
-            .arg(lease.id.as_str())
-            .arg(lease.weight)
-            .arg(key_index[&*lease.holders])
-            .arg(lease.pools.len());
+        let mut shape = Shape::default();
+        shape
+            .push(lease.weight)
+            .push(key_index[&*lease.holders])
+            .push(lease.pools.len());
         for pool in &lease.pools {
-            invocation.arg(key_index[&*pool.key]);
+            shape.push(key_index[&*pool.key]);
             if with_capacity {
-                invocation.arg(pool.capacity);
+                shape.push(pool.capacity);
             }
         }
+        invocation.arg(lease.id.as_str()).arg(shape.0);
     }
     invocation
 }

@@ -81,7 +81,7 @@ fn script(name: &str) -> LuaScript {
         .expect("a script of SOURCES");
     LuaScript {
         function: format!("{}_{name}", *LIBRARY_NAME),
-        script: Script::new(&format!("{PRELUDE}{body}")),
+        script: Script::new(&format!("{PRELUDE}begin_call()\n{body}")),
     }
 }
 
