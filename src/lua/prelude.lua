@@ -41,7 +41,8 @@ local num = memoized(function(text) return tonumber(text) end)
 -- A request's shape: the numbers that say what it is, in one argument ("1 30000 1 2 0 3 0 0 0"
 -- is a list of nine numbers), so that a call carries one text per request for them instead of
 -- one per number (each argument costs Redis about a thousand instructions to take in) and a
--- batch of alike requests parses it once.
+-- batch of alike requests parses it once. Non-negative integers only (a sign or a fraction
+-- would shift every number after it; the core's `Shape` takes unsigned integers alone).
 local shape_of = memoized(function(text)
   local shape = {}
   for word in string.gmatch(text, '%d+') do

@@ -561,8 +561,18 @@ fn line_keys(invocation: &mut Invocation, line: &LineKeys) {
 #[derive(Default)]
 struct Shape(String);
 
+/// What a shape holds: `shape_of` reads runs of digits, so a sign or a fraction would shift
+/// every number after it.
+trait Unsigned: std::fmt::Display {}
+
+macro_rules! unsigned {
+    ($($t:ty),*) => { $(impl Unsigned for $t {})* };
+}
+
+unsigned!(u8, u32, u64, usize);
+
 impl Shape {
-    fn push(&mut self, number: impl std::fmt::Display) -> &mut Self {
+    fn push(&mut self, number: impl Unsigned) -> &mut Self {
         if !self.0.is_empty() {
             self.0.push(' ');
         }
@@ -571,10 +581,6 @@ impl Shape {
     }
 }
 
-/// A batched call (reclaim, release). KEYS: each distinct pool and holders key once, in order
-/// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id
-/// and its shape: weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each
-/// followed by the pool's capacity, `with_capacity`).
 /// release.lua's call for `leases`, waking the waiters of `line` (with its channel) if given.
 fn release_invocation(
     leases: &[Arc<LeaseRecord>],
@@ -598,6 +604,10 @@ fn leave_invocation(line: &LineKeys, waiter_id: &str, holder: u64) -> Invocation
     invocation
 }
 
+/// A batched call (reclaim, release). KEYS: each distinct pool and holders key once, in order
+/// of first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id
+/// and its shape: weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each
+/// followed by the pool's capacity, `with_capacity`).
 fn batch_invocation(
     script: &'static LuaScript,
     leases: &[Arc<LeaseRecord>],
