@@ -36,7 +36,8 @@ local function memoized(parse)
     return value
   end
 end
--- A number (durations, counts, capacities, KEYS indexes).
+-- A number (durations, counts, capacities, KEYS indexes). Wrapped: like redis.call, tonumber
+-- itself is not there while a library loads.
 local num = memoized(function(text) return tonumber(text) end)
 -- A request's shape: the numbers that say what it is, in one argument ("1 30000 1 2 0 3 0 0 0"
 -- is a list of nine numbers), so that a call carries one text per request for them instead of
