@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
+from starlette.requests import Request
 
 from fastapi_stream_lease import (
     BackendUnavailable,
@@ -12,6 +14,7 @@ from fastapi_stream_lease import (
     Resource,
     StreamLeaseError,
     StreamLeaseManager,
+    stream_lease_exception_handler,
 )
 
 from support.ports import free_port
@@ -38,7 +41,10 @@ from support.ports import free_port
         ({"key_prefix": "my app"}, ValueError, "whitespace"),
         ({"key_prefix": ""}, ValueError, "1 to 128 bytes"),
         ({"key_prefix": 7}, TypeError, "key_prefix must be a str"),
-        ({"identity_secret": ""}, ValueError, "identity_secret is empty"),
+        ({"identity_secret": ""}, ValueError, "identity_secret is 0 bytes long"),
+        # A short HMAC key was accepted silently, while no key at all warns.
+        ({"identity_secret": "s3cret"}, ValueError, "is 6 bytes long: use at least 16 random"),
+        ({"identity_secret": b"x" * 15}, ValueError, "is 15 bytes long"),
         ({"identity_secret": 5}, TypeError, "str or bytes"),
         ({"key_prefix": "app\udc80"}, ValueError, "key_prefix is not valid text: .* at index 3"),
         ({"identity_secret": "s\udc80"}, ValueError, "identity_secret is not valid text"),
@@ -51,7 +57,7 @@ def test_bad_config_is_refused_at_construction(kwargs, error, message):
 
 
 def test_config_defaults_and_repr_hide_the_secret():
-    config = LeaseConfig(identity_secret="s3cret")
+    config = LeaseConfig(identity_secret="s3cret-of-16-bytes")
     assert (config.lease_seconds, config.max_per_user, config.max_global) == (30.0, 3, 1000)
     assert config.renew_every == 10.0
     assert config.key_prefix == "stream_lease"
@@ -156,7 +162,7 @@ def test_wrong_arguments_to_the_manager():
         StreamLeaseManager(config={"max_per_user": 2})  # type: ignore[arg-type]
 
 
-async def test_an_unreachable_redis_fails_fast_with_a_clear_error():
+async def test_an_unreachable_redis_fails_fast_with_a_clear_error(caplog):
     manager = StreamLeaseManager(
         url=f"redis://:hunter2@127.0.0.1:{free_port()}/0", config=LeaseConfig(redis_timeout=0.5)
     )
@@ -169,6 +175,10 @@ async def test_an_unreachable_redis_fails_fast_with_a_clear_error():
     response = error.value.as_response()
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
+    assert b"127.0.0.1" not in response.body, "the store's address is for the log, not clients"
+    with caplog.at_level(logging.WARNING, logger="fastapi_stream_lease"):
+        await stream_lease_exception_handler(Request({"type": "http"}), error.value)
+    assert "cannot reach Redis at" in caplog.text and "hunter2" not in caplog.text
     await manager.aclose()
 
 

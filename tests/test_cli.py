@@ -1,5 +1,6 @@
-"""The operator CLI, ``python -m fastapi_stream_lease`` (issue 13), against real servers: what
-it shows, that no raw identity appears, and clear exits for the wrong server or prefix."""
+"""The operator CLI, ``python -m fastapi_stream_lease``, against real servers: what it shows,
+that no raw identity or password appears, and clear exits for the wrong server, prefix or
+identity secret."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, UserBanned
 
+from support.redis_servers import RedisServer
 from support.waiting import eventually
 
 SECRET = "cli-test-secret-16b"
@@ -132,6 +134,59 @@ async def test_the_wrong_server_or_prefix_gets_a_message_and_an_exit_code(redis_
     code, _, err = await cli("redis://127.0.0.1:1/0", "revoke", USER)
     assert code == 3 and "cannot revoke" in err and "Traceback" not in err
     assert USER not in err
+
+
+async def test_revoke_without_the_apps_secret_says_it_found_no_such_identity(
+    redis_server, key_prefix
+):
+    """Without the app's secret the CLI hashed the id to another identity, printed "revoked 0"
+    and exited 0 while the user's streams went on."""
+    manager, lease = await holding(redis_server.url, key_prefix)
+    env = {k: v for k, v in os.environ.items() if k != "STREAM_LEASE_IDENTITY_SECRET"}
+    code, out, err = await cli(
+        redis_server.url, "--key-prefix", key_prefix, "revoke", USER, env=env
+    )
+    assert code == 4 and out == "", err
+    assert "no live stream of identity" in err and "nothing revoked" in err
+    assert "No identity secret was given" in err and "--identity-secret" in err
+    code, out, err = await cli(
+        redis_server.url, "--key-prefix", key_prefix, "revoke", USER, "--ban", "60",
+        "--identity-secret", "another-secret-of-16-bytes", env=env,
+    )
+    assert code == 4 and "the ban is set for that identity" in err
+    assert "is the app's identity_secret" in err
+    code, out, err = await cli(
+        redis_server.url, "--key-prefix", key_prefix, "reset", USER, "per_minute", env=env
+    )
+    assert code == 4 and "nothing reset" in err and "No identity secret was given" in err
+    assert not lease.revoked and USER not in err
+    await manager.acquire(USER)  # neither call touched the user's identity
+    await manager.aclose()
+
+
+async def test_watch_hides_the_redis_password(key_prefix):
+    """``inspect --watch`` printed the URL, password included, at every refresh."""
+    server = RedisServer("--requirepass", "hunter2-secret").start()
+    try:
+        url = f"redis://:hunter2-secret@127.0.0.1:{server.port}/0"
+        manager, lease = await holding(url, key_prefix)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fastapi_stream_lease", "--url", url, "--key-prefix",
+            key_prefix, "inspect", "--watch", "0.2",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        screens = b""
+        while screens.count(b"rate and budget counters") < 2:
+            screens += await asyncio.wait_for(process.stdout.read(4096), 60)
+        process.terminate()
+        await process.wait()
+        assert f"redis://:***@127.0.0.1:{server.port}/0".encode() in screens
+        assert b"hunter2" not in screens
+        await lease.release()
+        await manager.aclose()
+    finally:
+        server.cleanup()
 
 
 def test_version_is_the_packages_one():

@@ -28,6 +28,7 @@ from fastapi_stream_lease import (
 )
 
 from support.apps import APPS_DIR
+from support.ports import free_port
 from support.uvicorn_server import Uvicorn
 from support.waiting import wait_until
 
@@ -233,6 +234,22 @@ def test_a_body_sent_while_waiting_reaches_the_app_whole(backend_url, key_prefix
         assert answer.json() == {"size": size, "sha256": hashlib.sha256(body).hexdigest()}
     finally:
         server.stop()
+
+
+def test_a_503_for_an_unreachable_store_tells_the_client_nothing_of_the_store(key_prefix):
+    """The problem body carried the store's message to every client: its host and port."""
+    port = free_port()
+    server = start_slow_app(f"redis://:hunter2@127.0.0.1:{port}/0", key_prefix)
+    try:
+        response = httpx.get(server.base_url + "/stream", params={"user_id": "a"}, timeout=10)
+    finally:
+        server.stop()
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["detail"] == (
+        "Streams cannot be admitted right now; retry after Retry-After seconds."
+    )
+    for private in (str(port), "127.0.0.1", "hunter2", "Redis"):
+        assert private not in response.text
 
 
 def test_every_answer_carries_retry_after():

@@ -15,6 +15,7 @@ __all__ = [
     "RateLimit",
     "__version__",
     "check_rate_limits",
+    "redact_url",
 ]
 __version__: str
 TOP_UP_INCREMENT: int
@@ -185,3 +186,6 @@ class RateLimit:
 
 def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
     """Checks the policies of a hit of ``cost`` as every hit does."""
+
+def redact_url(url: str) -> str:
+    """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._core import LeaseConfig, Manager, __version__
+from ._core import LeaseConfig, Manager, __version__, redact_url
 from .errors import BackendError
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
@@ -164,7 +164,8 @@ def inspect(options: argparse.Namespace) -> int:
             )
         text = json.dumps(report) if options.json else render(report)
         if options.watch:
-            print("\033[2J\033[H" + time.strftime("%H:%M:%S ") + options.url, flush=True)
+            shown = redact_url(options.url)
+            print("\033[2J\033[H" + time.strftime("%H:%M:%S ") + shown, flush=True)
         print(text, flush=True)
         if not options.watch:
             return 0
@@ -210,8 +211,29 @@ def revoke(options: argparse.Namespace) -> int:
     except (BackendError, ValueError) as error:
         raise CliError(f"cannot revoke: {error}", EXIT_UNREACHABLE) from None
     ban = f", new ones refused for {options.ban:g} s" if options.ban else ""
+    if not revoked:
+        # A wrong or missing secret names another identity: nothing ends, and saying "revoked
+        # 0" with success would hide that the user's streams go on.
+        raise CliError(
+            f"no live stream of identity {digest} under the prefix {options.key_prefix!r}: "
+            f"nothing revoked{ban and ' (the ban is set for that identity)'}. "
+            + secret_hint(options),
+            EXIT_NOTHING,
+        )
     print(f"revoked {revoked} stream(s) of identity {digest}{ban}")
     return 0
+
+
+def secret_hint(options: argparse.Namespace) -> str:
+    """How to name the identity as the app does, for messages that found none."""
+    given = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET")
+    where = "--identity-secret or STREAM_LEASE_IDENTITY_SECRET"
+    if not given:
+        return (
+            "No identity secret was given: if the app sets LeaseConfig(identity_secret=...), "
+            f"pass the same one with {where}; check --key-prefix too."
+        )
+    return f"Check that {where} is the app's identity_secret, and --key-prefix."
 
 
 def reset(options: argparse.Namespace) -> int:
@@ -221,8 +243,9 @@ def reset(options: argparse.Namespace) -> int:
     keys = [key for key in keys_of(client, options.key_prefix, under) if digest in key]
     if not keys:
         raise CliError(
-            f"no counter of policy {options.policy!r} for that user under {options.key_prefix!r} "
-            "(check the policy's name and the identity secret)",
+            f"no counter of policy {options.policy!r} for identity {digest} under "
+            f"{options.key_prefix!r}: nothing reset. Check the policy's name. "
+            + secret_hint(options),
             EXIT_NOTHING,
         )
     for key in keys:

@@ -192,12 +192,19 @@ class BudgetExhausted(StreamLeaseError):
 
 class BackendError(StreamLeaseError):
     """The store (Redis) answered with an error: wrong password, a key of another type, a
-    read-only replica. The message says what to fix."""
+    read-only replica. The message says what to fix; it names the store's address, so it goes
+    to the app's log (:func:`stream_lease_exception_handler` logs it), never to the client,
+    whose problem body says only that admission control is unavailable."""
 
     status_code: ClassVar[int] = 503
     title: ClassVar[str] = "Admission control unavailable"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+
+    def body(self) -> dict[str, object]:
+        body = super().body()
+        body["detail"] = "Streams cannot be admitted right now; retry after Retry-After seconds."
+        return body
 
 
 class BackendUnavailable(BackendError):

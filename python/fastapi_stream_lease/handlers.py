@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .errors import StreamLeaseError
+from .errors import BackendError, StreamLeaseError
 from .web import RateLimitHeaders
+
+log = logging.getLogger("fastapi_stream_lease")
 
 
 async def stream_lease_exception_handler(request: Request, exc: Exception) -> Response:
-    """Answers any :class:`StreamLeaseError` with its status, ``Retry-After`` and JSON body."""
+    """Answers any :class:`StreamLeaseError` with its status, ``Retry-After`` and JSON body.
+    A store's error is logged with its message (which names the store); the client's body
+    does not carry it."""
     if not isinstance(exc, StreamLeaseError):
         raise exc
+    if isinstance(exc, BackendError):
+        log.warning("admission control unavailable, answered 503: %s", exc)
     return exc.as_response()
 
 

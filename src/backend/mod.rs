@@ -17,7 +17,7 @@ use crate::lease::{LeaseRecord, Store};
 use crate::rate::{Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::memory::MemoryBackend;
-pub use self::redis::RedisBackend;
+pub use self::redis::{redact, RedisBackend};
 
 /// Members (a lease of weight w is w members per pool) per reclaim or release script call:
 /// bounds how long one script blocks Redis.

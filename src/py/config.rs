@@ -366,6 +366,9 @@ fn is_network(text: &str) -> bool {
     prefix.is_none_or(|p| p.parse::<u8>().is_ok_and(|p| p <= bits))
 }
 
+/// The shortest HMAC key accepted: 128 bits, so guessing the key is out of reach.
+const MIN_SECRET_BYTES: usize = 16;
+
 fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
     let Some(value) = args::given(value) else {
         return Ok(Vec::new());
@@ -380,10 +383,13 @@ fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
             type_name(value)
         )));
     };
-    if secret.is_empty() {
-        return Err(PyValueError::new_err(
-            "identity_secret is empty: pass None for no secret, or at least 16 random bytes",
-        ));
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(PyValueError::new_err(format!(
+            "identity_secret is {} bytes long: use at least {MIN_SECRET_BYTES} random bytes \
+             (e.g. secrets.token_hex(16)) from a secret store, or None for no secret; a short \
+             key lets whoever reads Redis test guessed user ids against the keys",
+            secret.len()
+        )));
     }
     Ok(secret)
 }

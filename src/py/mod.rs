@@ -18,8 +18,15 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::Manager>()?;
     m.add_class::<rate::RateLimit>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
+    m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;
     Ok(())
+}
+
+/// A store URL with its credentials hidden (`redis://:***@host:6379/0`), for what operators see.
+#[pyfunction]
+fn redact_url(url: &str) -> String {
+    crate::backend::redact(url)
 }
