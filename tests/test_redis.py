@@ -257,6 +257,30 @@ async def test_fail_closed_refuses_with_503_while_redis_is_down(own_redis,
     await held.release()
 
 
+async def test_the_first_probe_after_redis_returns_is_admitted(own_redis, make_own_redis_manager):
+    """After an outage the first call to a restarted Redis got the refusal of a reconnect tried
+    while it was down, so the breaker stayed open one more, doubled, cool-down (recovery took up
+    to 10 s against the documented probe every 0.5 s to 5 s)."""
+    manager = make_own_redis_manager(redis_timeout=0.3)
+    await (await manager.acquire("alice")).release()
+    own_redis.stop()
+    failures = manager.stats()["redis_call_failures"]
+
+    async def breaker_backed_off() -> bool:
+        # Three failed calls: the cool-down has doubled at least twice.
+        with pytest.raises(BackendUnavailable):
+            await manager.acquire("alice")
+        return manager.stats()["redis_call_failures"] >= failures + 3
+
+    await eventually(breaker_backed_off, what="three failed probes while Redis is down")
+    await asyncio.sleep(1.5)  # the reconnect the last failure started has failed by now
+    own_redis.start()
+    assert own_redis.ping()
+    answered = manager.stats()["redis_call_failures"]
+    await admits_again(manager, what="the next probe to be admitted")
+    assert manager.stats()["redis_call_failures"] == answered, "no call failed once Redis answered"
+
+
 async def test_fail_open_floors_add_up_to_at_most_the_cap(own_redis, make_own_redis_manager):
     # Two workers: each may admit half of each cap while Redis is down, counting what it holds.
     manager = make_own_redis_manager(

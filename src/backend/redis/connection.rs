@@ -207,7 +207,16 @@ impl Link {
         let call = async {
             let mut connection = self.connection().await?;
             sending.store(true, Ordering::Relaxed);
-            self.invoke(&mut connection, invocation).await.map_err(|e| {
+            let mut outcome = self.invoke(&mut connection, invocation).await;
+            // A managed connection answers with the outcome of its last reconnect, which may
+            // have been tried while the server was still down; that refusal starts a fresh
+            // reconnect and nothing was sent, so the call goes once more, on the fresh one.
+            // Without this, the first probe after a restart fails and the breaker stays open
+            // for another, doubled, cool-down.
+            if matches!(&outcome, Err(e) if e.is_connection_refusal()) {
+                outcome = self.invoke(&mut connection, invocation).await;
+            }
+            outcome.map_err(|e| {
                 // Behind Sentinel a dead or demoted master means asking the sentinels again.
                 if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
                     self.forget_master();
