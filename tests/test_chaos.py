@@ -4,6 +4,8 @@ Redis, and no invariant the auditor checks broken. ``make chaos`` runs the long 
 
 from __future__ import annotations
 
+from fastapi_stream_lease import TOP_UP_INCREMENT
+
 from chaos.auditor import Audit, Bounds, Sample, WorkerLife
 from chaos.faults import KINDS, Fault
 from chaos.report import summary
@@ -87,3 +89,52 @@ def test_the_auditor_sees_a_slot_counted_too_long_and_a_stream_not_counted():
     assert invariants(audit_of(ended, samples=[sample(2.0 + leftover + 0.1)])) == ["leftovers"]
     still_open = [("user0", 1.0, 9.0, "ok", "0.1"), ("user0", 1.0, 9.0, "ok", "0.1")]
     assert invariants(audit_of(still_open, samples=[sample(5.0)])) == ["counted"]
+
+
+def audit_of_limited(streams, faults=()):
+    """An audit of budgeted, rate-counted streams: (user, t_req, t_start, t_end, tokens sent as
+    (time, n), reserve)."""
+    settings = Settings()
+    audit = Audit(settings, Bounds.of(settings), t_origin=0.0)
+    audit.workers["0.1"] = WorkerLife("0.1", 0, 0, 0.0, bye={}, exit_code=0)
+    for i, (user, t_req, t_start, t_end, sent, reserve) in enumerate(streams):
+        audit.event("0.1", {"e": "start", "id": f"s{i}", "user": user, "weight": 1, "res": [],
+                            "lease": f"lease{i}", "t_req": t_req, "t_start": t_start,
+                            "rate": True, "budget": True, "reserve": reserve})
+        for t, n in sent:
+            audit.event("0.1", {"e": "tok", "id": f"s{i}", "t": t, "n": n})
+        audit.event("0.1", {"e": "end", "id": f"s{i}", "t_end": t_end, "how": "ok",
+                            "lost": False})
+    audit.faults = list(faults)
+    audit.judge(100.0)
+    return audit
+
+
+def test_the_auditor_counts_starts_known_to_fall_in_one_rate_window():
+    limit, per = Settings().rate_limit, Settings().rate_per
+    # Short streams, one after another (never over max_per_user).
+    starts = [("user0", 1.0 + 0.1 * i, 1.05 + 0.1 * i, 1.09 + 0.1 * i, [], 0)
+              for i in range(limit + 1)]
+    assert invariants(audit_of_limited(starts)) == ["rates"]
+    # One start whose grant may have come after the window: not known to be inside it.
+    starts[-1] = ("user0", 1.0 + 0.1 * limit, 1.0 + per, 1.0 + per + 0.05, [], 0)
+    assert invariants(audit_of_limited(starts)) == []
+    spread = [("user0", 1.0 + per * i / limit, 1.01 + per * i / limit, 1.02 + per * i / limit,
+               [], 0) for i in range(limit + 1)]
+    assert invariants(audit_of_limited(spread)) == [], "limit starts per window, no more"
+
+
+def test_the_auditor_holds_a_budget_window_to_the_guides_bound():
+    settings = Settings()
+    slack = TOP_UP_INCREMENT + settings.max_chunk
+    # Two streams in one window may send the budget and one slack each, and no more.
+    per_stream = (settings.budget + 2 * slack) // 2
+    sent = [[(1.0 + 0.1 * k, per_stream // 10) for k in range(10)] for _ in range(2)]
+    streams = [("user0", 0.9, 0.95, 3.0, sent[i], 100) for i in range(2)]
+    assert invariants(audit_of_limited(streams)) == []
+    sent[0].append((2.5, 2 * slack))
+    assert invariants(audit_of_limited(streams)) == ["budgets"]
+    # A restart forgot the counts while both were open: not judged across it, and the
+    # reservations they held are allowed in the windows after it.
+    restart = Fault("redis_restart", 1.5, 0.2, t0=1.5, t1=1.7)
+    assert invariants(audit_of_limited(streams, [restart])) == []

@@ -9,6 +9,12 @@ Invariants checked (each violation is listed with its time and the streams it in
 * ``counted``: every open stream is counted in Redis in every pool it took (its members are
   there, under a live holder) at every sample, except inside the same windows.
 * ``redis caps``: no pool in Redis holds more live holders' members than its capacity.
+* ``rates``: no window of the start rate's ``per`` seconds holds more of one user's starts
+  that counted the rate than its limit (a start counts it between its ``t_req`` and
+  ``t_start``: only starts known to fall inside a window are counted in it).
+* ``budgets``: no window of the token budget's ``per`` seconds holds more of one user's tokens,
+  by the time the streams sent them, than the budget plus one top-up increment and one chunk
+  per budgeted stream of the user open in that window (the token budgets guide's bound).
 * ``leftovers``: a slot is counted in Redis at most ``leftover`` after its stream ended, or after
   Redis (or the worker's network, or the worker) came back from a fault that overlapped, and at
   most ``lease_seconds`` after its worker was killed.
@@ -29,6 +35,10 @@ Windows (``notice``, ``settle`` and ``leftover`` are :class:`Bounds`):
   whose acquire began before it came back, from the fault until ``settle + notice``
   after Redis answers again: each worker's next keep-alive finds its grants missing and takes them
   back where there is room, else reports them lost.
+* the same loss forgets rate and budget counts: a rate or budget window that overlaps the
+  loss (from the snapshot, or the kill, until ``settle`` after Redis answers) is not judged,
+  and a later budget window also allows the reservations that streams open at the loss still
+  held (they stream on from reservations Redis no longer counts).
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
+
+from fastapi_stream_lease import TOP_UP_INCREMENT
 
 from chaos.faults import Fault
 from chaos.settings import Settings
@@ -102,6 +114,10 @@ class Stream:
     how: str = "open"
     lost: bool = False  # its lease was lost by the time it ended (by LeaseLost or not)
     exempt: list[tuple[float, float, str]] = field(default_factory=list)
+    rate: bool = False  # its acquire counted the user's start rate
+    budget: bool = False  # it spent the user's token budget
+    reserve: int = 0  # tokens it reserved at admission
+    tokens: list[tuple[float, int]] = field(default_factory=list)  # (sent at, tokens)
 
 
 @dataclass
@@ -194,6 +210,8 @@ class Audit:
                 lease=str(event["lease"]), t_req=float(event["t_req"]),  # type: ignore[arg-type]
                 t_start=float(event["t_start"]),  # type: ignore[arg-type]
                 pools=self.settings.pools_of(user, resources),  # type: ignore[arg-type]
+                rate=bool(event.get("rate")), budget=bool(event.get("budget")),
+                reserve=int(event.get("reserve", 0)),  # type: ignore[call-overload]
             )
             self.streams[stream.id] = stream
             self.by_lease[stream.lease] = stream
@@ -208,6 +226,11 @@ class Audit:
             self.outcomes[f"ended {stream.how}"] += 1
             if stream.lost and stream.how != "lost":
                 self.outcomes["ended by itself as its lease was lost"] += 1
+        elif kind == "tok":
+            self.streams[str(event["id"])].tokens.append(
+                (float(event["t"]), int(event["n"])))  # type: ignore[arg-type, call-overload]
+        elif kind == "limited":
+            self.outcomes[f"limited ({event['policy']})"] += 1
         elif kind == "refused":
             waited = " after waiting" if event.get("waited") else ""
             self.outcomes[f"refused ({event['limit']}){waited}"] += 1
@@ -249,6 +272,8 @@ class Audit:
         for stream in self.streams.values():
             stream.exempt = self.windows_of(stream)
         self.check_caps()
+        self.check_rates()
+        self.check_budgets()
         self.check_samples()
         self.check_workers()
         self.measure_losses()
@@ -420,6 +445,100 @@ class Audit:
                         f"{self.settings.pool_name(pool)}: weight {live[pool]} > cap {cap}; "
                         f"last fault {self.fault_before(t)}; open: "
                         + ", ".join(self.describe(self.streams[i]) for i in involved)))
+
+    def counts_lost(self) -> list[tuple[float, float, Fault]]:
+        """When Redis forgot counts: from the snapshot (a restore) or the kill (a restart)
+        until ``settle`` after it answered again."""
+        return [(float(f.notes.get("t_snapshot", f.t0)), f.t1 + self.bounds.settle, f)  # type: ignore[arg-type]
+                for f in self.faults if f.kind in STATE_LOSS]
+
+    def judged(self, lo: float, hi: float) -> bool:
+        """Whether a rate or budget window [lo, hi] is judged: it overlaps no loss of counts."""
+        return not any(f_lo < hi and f_hi > lo for f_lo, f_hi, _ in self.counts_lost())
+
+    def check_rates(self) -> None:
+        """Every window of ``rate_per`` seconds, anchored at each start's ``t_req``: the starts
+        wholly inside it (``t_req`` and ``t_start`` both) number at most ``rate_limit``."""
+        settings = self.settings
+        by_user: dict[str, list[Stream]] = defaultdict(list)
+        for stream in self.streams.values():
+            if stream.rate and stream.user is not None:
+                by_user[stream.user].append(stream)
+        most = 0
+        for user, starts in by_user.items():
+            starts.sort(key=lambda s: s.t_req)
+            reported = float("-inf")
+            for k, first in enumerate(starts):
+                lo, hi = first.t_req, first.t_req + settings.rate_per - CLOCK_SLACK
+                inside = []
+                for stream in starts[k:]:
+                    if stream.t_req > hi:
+                        break
+                    if stream.t_start <= hi:
+                        inside.append(stream)
+                if not self.judged(lo, hi):
+                    continue
+                self.checked["rate windows"] += 1
+                most = max(most, len(inside))
+                if len(inside) > settings.rate_limit and lo > reported + settings.rate_per:
+                    reported = lo
+                    self.violations.append(Violation(
+                        "rates", lo,
+                        f"{user}: {len(inside)} starts > limit {settings.rate_limit} within "
+                        f"{settings.rate_per} s; last fault {self.fault_before(lo)}: "
+                        + ", ".join(self.describe(s) for s in inside)))
+        self.figures[f"most starts of one user counted by the start rate in one window (limit "
+                     f"{settings.rate_limit})"] = most
+
+    def check_budgets(self) -> None:
+        """Every window of ``budget_per`` seconds, anchored at each chunk a user's streams sent:
+        the tokens sent in it are at most the budget, one increment and one chunk per budgeted
+        stream of the user open in it, and the reservations orphaned by a loss of counts."""
+        settings = self.settings
+        per = settings.budget_per - CLOCK_SLACK
+        slack = TOP_UP_INCREMENT + settings.max_chunk
+        by_user: dict[str, list[Stream]] = defaultdict(list)
+        for stream in self.streams.values():
+            if stream.budget and stream.user is not None:
+                by_user[stream.user].append(stream)
+        most = 0
+        for user, streams in by_user.items():
+            sent = sorted((t, n) for s in streams for t, n in s.tokens)
+            total = 0
+            j = 0
+            reported = float("-inf")
+            for i, (lo, _) in enumerate(sent):
+                hi = lo + per
+                while j < len(sent) and sent[j][0] <= hi:
+                    total += sent[j][1]
+                    j += 1
+                window = total
+                total -= sent[i][1]
+                if not self.judged(lo, hi):
+                    continue
+                self.checked["budget windows"] += 1
+                most = max(most, window)
+                if window <= settings.budget:
+                    continue
+                open_ = [s for s in streams if s.t_start < hi and (s.t_end or hi) > lo]
+                bound = settings.budget + slack * len(open_) + self.orphaned(open_, lo)
+                if window > bound and lo > reported + settings.budget_per:
+                    reported = lo
+                    self.violations.append(Violation(
+                        "budgets", lo,
+                        f"{user}: {window} tokens sent within {settings.budget_per} s > "
+                        f"{bound} (budget {settings.budget} + {slack} x {len(open_)} open "
+                        f"streams); last fault {self.fault_before(lo)}: "
+                        + ", ".join(self.describe(s) for s in open_)))
+        self.figures[f"most tokens of one user sent in one budget window (budget "
+                     f"{settings.budget})"] = most
+
+    def orphaned(self, streams: list[Stream], lo: float) -> int:
+        """The reservations of ``streams`` that Redis forgot before ``lo`` while they were
+        open: they stream on from tokens no window counts."""
+        return sum(stream.reserve for stream in streams if any(
+            f_lo < (stream.t_end or lo) and stream.t_req < f.t1 and f_hi <= lo
+            for f_lo, f_hi, f in self.counts_lost()))
 
     def describe(self, stream: Stream) -> str:
         assert stream.t_end is not None

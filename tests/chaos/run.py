@@ -25,6 +25,8 @@ from chaos.settings import Settings
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY = 0.3
+# How long a settlement's marker lives (settle.lua).
+SETTLED_MS = 600_000
 RSS_EVERY = 2.0
 # Read by the auditor's own script: Redis' clock, the holders, every pool, in one atomic step.
 SAMPLE_SCRIPT = """
@@ -300,7 +302,9 @@ class ChaosRun:
         call in the tag reaps expired holders) runs until every pool is empty; then the walk
         markers it leaves expire (1 s). The tag's
         clock (``holders:clock``, the clock-step guard's) is written by any call in the tag and
-        lives 1 h. Every key seen meanwhile must have a TTL."""
+        lives 1 h; a budgeted stream's settlement marker (``settled:<id>``, which keeps a
+        retried settlement from counting twice) lives 10 minutes. Every key seen meanwhile must
+        have a TTL, those two within their lifetimes."""
         b = self.bounds
         t_gone = now()
         kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
@@ -326,7 +330,10 @@ class ChaosRun:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
                     if await client.pttl(key) == -1:
                         no_ttl.add(key)
-                left = [key for key in keys if key != clock]
+                left = [key for key in keys if key != clock and b":settled:" not in key]
+                for key in keys:
+                    if b":settled:" in key and await client.pttl(key) > SETTLED_MS:
+                        no_ttl.add(key)
                 counting = counting or any(b":walked:" not in key for key in left)
                 if not left or now() > deadline:
                     break
@@ -346,7 +353,7 @@ class ChaosRun:
                 f"were gone: {await self.describe_keys(left[:10])}"))
         for key in sorted(no_ttl):
             self.audit.violations.append(Violation(
-                "ttl", now(), f"key {key.decode()} had no expiry"))
+                "ttl", now(), f"key {key.decode()} had no expiry, or a longer one than its own"))
         self.redis_memory_after = await asyncio.to_thread(targets.used_memory, self.target.node)
 
     async def describe_keys(self, keys: list[bytes]) -> str:
@@ -397,6 +404,8 @@ def _kind_of_key(key: str, tag: str) -> str:
         return "holders:<id>:members" if parts[-1] == "members" else "holders:<id>"
     if parts[0] == "user":
         return "user:*"
+    if parts[0] == "settled":
+        return "settled:<id>"
     return ":".join(parts)
 
 

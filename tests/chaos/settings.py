@@ -25,6 +25,16 @@ class Settings:
     # auditor allows, so a stream wrongly kept (or taken back) after a fault is seen over a cap.
     short_stream: float = 3.0
     long_stream: float = 10.0
+    # A share of the streams with a user also counts a per-user start rate, and a share spends
+    # a per-user token budget as it streams (chunks of 1 to ``max_chunk`` tokens): limits tight
+    # enough to refuse and to cut now and then, so the auditor's window checks have work.
+    rate_share: float = 0.4
+    rate_limit: int = 3
+    rate_per: float = 2.0
+    budget_share: float = 0.5
+    budget: int = 800
+    budget_per: float = 4.0
+    max_chunk: int = 60
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

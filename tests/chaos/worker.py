@@ -5,11 +5,15 @@ acquire or while they stream. It tells the auditor, one JSON line on stdout per 
 
 * ``{"e": "start", ...}``: a stream began. ``t_req`` is the monotonic time just before the
   acquire was called, ``t_start`` just after it returned: Redis granted the lease in between.
+  ``rate`` says whether the acquire counted the per-user start rate (the hit happened in
+  between too), ``budget`` whether the stream spends the per-user token budget.
+* ``{"e": "tok", ...}``: a budgeted stream sent ``n`` tokens at ``t``, stamped as the chunk
+  leaves the library (counted, and past any wait for a top-up).
 * ``{"e": "end", ...}``: a stream ended. ``t_end`` is taken inside the stream's own code as it
   stops (before the library starts the release), ``how`` says why: ``ok``, ``cancelled`` (by
-  this program), ``lost`` (``LeaseLost``: the library ended it).
-* ``{"e": "refused" | "unavailable" | "cancelled_acquire" | "error", ...}``: an acquire that
-  gave no stream.
+  this program), ``lost`` (``LeaseLost``: the library ended it), ``cut`` (``BudgetExhausted``).
+* ``{"e": "refused" | "limited" | "unavailable" | "cancelled_acquire" | "error", ...}``: an
+  acquire that gave no stream (``limited``: the start rate or the budget refused it).
 * ``{"e": "bye", "stats": ...}``: on SIGTERM, once every runner finished its stream and the
   manager is closed.
 
@@ -36,8 +40,11 @@ from typing import Any
 
 from fastapi_stream_lease import (
     BackendUnavailable,
+    BudgetExhausted,
     LeaseConfig,
     LeaseLost,
+    RateLimit,
+    RateLimited,
     Resource,
     StreamLeaseManager,
     StreamLeaseRejected,
@@ -62,6 +69,9 @@ class Plan:
     cancel_acquire: float | None  # cancelled this long after it asked, if still acquiring
     cancel_stream: float | None  # cancelled this long after it asked, if still running
     length: float
+    rate: bool  # counts the per-user start rate
+    budget: bool  # spends the per-user token budget
+    reserve: int  # tokens reserved at admission (with a budget)
 
 
 def emit(event: str, **fields: object) -> None:
@@ -97,6 +107,9 @@ class Worker:
         self.resources = {
             name: Resource(capacity, name) for name, capacity in settings.resources.items()
         }
+        self.start_rate = RateLimit("starts", settings.rate_limit, per=settings.rate_per)
+        self.token_budget = RateLimit(
+            "tokens", settings.budget, per=settings.budget_per, unit="tokens")
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -144,9 +157,12 @@ class Worker:
         priority = rng.choices([0, 5, 9], weights=[70, 20, 10])[0] if wait else 0
         cancel_acquire = rng.uniform(0.0, 0.3) if rng.random() < 0.08 else None
         cancel_stream = wait + length * rng.uniform(0.1, 0.9) if rng.random() < 0.1 else None
+        rate = user is not None and rng.random() < self.settings.rate_share
+        budget = user is not None and rng.random() < self.settings.budget_share
         return Plan(
             sid, user, resources, rng.choices([1, 2, 3], weights=[75, 18, 7])[0], wait, priority,
             "wrap" if rng.random() < 0.7 else "block", cancel_acquire, cancel_stream, length,
+            rate, budget, rng.randrange(50, 400),
         )
 
     async def one_stream(self, sid: str) -> float:
@@ -174,6 +190,9 @@ class Worker:
         except StreamLeaseRejected as refusal:
             emit("refused", id=sid, limit=refusal.limit, waited=plan.wait > 0, t=now())
             return self.rng.uniform(0.05, 0.4)
+        except RateLimited as refusal:
+            emit("limited", id=sid, policy=refusal.policy, t=now())
+            return self.rng.uniform(0.05, 0.4)
         except BackendUnavailable:
             emit("unavailable", id=sid, t=now())
             return self.rng.uniform(0.1, 0.5)
@@ -190,11 +209,22 @@ class Worker:
     def began(self, plan: Plan, t_req: float, lease_id: str) -> None:
         self._started.add(plan.sid)
         emit("start", id=plan.sid, t_req=t_req, t_start=now(), lease=lease_id, user=plan.user,
-             weight=plan.weight, res=plan.resources)
+             weight=plan.weight, res=plan.resources, rate=plan.rate, budget=plan.budget,
+             reserve=plan.reserve if plan.budget else 0)
 
     def acquire_args(self, plan: Plan) -> dict[str, Any]:
-        return {"weight": plan.weight, "wait_timeout": plan.wait, "priority": plan.priority,
-                "resources": [self.resources[name] for name in plan.resources]}
+        args: dict[str, Any] = {
+            "weight": plan.weight, "wait_timeout": plan.wait, "priority": plan.priority,
+            "resources": [self.resources[name] for name in plan.resources]}
+        if plan.rate:
+            args["rate_limits"] = [self.start_rate]
+        if plan.budget:
+            args["budgets"] = [self.token_budget]
+            args["reserve"] = plan.reserve
+        return args
+
+    def chunk(self) -> int:
+        return self.rng.randint(1, self.settings.max_chunk)
 
     async def wrap_stream(self, plan: Plan, t_req: float) -> None:
         lease = await self.manager.acquire(plan.user, **self.acquire_args(plan))
@@ -204,11 +234,9 @@ class Worker:
         async def body() -> AsyncIterator[int]:
             try:
                 deadline = now() + plan.length
-                item = 0
                 while now() < deadline:
                     await asyncio.sleep(min(self.rng.uniform(0.02, 0.3), deadline - now()))
-                    yield item
-                    item += 1
+                    yield self.chunk()  # its tokens, for a budgeted stream
             finally:
                 ended.append(now())  # before the library starts the release
 
@@ -216,11 +244,16 @@ class Worker:
         # The end, if the library ends the stream before its body ever ran (the lease lost at
         # once): this stamp still comes before the release.
         entered = now()
+        tokens = (lambda n: n) if plan.budget else None
         try:
-            async for _ in lease.wrap(body()):
-                pass  # nothing awaited here: every exit goes through the body first
+            async for n in lease.wrap(body(), tokens=tokens):
+                # Nothing awaited here: every exit goes through the body first.
+                if plan.budget:
+                    emit("tok", id=plan.sid, t=now(), n=n)
         except LeaseLost:
             how = "lost"
+        except BudgetExhausted:
+            how = "cut"
         except asyncio.CancelledError:
             how = "cancelled"
             raise
@@ -238,12 +271,17 @@ class Worker:
                 began = True
                 self.began(plan, t_req, lease.lease_id)
                 try:
-                    await asyncio.sleep(plan.length)
+                    if plan.budget:
+                        await self.spend(lease, plan)
+                    else:
+                        await asyncio.sleep(plan.length)
                 finally:
                     ended.append(now())  # before the release
                     lost = lease.lost
         except LeaseLost:
             how = "lost"
+        except BudgetExhausted:
+            how = "cut"
             lost = True
             if not began:  # lost before the block ran: no stream to tell of
                 emit("lost_at_once", id=plan.sid, t=now())
@@ -253,6 +291,18 @@ class Worker:
         finally:
             if began:
                 emit("end", id=plan.sid, t_end=ended[0], how=how, lost=lost)
+
+
+    async def spend(self, lease: Any, plan: Plan) -> None:
+        """A budgeted stream counted by hand: wait for the top-up, count, send, as the token
+        budgets guide asks of code that does not use ``wrap()``."""
+        deadline = now() + plan.length
+        while now() < deadline:
+            await asyncio.sleep(min(self.rng.uniform(0.02, 0.3), deadline - now()))
+            await lease.wait_budget()
+            n = self.chunk()
+            lease.consume(n)
+            emit("tok", id=plan.sid, t=now(), n=n)
 
 
 class ToAuditor(logging.Handler):
