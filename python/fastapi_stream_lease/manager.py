@@ -22,7 +22,6 @@ from .rates import RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
 from .web import (
-    GuardedWebSocket,
     KeyFunction,
     guard_websocket,
     rate_limit_decorator,
@@ -383,11 +382,15 @@ class StreamLeaseManager:
         connects: Sequence[RateLimit] = (),
         messages: Sequence[RateLimit] = (),
         key: KeyFunction | None = None,
-    ) -> GuardedWebSocket:
-        """Call before ``accept()``: counts the connect against ``connects``; returns the socket
-        wrapped so that each inbound message counts against ``messages``. A refusal closes the
-        socket with 1008 (before the handshake completes, clients see HTTP 403) and raises
-        ``WebSocketDisconnect``, so the endpoint ends as when a client leaves."""
+    ) -> WebSocket:
+        """Call before ``accept()``: counts the connect against ``connects``, then each message
+        the client sends against ``messages``, however the endpoint reads it
+        (``receive_text()``, ``iter_json()``, ``receive()``, ...); returns ``websocket``. A
+        refused connect closes the socket with 1008 (before the handshake completes, clients see
+        HTTP 403) and raises ``WebSocketDisconnect``; a refused message closes it with 1008 and
+        reaches the reader as the client's disconnect (``WebSocketDisconnect``, or a
+        ``websocket.disconnect`` message from ``receive()``), so the endpoint ends as when a
+        client leaves."""
         return await guard_websocket(self, websocket, connects, messages, key)
 
     async def get_active_count(self, user_id: str | None = None) -> int:
