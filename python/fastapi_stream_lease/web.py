@@ -21,7 +21,6 @@ from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ._core import check_rate_limits
-from .client_ip import Network, client_ip, trusted_networks
 from .errors import RateLimited
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 
 #: How a form finds the identity a request counts against: a function (sync or async) of the
-#: request or WebSocket. Left out: the client's IP address (``LeaseConfig.trusted_proxies``).
+#: request or WebSocket. Left out: the client's IP address (``StreamLeaseManager.client_ip``).
 KeyFunction: TypeAlias = Callable[[HTTPConnection], str | Awaitable[str]]
 
 
@@ -38,8 +37,7 @@ class RateCounter(Protocol):
     """What the forms need of a :class:`~fastapi_stream_lease.StreamLeaseManager` (named by its
     shape, so this module does not import the manager, which builds the forms)."""
 
-    @property
-    def trusted_proxies(self) -> tuple[Network, ...]: ...
+    def client_ip(self, connection: HTTPConnection) -> str: ...
 
     async def hit(
         self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
@@ -124,7 +122,7 @@ async def identity_of(
 ) -> str:
     """The identity ``connection`` counts against: ``key(connection)``, or its client's IP."""
     if key is None:
-        return client_ip(connection, manager.trusted_proxies)
+        return manager.client_ip(connection)
     identity = key(connection)
     if inspect.isawaitable(identity):
         identity = await identity
@@ -326,5 +324,4 @@ __all__ = [
     "RateLimitHeaders",
     "RateLimitMiddleware",
     "legacy_headers",
-    "trusted_networks",
 ]
