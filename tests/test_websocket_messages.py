@@ -59,3 +59,27 @@ def test_no_reader_gets_past_the_message_rate(server: Uvicorn, reader: str) -> N
         return httpx.get(f"{server.base_url}/ended/{reader}", timeout=10).json()
 
     wait_until(lambda: how_it_ended() == seen_by_the_endpoint, what="the endpoint to end")
+
+
+def test_a_client_leaving_is_not_counted_as_a_message(server: Uvicorn) -> None:
+    """Only the messages a client sends count: its disconnect, which reaches ``receive()`` as
+    a message too, takes nothing from the rate."""
+    url = server.base_url.replace("http://", "ws://") + "/ws/receive?as=leaver"
+    with connect(url) as websocket:
+        for _ in range(LIMIT - 1):
+            websocket.send("hi")
+            assert websocket.recv(timeout=10) == "echo"
+
+    def ended() -> bool:
+        return httpx.get(f"{server.base_url}/ended/receive", timeout=10).json() == (
+            "websocket.disconnect 1000"
+        )
+
+    wait_until(ended, what="the endpoint to see the client leave")
+    with connect(url) as websocket:
+        websocket.send("hi")  # the last message of the minute's allowance
+        assert websocket.recv(timeout=10) == "echo"
+        websocket.send("hi")
+        with pytest.raises(ConnectionClosed) as closed:
+            websocket.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008

@@ -1,7 +1,8 @@
 """A WebSocket endpoint per way of reading a message (``/ws/<reader>``: ``receive_text``,
-``iter_json``, ``receive``, ...), each guarded by a message rate of its own (the reader's name
-is the identity), answering every message it reads with ``"echo"``; ``/ended/<reader>`` says
-how the reader's last socket ended, as the endpoint saw it."""
+``iter_json``, ``receive``, ...), each guarded by a message rate of its own (the identity is the
+reader's name, or the ``as`` query parameter), answering every message it reads with
+``"echo"``; ``/ended/<reader>`` says how the reader's last socket ended, as the endpoint saw
+it."""
 
 import os
 
@@ -22,7 +23,8 @@ ended: dict[str, str] = {}
 
 @app.websocket("/ws/{reader}")
 async def echo(websocket: WebSocket, reader: str) -> None:
-    ws = await manager.guard_websocket(websocket, messages=[MESSAGES], key=lambda _: reader)
+    identity = websocket.query_params.get("as", reader)
+    ws = await manager.guard_websocket(websocket, messages=[MESSAGES], key=lambda _: identity)
     await ws.accept()
     try:
         if reader == "receive":
