@@ -5,8 +5,10 @@ exists (so the limit tells an attacker nothing about which usernames are real).
 Run it:  REDIS_URL=redis://localhost:6379 .venv/bin/uvicorn examples.login:app
 (without REDIS_URL it uses the embedded store), then
          curl -X POST localhost:8000/login -d '{"username": "alice", "password": "x"}'
-Behind a reverse proxy, name it in LeaseConfig(trusted_proxies=[...]) so the limit counts the
-client, not the proxy.
+Behind a reverse proxy, name it in TRUSTED_PROXIES (comma-separated) and the header it writes
+the client's address into in PROXY_HEADER (X-Forwarded-For unless set), and run uvicorn with
+--no-proxy-headers, so that the limit counts the client, not the proxy, and no header a client
+writes itself (docs/recipes/client-address.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from fastapi_stream_lease import (
     LeaseConfig,
     RateLimit,
     StreamLeaseManager,
-    client_ip,
     install_exception_handler,
 )
 
@@ -33,6 +34,7 @@ manager = StreamLeaseManager(
     config=LeaseConfig(
         identity_secret=os.environ.get("IDENTITY_SECRET", "example-secret-not-for-production"),
         trusted_proxies=os.environ.get("TRUSTED_PROXIES", "127.0.0.1").split(","),
+        proxy_header=os.environ.get("PROXY_HEADER", "X-Forwarded-For"),
     ),
 )
 app = FastAPI()
@@ -48,7 +50,7 @@ class Credentials(BaseModel):
 
 @app.post("/login")
 async def login(credentials: Credentials, request: Request) -> dict[str, str]:
-    ip = client_ip(request, manager.trusted_proxies)
+    ip = manager.client_ip(request)
     # Counted before the password is checked, for existing and unknown users alike.
     await manager.hit(
         ip,

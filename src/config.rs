@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::client_address::ProxyRule;
+
 /// What a lost lease does to its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnLost {
@@ -70,8 +72,8 @@ pub struct Config {
     /// Whether a refusal by a shared pool (global, a resource) tells the client its capacity and
     /// usage (the body, the RateLimit headers). The user's own quota is always told.
     pub disclose_usage: bool,
-    /// Reverse proxies whose forwarding headers are believed (for the client's IP address).
-    pub trusted_proxies: Vec<String>,
+    /// The reverse proxies, and the header they write, that a client's address is read from.
+    pub proxy_rule: ProxyRule,
 }
 
 impl Config {

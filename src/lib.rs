@@ -17,6 +17,9 @@ mod lease;
 // How the keys are laid out.
 mod keys;
 
+// Who the client of a connection is, behind reverse proxies (limits per address).
+mod client_address;
+
 // Values and tools shared by all of the above.
 mod breaker;
 mod config;

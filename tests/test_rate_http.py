@@ -70,7 +70,7 @@ def chat_app(manager: StreamLeaseManager, **options: bool) -> FastAPI:
 
     @app.get("/by-ip", dependencies=[Depends(manager.rate_limit(PER_MINUTE))])
     async def by_ip(request: Request) -> str:
-        return client_ip(request, manager.trusted_proxies)
+        return manager.client_ip(request)
 
     return app
 
@@ -176,8 +176,9 @@ async def test_forwarded_addresses_count_only_from_trusted_proxies(make_manager)
     async with client(app, peer="10.1.2.3") as http:  # our proxy: the header is the client
         response = await http.get("/by-ip", headers={"x-forwarded-for": "203.0.113.9, 10.0.0.8"})
         assert response.json() == "203.0.113.9"
+        # Not the header this proxy writes (X-Forwarded-For): the proxy's client wrote it.
         response = await http.get("/by-ip", headers={"forwarded": 'for="[2001:db8::7]:4711"'})
-        assert response.json() == "2001:db8::7"
+        assert response.json() == "10.1.2.3"
     # 203.0.113.9 spent one; the liar was counted under its own address.
     assert (await manager.peek("203.0.113.9", PER_MINUTE)).remaining == 2
     assert (await manager.peek("198.51.100.7", PER_MINUTE)).remaining == 2

@@ -25,7 +25,7 @@ from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 from .resources import Resource
-from .web import GuardedWebSocket, RateLimitHeaders, RateLimitMiddleware
+from .web import RateLimitHeaders, RateLimitMiddleware
 
 __all__ = [
     "TOP_UP_INCREMENT",
@@ -33,7 +33,6 @@ __all__ = [
     "BackendUnavailable",
     "BudgetExhausted",
     "ClientDisconnected",
-    "GuardedWebSocket",
     "Lease",
     "LeaseConfig",
     "LeaseLost",

@@ -12,6 +12,7 @@ __all__ = [
     "LeaseHandle",
     "LoopBridge",
     "Manager",
+    "ProxyRule",
     "RateLimit",
     "__version__",
     "check_rate_limits",
@@ -58,6 +59,8 @@ class LeaseConfig:
     def disclose_usage(self) -> bool: ...
     @property
     def trusted_proxies(self) -> list[str]: ...
+    @property
+    def proxy_header(self) -> str: ...
     def __new__(
         cls,
         lease_seconds: float | None = None,
@@ -79,6 +82,7 @@ class LeaseConfig:
         identity_secret: str | bytes | None = None,
         disclose_usage: bool = True,
         trusted_proxies: Iterable[str] | None = None,
+        proxy_header: str | None = None,
     ) -> LeaseConfig: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...
@@ -158,6 +162,17 @@ class Manager:
 @final
 class LoopBridge:
     def _drain(self) -> None: ...
+
+@final
+class ProxyRule:
+    """Which peers are reverse proxies, and the header they write the client's address into."""
+
+    def __new__(
+        cls, trusted_proxies: Iterable[str] | None = None, proxy_header: str | None = None
+    ) -> ProxyRule: ...
+    @property
+    def header(self) -> str: ...
+    def client(self, peer: str | None, lines: list[str]) -> str: ...
 
 @final
 class RateLimit:

@@ -1,99 +1,48 @@
-"""The client's IP address behind reverse proxies, trusting forwarding headers only from the
-proxies the app names."""
+"""The client's IP address behind reverse proxies: read from the one header the app's proxies
+write, and only when the peer is one of them (the rule itself is the core's,
+``LeaseConfig(trusted_proxies=..., proxy_header=...)``)."""
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ._core import ProxyRule
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
 
-Network: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-
-def trusted_networks(proxies: Iterable[str | Network]) -> tuple[Network, ...]:
-    """``["10.0.0.0/8", "127.0.0.1"]`` as networks; an entry that is not one is a ValueError
-    that names it (so a typo fails at start-up, not per request)."""
-    if isinstance(proxies, str):
-        raise TypeError(
-            "trusted_proxies must be a list of networks, e.g. ['10.0.0.0/8'], not a str"
-        )
-    networks = []
-    for entry in proxies:
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"trusted proxy {entry!r} is not a network: use an address or CIDR such as "
-                "'10.0.0.0/8', '192.168.1.7' or 'fd00::/8'"
-            ) from None
-    return tuple(networks)
-
-
-def client_ip(request: HTTPConnection, trusted_proxies: Sequence[str | Network] = ()) -> str:
+def client_ip(
+    request: HTTPConnection,
+    trusted_proxies: Iterable[str] = (),
+    proxy_header: str = "X-Forwarded-For",
+) -> str:
     """The address of the client that sent ``request`` (an HTTP request or a WebSocket).
 
-    The forwarding headers (``Forwarded``, RFC 7239, else ``X-Forwarded-For``) are read only when
-    the peer is one of ``trusted_proxies``; then the chain is walked from the right (the hop
-    closest to us) past every trusted proxy, and the first address that is not one is the
-    client. A header from any other peer is ignored (a client can write what it likes there),
-    and so is a malformed entry: the walk stops at the last well-formed address. Without a peer
-    (a test client) the answer is ``"unknown"``.
+    ``proxy_header`` is the header the reverse proxies in ``trusted_proxies`` (addresses or
+    CIDR networks) write the client's address into: ``X-Forwarded-For`` (nginx, AWS ALB,
+    HAProxy), ``Forwarded`` (RFC 7239), or a header of one address that the proxy sets, such as
+    ``X-Real-IP`` or ``CF-Connecting-IP``. It is read only when the peer is a trusted proxy;
+    every other header, and this one from any other peer, is the client's own text and is
+    ignored. Without the header the peer is the client. ``X-Forwarded-For`` and ``Forwarded``
+    (their lines joined in order) are walked from the right, the hop nearest to us, past every
+    trusted proxy: the first address that is not one is the client; a malformed entry stops the
+    walk at the last address before it. Without a peer (a test client) the answer is
+    ``"unknown"``.
 
-    Behind uvicorn's ``--proxy-headers`` the peer is already rewritten from ``X-Forwarded-For``
-    (for the hosts in ``--forwarded-allow-ips``); use one mechanism, not both: either leave
-    ``--proxy-headers`` off and name the proxies here, or trust uvicorn and pass no proxies.
+    An app with a :class:`~fastapi_stream_lease.StreamLeaseManager` calls
+    :meth:`~fastapi_stream_lease.StreamLeaseManager.client_ip`, which uses its ``LeaseConfig``.
+    Behind uvicorn, whose ``--proxy-headers`` (on by default) rewrites the peer from
+    ``X-Forwarded-For`` for the hosts in ``--forwarded-allow-ips`` (127.0.0.1 and ::1 by
+    default), use one mechanism, not both: name the proxies here and run uvicorn with
+    ``--no-proxy-headers``, or leave ``trusted_proxies`` empty and list the proxies in
+    ``--forwarded-allow-ips``.
     """
-    networks = trusted_networks(trusted_proxies)
-    peer = request.client.host if request.client else None
-    address = _address(peer)
-    if address is None:
-        return peer or "unknown"
-    chain = _forwarded_for(request)
-    while chain and _trusted(address, networks):
-        hop = _address(chain.pop())
-        if hop is None:
-            break
-        address = hop
-    return str(address)
+    return client_of(request, ProxyRule(trusted_proxies, proxy_header))
 
 
-def _trusted(address: Address, networks: Sequence[Network]) -> bool:
-    return any(address.version == n.version and address in n for n in networks)
-
-
-def _forwarded_for(request: HTTPConnection) -> list[str]:
-    """The addresses the proxies appended, left (client side) to right (our side)."""
-    forwarded = request.headers.getlist("forwarded")
-    if forwarded:
-        hops = []
-        for element in ",".join(forwarded).split(","):
-            for pair in element.split(";"):
-                name, _, value = pair.strip().partition("=")
-                if name.lower() == "for":
-                    hops.append(_strip_node(value.strip().strip('"')))
-        return hops
-    forwarded_for = request.headers.getlist("x-forwarded-for")
-    return [hop.strip() for hop in ",".join(forwarded_for).split(",") if hop.strip()]
-
-
-def _strip_node(node: str) -> str:
-    """An RFC 7239 node without its port: ``[2001:db8::1]:4711`` -> ``2001:db8::1``,
-    ``192.0.2.43:47011`` -> ``192.0.2.43``."""
-    if node.startswith("["):
-        return node[1:].partition("]")[0]
-    if node.count(":") == 1:
-        return node.partition(":")[0]
-    return node
-
-
-def _address(text: str | None) -> Address | None:
-    if not text:
-        return None
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
+def client_of(connection: HTTPConnection, rule: ProxyRule) -> str:
+    """The address of ``connection``'s client by ``rule``."""
+    peer = connection.client.host if connection.client else None
+    return rule.client(peer, connection.headers.getlist(rule.header))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
-from .client_ip import Network, trusted_networks
+from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import RateLimited, StreamLeaseError
 from .handlers import install_exception_handler
@@ -22,7 +22,6 @@ from .rates import RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
 from .web import (
-    GuardedWebSocket,
     KeyFunction,
     guard_websocket,
     rate_limit_decorator,
@@ -31,7 +30,7 @@ from .web import (
 )
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection, Request
     from starlette.websockets import WebSocket
 
     from .telemetry import Telemetry
@@ -120,7 +119,7 @@ class StreamLeaseManager:
         self._core = _core.Manager(url, config, tls_ca_file)
         self._cancel_on_lost = config.on_lost == "cancel"
         self._wait_timeout = config.wait_timeout
-        self._trusted_proxies = trusted_networks(config.trusted_proxies)
+        self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
         self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
         self._telemetry: Telemetry | None = None
         self._telemetry_resolved = False
@@ -130,11 +129,12 @@ class StreamLeaseManager:
         """The limits and timings in force."""
         return self._core.config
 
-    @property
-    def trusted_proxies(self) -> tuple[Network, ...]:
-        """``LeaseConfig.trusted_proxies`` as networks: the proxies whose forwarding headers
-        :func:`client_ip` believes when a rate limit counts per client address."""
-        return self._trusted_proxies
+    def client_ip(self, connection: HTTPConnection) -> str:
+        """The address of the client of ``connection`` (a request or a WebSocket): the peer,
+        or what ``LeaseConfig.proxy_header`` says when the peer is one of
+        ``LeaseConfig.trusted_proxies`` (:func:`~fastapi_stream_lease.client_ip` says how).
+        What the forms count when they are given no ``key``."""
+        return client_of(connection, self._proxy_rule)
 
     @property
     def backend(self) -> str:
@@ -365,8 +365,8 @@ class StreamLeaseManager:
         each request against the policies (all or nothing) and answers 429 when one refuses
         (through :func:`install_exception_handler`). ``key`` maps the request (sync or async)
         to the identity to count, e.g. the authenticated user; left out, the client's IP
-        address (:func:`client_ip` with ``LeaseConfig.trusted_proxies``). The headers reach the
-        response, a ``StreamingResponse`` included, through :class:`RateLimitHeaders`."""
+        address (:meth:`client_ip`). The headers reach the response, a ``StreamingResponse``
+        included, through :class:`RateLimitHeaders`."""
         return rate_limit_dependency(self, policies, key, cost)
 
     def rate_limited(
@@ -383,11 +383,15 @@ class StreamLeaseManager:
         connects: Sequence[RateLimit] = (),
         messages: Sequence[RateLimit] = (),
         key: KeyFunction | None = None,
-    ) -> GuardedWebSocket:
-        """Call before ``accept()``: counts the connect against ``connects``; returns the socket
-        wrapped so that each inbound message counts against ``messages``. A refusal closes the
-        socket with 1008 (before the handshake completes, clients see HTTP 403) and raises
-        ``WebSocketDisconnect``, so the endpoint ends as when a client leaves."""
+    ) -> WebSocket:
+        """Call before ``accept()``: counts the connect against ``connects``, then each message
+        the client sends against ``messages``, however the endpoint reads it
+        (``receive_text()``, ``iter_json()``, ``receive()``, ...); returns ``websocket``. A
+        refused connect closes the socket with 1008 (before the handshake completes, clients see
+        HTTP 403) and raises ``WebSocketDisconnect``; a refused message closes it with 1008 and
+        reaches the reader as the client's disconnect (``WebSocketDisconnect``, or a
+        ``websocket.disconnect`` message from ``receive()``), so the endpoint ends as when a
+        client leaves."""
         return await guard_websocket(self, websocket, connects, messages, key)
 
     async def get_active_count(self, user_id: str | None = None) -> int:

@@ -21,7 +21,6 @@ from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ._core import check_rate_limits
-from .client_ip import Network, client_ip, trusted_networks
 from .errors import RateLimited
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 
 #: How a form finds the identity a request counts against: a function (sync or async) of the
-#: request or WebSocket. Left out: the client's IP address (``LeaseConfig.trusted_proxies``).
+#: request or WebSocket. Left out: the client's IP address (``StreamLeaseManager.client_ip``).
 KeyFunction: TypeAlias = Callable[[HTTPConnection], str | Awaitable[str]]
 
 
@@ -38,8 +37,7 @@ class RateCounter(Protocol):
     """What the forms need of a :class:`~fastapi_stream_lease.StreamLeaseManager` (named by its
     shape, so this module does not import the manager, which builds the forms)."""
 
-    @property
-    def trusted_proxies(self) -> tuple[Network, ...]: ...
+    def client_ip(self, connection: HTTPConnection) -> str: ...
 
     async def hit(
         self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
@@ -124,7 +122,7 @@ async def identity_of(
 ) -> str:
     """The identity ``connection`` counts against: ``key(connection)``, or its client's IP."""
     if key is None:
-        return client_ip(connection, manager.trusted_proxies)
+        return manager.client_ip(connection)
     identity = key(connection)
     if inspect.isawaitable(identity):
         identity = await identity
@@ -260,59 +258,13 @@ class RateLimitMiddleware:
         await self.app(scope, receive, send)
 
 
-class GuardedWebSocket:
-    """A WebSocket whose inbound messages count against rate limits: :meth:`receive_text`,
-    :meth:`receive_bytes` and :meth:`receive_json` hit the message policies per message; when
-    one refuses, the socket is closed with 1008 (policy violation) and ``WebSocketDisconnect``
-    raised, as when the client leaves. Everything else is the WebSocket's
-    (``guarded.send_text(...)``)."""
-
-    def __init__(
-        self,
-        websocket: WebSocket,
-        manager: RateCounter,
-        identity: str,
-        policies: Sequence[RateLimit],
-    ) -> None:
-        self.websocket = websocket
-        self._manager = manager
-        self._identity = identity
-        self._policies = tuple(policies)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.websocket, name)
-
-    async def _count(self) -> None:
-        if not self._policies:
-            return
-        try:
-            await self._manager.hit(self._identity, *self._policies)
-        except RateLimited as refused:
-            await _refuse(self.websocket, refused)
-
-    async def receive_text(self) -> str:
-        text = await self.websocket.receive_text()
-        await self._count()
-        return text
-
-    async def receive_bytes(self) -> bytes:
-        data = await self.websocket.receive_bytes()
-        await self._count()
-        return data
-
-    async def receive_json(self, mode: str = "text") -> Any:
-        value = await self.websocket.receive_json(mode=mode)
-        await self._count()
-        return value
-
-
 async def guard_websocket(
     manager: RateCounter,
     websocket: WebSocket,
     connects: Sequence[RateLimit],
     messages: Sequence[RateLimit],
     key: KeyFunction | None,
-) -> GuardedWebSocket:
+) -> WebSocket:
     """See :meth:`StreamLeaseManager.guard_websocket`."""
     for policies in (connects, messages):
         if policies:
@@ -323,14 +275,43 @@ async def guard_websocket(
             await manager.hit(identity, *connects)
         except RateLimited as refused:
             await _refuse(websocket, refused)  # before accept(): HTTP 403
-    return GuardedWebSocket(websocket, manager, identity, messages)
+    if messages:
+        _count_messages(websocket, manager, identity, tuple(messages))
+    return websocket
+
+
+def _count_messages(
+    websocket: WebSocket, manager: RateCounter, identity: str, policies: tuple[RateLimit, ...]
+) -> None:
+    """Counts each message from the client where every reader of the socket takes it from (its
+    ASGI ``receive``), so ``receive_text()``, ``iter_json()``, ``receive()`` and the readers of
+    later Starlette versions alike are counted. The message over a limit closes the socket with
+    1008 and reaches the reader as the client's disconnect."""
+    receive = websocket._receive
+
+    async def counted_receive() -> Message:
+        message = await receive()
+        if message["type"] == "websocket.receive":
+            try:
+                await manager.hit(identity, *policies)
+            except RateLimited as refused:
+                reason = _close_reason(refused)
+                await websocket.close(code=POLICY_VIOLATION, reason=reason)
+                return {"type": "websocket.disconnect", "code": POLICY_VIOLATION, "reason": reason}
+        return message
+
+    websocket._receive = counted_receive
 
 
 async def _refuse(websocket: WebSocket, refused: RateLimited) -> NoReturn:
     """Closes with 1008 and ends the endpoint as a disconnect does (apps handle that already)."""
-    reason = str(refused)[:120]  # a close frame's reason is at most 123 bytes
+    reason = _close_reason(refused)
     await websocket.close(code=POLICY_VIOLATION, reason=reason)
     raise WebSocketDisconnect(code=POLICY_VIOLATION, reason=reason) from refused
+
+
+def _close_reason(refused: RateLimited) -> str:
+    return str(refused)[:120]  # a close frame's reason is at most 123 bytes
 
 
 def _check(policies: Sequence[RateLimit], cost: int) -> None:
@@ -339,10 +320,8 @@ def _check(policies: Sequence[RateLimit], cost: int) -> None:
 
 
 __all__ = [
-    "GuardedWebSocket",
     "KeyFunction",
     "RateLimitHeaders",
     "RateLimitMiddleware",
     "legacy_headers",
-    "trusted_networks",
 ]

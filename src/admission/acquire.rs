@@ -530,7 +530,7 @@ mod tests {
             fallback_workers: 1,
             identity_secret: Vec::new(),
             disclose_usage: true,
-            trusted_proxies: Vec::new(),
+            proxy_rule: Default::default(),
         };
         Arc::new(Manager::new(Backend::Memory(Box::default()), config))
     }

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use super::args::{self, type_name};
+use super::client_address::proxy_rule;
 use crate::config::{Config, FailureMode, LineOrder, OnLost};
 
 const MIN_LEASE_SECONDS: f64 = 1.0;
@@ -41,6 +42,7 @@ impl LeaseConfig {
         identity_secret = None,
         disclose_usage = true,
         trusted_proxies = None,
+        proxy_header = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -62,6 +64,7 @@ impl LeaseConfig {
         identity_secret: Option<&Bound<'_, PyAny>>,
         disclose_usage: bool,
         trusted_proxies: Option<&Bound<'_, PyAny>>,
+        proxy_header: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let lease_seconds = args::seconds("lease_seconds", lease_seconds, 30.0)?;
         if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease_seconds) {
@@ -136,7 +139,7 @@ impl LeaseConfig {
             },
             identity_secret: secret_field(identity_secret)?,
             disclose_usage,
-            trusted_proxies: proxies_field(trusted_proxies)?,
+            proxy_rule: proxy_rule(trusted_proxies, proxy_header)?,
         };
         Ok(LeaseConfig { config })
     }
@@ -244,17 +247,23 @@ impl LeaseConfig {
         self.config.disclose_usage
     }
 
-    /// The reverse proxies (addresses or CIDR networks) whose forwarding headers `client_ip`
-    /// believes.
+    /// The reverse proxies (addresses or CIDR networks) whose `proxy_header` is believed.
     #[getter]
     fn trusted_proxies(&self) -> Vec<String> {
-        self.config.trusted_proxies.clone()
+        self.config.proxy_rule.proxies().to_vec()
+    }
+
+    /// The header the trusted proxies write the client's address into: `X-Forwarded-For`,
+    /// `Forwarded` (RFC 7239) or a header of one address (`X-Real-IP`, `CF-Connecting-IP`).
+    #[getter]
+    fn proxy_header(&self) -> &str {
+        self.config.proxy_rule.header_name()
     }
 
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, trusted_proxies={:?})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, trusted_proxies={:?}, proxy_header={:?})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
@@ -272,7 +281,8 @@ impl LeaseConfig {
             c.fallback_workers,
             if c.identity_secret.is_empty() { "None" } else { "'***'" },
             if c.disclose_usage { "True" } else { "False" },
-            c.trusted_proxies,
+            c.proxy_rule.proxies(),
+            c.proxy_rule.header_name(),
         )
     }
 }
@@ -325,45 +335,6 @@ fn choice_field<T: Copy>(name: &str, value: Option<&Bound<'_, PyAny>>, choices: 
             )))
         }
     }
-}
-
-/// Addresses or CIDR networks (`10.0.0.0/8`, `192.168.1.7`, `fd00::/8`), checked here so a typo
-/// fails at start-up, not per request.
-fn proxies_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
-    let Some(value) = args::given(value) else {
-        return Ok(Vec::new());
-    };
-    if value.is_instance_of::<PyString>() {
-        return Err(PyTypeError::new_err(
-            "trusted_proxies must be a list of networks, e.g. ['10.0.0.0/8'], not a str",
-        ));
-    }
-    value
-        .try_iter()?
-        .map(|entry| {
-            let entry = entry?;
-            let network = entry
-                .cast::<PyString>()
-                .ok()
-                .and_then(|text| text.to_str().ok().map(str::to_owned))
-                .filter(|text| is_network(text));
-            network.ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "trusted proxy {} is not a network: use an address or CIDR such as '10.0.0.0/8', '192.168.1.7' or 'fd00::/8'",
-                    entry.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })
-        })
-        .collect()
-}
-
-fn is_network(text: &str) -> bool {
-    let (address, prefix) = text.split_once('/').map_or((text, None), |(a, p)| (a, Some(p)));
-    let Ok(address) = address.parse::<std::net::IpAddr>() else {
-        return false;
-    };
-    let bits = if address.is_ipv4() { 32 } else { 128 };
-    prefix.is_none_or(|p| p.parse::<u8>().is_ok_and(|p| p <= bits))
 }
 
 /// The shortest HMAC key accepted: 128 bits, so guessing the key is out of reach.

@@ -4,6 +4,7 @@
 mod args;
 mod bridge;
 mod budget;
+mod client_address;
 mod config;
 mod errors;
 mod lease;
@@ -17,6 +18,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::LeaseHandle>()?;
     m.add_class::<manager::Manager>()?;
     m.add_class::<rate::RateLimit>()?;
+    m.add_class::<client_address::ProxyRule>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
