@@ -118,8 +118,8 @@ pub struct Kept {
     /// The holder's count of members in the tag (Redis; None for the embedded stores, which
     /// never lose one).
     pub members: Option<u64>,
-    /// The tag's count of revocations (`revoke`; always 0 in the embedded stores, whose
-    /// revocations end this process's leases at once).
+    /// The tag's revocation stamp (`revoke`, which never repeats a value; always 0 in the
+    /// embedded stores, whose revocations end this process's leases at once).
     pub revocations: u64,
 }
 
@@ -355,7 +355,7 @@ impl Backend {
     /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
     /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.
     /// Their holders end them: here at once (the caller), elsewhere at their next keep-alive,
-    /// which finds the tag's count of revocations changed and lists them (`revoked`).
+    /// which finds the tag's revocation stamp changed and lists them (`revoked`).
     pub async fn revoke(
         &self,
         pool_key: &str,

@@ -101,7 +101,7 @@ pub struct Leases {
     lost: AtomicU64,
     reclaimed: AtomicU64,
     revoked: AtomicU64,
-    /// The count of revocations each group's keep-alive found last.
+    /// The revocation stamp each group's keep-alive found last.
     seen_revocations: Mutex<revoke::Seen>,
     pruned: AtomicU64,
     renew_failures: AtomicU64,
