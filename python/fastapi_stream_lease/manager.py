@@ -56,6 +56,7 @@ class ManagerStats(TypedDict):
     revoked: int
     renew_failures: int
     unremoved: int
+    unreleasable: int
     pruned: int
     closed: bool
     breaker_open: bool
@@ -407,6 +408,10 @@ class StreamLeaseManager:
           later round, or lost at their deadline);
         * ``unremoved``: leases released or lost here whose removal from Redis failed, waiting
           for another try (at most 10,000);
+        * ``unreleasable``: leases given up on release because Redis answered that removing
+          them met an error a retry would meet again (a key of another type where one of their
+          pools should be: another program writes under this ``key_prefix``); they were removed
+          from their other pools, and their release raised :class:`BackendError`;
         * ``pruned``: members found in Redis under this process's name that belong to none of
           its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;

@@ -296,14 +296,15 @@ impl Backend {
     }
 
     /// Removes the leases of one batch (idempotent) and wakes the line's waiters in every
-    /// process; returns whether each lease was still there.
+    /// process; returns whether each lease was still there, or the error Redis met removing it
+    /// (a key of another type among its pools: a retry would meet it again).
     pub async fn release(
         &self,
         leases: &[Arc<LeaseRecord>],
         line: Option<&LineKeys>,
-    ) -> CoreResult<Vec<bool>> {
+    ) -> CoreResult<Vec<CoreResult<bool>>> {
         match self {
-            Backend::Memory(m) => Ok(m.release(leases)),
+            Backend::Memory(m) => Ok(m.release(leases).into_iter().map(Ok).collect()),
             Backend::Redis(r) => r.release(leases, line).await,
         }
     }

@@ -83,6 +83,11 @@ end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL, FAILED = 0, 1, 2, 3, 4, 5, 6
 
+-- The text of an error a pcall caught: a command's error is {err = ...}.
+local function error_text(e)
+  return type(e) == 'table' and e.err or tostring(e)
+end
+
 -- A call that decides a batch of requests (acquire.lua, hit.lua): ARGV[1] = m, the number of
 -- requests; ARGV[2] and ARGV[3]: how many keys and arguments the head has, what every request
 -- of the batch shares (acquire.lua's tag, line, holder...: sent once, read by the script
@@ -105,8 +110,8 @@ local function decide_each(batch_keys, batch_argv, decide)
     local decided, reply = pcall(decide, batch_keys, key_base, key_count, batch_argv, arg_base)
     if decided then
       replies[r] = reply
-    else -- a command's error is {err = ...}
-      replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
+    else
+      replies[r] = {FAILED, error_text(reply)}
     end
     key_base, arg_base = key_base + key_count, arg_base + arg_count
   end

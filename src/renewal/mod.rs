@@ -66,6 +66,9 @@ pub struct Counters {
     pub revoked: u64,
     /// Renewal calls that failed.
     pub renew_failures: u64,
+    /// Leases given up on release: Redis answered that removing them met an error (a key of
+    /// another type among their pools), which a retry would meet again.
+    pub unreleasable: u64,
     pub closed: bool,
 }
 
@@ -105,6 +108,7 @@ pub struct Leases {
     seen_revocations: Mutex<revoke::Seen>,
     pruned: AtomicU64,
     renew_failures: AtomicU64,
+    unreleasable: AtomicU64,
 }
 
 impl Drop for Leases {
@@ -149,6 +153,7 @@ impl Leases {
             seen_revocations: Mutex::default(),
             pruned: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
+            unreleasable: AtomicU64::new(0),
         }
     }
 
@@ -266,7 +271,7 @@ impl Leases {
                 })
                 .now_or_never()
                 .expect("the memory backend never waits")
-                .map(|present| present == [true]);
+                .map(|answers| answers.into_iter().next().unwrap_or(Ok(false)));
             let done = self.after_release(record, released, settled).now_or_never();
             return Some(Releasing::Done(done.expect("the memory backend never waits")));
         }
@@ -287,23 +292,37 @@ impl Leases {
         self.after_release(&record, released, settled).await
     }
 
-    /// What follows a release's call: out of flight (or kept for another try), waiters woken,
-    /// and its budgets settled too when the release resolves (usage() then tells it).
+    /// What follows a release's call (`released`: the call's answer for this lease, see
+    /// `answered`): waiters woken, and its budgets settled too when the release resolves
+    /// (usage() then tells it).
     async fn after_release(
         &self,
         record: &Arc<LeaseRecord>,
-        released: CoreResult<bool>,
+        released: CoreResult<CoreResult<bool>>,
         settled: Option<JoinHandle<()>>,
     ) -> CoreResult<bool> {
-        match released {
-            Ok(_) => self.flight_end(record, true),
-            Err(_) => self.retry_later([Arc::clone(record)]),
-        }
+        self.answered(record, released.as_ref().ok());
         self.wake();
         if let Some(settled) = settled {
             let _ = settled.await;
         }
-        released
+        released.and_then(|answer| answer)
+    }
+
+    /// Takes in what a release call said of one lease (None: the call failed): done, whether
+    /// Redis still had it or not; kept for another try when the call failed; given up, and
+    /// counted, when the call answered that removing this lease met an error (a key of another
+    /// type among its pools): the script removed it from its other pools, and a retry would
+    /// meet the same error every round.
+    fn answered(&self, record: &Arc<LeaseRecord>, answer: Option<&CoreResult<bool>>) {
+        match answer {
+            Some(Ok(_)) => self.flight_end(record, true),
+            Some(Err(_)) => {
+                self.unreleasable.fetch_add(1, Ordering::Relaxed);
+                self.flight_end(record, true);
+            }
+            None => self.retry_later([Arc::clone(record)]),
+        }
     }
 
     /// Starts the release without waiting for it; true if this call released the lease.
@@ -319,7 +338,7 @@ impl Leases {
     }
 
     /// Releases many leases, in batched script calls, a few in flight; the leases of a call that
-    /// fails are kept for another try.
+    /// fails are kept for another try (see `answered`).
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
         let mut releases = Vec::new();
         for store in [Store::Fallback, Store::Main] {
@@ -343,11 +362,16 @@ impl Leases {
                     .stores
                     .call(store, |backend| backend.release(&batch, line))
                     .await;
-                match released {
-                    Ok(_) => batch.iter().for_each(|record| self.flight_end(record, true)),
+                match &released {
+                    Ok(answers) => {
+                        for (record, answer) in batch.iter().zip(answers) {
+                            self.answered(record, Some(answer));
+                        }
+                    }
                     Err(_) => self.retry_later(batch),
                 }
-                released.map(|present| present.iter().filter(|&&p| p).count() as u64)
+                released
+                    .map(|answers| answers.iter().filter(|answer| matches!(answer, Ok(true))).count() as u64)
             }));
         }
         // Closing a manager that holds 100,000 leases makes a hundred calls.
@@ -451,6 +475,7 @@ impl Leases {
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             revoked: self.revoked.load(Ordering::Relaxed),
             renew_failures: self.renew_failures.load(Ordering::Relaxed),
+            unreleasable: self.unreleasable.load(Ordering::Relaxed),
             closed: self.is_closed(),
         }
     }

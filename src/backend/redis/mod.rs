@@ -205,7 +205,7 @@ impl RedisBackend {
         &self,
         leases: &[Arc<LeaseRecord>],
         line: Option<&LineKeys>,
-    ) -> CoreResult<Vec<bool>> {
+    ) -> CoreResult<Vec<CoreResult<bool>>> {
         // A cluster's batch is of one slot: the line joins it only when it shares that slot
         // (without a global pool, users' own tags have no line).
         let line = line.filter(|line| {
@@ -216,11 +216,21 @@ impl RedisBackend {
         });
         let line = line.map(|line| (line, self.wake_channel(line)));
         let invocation = release_invocation(leases, line, self.holder);
-        let present: Vec<u64> = self.link.run(&invocation).await?;
-        if present.len() != leases.len() {
-            return Err(unexpected_reply("release", &present));
+        let reply: Vec<Value> = self.link.run(&invocation).await?;
+        if reply.len() != leases.len() {
+            return Err(unexpected_reply("release", &reply));
         }
-        Ok(present.into_iter().map(|flag| flag == 1).collect())
+        reply
+            .iter()
+            .map(|answer| match answer {
+                Value::Int(present) => Ok(Ok(*present == 1)),
+                Value::BulkString(_) | Value::SimpleString(_) => {
+                    let message = String::from_redis_value_ref(answer).unwrap_or_default();
+                    Ok(Err(self.link.error_text(&message)))
+                }
+                _ => Err(unexpected_reply("release", &reply)),
+            })
+            .collect()
     }
 
     /// Calls `woken` for every wake-up published on the line's channel, until the subscription
@@ -501,12 +511,7 @@ impl BatchedCalls {
         if let Value::Array(items) = &reply {
             if let [Value::Int(FAILED), message] = items.as_slice() {
                 let message = String::from_redis_value_ref(message).unwrap_or_default();
-                return Err(
-                    match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
-                        Ok(Value::ServerError(error)) => self.link.error(&error.into()),
-                        _ => CoreError::Backend(format!("Redis answered with an error: {message}")),
-                    },
-                );
+                return Err(self.link.error_text(&message));
             }
         }
         Vec::<u64>::from_redis_value_ref(&reply).map_err(|_| unexpected_reply(self.name(), &reply))
