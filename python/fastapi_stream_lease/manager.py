@@ -187,7 +187,8 @@ class StreamLeaseManager:
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
-        leaves a slot taken, nor a place in line.
+        leaves a slot taken, nor a place in line; a grant its cancelled caller never took gives
+        back its token reservation and its start's ``rate_limits`` units too.
         """
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
