@@ -57,6 +57,7 @@ class ManagerStats(TypedDict):
     renew_failures: int
     unremoved: int
     unreleasable: int
+    tags: int
     pruned: int
     closed: bool
     breaker_open: bool
@@ -413,6 +414,11 @@ class StreamLeaseManager:
           them met an error a retry would meet again (a key of another type where one of their
           pools should be: another program writes under this ``key_prefix``); they were removed
           from their other pools, and their release raised :class:`BackendError`;
+        * ``tags``: the Redis hash tags this process's holder is registered in: those where it
+          holds leases (one tag per user with ``global_pool=False``, else one in all), and those
+          where it held some lately; a tag where two renewal rounds in a row find it holds
+          nothing, with no grant between them, is left (in Redis too), so this counts the users
+          served lately, not every user ever served;
         * ``pruned``: members found in Redis under this process's name that belong to none of
           its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;

@@ -11,7 +11,7 @@ mod round;
 mod sweep;
 mod tally;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,6 +69,8 @@ pub struct Counters {
     /// Leases given up on release: Redis answered that removing them met an error (a key of
     /// another type among their pools), which a retry would meet again.
     pub unreleasable: u64,
+    /// Hash tags the holder is in (`joined`).
+    pub tags: usize,
     pub closed: bool,
 }
 
@@ -93,9 +95,12 @@ pub struct Leases {
     releases: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
     release_calls: Arc<GroupCommit<ReleaseCalls>>,
-    /// The holders keys of the tags where this manager's holder was granted a lease in Redis:
-    /// it stays there between leases, and leaves them on close (`depart`).
-    joined: Mutex<HashSet<Arc<str>>>,
+    /// The holders keys of the tags where this manager's holder was granted a lease in Redis,
+    /// each with whether a renewal round found it idle (nothing held nor in flight there) with
+    /// no grant there since: the holder stays in a tag between leases, leaves it at the next
+    /// round that finds it idle again (`leave_idle_tags`), so this process keeps state for the
+    /// tags it uses, not for every user it ever served, and leaves the rest on close (`depart`).
+    joined: Mutex<HashMap<Arc<str>, bool>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -142,7 +147,7 @@ impl Leases {
             owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
             release_calls,
-            joined: Mutex::new(HashSet::new()),
+            joined: Mutex::new(HashMap::new()),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -221,7 +226,11 @@ impl Leases {
         };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         if record.store == Store::Main {
-            lock(&self.joined).insert(Arc::clone(&record.holders));
+            let mut joined = lock(&self.joined);
+            match joined.get_mut(&*record.holders) {
+                Some(idle) => *idle = false,
+                None => drop(joined.insert(Arc::clone(&record.holders), false)),
+            }
         }
         // Counted as held before it stops being in flight, so no figure in between misses it.
         if record.store == Store::Main {
@@ -407,17 +416,47 @@ impl Leases {
         }
     }
 
-    /// Leaves every tag this manager joined where it holds nothing now (a failure leaves the
-    /// holder's entry to expire and the reaper). Not from a forked child: the tags are its
-    /// parent's.
+    /// Leaves every tag this manager joined where it holds nothing now.
     async fn depart(&self) {
+        let joined = lock(&self.joined).drain().map(|(holders, _)| holders).collect();
+        self.depart_from(joined).await;
+    }
+
+    /// At a renewal round: leaves the tags found idle (nothing held nor in flight there) at the
+    /// last round too, with no grant there since, and marks those idle now. A lease that comes
+    /// meanwhile is safe: `depart.lua` leaves no tag where the holder has members, and an
+    /// acquire after it registers the holder again (and joins the tag again here).
+    pub(super) async fn leave_idle_tags(&self) {
+        let idle = {
+            let held = lock(&self.held);
+            let mut joined = lock(&self.joined);
+            let mut idle = Vec::new();
+            joined.retain(|holders, was_idle| {
+                if !held.is_idle(Store::Main, holders) {
+                    *was_idle = false;
+                    return true;
+                }
+                if *was_idle {
+                    idle.push(Arc::clone(holders));
+                    return false;
+                }
+                *was_idle = true;
+                true
+            });
+            idle
+        };
+        if !idle.is_empty() {
+            self.depart_from(idle).await;
+        }
+    }
+
+    /// Leaves the tags of `holders_keys` where the holder holds nothing now (a failure leaves
+    /// its entry to expire and the reaper). Not from a forked child: the tags are its parent's.
+    async fn depart_from(&self, holders_keys: Vec<Arc<str>>) {
         if self.in_forked_child() {
             return;
         }
-        let mut joined: Vec<String> = lock(&self.joined)
-            .drain()
-            .map(|holders| holders.to_string())
-            .collect();
+        let mut joined: Vec<String> = holders_keys.iter().map(|holders| holders.to_string()).collect();
         let one_slot = self.stores.get(Store::Main).is_cluster();
         joined.sort_unstable_by(|a, b| keys::hash_tag(a).cmp(keys::hash_tag(b)));
         let groups: Vec<&[String]> = if one_slot {
@@ -476,6 +515,7 @@ impl Leases {
             revoked: self.revoked.load(Ordering::Relaxed),
             renew_failures: self.renew_failures.load(Ordering::Relaxed),
             unreleasable: self.unreleasable.load(Ordering::Relaxed),
+            tags: lock(&self.joined).len(),
             closed: self.is_closed(),
         }
     }
