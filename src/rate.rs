@@ -1,6 +1,7 @@
 //! Request-rate policies: at most `limit` units per window, counted per identity, every policy
 //! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory.rs`).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Largest limit: counts stay exact as Lua numbers (doubles) far beyond it.
@@ -195,6 +196,25 @@ pub struct RateCheck {
     pub costs: Vec<u64>,
 }
 
+impl RateCheck {
+    /// Refunds of what a grant took from the policies in `policies` (indexes; `decisions`: the
+    /// grant's, in the same order), to the buckets it went to: what a grant nobody takes gives
+    /// back. A policy that took nothing (a resent call's grant) has nothing to give back.
+    pub fn refunds(&self, decisions: &[Decision], policies: Range<usize>) -> Vec<Adjustment> {
+        policies
+            .filter_map(|i| {
+                let bucket = decisions.get(i)?.bucket?;
+                (self.costs[i] > 0).then(|| Adjustment {
+                    key: self.keys[i].clone(),
+                    policy: self.policies[i].clone(),
+                    tokens: self.costs[i],
+                    refund_from: Some(bucket),
+                })
+            })
+            .collect()
+    }
+}
+
 /// One stream's top-up of its token budgets (`budget/`): `want` tokens from every policy
 /// (`keys[i]` counts `policies[i]`), as many as all have room for, or all of them if `forced`;
 /// first, what `give_back[i]` lists is given back to `policies[i]` (a roll of tokens held in
@@ -250,6 +270,19 @@ pub struct Adjustment {
 pub struct Settlement {
     pub id: String,
     pub adjustments: Vec<Adjustment>,
+}
+
+impl Settlement {
+    /// The refunds of a grant nobody took (`lease_id`'s), applied at most once like a
+    /// settlement, under an id of their own: the lease's own settlement gives back its budgets'
+    /// reservation, these its request-rate units or, for a grant never answered to its caller,
+    /// everything.
+    pub fn untaken(lease_id: &str, refunds: Vec<Adjustment>) -> Self {
+        Settlement {
+            id: format!("{lease_id}:untaken"),
+            adjustments: refunds,
+        }
+    }
 }
 
 /// What one policy said about a hit.

@@ -7,7 +7,9 @@ import asyncio
 import random
 import threading
 
-from support.waiting import count_is
+from fastapi_stream_lease import RateLimit
+
+from support.waiting import count_is, eventually
 
 
 async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):
@@ -121,3 +123,54 @@ async def test_a_grant_for_a_loop_that_went_away_is_released(own_redis, make_own
     # Alice's grant arrived for a loop that is gone: released, not kept until another loop starts.
     await count_is(manager, 0, "alice")
     await bob.release()
+
+
+async def test_cancelled_acquires_give_back_their_reservations_and_rate_units(make_manager):
+    """An acquire cancelled while it waits, while its call is in flight or after its grant
+    came back but before its caller took it gives back its slot, and must give back all else
+    the grant took: its token reservation and its start's request-rate unit. A stream that
+    never started is charged nothing; one that started and streamed nothing, only its start."""
+    manager = make_manager(max_per_user=0, max_global=10)
+    starts = RateLimit("starts", 10**6, per=3600)
+    tokens = RateLimit("tokens", 10**9, per=3600, unit="tokens")
+    users = [f"user{i}" for i in range(7)]
+    rng = random.Random(5)
+    started = dict.fromkeys(users, 0)
+
+    async def one(i: int) -> None:
+        user = users[i % len(users)]
+        task = asyncio.create_task(
+            manager.acquire(
+                user, wait_timeout=5, rate_limits=[starts], budgets=[tokens], reserve=(0, 1000)
+            )
+        )
+        await asyncio.sleep(rng.random() * 0.01)
+        task.cancel()
+        try:
+            lease = await task  # finished before the cancel landed
+        except asyncio.CancelledError:
+            return
+        started[user] += 1
+        await lease.release()  # nothing streamed: its reservation comes back whole
+
+    for _ in range(3):
+        await asyncio.gather(*(one(i) for i in range(150)))
+    await count_is(manager, 0)
+    await eventually(
+        lambda: manager.stats()["unsettled"] == 0 and manager.stats()["budget_streams"] == 0,
+        what="the budgets to settle",
+    )
+
+    async def charged() -> dict[str, tuple[int, int]]:
+        return {
+            user: ((await manager.peek(user, starts)).used, (await manager.peek(user, tokens)).used)
+            for user in users
+        }
+
+    async def only_starts_charged() -> bool:
+        return await charged() == {user: (started[user], 0) for user in users}
+
+    try:
+        await eventually(only_starts_charged, what="only the streams started to stay charged")
+    except AssertionError:
+        raise AssertionError(f"charged {await charged()}, started {started}") from None

@@ -545,3 +545,35 @@ async def test_a_failover_that_swaps_a_grant_for_a_release_is_noticed(own_redis,
 
     await eventually(counted_right, what="bob's lease taken back and alice's member pruned")
     assert not held.lost
+
+
+async def test_a_process_keeps_no_state_for_users_it_no_longer_serves(make_redis_manager,
+                                                                      redis_client, key_prefix):
+    """With global_pool=False each user has a hash tag of their own, which the holder joins
+    with the user's first lease. A process that stayed in every tag it ever joined grew with
+    every new user, in memory and in Redis, and its close had to leave every one of them. A
+    tag where two renewal rounds in a row find it holds nothing is left; tags in use are kept."""
+    manager = make_redis_manager(
+        global_pool=False, max_per_user=1, lease_seconds=3, renew_every=0.2
+    )
+    kept = await manager.acquire("kept")
+
+    async def serve(user: str) -> None:
+        await (await manager.acquire(user)).release()
+
+    for batch in range(10):
+        await asyncio.gather(*(serve(f"user{batch}-{i}") for i in range(1000)))
+    kept_tag = f"{{{key_prefix}:{manager._core.identity_digest('kept')}}}"
+
+    def only_the_kept_users_keys() -> bool:
+        keys = [key.decode() for key in redis_client.scan_iter(f"{{{key_prefix}:*", count=1000)]
+        return all(key.startswith(kept_tag) for key in keys)
+
+    await eventually(only_the_kept_users_keys, timeout=30, what="the served users' tags left")
+    await eventually(lambda: manager.stats()["tags"] == 1, what="the process to forget them")
+    assert not kept.lost and await manager.get_active_count("kept") == 1
+    await kept.release()
+    await eventually(lambda: manager.stats()["tags"] == 0, what="the last tag to be left")
+    await eventually(  # walk markers live a second
+        lambda: not any(redis_client.scan_iter(f"{{{key_prefix}:*")), what="every key to be gone"
+    )

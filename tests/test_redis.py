@@ -347,6 +347,36 @@ async def test_a_key_of_another_type_gives_an_actionable_error(make_redis_manage
         await manager.acquire("alice")
 
 
+async def test_one_lease_whose_release_fails_neither_fails_its_batch_nor_is_retried_forever(
+    make_redis_manager, redis_client, key_prefix
+):
+    """Releases that come together go out in one script call. One lease that Redis cannot
+    release (a key of another type where its user's pool should be) must not fail the others of
+    that call, nor stay on the retry list for ever: the others are released, and it is removed
+    where it can be, its release raises BackendError, and ``stats()`` counts it."""
+    manager = make_redis_manager(lease_seconds=30, renew_every=0.2)
+    kept = await manager.acquire("kept")  # keeps renewal rounds going (they retry releases)
+    users = [f"user{i}" for i in range(20)]
+    leases = [await manager.acquire(user) for user in users]
+    broken = f"{{{key_prefix}}}:user:{manager._core.identity_digest(users[-1])}"
+    redis_client.delete(broken)
+    redis_client.set(broken, "not a sorted set")
+    outcomes = await asyncio.gather(
+        *(lease.release() for lease in leases), return_exceptions=True
+    )
+    assert outcomes[:-1] == [True] * 19, "the others of its call are released"
+    assert isinstance(outcomes[-1], BackendError)
+    assert "choose another LeaseConfig" in str(outcomes[-1])
+    for user in users[:-1]:
+        assert await manager.get_active_count(user) == 0
+    assert await manager.get_active_count() == 1, "its member in the global pool is gone too"
+    assert manager.stats()["unremoved"] == 0, "nothing a retry could do is left to retry"
+    await renewals_ran(manager, calls=3)
+    assert manager.stats()["unremoved"] == 0
+    assert manager.stats()["unreleasable"] == 1
+    await kept.release()
+
+
 async def test_wrong_password_gives_an_actionable_error(key_prefix):
     server = RedisServer("--requirepass", "right").start()
     try:

@@ -24,7 +24,7 @@ from fastapi_stream_lease import (
 )
 
 from support.apps import app_command
-from support.waiting import count_is, eventually
+from support.waiting import count_is, eventually, renewals_ran
 
 SECRET = "revoke-tests-secret-0123456789"
 
@@ -231,3 +231,31 @@ async def test_a_revoke_on_a_cluster_reaches_other_managers(redis_cluster, key_p
     finally:
         await worker.aclose()
         await operator.aclose()
+
+
+async def test_a_revoke_after_the_tags_revocation_key_was_lost_still_reaches_other_managers(
+    make_redis_manager, redis_client, key_prefix
+):
+    """The key that signals revocations to other workers expires an hour after a revoke (a
+    restart or a failover loses it too). A revoke that re-creates it must not give it a value
+    the workers saw already: they would take it for no change and keep the streams running."""
+    worker = make_redis_manager(identity_secret=SECRET, lease_seconds=30, renew_every=0.5)
+    operator = make_redis_manager(identity_secret=SECRET, lease_seconds=30)
+    bob = await worker.acquire("bob")  # keeps the worker's keep-alive going throughout
+    first = await worker.acquire("alice")
+    first_run = streaming(first)
+    assert await operator.revoke("alice") == 1
+    with pytest.raises(LeaseRevoked):
+        await asyncio.wait_for(first_run, timeout=5)
+    # Past the round that checks a changed tag once more, so only a new signal can end these.
+    await renewals_ran(worker, calls=3)
+    leases = [await worker.acquire("alice") for _ in range(3)]
+    runs = [streaming(lease) for lease in leases]
+    await renewals_ran(worker, calls=1)  # just after a keep-alive: the next is half a second off
+    redis_client.delete(f"{{{key_prefix}}}:holders:revocations")
+    assert await operator.revoke("alice") == 3
+    for run in runs:
+        with pytest.raises(LeaseRevoked):
+            await asyncio.wait_for(run, timeout=5)
+    await count_is(operator, 0, "alice")
+    assert not bob.lost

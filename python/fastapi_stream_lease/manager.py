@@ -55,6 +55,8 @@ class ManagerStats(TypedDict):
     revoked: int
     renew_failures: int
     unremoved: int
+    unreleasable: int
+    tags: int
     pruned: int
     closed: bool
     breaker_open: bool
@@ -186,7 +188,8 @@ class StreamLeaseManager:
 
         Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
         when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
-        leaves a slot taken, nor a place in line.
+        leaves a slot taken, nor a place in line; a grant its cancelled caller never took gives
+        back its token reservation and its start's ``rate_limits`` units too.
         """
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
@@ -411,6 +414,15 @@ class StreamLeaseManager:
           later round, or lost at their deadline);
         * ``unremoved``: leases released or lost here whose removal from Redis failed, waiting
           for another try (at most 10,000);
+        * ``unreleasable``: leases given up on release because Redis answered that removing
+          them met an error a retry would meet again (a key of another type where one of their
+          pools should be: another program writes under this ``key_prefix``); they were removed
+          from their other pools, and their release raised :class:`BackendError`;
+        * ``tags``: the Redis hash tags this process's holder is registered in: those where it
+          holds leases (one tag per user with ``global_pool=False``, else one in all), and those
+          where it held some lately; a tag where two renewal rounds in a row find it holds
+          nothing, with no grant between them, is left (in Redis too), so this counts the users
+          served lately, not every user ever served;
         * ``pruned``: members found in Redis under this process's name that belong to none of
           its leases (a release lost in a failover, say), and removed;
         * ``closed``: whether :meth:`aclose` has been called;

@@ -12,12 +12,12 @@ use tokio::time::Instant;
 use super::waiting::{waiter_id, LocalTurn, RECHECK_WAITING, WAITER_TTL};
 use super::{AcquireRequest, Manager};
 use crate::backend::{AcquireOutcome, InLine, Waiter};
-use crate::budget::{Account, BudgetRequest, Charge, Meter};
+use crate::budget::{Account, BudgetRequest, Budgets, Charge, Meter};
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, check_identity, check_resource, Pool, PoolRole};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
-use crate::rate::{Decision, RateCheck};
+use crate::rate::{Adjustment, Decision, RateCheck};
 use crate::renewal::{LeaseHandle, Leases};
 
 /// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
@@ -36,7 +36,11 @@ pub struct Granted {
     usage: Vec<PoolUsage>,
     /// The stream's token budgets, when granted with some.
     meter: Option<Arc<Meter>>,
+    /// What the grant took from its request-rate policies, given back if nobody takes it (its
+    /// budgets' reservation comes back with the release).
+    rate_refunds: Vec<Adjustment>,
     leases: Arc<Leases>,
+    budgets: Arc<Budgets>,
 }
 
 /// Slots in use in one capped pool (for the `RateLimit` headers' `concurrent-requests`).
@@ -72,19 +76,24 @@ impl Granted {
         match (&held, &self.meter) {
             (Ok(_), Some(meter)) => meter.hold(),
             (Ok(_), None) => {}
-            // Never started: its whole reservation comes back with the release.
-            (Err(_), _) => {
-                self.leases.release_in_background(&record);
-            }
+            (Err(_), _) => self.give_back(&record),
         }
         held
+    }
+
+    /// Nobody takes the grant: the stream never starts, so everything it took comes back (its
+    /// slots and its whole reservation with the release, its start's rate units here).
+    fn give_back(&mut self, record: &Arc<LeaseRecord>) {
+        self.leases.release_in_background(record);
+        self.budgets
+            .give_back(record, std::mem::take(&mut self.rate_refunds));
     }
 }
 
 impl Drop for Granted {
     fn drop(&mut self) {
         if let Some(record) = self.record.take() {
-            self.leases.release_in_background(&record);
+            self.give_back(&record);
         }
     }
 }
@@ -442,9 +451,10 @@ impl Manager {
                 rates,
                 used,
             } => {
+                // The request rates come first, the budgets (whose meter settles them) after.
+                let budgets_from = check.policies.len() - budget.map_or(0, |b| b.policies.len());
                 let meter = budget.map(|budget| {
-                    let first = check.policies.len() - budget.policies.len();
-                    let accounts = (first..check.policies.len())
+                    let accounts = (budgets_from..check.policies.len())
                         .map(|i| Account {
                             key: check.keys[i].clone(),
                             policy: check.policies[i].clone(),
@@ -461,7 +471,7 @@ impl Manager {
                             },
                         })
                         .collect();
-                    let room = rates[first..]
+                    let room = rates[budgets_from..]
                         .iter()
                         .map(|d| d.remaining)
                         .min()
@@ -470,12 +480,14 @@ impl Manager {
                 });
                 Ok(Granted {
                     meter,
+                    rate_refunds: check.refunds(&rates, 0..budgets_from),
                     usage: self.usage_shown(&record, &used),
                     record: Some(record),
                     deadline_ms: sent_at + self.config.lease_ms(),
                     holder_was_alive,
                     rates,
                     leases: Arc::clone(&self.leases),
+                    budgets: Arc::clone(&self.budgets),
                 })
             }
             AcquireOutcome::RateLimited(outcome) => {

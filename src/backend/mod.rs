@@ -118,8 +118,8 @@ pub struct Kept {
     /// The holder's count of members in the tag (Redis; None for the embedded stores, which
     /// never lose one).
     pub members: Option<u64>,
-    /// The tag's count of revocations (`revoke`; always 0 in the embedded stores, whose
-    /// revocations end this process's leases at once).
+    /// The tag's revocation stamp (`revoke`, which never repeats a value; always 0 in the
+    /// embedded stores, whose revocations end this process's leases at once).
     pub revocations: u64,
 }
 
@@ -296,14 +296,15 @@ impl Backend {
     }
 
     /// Removes the leases of one batch (idempotent) and wakes the line's waiters in every
-    /// process; returns whether each lease was still there.
+    /// process; returns whether each lease was still there, or the error Redis met removing it
+    /// (a key of another type among its pools: a retry would meet it again).
     pub async fn release(
         &self,
         leases: &[Arc<LeaseRecord>],
         line: Option<&LineKeys>,
-    ) -> CoreResult<Vec<bool>> {
+    ) -> CoreResult<Vec<CoreResult<bool>>> {
         match self {
-            Backend::Memory(m) => Ok(m.release(leases)),
+            Backend::Memory(m) => Ok(m.release(leases).into_iter().map(Ok).collect()),
             Backend::Redis(r) => r.release(leases, line).await,
         }
     }
@@ -355,7 +356,7 @@ impl Backend {
     /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
     /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.
     /// Their holders end them: here at once (the caller), elsewhere at their next keep-alive,
-    /// which finds the tag's count of revocations changed and lists them (`revoked`).
+    /// which finds the tag's revocation stamp changed and lists them (`revoked`).
     pub async fn revoke(
         &self,
         pool_key: &str,

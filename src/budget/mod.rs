@@ -22,7 +22,7 @@ pub use self::meter::{Account, Charge, Meter};
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
-use crate::rate::{RatePolicy, Settlement};
+use crate::rate::{Adjustment, RatePolicy, Settlement};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -139,7 +139,20 @@ impl Budgets {
             id: record.id.to_string(),
             adjustments,
         };
-        let store = meter.store;
+        self.apply(meter.store, settlement)
+    }
+
+    /// Gives back what a grant nobody took charged its request-rate policies (`refunds`; its
+    /// budgets' reservation comes back with its release's settlement), the way a settlement goes.
+    pub fn give_back(self: &Arc<Self>, record: &LeaseRecord, refunds: Vec<Adjustment>) {
+        if !refunds.is_empty() {
+            drop(self.apply(record.store, Settlement::untaken(record.id.as_str(), refunds)));
+        }
+    }
+
+    /// Applies a settlement: on the embedded store at once, on Redis in a task of the runtime
+    /// (returned; a failed call is retried later).
+    fn apply(self: &Arc<Self>, store: Store, settlement: Settlement) -> Option<JoinHandle<()>> {
         if self.stores.get(store).is_embedded() {
             let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&settlement));
             debug_assert!(settled.is_some(), "the memory backend never waits");

@@ -37,8 +37,7 @@
 -- quota (0 or 1); 4: n, the number of pools; 5: priority (0 to 9, higher first); 5 + i:
 -- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
--- takes from it (1 for a request rate, the reservation for a token budget), and '1' for a
--- budget, as in hit.lua.
+-- takes from it (1 for a request rate, the reservation for a token budget), as in hit.lua.
 -- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
 -- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's

@@ -5,10 +5,11 @@
 -- KEYS[i]: the counter of policy i (same hash tag).
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
 -- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
--- takes from it), '1' if it is a token budget's counter (it keeps an epoch) else '0'.
+-- takes from it).
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
--- units); every slice that overlaps the last window counts in full, so no window of that
--- length ever holds more than the limit (a hit may be refused up to one slice early).
+-- units) and its epoch ('e', see the prelude's look_rate); every slice that overlaps the last
+-- window counts in full, so no window of that length ever holds more than the limit (a hit may
+-- be refused up to one slice early).
 -- Fixed window (the article's): a string counter whose expiry ends the window, started by the
 -- first hit; a counter found without expiry gets one (repaired), so no key is left forever.
 -- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch}:

@@ -11,8 +11,8 @@
 -- the holder's entry was live (and is extended), '0' otherwise (its leases must be checked one
 -- by one and taken back: the reclaim script); members: the holder's count of members in the
 -- tag, which the process compares with what it holds; cursor: where the next call goes on;
--- revocations: the tag's count of revocations (revoke.lua), which the process compares with
--- the one it saw last.
+-- revocations: the tag's revocation stamp (revoke.lua; '0' without one), which the process
+-- compares with the one it saw last.
 local holder = holder_name(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])

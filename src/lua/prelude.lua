@@ -83,6 +83,11 @@ end
 -- The acquire script's reply codes (mirrored in src/backend/redis/mod.rs).
 local REFUSED, GRANTED, WAIT, RATE_LIMITED, BANNED, LINE_FULL, FAILED = 0, 1, 2, 3, 4, 5, 6
 
+-- The text of an error a pcall caught: a command's error is {err = ...}.
+local function error_text(e)
+  return type(e) == 'table' and e.err or tostring(e)
+end
+
 -- A call that decides a batch of requests (acquire.lua, hit.lua): ARGV[1] = m, the number of
 -- requests; ARGV[2] and ARGV[3]: how many keys and arguments the head has, what every request
 -- of the batch shares (acquire.lua's tag, line, holder...: sent once, read by the script
@@ -105,8 +110,8 @@ local function decide_each(batch_keys, batch_argv, decide)
     local decided, reply = pcall(decide, batch_keys, key_base, key_count, batch_argv, arg_base)
     if decided then
       replies[r] = reply
-    else -- a command's error is {err = ...}
-      replies[r] = {FAILED, type(reply) == 'table' and reply.err or tostring(reply)}
+    else
+      replies[r] = {FAILED, error_text(reply)}
     end
     key_base, arg_base = key_base + key_count, arg_base + arg_count
   end
@@ -384,15 +389,15 @@ end
 local SLICES = 10
 
 -- A sliding window's slices in use, oldest first, as {start, units}; stale ones are dropped.
--- Field 'e' is the counter's epoch (see `take`), not a slice.
+-- Also the counter's epoch (field 'e', see `take`; nil when it has none yet).
 local function slices_in_use(key, slice, window)
   local oldest = math.floor((now - window) / slice)
   local fields = call('HGETALL', key)
-  local live, stale = {}, {}
+  local live, stale, epoch = {}, {}, nil
   for i = 1, #fields, 2 do
     local at = tonumber(fields[i])
     if not at then
-      -- the epoch
+      epoch = tonumber(fields[i + 1])
     elseif at < oldest then
       stale[#stale + 1] = fields[i]
     else
@@ -403,7 +408,7 @@ local function slices_in_use(key, slice, window)
     call('HDEL', key, unpack(stale))
   end
   table.sort(live, function(a, b) return a[1] < b[1] end)
-  return live
+  return live, epoch
 end
 
 -- ms from now until `units` of the slices in use have left the window.
@@ -422,12 +427,14 @@ end
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
 -- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua) or
--- repair a missing expiry (see hit.lua for the two algorithms). Only a budget's counter keeps
--- an epoch (`refundable`): nothing is ever given back to a request rate's.
-local function look_rate(key, algorithm, window, refundable)
+-- repair a missing expiry (see hit.lua for the two algorithms). Every counter can be given
+-- back to: a token budget's unused reservation, and the units of a grant nobody took (an
+-- acquire cancelled while its call was in flight). The epoch comes with the slices, so keeping
+-- it costs a write only when a counter is made.
+local function look_rate(key, algorithm, window)
   if algorithm == 's' then
     local slice = math.floor(window / SLICES)
-    local live = slices_in_use(key, slice, window)
+    local live, epoch = slices_in_use(key, slice, window)
     local used = 0
     for _, entry in ipairs(live) do
       used = used + entry[2]
@@ -441,13 +448,10 @@ local function look_rate(key, algorithm, window, refundable)
         return freed_after(live, 1, slice, window)
       end,
       take = function(cost)
-        local bucket, epoch = math.floor(now / slice), 0
-        if refundable then
-          epoch = tonumber(call('HGET', key, 'e'))
-          if not epoch then
-            epoch = now
-            call('HSET', key, 'e', epoch)
-          end
+        local bucket = math.floor(now / slice)
+        if not epoch then
+          epoch = now
+          call('HSET', key, 'e', epoch)
         end
         call('HINCRBY', key, bucket, cost)
         call('PEXPIRE', key, window + slice)
@@ -508,7 +512,7 @@ local function give_back(key, algorithm, slot, epoch, tokens)
 end
 
 -- Looks at the policies whose counters are keys[k0..k1] and whose (algorithm, limit, window,
--- cost, '1' for a budget's counter else '0') are args[a0..]: their states, the 1-based index of
+-- cost) are args[a0..]: their states, the 1-based index of
 -- the first that cannot take its cost more (0: none) and when it could. `scale` multiplies
 -- every cost (0: only looking).
 local function look_rates(keys, k0, k1, args, a0, scale)
@@ -517,8 +521,8 @@ local function look_rates(keys, k0, k1, args, a0, scale)
   end
   local states, refused, retry = {}, 0, 0
   for i = k0, k1 do
-    local at = a0 + (i - k0) * 5
-    local state = look_rate(keys[i], args[at], num(args[at + 2]), args[at + 4] == '1')
+    local at = a0 + (i - k0) * 4
+    local state = look_rate(keys[i], args[at], num(args[at + 2]))
     state.limit = num(args[at + 1])
     state.cost = num(args[at + 3]) * scale
     states[#states + 1] = state

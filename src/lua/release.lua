@@ -13,7 +13,10 @@
 -- and goes costs its pool no index upkeep. The holder stays in the tag's holders with nothing
 -- there, so its next acquire finds its entry alive instead of building it again: it leaves when
 -- its manager closes (depart.lua), or, if it died, when the reaper finds its entry expired.
--- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0.
+-- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0;
+-- or, for a lease whose removal failed in a pool (a key of another type there), the error's
+-- text: its members are removed from its other pools all the same, and the others of the call
+-- are released (one bad lease failing the whole call would fail every retry of it too).
 local holder = ARGV[2] -- the core's decimal text, as stored
 local released = 0
 local present_each = {}
@@ -24,15 +27,20 @@ while i <= #ARGV do
   local id = ARGV[i]
   local shape = shape_of(ARGV[i + 1])
   local weight, holders = shape[1], KEYS[shape[2]]
-  local removed = 0
+  local removed, failure = 0, nil
   for j = 1, shape[3] do
-    removed = removed + remove_members(KEYS[shape[3 + j]], id, weight)
+    local done, count = pcall(remove_members, KEYS[shape[3 + j]], id, weight)
+    if done then
+      removed = removed + count
+    else
+      failure = failure or error_text(count)
+    end
   end
   if removed > 0 then
     released = released + 1
     removed_in[holders] = (removed_in[holders] or 0) + removed
   end
-  present_each[#present_each + 1] = removed > 0 and 1 or 0
+  present_each[#present_each + 1] = failure or (removed > 0 and 1 or 0)
   i = i + 2
 end
 for holders, removed in pairs(removed_in) do

@@ -1,11 +1,19 @@
 -- Revoke every live lease of one user, in every process: the leases in the user's own pool are
--- listed as revoked in the tag, and the tag's revocation count goes up; each holder reads that
--- count with its keep-alive (keepalive.lua), lists the revoked leases (revoked.lua) and ends and
--- releases those it holds, within one renewal period. Nothing is removed here, so no other
--- lease of the user's or of anyone's is touched, and a holder that died frees its slots by
--- expiry as always. With a ban, acquire.lua refuses the user's new streams until it ends.
+-- listed as revoked in the tag, and the tag's revocation stamp changes; each holder reads that
+-- stamp with its keep-alive (keepalive.lua), and one that finds it changed lists the revoked
+-- leases (revoked.lua) and ends and releases those it holds, within one renewal period.
+-- Nothing is removed here, so no other lease of the user's or of anyone's is touched, and a
+-- holder that died frees its slots by expiry as always. With a ban, acquire.lua refuses the
+-- user's new streams until it ends.
+-- The stamp must never take a value a holder saw before, or that holder would see no change:
+-- the key expires (an hour after the last revoke) and a restart or a failover may lose it, so
+-- a count made again from 0 would repeat values. So the stamp is the server's TIME in
+-- microseconds, or the last stamp plus 1 when that is not above it: it only grows while the
+-- key lives, and a key made again starts from the clock, above every stamp made before unless
+-- the clock stepped back; holders compare for inequality, so even then only the very
+-- microsecond a holder saw last would go unseen.
 -- KEYS[1]: the user's own pool; KEYS[2]: its tag's holders (<holders>:revoked is the sorted set
--- of revoked lease ids by the time they are forgotten, <holders>:revocations the count).
+-- of revoked lease ids by the time they are forgotten, <holders>:revocations the stamp).
 -- ARGV[1]: ban in ms (0: none; a longer ban already set is kept); ARGV[2]: how long the
 -- revoked ids are remembered in ms (a holder that was away longer has lost them anyway).
 -- Returns the number of leases revoked.
@@ -27,8 +35,10 @@ end
 call('ZREMRANGEBYSCORE', revoked, '-inf', now)
 if count > 0 then
   local revocations = holders .. ':revocations'
-  call('INCR', revocations)
-  call('PEXPIRE', revocations, math.max(IDLE_MS, remember))
+  local t = call('TIME')
+  local stamp = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]),
+    (tonumber(call('GET', revocations)) or 0) + 1)
+  call('SET', revocations, string.format('%.0f', stamp), 'PX', math.max(IDLE_MS, remember))
   call('PEXPIRE', revoked, remember)
 end
 if ban > 0 then

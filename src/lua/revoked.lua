@@ -1,5 +1,5 @@
 -- The leases revoked in one tag (revoke.lua), for a holder whose keep-alive found the tag's
--- revocation count changed: it ends those of them it holds.
+-- revocation stamp changed: it ends those of them it holds.
 -- KEYS[1]: the tag's holders. ARGV: none.
 -- Returns the revoked lease ids.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).

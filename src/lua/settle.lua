@@ -18,7 +18,7 @@ for at = 1, #ARGV, 6 do
   local key, algorithm, window = KEYS[tonumber(ARGV[at])], ARGV[at + 1], tonumber(ARGV[at + 2])
   local tokens, slot, epoch = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
   if slot == 0 then
-    look_rate(key, algorithm, window, true).take(tokens)
+    look_rate(key, algorithm, window).take(tokens)
   else
     given = given + give_back(key, algorithm, slot, epoch, tokens)
   end

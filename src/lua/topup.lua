@@ -23,7 +23,7 @@ while at <= #ARGV do
     for j = at + 5, at + 2 + 3 * r, 3 do
       give_back(key, algorithm, tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]))
     end
-    local state = look_rate(key, algorithm, tonumber(ARGV[at + 3]), true)
+    local state = look_rate(key, algorithm, tonumber(ARGV[at + 3]))
     local left = math.max(tonumber(ARGV[at + 2]) - state.used, 0)
     room = room and math.min(room, left) or left
     states[i] = state

@@ -257,7 +257,8 @@ impl Manager {
     }
 
     /// Counters for monitoring: leases held by this process, lost and taken back so far, failed
-    /// renewal calls, leases waiting for another release try, members pruned, whether the manager is closed and
+    /// renewal calls, leases waiting for another release try, leases given up on release,
+    /// the hash tags its holder is in, members pruned, whether the manager is closed and
     /// the breaker open, and this process's waiters in line.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.core.stats();
@@ -268,6 +269,8 @@ impl Manager {
         dict.set_item("revoked", stats.leases.revoked)?;
         dict.set_item("renew_failures", stats.leases.renew_failures)?;
         dict.set_item("unremoved", stats.leases.unremoved)?;
+        dict.set_item("unreleasable", stats.leases.unreleasable)?;
+        dict.set_item("tags", stats.leases.tags)?;
         dict.set_item("pruned", stats.leases.pruned)?;
         dict.set_item("closed", stats.leases.closed)?;
         dict.set_item("breaker_open", stats.breaker_open)?;

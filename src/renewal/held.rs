@@ -140,6 +140,12 @@ impl Held {
         self.count
     }
 
+    /// Whether nothing is held nor in flight (acquires sent, releases not confirmed, the retry
+    /// list) in a tag (`holders`) of `store`.
+    pub fn is_idle(&self, store: Store, holders: &str) -> bool {
+        !self.side(store).contains_key(holders) && (store == Store::Fallback || !self.tallies.tracks(holders))
+    }
+
     /// The holders keys of one store's groups.
     pub fn groups(&self, store: Store) -> Vec<String> {
         self.side(store)

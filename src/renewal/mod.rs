@@ -11,7 +11,7 @@ mod round;
 mod sweep;
 mod tally;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,6 +66,11 @@ pub struct Counters {
     pub revoked: u64,
     /// Renewal calls that failed.
     pub renew_failures: u64,
+    /// Leases given up on release: Redis answered that removing them met an error (a key of
+    /// another type among their pools), which a retry would meet again.
+    pub unreleasable: u64,
+    /// Hash tags the holder is in (`joined`).
+    pub tags: usize,
     pub closed: bool,
 }
 
@@ -90,9 +95,12 @@ pub struct Leases {
     releases: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
     release_calls: Arc<GroupCommit<ReleaseCalls>>,
-    /// The holders keys of the tags where this manager's holder was granted a lease in Redis:
-    /// it stays there between leases, and leaves them on close (`depart`).
-    joined: Mutex<HashSet<Arc<str>>>,
+    /// The holders keys of the tags where this manager's holder was granted a lease in Redis,
+    /// each with whether a renewal round found it idle (nothing held nor in flight there) with
+    /// no grant there since: the holder stays in a tag between leases, leaves it at the next
+    /// round that finds it idle again (`leave_idle_tags`), so this process keeps state for the
+    /// tags it uses, not for every user it ever served, and leaves the rest on close (`depart`).
+    joined: Mutex<HashMap<Arc<str>, bool>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -101,10 +109,11 @@ pub struct Leases {
     lost: AtomicU64,
     reclaimed: AtomicU64,
     revoked: AtomicU64,
-    /// The count of revocations each group's keep-alive found last.
+    /// The revocation stamp each group's keep-alive found last.
     seen_revocations: Mutex<revoke::Seen>,
     pruned: AtomicU64,
     renew_failures: AtomicU64,
+    unreleasable: AtomicU64,
 }
 
 impl Drop for Leases {
@@ -138,7 +147,7 @@ impl Leases {
             owner_pid: AtomicU32::new(0),
             releases: TaskTracker::new(),
             release_calls,
-            joined: Mutex::new(HashSet::new()),
+            joined: Mutex::new(HashMap::new()),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -149,6 +158,7 @@ impl Leases {
             seen_revocations: Mutex::default(),
             pruned: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
+            unreleasable: AtomicU64::new(0),
         }
     }
 
@@ -216,7 +226,11 @@ impl Leases {
         };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         if record.store == Store::Main {
-            lock(&self.joined).insert(Arc::clone(&record.holders));
+            let mut joined = lock(&self.joined);
+            match joined.get_mut(&*record.holders) {
+                Some(idle) => *idle = false,
+                None => drop(joined.insert(Arc::clone(&record.holders), false)),
+            }
         }
         // Counted as held before it stops being in flight, so no figure in between misses it.
         if record.store == Store::Main {
@@ -266,7 +280,7 @@ impl Leases {
                 })
                 .now_or_never()
                 .expect("the memory backend never waits")
-                .map(|present| present == [true]);
+                .map(|answers| answers.into_iter().next().unwrap_or(Ok(false)));
             let done = self.after_release(record, released, settled).now_or_never();
             return Some(Releasing::Done(done.expect("the memory backend never waits")));
         }
@@ -287,23 +301,37 @@ impl Leases {
         self.after_release(&record, released, settled).await
     }
 
-    /// What follows a release's call: out of flight (or kept for another try), waiters woken,
-    /// and its budgets settled too when the release resolves (usage() then tells it).
+    /// What follows a release's call (`released`: the call's answer for this lease, see
+    /// `answered`): waiters woken, and its budgets settled too when the release resolves
+    /// (usage() then tells it).
     async fn after_release(
         &self,
         record: &Arc<LeaseRecord>,
-        released: CoreResult<bool>,
+        released: CoreResult<CoreResult<bool>>,
         settled: Option<JoinHandle<()>>,
     ) -> CoreResult<bool> {
-        match released {
-            Ok(_) => self.flight_end(record, true),
-            Err(_) => self.retry_later([Arc::clone(record)]),
-        }
+        self.answered(record, released.as_ref().ok());
         self.wake();
         if let Some(settled) = settled {
             let _ = settled.await;
         }
-        released
+        released.and_then(|answer| answer)
+    }
+
+    /// Takes in what a release call said of one lease (None: the call failed): done, whether
+    /// Redis still had it or not; kept for another try when the call failed; given up, and
+    /// counted, when the call answered that removing this lease met an error (a key of another
+    /// type among its pools): the script removed it from its other pools, and a retry would
+    /// meet the same error every round.
+    fn answered(&self, record: &Arc<LeaseRecord>, answer: Option<&CoreResult<bool>>) {
+        match answer {
+            Some(Ok(_)) => self.flight_end(record, true),
+            Some(Err(_)) => {
+                self.unreleasable.fetch_add(1, Ordering::Relaxed);
+                self.flight_end(record, true);
+            }
+            None => self.retry_later([Arc::clone(record)]),
+        }
     }
 
     /// Starts the release without waiting for it; true if this call released the lease.
@@ -319,7 +347,7 @@ impl Leases {
     }
 
     /// Releases many leases, in batched script calls, a few in flight; the leases of a call that
-    /// fails are kept for another try.
+    /// fails are kept for another try (see `answered`).
     async fn release_all(&self, leases: &[Arc<LeaseRecord>]) -> CoreResult<u64> {
         let mut releases = Vec::new();
         for store in [Store::Fallback, Store::Main] {
@@ -343,11 +371,16 @@ impl Leases {
                     .stores
                     .call(store, |backend| backend.release(&batch, line))
                     .await;
-                match released {
-                    Ok(_) => batch.iter().for_each(|record| self.flight_end(record, true)),
+                match &released {
+                    Ok(answers) => {
+                        for (record, answer) in batch.iter().zip(answers) {
+                            self.answered(record, Some(answer));
+                        }
+                    }
                     Err(_) => self.retry_later(batch),
                 }
-                released.map(|present| present.iter().filter(|&&p| p).count() as u64)
+                released
+                    .map(|answers| answers.iter().filter(|answer| matches!(answer, Ok(true))).count() as u64)
             }));
         }
         // Closing a manager that holds 100,000 leases makes a hundred calls.
@@ -383,17 +416,47 @@ impl Leases {
         }
     }
 
-    /// Leaves every tag this manager joined where it holds nothing now (a failure leaves the
-    /// holder's entry to expire and the reaper). Not from a forked child: the tags are its
-    /// parent's.
+    /// Leaves every tag this manager joined where it holds nothing now.
     async fn depart(&self) {
+        let joined = lock(&self.joined).drain().map(|(holders, _)| holders).collect();
+        self.depart_from(joined).await;
+    }
+
+    /// At a renewal round: leaves the tags found idle (nothing held nor in flight there) at the
+    /// last round too, with no grant there since, and marks those idle now. A lease that comes
+    /// meanwhile is safe: `depart.lua` leaves no tag where the holder has members, and an
+    /// acquire after it registers the holder again (and joins the tag again here).
+    pub(super) async fn leave_idle_tags(&self) {
+        let idle = {
+            let held = lock(&self.held);
+            let mut joined = lock(&self.joined);
+            let mut idle = Vec::new();
+            joined.retain(|holders, was_idle| {
+                if !held.is_idle(Store::Main, holders) {
+                    *was_idle = false;
+                    return true;
+                }
+                if *was_idle {
+                    idle.push(Arc::clone(holders));
+                    return false;
+                }
+                *was_idle = true;
+                true
+            });
+            idle
+        };
+        if !idle.is_empty() {
+            self.depart_from(idle).await;
+        }
+    }
+
+    /// Leaves the tags of `holders_keys` where the holder holds nothing now (a failure leaves
+    /// its entry to expire and the reaper). Not from a forked child: the tags are its parent's.
+    async fn depart_from(&self, holders_keys: Vec<Arc<str>>) {
         if self.in_forked_child() {
             return;
         }
-        let mut joined: Vec<String> = lock(&self.joined)
-            .drain()
-            .map(|holders| holders.to_string())
-            .collect();
+        let mut joined: Vec<String> = holders_keys.iter().map(|holders| holders.to_string()).collect();
         let one_slot = self.stores.get(Store::Main).is_cluster();
         joined.sort_unstable_by(|a, b| keys::hash_tag(a).cmp(keys::hash_tag(b)));
         let groups: Vec<&[String]> = if one_slot {
@@ -451,6 +514,8 @@ impl Leases {
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             revoked: self.revoked.load(Ordering::Relaxed),
             renew_failures: self.renew_failures.load(Ordering::Relaxed),
+            unreleasable: self.unreleasable.load(Ordering::Relaxed),
+            tags: lock(&self.joined).len(),
             closed: self.is_closed(),
         }
     }

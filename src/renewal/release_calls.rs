@@ -18,14 +18,15 @@ pub struct ReleaseCalls {
 
 impl Batches for ReleaseCalls {
     type Request = Arc<LeaseRecord>;
-    /// Whether Redis still had the lease.
-    type Answer = bool;
+    /// Whether Redis still had the lease, or the error it met removing this one (the call
+    /// itself answered: the others of the batch are released).
+    type Answer = CoreResult<bool>;
 
     fn together(&self, first: &Arc<LeaseRecord>, other: &Arc<LeaseRecord>) -> bool {
         !self.stores.get(Store::Main).is_cluster() || first.hash_tag() == other.hash_tag()
     }
 
-    async fn send(&self, leases: &[Arc<LeaseRecord>]) -> Vec<CoreResult<bool>> {
+    async fn send(&self, leases: &[Arc<LeaseRecord>]) -> Vec<CoreResult<CoreResult<bool>>> {
         let mut answers = Vec::with_capacity(leases.len());
         for batch in batches(leases, false) {
             let line = self.line.as_ref();
@@ -42,5 +43,5 @@ impl Batches for ReleaseCalls {
     }
 
     /// A release runs from a task that is never cancelled: always answered.
-    async fn unanswered(&self, _lease: Arc<LeaseRecord>, _present: bool) {}
+    async fn unanswered(&self, _lease: Arc<LeaseRecord>, _present: CoreResult<bool>) {}
 }

@@ -1,6 +1,6 @@
 //! Revoked leases: an operator ends a user's streams in every process (`Manager::revoke`). Each
 //! process ends those it holds and releases them: the one that revoked at once, the others when
-//! their keep-alive finds a tag's count of revocations changed and lists the revoked ids.
+//! their keep-alive finds a tag's revocation stamp changed and lists the revoked ids.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -11,7 +11,7 @@ use crate::backend::{Kept, RoundReport};
 use crate::lease::{LeaseRecord, Store};
 use crate::sync::lock;
 
-/// The count of revocations seen last per group (holders key) of the main store.
+/// The revocation stamp seen last per group (holders key) of the main store.
 #[derive(Default)]
 pub struct Seen {
     counts: HashMap<String, u64>,
@@ -60,7 +60,7 @@ impl Leases {
             .count()
     }
 
-    /// After the main store's keep-alive: in each group whose count of revocations changed,
+    /// After the main store's keep-alive: in each group whose revocation stamp changed,
     /// ends the leases held that are listed as revoked. A failed listing is made again next
     /// round.
     pub(super) async fn end_listed(self: &Arc<Self>, kept: &[Kept], report: &mut RoundReport) {

@@ -6,8 +6,8 @@
 //! members missing), and has the extra members pruned at the next round, in two steps: the
 //! leases listed (`strays.lua`) that are neither held nor in flight by then are removed by id
 //! (`prune.lua`). Then
-//! leases whose removal failed are removed again. A failed call leaves its leases to the next
-//! round, and to their deadlines.
+//! leases whose removal failed are removed again, and the tags idle for a whole round are left.
+//! A failed call leaves its leases to the next round, and to their deadlines.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -65,6 +65,7 @@ impl Leases {
             // What fails is kept for the next round.
             let _ = self.release_all(&released_meanwhile).await;
         }
+        self.leave_idle_tags().await;
     }
 
     /// Keeps one store's groups alive; checks the leases of groups short of members one by one

@@ -68,6 +68,12 @@ impl Tallies {
         }
     }
 
+    /// Whether anything is held or in flight in a tag, or its keep-alive's count is still to be
+    /// judged.
+    pub fn tracks(&self, holders: &str) -> bool {
+        self.by_tag.contains_key(holders)
+    }
+
     /// A lease became held (`held`), or stopped being held.
     pub fn hold(&mut self, record: &LeaseRecord, held: bool) {
         let units = record.units();

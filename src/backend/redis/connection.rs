@@ -323,6 +323,15 @@ impl Link {
         ))
     }
 
+    /// An error a script caught and answered as text (one request's of a batch), mapped as if
+    /// Redis had answered it for a call of its own.
+    pub fn error_text(&self, message: &str) -> CoreError {
+        match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(error)) => self.error(&error.into()),
+            _ => CoreError::Backend(format!("Redis answered with an error: {message}")),
+        }
+    }
+
     /// Maps a redis-rs error to what the user can act on.
     pub fn error(&self, err: &redis::RedisError) -> CoreError {
         let target = &self.target;

@@ -20,7 +20,7 @@ use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::group_commit::{Batches, GroupCommit};
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp, Unit};
+use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 use redis::{FromRedisValue, Value};
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
@@ -128,6 +128,7 @@ impl RedisBackend {
         let undo = Undo {
             lease: Arc::clone(lease),
             waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
+            rates: rates.clone(),
         };
         let reply = self
             .acquires
@@ -205,7 +206,7 @@ impl RedisBackend {
         &self,
         leases: &[Arc<LeaseRecord>],
         line: Option<&LineKeys>,
-    ) -> CoreResult<Vec<bool>> {
+    ) -> CoreResult<Vec<CoreResult<bool>>> {
         // A cluster's batch is of one slot: the line joins it only when it shares that slot
         // (without a global pool, users' own tags have no line).
         let line = line.filter(|line| {
@@ -216,11 +217,21 @@ impl RedisBackend {
         });
         let line = line.map(|line| (line, self.wake_channel(line)));
         let invocation = release_invocation(leases, line, self.holder);
-        let present: Vec<u64> = self.link.run(&invocation).await?;
-        if present.len() != leases.len() {
-            return Err(unexpected_reply("release", &present));
+        let reply: Vec<Value> = self.link.run(&invocation).await?;
+        if reply.len() != leases.len() {
+            return Err(unexpected_reply("release", &reply));
         }
-        Ok(present.into_iter().map(|flag| flag == 1).collect())
+        reply
+            .iter()
+            .map(|answer| match answer {
+                Value::Int(present) => Ok(Ok(*present == 1)),
+                Value::BulkString(_) | Value::SimpleString(_) => {
+                    let message = String::from_redis_value_ref(answer).unwrap_or_default();
+                    Ok(Err(self.link.error_text(&message)))
+                }
+                _ => Err(unexpected_reply("release", &reply)),
+            })
+            .collect()
     }
 
     /// Calls `woken` for every wake-up published on the line's channel, until the subscription
@@ -343,24 +354,10 @@ impl RedisBackend {
     }
 
     pub async fn settle(&self, settlement: &Settlement) -> CoreResult<()> {
-        let Some(first) = settlement.adjustments.first() else {
-            return Ok(());
-        };
-        let marker = keys::settled_key(&first.key, &settlement.id);
-        let mut invocation = scripts::SETTLE.prepare_invoke();
-        let mut keys = KeyIndex::default();
-        keys.index(&mut invocation, &marker);
-        for adjustment in &settlement.adjustments {
-            let index = keys.index(&mut invocation, &adjustment.key);
-            invocation
-                .arg(index)
-                .arg(adjustment.policy.algorithm.code())
-                .arg(adjustment.policy.window_ms)
-                .arg(adjustment.tokens)
-                .arg(adjustment.refund_from.map_or(0, |b| b.slot))
-                .arg(adjustment.refund_from.map_or(0, |b| b.epoch));
+        match settle_invocation(settlement) {
+            Some(invocation) => self.link.run::<i64>(&invocation).await.map(drop),
+            None => Ok(()),
         }
-        self.link.run::<i64>(&invocation).await.map(drop)
     }
 
     /// `pool_keys`: at least one, all of one tag.
@@ -392,10 +389,12 @@ struct OneCall {
     undo: Option<Undo>,
 }
 
-/// An acquire's lease, and the line and id of its waiter.
+/// An acquire's lease, the line and id of its waiter, and what its grant takes from rate
+/// policies.
 struct Undo {
     lease: Arc<LeaseRecord>,
     waiter: Option<(LineKeys, String)>,
+    rates: RateCheck,
 }
 
 impl OneCall {
@@ -475,14 +474,25 @@ impl Batches for BatchedCalls {
     }
 
     /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter):
-    /// its grant is released (without a wake-up: waiters look again within a second), its place
-    /// in line given up. A hit that counted stays counted.
+    /// its grant gives back all it took, its slots (released without a wake-up: waiters look
+    /// again within a second), its reservation and its rate units; its place in line is given
+    /// up. A failed call leaves an over-count, never an under-count. A hit that counted stays
+    /// counted.
     async fn unanswered(&self, request: OneCall, reply: Vec<u64>) {
         let Some(undo) = request.undo else {
             return;
         };
         let invocation = match (reply.first(), &undo.waiter) {
-            (Some(&GRANTED), _) => release_invocation(&[undo.lease], None, self.holder),
+            (Some(&GRANTED), _) => {
+                let taken = reply.get(2 + undo.lease.pools.len()..).unwrap_or_default();
+                let decisions = decisions(&undo.rates.policies, taken);
+                let refunds = undo.rates.refunds(&decisions, 0..decisions.len());
+                let untaken = Settlement::untaken(undo.lease.id.as_str(), refunds);
+                if let Some(refund) = settle_invocation(&untaken) {
+                    let _ = self.link.run::<Value>(&refund).await;
+                }
+                release_invocation(&[undo.lease], None, self.holder)
+            }
             (Some(&WAIT), Some((line, waiter_id))) => leave_invocation(line, waiter_id, self.holder),
             _ => return,
         };
@@ -501,28 +511,21 @@ impl BatchedCalls {
         if let Value::Array(items) = &reply {
             if let [Value::Int(FAILED), message] = items.as_slice() {
                 let message = String::from_redis_value_ref(message).unwrap_or_default();
-                return Err(
-                    match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
-                        Ok(Value::ServerError(error)) => self.link.error(&error.into()),
-                        _ => CoreError::Backend(format!("Redis answered with an error: {message}")),
-                    },
-                );
+                return Err(self.link.error_text(&message));
             }
         }
         Vec::<u64>::from_redis_value_ref(&reply).map_err(|_| unexpected_reply(self.name(), &reply))
     }
 }
 
-/// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost, and
-/// whether it is a budget (whose counter keeps an epoch for refunds).
+/// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost.
 fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
     for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
             .arg(policy.window_ms)
-            .arg(cost)
-            .arg(u8::from(policy.unit != Unit::Requests));
+            .arg(cost);
     }
 }
 
@@ -594,6 +597,26 @@ fn release_invocation(
         };
         invocation.arg(holder);
     })
+}
+
+/// settle.lua's call for a settlement; None when it changes nothing.
+fn settle_invocation(settlement: &Settlement) -> Option<Invocation> {
+    let first = settlement.adjustments.first()?;
+    let marker = keys::settled_key(&first.key, &settlement.id);
+    let mut invocation = scripts::SETTLE.prepare_invoke();
+    let mut keys = KeyIndex::default();
+    keys.index(&mut invocation, &marker);
+    for adjustment in &settlement.adjustments {
+        let index = keys.index(&mut invocation, &adjustment.key);
+        invocation
+            .arg(index)
+            .arg(adjustment.policy.algorithm.code())
+            .arg(adjustment.policy.window_ms)
+            .arg(adjustment.tokens)
+            .arg(adjustment.refund_from.map_or(0, |b| b.slot))
+            .arg(adjustment.refund_from.map_or(0, |b| b.epoch));
+    }
+    Some(invocation)
 }
 
 /// leave.lua's call: a waiter out of the line.
