@@ -434,10 +434,11 @@ class StreamLeaseManager:
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Drains this worker for a rolling deploy: stops admitting at once (new acquires get
-        :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere),
-        waits up to ``timeout`` seconds for the streams it holds to end, ends the rest as
-        revoked (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and
-        closes the manager, releasing everything. Call it in the app's shutdown."""
+        :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere;
+        acquires waiting in line end with it at once, giving up their places), waits up to
+        ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
+        (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
+        manager, releasing everything. Call it in the app's shutdown."""
         self._core.refuse_new()
         held = self._core.stats()["held"]
         log.info(

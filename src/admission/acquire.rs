@@ -249,9 +249,15 @@ impl Manager {
         // Set once in line: this process's earliest waiter speaks for all of its waiters.
         let mut local_turn: Option<LocalTurn<'_>> = None;
         loop {
+            // A drain or a close ends every waiting acquire at once; the cleanup gives up its
+            // place in the line.
+            if self.leases.is_closed() {
+                return Err(CoreError::Closed);
+            }
             if let Some(turn) = local_turn.as_ref().filter(|t| !t.is_first()) {
                 tokio::select! {
                     _ = turn.turn.notified() => continue,
+                    _ = self.leases.closing() => continue,
                     _ = tokio::time::sleep_until(deadline) => return Err(self.waited_too_long(&record, wait)),
                 }
             }
@@ -327,6 +333,7 @@ impl Manager {
             }
             tokio::select! {
                 _ = freed.changed() => {}
+                _ = self.leases.closing() => {}
                 _ = tokio::time::sleep(RECHECK_WAITING.min(deadline - now)) => {}
             }
         }
