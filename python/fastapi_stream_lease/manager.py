@@ -162,7 +162,8 @@ class StreamLeaseManager:
         per-user cap for this call (a paid tier, say; 0 = no limit). When a shared pool (the
         global pool, a resource) has no room beyond what its earlier waiters need, waits in that
         pool's line, across every worker, up to ``wait_timeout`` seconds (default:
-        ``LeaseConfig.wait_timeout``); a user over their own cap is refused at once. Each
+        ``LeaseConfig.wait_timeout``); a user over their own cap, counting their requests
+        already waiting, is refused at once. Each
         pool's line serves higher ``priority`` first (0 to 9), then users in turn (round robin,
         first come first served within a user; ``LeaseConfig(line_order="arrival")`` for first
         come, first served). Pass the ``request`` so that a client that goes away while waiting

@@ -2,8 +2,9 @@
 //! knows its place in the line of each of its pools (as Redis gave it); it talks to Redis (when
 //! woken by a release, at a periodic check, and to keep all of this process's waiters alive in
 //! the shared line with one write) only while no waiter here stands before it in one of those
-//! lines. The others sleep until their turn, so the Redis work of waiting grows with releases,
-//! processes and pools, not with the number of waiters.
+//! lines, or once the heartbeat says its place went to another user's waiter. The others sleep
+//! until their turn, so the Redis work of waiting grows with releases, processes and pools, not
+//! with the number of waiters.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -291,6 +292,17 @@ mod tests {
         assert!(bob_1.has_turn() && !alice_2.has_turn());
         let same_place = line.join(4, vec![("db".to_owned(), 1)], "a0");
         assert!(same_place.has_turn(), "equal places go by id, as in Redis");
+    }
+
+    #[test]
+    fn a_displaced_waiter_calls_at_once() {
+        let line = LocalLine::default();
+        let first = line.join(1, vec![("db".to_owned(), 1)], "a");
+        let later = line.join(2, vec![("db".to_owned(), 2)], "b");
+        assert!(!later.has_turn());
+        line.displace(&["b".to_owned()]);
+        assert!(later.has_turn(), "its call learns why it lost its place");
+        assert!(first.has_turn());
     }
 
     #[test]
