@@ -121,3 +121,15 @@ async def test_a_drain_ends_the_workers_waiting_acquires_and_frees_their_places(
         await manager.acquire("late", wait_timeout=60)
     await holder.release()
     await draining
+
+
+async def test_aclose_ends_the_waiting_acquires_too(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("holder")
+    waiters = [asyncio.create_task(manager.acquire(f"user{i}", wait_timeout=60)) for i in range(3)]
+    await eventually(lambda: manager.stats()["waiting"] == 3, what="3 waiters in line")
+    await manager.aclose()
+    await eventually(lambda: all(w.done() for w in waiters), what="the waiters to end")
+    for waiter in waiters:
+        assert isinstance(waiter.exception(), ManagerClosed), waiter.exception()
+    assert manager.stats()["held"] == 0 and holder.released
