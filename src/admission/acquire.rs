@@ -332,8 +332,7 @@ impl Manager {
                 .await;
                 // Waiters here whose places went to other users' waiters learn it at once (this
                 // one may be among them).
-                if let Some(displaced) = displaced.ok().filter(|ids| !ids.is_empty()) {
-                    self.local_line.displace(&displaced);
+                if displaced.is_ok_and(|ids| self.local_line.displace(&ids)) {
                     continue;
                 }
             }

@@ -167,13 +167,16 @@ impl LocalLine {
     }
 
     /// Wakes the waiters among `ids` whose places went to other users' waiters (a heartbeat
-    /// said so): each calls at once, and is told.
-    pub fn displace(&self, ids: &[String]) {
+    /// said so): each calls at once, and is told. Returns whether any of them waits here.
+    pub fn displace(&self, ids: &[String]) -> bool {
         let turns = lock(&self.turns);
+        let mut any = false;
         for waiting in turns.before(None).filter(|waiting| ids.contains(&waiting.id)) {
             waiting.displaced.store(true, Ordering::Relaxed);
             waiting.turn.notify_one();
+            any = true;
         }
+        any
     }
 
     pub fn len(&self) -> usize {
@@ -300,7 +303,11 @@ mod tests {
         let first = line.join(1, vec![("db".to_owned(), 1)], "a");
         let later = line.join(2, vec![("db".to_owned(), 2)], "b");
         assert!(!later.has_turn());
-        line.displace(&["b".to_owned()]);
+        assert!(
+            !line.displace(&["gone".to_owned()]),
+            "a waiter that ended is not here"
+        );
+        assert!(line.displace(&["b".to_owned()]));
         assert!(later.has_turn(), "its call learns why it lost its place");
         assert!(first.has_turn());
     }
