@@ -24,8 +24,9 @@ pub struct Rejection {
 pub enum CoreError {
     /// A pool is full.
     Rejected(Rejection),
-    /// A pool's line holds `max_waiting` waiters (`capacity`) already (`current`: waiting).
-    LineFull(Rejection),
+    /// A pool's line holds `max_waiting` waiters (`capacity`) already (`current`: waiting);
+    /// `displaced`: the waiter had a place there, which went to another user's first waiter.
+    LineFull { full: Rejection, displaced: bool },
     /// A request-rate policy refused (nothing was consumed anywhere); `refused` is set.
     RateLimited(HitOutcome),
     /// A stream ran out of token budget (the policy's name) under `on_budget="cut"`.
@@ -65,9 +66,14 @@ impl fmt::Display for CoreError {
                 r.limit,
                 retry_after_seconds(r.retry_after_ms)
             ),
-            CoreError::LineFull(r) => write!(
+            CoreError::LineFull { full: r, displaced } => write!(
                 f,
-                "the line for {} is full ({} waiting, max_waiting={}); retry in {} s",
+                "{}the line for {} is full ({} waiting, max_waiting={}); retry in {} s",
+                if *displaced {
+                    "this request's place in line went to another user's first waiter, as its user had the most places there: "
+                } else {
+                    ""
+                },
                 r.limit,
                 r.current,
                 r.capacity,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis as redis_py
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
@@ -15,6 +16,8 @@ from fastapi_stream_lease import (
     ManagerClosed,
     StreamLeaseRejected,
 )
+
+from support.waiting import eventually
 
 
 async def ticks(count: int, pause: float):
@@ -89,3 +92,44 @@ def test_register_exception_handlers_answers_429(make_manager):
     with TestClient(app) as client:
         response = client.get("/stream")
     assert response.status_code == 429 and "retry-after" in response.headers
+
+
+async def test_a_drain_ends_the_workers_waiting_acquires_and_frees_their_places(
+    make_manager, backend_url, key_prefix
+):
+    """Waiting acquires must not outlive the drain that refuses new streams: each ends at once
+    with the drain's ``ManagerClosed`` and gives up its place in the line, while the worker's
+    held stream still runs."""
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("holder")
+    waiters = [asyncio.create_task(manager.acquire(f"user{i}", wait_timeout=60)) for i in range(10)]
+    await eventually(lambda: manager.stats()["waiting"] == 10, what="10 waiters in line")
+    draining = asyncio.create_task(manager.drain(timeout=60))
+    await eventually(lambda: all(w.done() for w in waiters), what="the waiters to end")
+    for waiter in waiters:
+        assert isinstance(waiter.exception(), ManagerClosed), waiter.exception()
+    assert manager.stats()["waiting"] == 0 and not draining.done(), "the held stream still runs"
+    if backend_url != "memory://":
+        line = redis_py.Redis.from_url(backend_url)
+        await eventually(
+            lambda: line.zcard(f"{{{key_prefix}}}:line") == 0
+            and line.zcard(f"{{{key_prefix}}}:global|line") == 0,
+            what="their places in the shared line given up",
+        )
+        line.close()
+    with pytest.raises(ManagerClosed):
+        await manager.acquire("late", wait_timeout=60)
+    await holder.release()
+    await draining
+
+
+async def test_aclose_ends_the_waiting_acquires_too(make_manager):
+    manager = make_manager(max_per_user=0, max_global=1)
+    holder = await manager.acquire("holder")
+    waiters = [asyncio.create_task(manager.acquire(f"user{i}", wait_timeout=60)) for i in range(3)]
+    await eventually(lambda: manager.stats()["waiting"] == 3, what="3 waiters in line")
+    await manager.aclose()
+    await eventually(lambda: all(w.done() for w in waiters), what="the waiters to end")
+    for waiter in waiters:
+        assert isinstance(waiter.exception(), ManagerClosed), waiter.exception()
+    assert manager.stats()["held"] == 0 and holder.released

@@ -4,7 +4,9 @@ workers, with no polling; waiters that give up, are cancelled or die leave the l
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
+from collections import Counter
 
 import pytest
 
@@ -192,7 +194,8 @@ async def test_a_stray_waiter_of_a_live_process_is_taken_out(make_redis_manager,
     # line after leaving it). The process stays alive, so only its heartbeat can take it out.
     redis_client.zadd(line, {"stray": 0})
     pool = f"{{{key_prefix}}}:global"
-    redis_client.hset(f"{line}:needs", "stray", f"1 {pool}")  # one global slot, first in line
+    # one global slot, first in line (weight, process, user, pools)
+    redis_client.hset(f"{line}:needs", "stray", f"1 {holder.decode()} stray {pool}")
     redis_client.zadd(f"{pool}|line", {"stray": 0})
     redis_client.sadd(f"{line}:alive:{holder.decode()}", "stray")
     waiting = asyncio.create_task(manager.acquire("bob", wait_timeout=20))
@@ -437,3 +440,148 @@ async def test_a_line_that_never_empties_forgets_the_users_it_served(make_redis_
     following.cancel()
     await current.release()
 
+
+
+async def all_served(waiters: list[asyncio.Task]) -> None:
+    """Waits until every waiter is granted, each giving its slot back at once."""
+
+    async def pass_on(waiter: asyncio.Task) -> None:
+        await (await waiter).release()
+
+    await asyncio.wait_for(asyncio.gather(*map(pass_on, waiters)), 30)
+
+
+async def test_one_user_cannot_fill_a_line_with_waiters_its_quota_could_never_serve(
+    make_manager,
+):
+    """With max_per_user=2 one user queued 50 waiters and took every place of a 50-place line:
+    every other user, a priority-5 one included, got LineFull at once, and 48 of the 50 were
+    refused for the user's own cap at their turn anyway. Its waiters count against its quota
+    when they enter: the 48 are refused at once (429, its own cap), and the others find places."""
+    manager = make_manager(max_per_user=2, max_global=1, max_waiting=50)
+    holder = await manager.acquire("holder")
+    flood = [asyncio.create_task(manager.acquire("flood", wait_timeout=30)) for _ in range(50)]
+    await eventually(lambda: sum(t.done() for t in flood) == 48, what="48 of the flood refused")
+    for task in (t for t in flood if t.done()):
+        refused = task.exception()
+        assert isinstance(refused, StreamLeaseRejected) and not isinstance(refused, LineFull)
+        assert (refused.limit, refused.status_code) == ("per_user", 429), refused
+    await in_line(manager, 2, "the flood's two")
+    floods_two = [t for t in flood if not t.done()]
+    bob = await waiting(manager, "bob")
+    carol = await waiting(manager, "carol", priority=5)
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("flood")  # not waiting: its two waiters keep its quota
+    assert refused.value.limit == "per_user"
+    await holder.release()
+    lease = await asyncio.wait_for(carol, 10)  # the paid tier first, then users take turns
+    await lease.release()
+    await all_served([bob, *floods_two])
+    await count_is(manager, 0)
+
+
+async def test_a_full_line_gives_another_users_first_waiter_a_place(make_manager):
+    """A full line turned away every other user's first waiter while one user held all its
+    places. Such a waiter takes the place of the last waiter of the user with the most places,
+    which is refused with a LineFull that says so; a user who has a place already is refused as
+    before, and so is everyone once each user has only one place."""
+    manager = make_manager(max_per_user=0, max_global=1, max_waiting=3)
+    holder = await manager.acquire("holder")
+    flood = [await waiting(manager, "flood") for _ in range(3)]
+    bob = asyncio.create_task(manager.acquire("bob", wait_timeout=30))
+    await eventually(lambda: flood[2].done(), what="the flood's last waiter to give way")
+    given_up = flood[2].exception()
+    assert isinstance(given_up, LineFull) and given_up.displaced, given_up
+    assert given_up.status_code == 503 and "went to another user's first waiter" in str(given_up)
+    await in_line(manager, 3, "bob")
+    with pytest.raises(LineFull) as full:
+        await manager.acquire("bob", wait_timeout=30)  # bob has a place already
+    assert not full.value.displaced and "line for global is full" in str(full.value)
+    carol = await waiting(manager, "carol", priority=5)  # flood still has two places
+    await eventually(lambda: flood[1].done(), what="the flood's next waiter to give way")
+    assert flood[1].exception().displaced
+    with pytest.raises(LineFull):
+        await manager.acquire("dave", wait_timeout=30)  # one place each: nobody gives way
+    await holder.release()
+    await all_served([carol, flood[0], bob])
+    await count_is(manager, 0)
+
+
+async def settled(manager, tasks: list[asyncio.Task], arrival: int) -> None:
+    """Waits until each of the tasks has ended or has its place in this process's line, and
+    the waiters displaced by the last arrival have ended: the line holds at most 6 again."""
+
+    def done() -> bool:
+        in_line = sum(not t.done() for t in tasks)
+        return in_line == manager.stats()["waiting"] <= 6
+
+    await eventually(done, what=f"arrival {arrival} to settle")
+
+
+@pytest.mark.parametrize("max_per_user", [0, 3])
+async def test_users_flooding_a_line_keep_to_their_share(make_manager, max_per_user):
+    """Random arrivals of 8 users (weights 1 and 2, priorities 0 and 5) into a line of 6
+    that never moves: after each one settles, no user has more slots held and waiting than its
+    quota, the line holds at most 6, a waiter refused for a full line had a place for its user
+    already or found no user with two places, and a displaced waiter's user had the most."""
+    rng = random.Random(max_per_user)
+    manager = make_manager(max_per_user=max_per_user, max_global=2, max_waiting=6)
+    holder = await manager.acquire("holder", weight=2)
+    waiters: dict[asyncio.Task, tuple[str, int]] = {}
+    outcomes: Counter[str] = Counter()
+    for arrival in range(30):
+        user, weight = f"u{rng.randrange(8)}", rng.choice([1, 2])
+        before = Counter(user for task, (user, _) in waiters.items() if not task.done())
+        task = asyncio.create_task(
+            manager.acquire(user, weight=weight, priority=rng.choice([0, 5]), wait_timeout=60)
+        )
+        waiters[task] = (user, weight)
+
+        await settled(manager, list(waiters), arrival)
+        places = Counter(user for task, (user, _) in waiters.items() if not task.done())
+        for who in places:
+            weight_waiting = sum(w for t, (u, w) in waiters.items() if u == who and not t.done())
+            assert not max_per_user or weight_waiting <= max_per_user, (who, weight_waiting)
+        if task.done():
+            refused = task.exception()
+            assert isinstance(refused, StreamLeaseRejected), refused
+            if isinstance(refused, LineFull):
+                outcomes["line full"] += 1
+                assert sum(before.values()) == 6
+                assert before[user] > 0 or max(before.values()) <= 1, (user, before)
+            else:
+                outcomes["over quota"] += 1
+                assert max_per_user and refused.limit == "per_user", refused
+        for gone in [t for t in waiters if t.done() and t is not task]:
+            refused = gone.exception()
+            assert isinstance(refused, LineFull) and refused.displaced, refused
+            outcomes["displaced"] += 1
+            victim = waiters[gone][0]
+            assert before[victim] == max(before.values()) >= 2, (victim, before)
+            assert places[user] == 1, "the place went to a user's first waiter"
+        waiters = {t: w for t, w in waiters.items() if not t.done()}
+    assert outcomes["displaced"] and outcomes["line full"], outcomes
+    assert outcomes["over quota"] or not max_per_user, outcomes
+    await holder.release()
+    for task in list(waiters):
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    await count_is(manager, 0)
+
+
+@pytest.mark.parametrize("own_waits", [False, True])
+async def test_a_users_streams_and_waiters_together_keep_to_its_quota(make_manager, own_waits):
+    """With max_per_user=2, a user holding one stream has at most one waiter; with
+    wait_for_own_quota=True, one holding two streams may have two waiters."""
+    manager = make_manager(max_per_user=2, max_global=3, wait_for_own_quota=own_waits)
+    held = [await manager.acquire("alice") for _ in range(2 if own_waits else 1)]
+    others = [await manager.acquire("holder") for _ in range(3 - len(held))]  # global is full
+    waiters = [await waiting(manager, "alice") for _ in range(2 if own_waits else 1)]
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice", wait_timeout=30)
+    assert (refused.value.limit, refused.value.status_code) == ("per_user", 429)
+    assert not isinstance(refused.value, LineFull)
+    for lease in held + others:
+        await lease.release()
+    await all_served(waiters)
+    await count_is(manager, 0)

@@ -119,22 +119,33 @@ class LineFull(StreamLeaseRejected):
     refused at once (503 for a shared pool, 429 for the user's own under
     ``wait_for_own_quota``), with ``Retry-After`` from the line's recent service rate.
     ``waiting`` and ``max_waiting`` are the line's figures; ``capacity`` and ``current`` are
-    None."""
+    None. ``displaced`` is True for a waiter that had a place there and lost it to another
+    user's first waiter, its own user having the most places in that line."""
 
     title: ClassVar[str] = "Waiting line full"
 
     def __init__(
-        self, message: str, limit: str, max_waiting: int, waiting: int, retry_after: int
+        self,
+        message: str,
+        limit: str,
+        max_waiting: int,
+        waiting: int,
+        retry_after: int,
+        displaced: bool = False,
     ) -> None:
         super().__init__(message, limit, None, None, retry_after)
         self.max_waiting = max_waiting
         self.waiting = waiting
+        self.displaced = displaced
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
             type(self),
-            (str(self), self.limit, self.max_waiting, self.waiting, self.retry_after),
-        )
+            (
+                str(self), self.limit, self.max_waiting, self.waiting, self.retry_after,
+                self.displaced,
+            ),
+        )  # fmt: skip
 
 
 class RateLimited(StreamLeaseError):

@@ -164,7 +164,8 @@ class StreamLeaseManager:
         per-user cap for this call (a paid tier, say; 0 = no limit). When a shared pool (the
         global pool, a resource) has no room beyond what its earlier waiters need, waits in that
         pool's line, across every worker, up to ``wait_timeout`` seconds (default:
-        ``LeaseConfig.wait_timeout``); a user over their own cap is refused at once. Each
+        ``LeaseConfig.wait_timeout``); a user over their own cap, counting their requests
+        already waiting, is refused at once. Each
         pool's line serves higher ``priority`` first (0 to 9), then users in turn (round robin,
         first come first served within a user; ``LeaseConfig(line_order="arrival")`` for first
         come, first served). Pass the ``request`` so that a client that goes away while waiting
@@ -450,10 +451,11 @@ class StreamLeaseManager:
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Drains this worker for a rolling deploy: stops admitting at once (new acquires get
-        :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere),
-        waits up to ``timeout`` seconds for the streams it holds to end, ends the rest as
-        revoked (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and
-        closes the manager, releasing everything. Call it in the app's shutdown."""
+        :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere;
+        acquires waiting in line end with it at once, giving up their places), waits up to
+        ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
+        (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
+        manager, releasing everything. Call it in the app's shutdown."""
         self._core.refuse_new()
         held = self._core.stats()["held"]
         log.info(

@@ -258,9 +258,15 @@ impl Manager {
         // Set once in line: this process's earliest waiter speaks for all of its waiters.
         let mut local_turn: Option<LocalTurn<'_>> = None;
         loop {
-            if let Some(turn) = local_turn.as_ref().filter(|t| !t.is_first()) {
+            // A drain or a close ends every waiting acquire at once; the cleanup gives up its
+            // place in the line.
+            if self.leases.is_closed() {
+                return Err(CoreError::Closed);
+            }
+            if let Some(turn) = local_turn.as_ref().filter(|t| !t.has_turn()) {
                 tokio::select! {
                     _ = turn.turn.notified() => continue,
+                    _ = self.leases.closing() => continue,
                     _ = tokio::time::sleep_until(deadline) => return Err(self.waited_too_long(&record, wait)),
                 }
             }
@@ -328,14 +334,20 @@ impl Manager {
             if let (Some(line), true) = (&self.line, self.local_line.heartbeat_due()) {
                 let ids = self.local_line.ids();
                 let ttl_ms = WAITER_TTL.as_millis() as u64;
-                let _ = Box::pin(
+                let displaced = Box::pin(
                     self.stores
                         .call(Store::Main, |main| main.heartbeat(line, &ids, ttl_ms)),
                 )
                 .await;
+                // Waiters here whose places went to other users' waiters learn it at once (this
+                // one may be among them).
+                if displaced.is_ok_and(|ids| self.local_line.displace(&ids)) {
+                    continue;
+                }
             }
             tokio::select! {
                 _ = freed.changed() => {}
+                _ = self.leases.closing() => {}
                 _ = tokio::time::sleep(RECHECK_WAITING.min(deadline - now)) => {}
             }
         }
@@ -501,11 +513,11 @@ impl Manager {
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 Err(CoreError::Rejected(rejection))
             }
-            AcquireOutcome::LineFull(mut full) => {
+            AcquireOutcome::LineFull { mut full, displaced } => {
                 record.mark_released();
                 self.leases.flight_end(&record, false);
                 full.retry_after_ms = full.retry_after_ms.clamp(1, self.config.retry_after_ms());
-                Err(CoreError::LineFull(full))
+                Err(CoreError::LineFull { full, displaced })
             }
             AcquireOutcome::Banned(ms_left) => {
                 record.mark_released();

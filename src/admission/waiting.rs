@@ -2,11 +2,12 @@
 //! knows its place in the line of each of its pools (as Redis gave it); it talks to Redis (when
 //! woken by a release, at a periodic check, and to keep all of this process's waiters alive in
 //! the shared line with one write) only while no waiter here stands before it in one of those
-//! lines. The others sleep until their turn, so the Redis work of waiting grows with releases,
-//! processes and pools, not with the number of waiters.
+//! lines, or once the heartbeat says its place went to another user's waiter. The others sleep
+//! until their turn, so the Redis work of waiting grows with releases, processes and pools, not
+//! with the number of waiters.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,12 +44,13 @@ pub fn waiter_id() -> String {
 /// repeat: the shared counter starts again when its key is lost).
 type Place = (u64, u64);
 
-/// One waiter here: what wakes it, its id, and its place in the line of each of its pools
-/// (pool key, place).
+/// One waiter here: what wakes it, its id, its place in the line of each of its pools (pool
+/// key, place), and whether its place went to another user's waiter (it calls to learn why).
 struct Waiting {
     turn: Arc<Notify>,
     id: String,
     places: Vec<(String, u64)>,
+    displaced: Arc<AtomicBool>,
 }
 
 impl Waiting {
@@ -103,6 +105,7 @@ pub struct LocalTurn<'a> {
     line: &'a LocalLine,
     place: Place,
     pub turn: Arc<Notify>,
+    displaced: Arc<AtomicBool>,
 }
 
 impl LocalTurn<'_> {
@@ -111,8 +114,12 @@ impl LocalTurn<'_> {
         self.place.0
     }
 
-    /// Whether no waiter here stands before it in one of its lines: its turn to ask Redis.
-    pub fn is_first(&self) -> bool {
+    /// Whether it asks Redis now: no waiter here stands before it in one of its lines, or its
+    /// place went to another user's waiter (the answer says so).
+    pub fn has_turn(&self) -> bool {
+        if self.displaced.load(Ordering::Relaxed) {
+            return true;
+        }
         let turns = lock(&self.line.turns);
         let Some(me) = turns.get(self.place) else {
             return true;
@@ -142,18 +149,34 @@ impl LocalLine {
     /// when no waiter here stands before it in one of them.
     pub fn join(&self, ticket: u64, places: Vec<(String, u64)>, id: &str) -> LocalTurn<'_> {
         let turn = Arc::new(Notify::new());
+        let displaced = Arc::new(AtomicBool::new(false));
         let place = (ticket, self.arrivals.fetch_add(1, Ordering::Relaxed));
         let waiting = Waiting {
             turn: Arc::clone(&turn),
             id: id.to_owned(),
             places,
+            displaced: Arc::clone(&displaced),
         };
         lock(&self.turns).insert(place, waiting);
         LocalTurn {
             line: self,
             place,
             turn,
+            displaced,
         }
+    }
+
+    /// Wakes the waiters among `ids` whose places went to other users' waiters (a heartbeat
+    /// said so): each calls at once, and is told. Returns whether any of them waits here.
+    pub fn displace(&self, ids: &[String]) -> bool {
+        let turns = lock(&self.turns);
+        let mut any = false;
+        for waiting in turns.before(None).filter(|waiting| ids.contains(&waiting.id)) {
+            waiting.displaced.store(true, Ordering::Relaxed);
+            waiting.turn.notify_one();
+            any = true;
+        }
+        any
     }
 
     pub fn len(&self) -> usize {
@@ -229,11 +252,11 @@ mod tests {
         let seven = line.join(7, db(7), "a");
         let three = line.join(3, db(3), "b"); // an earlier place that answered later
         let nine = line.join(9, db(9), "c");
-        assert!(three.is_first() && !seven.is_first());
+        assert!(three.has_turn() && !seven.has_turn());
         drop(seven); // a later waiter leaving changes nobody's turn
-        assert!(three.is_first());
+        assert!(three.has_turn());
         drop(three);
-        assert!(nine.is_first());
+        assert!(nine.has_turn());
         assert_eq!(
             line.ids().len(),
             3,
@@ -253,14 +276,14 @@ mod tests {
         let fs = line.join(2, places(&["fs"], 2), "b");
         let both = line.join(3, places(&["db", "fs"], 3), "c");
         assert!(
-            db.is_first() && fs.is_first(),
+            db.has_turn() && fs.has_turn(),
             "a waiter for fs never waits behind one for db"
         );
-        assert!(!both.is_first());
+        assert!(!both.has_turn());
         drop(db);
-        assert!(!both.is_first(), "fs's earlier waiter is still there");
+        assert!(!both.has_turn(), "fs's earlier waiter is still there");
         drop(fs);
-        assert!(both.is_first());
+        assert!(both.has_turn());
     }
 
     #[test]
@@ -269,9 +292,24 @@ mod tests {
         let line = LocalLine::default();
         let alice_2 = line.join(2, vec![("db".to_owned(), 2)], "a2");
         let bob_1 = line.join(3, vec![("db".to_owned(), 1)], "b1");
-        assert!(bob_1.is_first() && !alice_2.is_first());
+        assert!(bob_1.has_turn() && !alice_2.has_turn());
         let same_place = line.join(4, vec![("db".to_owned(), 1)], "a0");
-        assert!(same_place.is_first(), "equal places go by id, as in Redis");
+        assert!(same_place.has_turn(), "equal places go by id, as in Redis");
+    }
+
+    #[test]
+    fn a_displaced_waiter_calls_at_once() {
+        let line = LocalLine::default();
+        let first = line.join(1, vec![("db".to_owned(), 1)], "a");
+        let later = line.join(2, vec![("db".to_owned(), 2)], "b");
+        assert!(!later.has_turn());
+        assert!(
+            !line.displace(&["gone".to_owned()]),
+            "a waiter that ended is not here"
+        );
+        assert!(line.displace(&["b".to_owned()]));
+        assert!(later.has_turn(), "its call learns why it lost its place");
+        assert!(first.has_turn());
     }
 
     #[test]
@@ -282,6 +320,6 @@ mod tests {
         let again = line.join(4, vec![("db".to_owned(), 4)], "b");
         assert_eq!(line.len(), 2, "both waiters keep their place");
         drop(first);
-        assert!(again.is_first(), "the second one's turn comes");
+        assert!(again.has_turn(), "the second one's turn comes");
     }
 }

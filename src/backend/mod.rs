@@ -60,8 +60,12 @@ pub enum AcquireOutcome {
     RateLimited(HitOutcome),
     /// The caller is in line: try again when woken.
     Wait(Placed),
-    /// A pool's line is full (`max_waiting`): `capacity` is the limit, `current` the waiters.
-    LineFull(Rejection),
+    /// A pool's line is full (`max_waiting`): `capacity` is the limit, `current` the waiters;
+    /// `displaced`: the waiter's place there went to another user's first waiter.
+    LineFull {
+        full: Rejection,
+        displaced: bool,
+    },
     /// An operator banned the user's streams for this many ms more (`revoke`).
     Banned(u64),
 }
@@ -200,11 +204,17 @@ impl Backend {
         }
     }
 
-    /// Keeps this process's waiters alive in the line (`waiter_ids`: every waiter it has). The
-    /// embedded store's waiters live and die with the process: nothing to do.
-    pub async fn heartbeat(&self, line: &LineKeys, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+    /// Keeps this process's waiters alive in the line (`waiter_ids`: every waiter it has);
+    /// returns those whose places went to other users' waiters, to wake. The embedded store's
+    /// waiters live and die with the process: it only says which were displaced.
+    pub async fn heartbeat(
+        &self,
+        line: &LineKeys,
+        waiter_ids: &[String],
+        ttl_ms: u64,
+    ) -> CoreResult<Vec<String>> {
         match self {
-            Backend::Memory(_) => Ok(()),
+            Backend::Memory(m) => Ok(m.displaced()),
             Backend::Redis(r) => r.heartbeat(line, waiter_ids, ttl_ms).await,
         }
     }

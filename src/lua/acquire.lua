@@ -7,7 +7,9 @@
 -- take turns (a user's next waiter gets the turn after the last one served there, or after the
 -- user's previous waiter, whichever is later: round robin by user, first come first served
 -- within a user); in arrival order the turn is the ticket. Equal places go by waiter id, which
--- the process makes in time order.
+-- the process makes in time order. A user's waiters count against its own quota (see
+-- beyond_quota), and a full line gives a user's first waiter the place of the last waiter of
+-- the user with the most places there (see make_room).
 -- One call decides a batch of such requests, of one holder in one hash slot, one after the other
 -- in their order, as as many calls would (packed as the prelude's decide_each says). What a
 -- batch needs once is done once: the clock and the reaper, the holder's entry, its count of
@@ -46,8 +48,10 @@
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
 -- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
--- retry_ms} when the line of pool i holds max_waiting waiters already (retry_ms: the time
--- those would take at the line's recent service rate, or a lease duration before it has one);
+-- retry_ms} when the line of pool i holds max_waiting waiters already and has no place to give
+-- up to the caller (see make_room; retry_ms: the time those would take at the line's recent
+-- service rate, or a lease duration before it has one), {LINE_FULL, i, waiting, retry_ms, 1} to
+-- a waiter whose place there went to another user's first waiter;
 -- {BANNED, ms_left} when an operator banned the user's streams (revoke.lua, the key
 -- <own pool>:ban). The codes are the prelude's.
 -- What the call's head says (see load_head).
@@ -213,7 +217,8 @@ local function sweep_turns(turns)
 end
 
 -- Puts a waiter in line and in the line of each pool it needs (or finds it there), with what
--- it needs, and keeps its process alive; returns its ticket.
+-- it needs ("<weight> <holder id> <user> <pool key> ...": see the prelude's waiter_needs) and
+-- its part in its user's counts, and keeps its process alive; returns its ticket.
 local function enter_line(lined)
   local mine = alive .. ':' .. holder
   local ticket = tonumber(call('ZSCORE', line, waiter))
@@ -223,10 +228,11 @@ local function enter_line(lined)
     ticket = call('INCR', tickets)
     call('ZADD', line, ticket, waiter)
     call('SADD', mine, waiter)
-    local needs = {weight}
+    local needs = {weight, holder, user}
     for pool in pairs(lined) do
       local place = place_in(pool, ticket)
       call('ZADD', pool_line(pool), integer(place), waiter)
+      count_user(pool_users(pool), user, 1)
       if fair then
         call('HSET', pool_turns(pool), user, integer(place % TURNS))
         sweep_turns(pool_turns(pool))
@@ -234,10 +240,13 @@ local function enter_line(lined)
       needs[#needs + 1] = pool
     end
     call('HSET', line .. ':needs', waiter, table.concat(needs, ' '))
+    count_user(line .. ':users', user, weight)
   end
+  keep[#keep + 1] = line .. ':users'
   for pool in pairs(lined) do
     keep[#keep + 1] = pool_line(pool)
     keep[#keep + 1] = pool_turns(pool)
+    keep[#keep + 1] = pool_users(pool)
   end
   call('ZADD', alive, integer(now + liveness), holder)
   for _, key in ipairs(keep) do
@@ -289,22 +298,118 @@ local function places(lined)
   return at
 end
 
--- A new waiter's answer when one of its lines holds max_waiting waiters already: the waiters
--- there times the line's mean time between two waiters served (its 'gap'), or a lease duration
--- before it has one.
-local function line_full(lined)
-  if call('ZSCORE', line, waiter) then
+-- The answer LINE_FULL for the line of `pool` (the request's pool i) with `waiting` waiters:
+-- retry after those waiters times the line's mean time between two waiters served (its 'gap'),
+-- or a lease duration before it has one.
+local function line_full(pool, i, waiting)
+  local gap = tonumber(call('HGET', pool_turns(pool), 'gap'))
+  return {LINE_FULL, i, waiting, gap and math.ceil(gap * (waiting + 1)) or ttl}
+end
+
+-- The weight of the waiters in line of the caller's user (0 without its own pool: then its
+-- user is the waiter alone).
+local function users_waiting()
+  return own > 0 and tonumber(call('ZSCORE', line .. ':users', user)) or 0
+end
+
+-- A new waiter's places count against its user's own quota: refused at once (as by a full own
+-- pool) when the slots its user holds, its user's waiters and itself would not fit there, for
+-- it could never be served. With wait_for_own_quota its user's waiters alone count (it waits
+-- for its own slots to free): a quota's worth may wait beyond what the user holds.
+local function beyond_quota()
+  local capacity = own > 0 and capacity_of(1) or 0
+  if capacity == 0 then
     return nil
   end
+  local pool, waiting, held = keys[kb + 1], users_waiting(), 0
+  if not own_waits then
+    held = used_slots(pool, holders, weight + waiting, capacity, batch.used[pool])
+    batch.used[pool] = held
+  end
+  if held + waiting + weight > capacity then
+    return {REFUSED, 1, math.min(capacity, held + waiting), ttl}
+  end
+  return nil
+end
+
+-- The last waiter in the line of `pool` (the one to be served last there) of user `who`.
+local function last_waiter_of(pool, who)
+  local from = 0
+  while true do
+    local some = call('ZREVRANGE', pool_line(pool), from, from + 99)
+    if #some == 0 then
+      return nil
+    end
+    local needs = call('HMGET', line .. ':needs', unpack(some))
+    for j, other in ipairs(some) do
+      local _, _, of = waiter_needs(needs[j])
+      if of == who then
+        return other
+      end
+    end
+    from = from + 100
+  end
+end
+
+-- Takes a waiter out of line to make room for another user's (make_room) and leaves word for
+-- its process, in <liveness>:<holder id>:displaced (waiter -> the pool whose line it left):
+-- its process's next heartbeat wakes it, and its next call is answered with it (given_up).
+local function displace(victim, pool)
+  local _, process = waiter_needs(call('HGET', line .. ':needs', victim))
+  forget_waiters(line, {victim})
+  if process then
+    local theirs = alive .. ':' .. process
+    call('SREM', theirs, victim)
+    call('HSET', theirs .. ':displaced', victim, pool)
+    call('PEXPIRE', theirs .. ':displaced', math.max(ttl, liveness) * 2)
+  end
+end
+
+-- A new waiter and the lines of its pools that hold max_waiting waiters already: in each, a
+-- caller whose user has no place there yet takes the place of the last waiter of the user with
+-- the most places there, when that user has two or more; else it is refused (LINE_FULL). So one
+-- user never keeps another's first waiter out of a line. Every line is looked at before anyone
+-- is displaced.
+local function make_room(lined)
+  local displaced = {}
   for pool, i in pairs(lined) do
     local max_waiting = shape[CAPS + pools + i]
     local waiting = max_waiting > 0 and call('ZCARD', pool_line(pool)) or 0
     if max_waiting > 0 and waiting >= max_waiting then
-      local gap = tonumber(call('HGET', pool_turns(pool), 'gap'))
-      return {LINE_FULL, i, waiting, gap and math.ceil(gap * (waiting + 1)) or ttl}
+      local users = pool_users(pool)
+      local most = call('ZREVRANGE', users, 0, 0, 'WITHSCORES')
+      local victim = not call('ZSCORE', users, user) and tonumber(most[2] or 0) >= 2
+        and last_waiter_of(pool, most[1])
+      if not victim then
+        return line_full(pool, i, waiting)
+      end
+      displaced[#displaced + 1] = {victim, pool}
     end
   end
+  for _, place in ipairs(displaced) do
+    displace(place[1], place[2])
+  end
   return nil
+end
+
+-- A waiter whose place went to another user's first waiter (displace): LINE_FULL for that
+-- pool's line, with a fifth number, 1, so its process says why.
+local function given_up()
+  local marks = alive .. ':' .. holder .. ':displaced'
+  local pool = call('HGET', marks, waiter)
+  if not pool then
+    return nil
+  end
+  call('HDEL', marks, waiter)
+  local index = 1
+  for i = 1, pools do
+    if keys[kb + i] == pool then
+      index = i
+    end
+  end
+  local answer = line_full(pool, index, call('ZCARD', pool_line(pool)))
+  answer[5] = 1
+  return answer
 end
 
 -- A waiter granted: the turns it had are served (fair order goes on from there), and the mean
@@ -339,7 +444,10 @@ local function check_pools(ticket, lined)
     used[i] = used_slots(pool, holders, weight, capacity, batch.used[pool])
     batch.used[pool] = used[i]
     local promised = 0
-    if anyone_waits and lined[pool] then
+    if anyone_waits and i <= own and not lined[pool] and waiter == '' then
+      -- The user's waiters keep their room in its own quota (see beyond_quota).
+      promised = users_waiting()
+    elseif anyone_waits and lined[pool] then
       local passing_here = {}
       promised = promised_in(pool, capacity, used[i], passing_here)
       if used[i] + promised + weight > capacity then
@@ -391,11 +499,12 @@ end
 
 -- Decides the request loaded.
 local function decide()
-  -- A waiter checks first: a resent call must not put it back in line.
+  -- A waiter checks first: a resent call must not put it back in line; nor one whose place
+  -- went to another user's waiter.
   if waiter ~= '' then
-    local granted = already_granted()
-    if granted then
-      return granted
+    local answer = already_granted() or (queued and given_up())
+    if answer then
+      return answer
     end
   end
 
@@ -423,9 +532,11 @@ local function decide()
       lined = lined_pools()
     end
     if waiter ~= '' then
-      local full = line_full(lined)
-      if full then
-        return full
+      if not call('ZSCORE', line, waiter) then
+        local refused = beyond_quota() or make_room(lined)
+        if refused then
+          return refused
+        end
       end
       ticket = enter_line(lined)
     end

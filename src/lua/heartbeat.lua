@@ -7,14 +7,15 @@
 -- holder id by expiry in ms; KEYS[2]:<holder id> is the set of that process's waiters,
 -- KEYS[2]:<holder id>:stray those the last heartbeat missed).
 -- ARGV[1]: liveness in ms; ARGV[2]: holder id; ARGV[3..]: the ids of this process's waiters.
--- Returns the number of waiters taken out.
+-- Returns the ids of this process's waiters whose places went to other users' waiters
+-- (KEYS[2]:<holder id>:displaced, see acquire.lua's displace): the process wakes them, and each
+-- one's next call answers why.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
 local line, alive = KEYS[1], KEYS[2]
 local mine = alive .. ':' .. holder_name(ARGV[2])
 local missed_before = mine .. ':stray'
 call('ZADD', alive, 'XX', now + tonumber(ARGV[1]), holder_name(ARGV[2]))
-local taken_out = 0
 if call('SCARD', mine) > #ARGV - 2 then
   local live = {}
   for i = 3, #ARGV do
@@ -30,7 +31,6 @@ if call('SCARD', mine) > #ARGV - 2 then
       if missed[waiter] then
         forget_waiters(line, {waiter})
         call('SREM', mine, waiter)
-        taken_out = taken_out + 1
       else
         call('SADD', missed_before, waiter)
       end
@@ -38,4 +38,4 @@ if call('SCARD', mine) > #ARGV - 2 then
   end
   call('PEXPIRE', missed_before, 10000)
 end
-return taken_out
+return call('HKEYS', mine .. ':displaced')

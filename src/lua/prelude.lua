@@ -279,21 +279,48 @@ local function pool_passed(pool)
   return pool .. '|passed'
 end
 
+-- How many places each user has in a pool's line (sorted set: user -> places; see acquire.lua's
+-- make_room).
+local function pool_users(pool)
+  return pool .. '|users'
+end
+
+-- What a waiter of the line is, from its entry in <line>:needs ("<weight> <holder id> <user>
+-- <pool key> ...", see acquire.lua's enter_line): its weight, the process it waits in, its user
+-- (its own pool's key, or the waiter id without one), and an iterator over the capped pools it
+-- waits for.
+local function waiter_needs(entry)
+  local words = string.gmatch(entry or '', '%S+')
+  return tonumber(words() or '0'), words(), words(), words
+end
+
+-- Moves a user's count in a sorted set of counts (<line>:users, a pool's users) by `change`,
+-- dropping the user at 0.
+local function count_user(counts, user, change)
+  if tonumber(call('ZINCRBY', counts, change, user)) <= 0 then
+    call('ZREM', counts, user)
+  end
+end
+
 -- Takes waiters out of the line, and of the lines of the pools they wait for, and forgets what
--- they need (<line>:needs: "<weight> <pool key> ...", see acquire.lua). A pool's line left
--- empty forgets its turns.
+-- they need and their part in their user's counts (<line>:users, each pool's users). A pool's
+-- line left empty forgets its turns and users.
 local function forget_waiters(line, waiters)
   for first = 1, #waiters, 1000 do
     local some = {unpack(waiters, first, math.min(first + 999, #waiters))}
     local needs = call('HMGET', line .. ':needs', unpack(some))
     for j, waiter in ipairs(some) do
-      local words = string.gmatch(needs[j] or '', '%S+')
-      words() -- the weight
-      for pool in words do
-        call('ZREM', pool_line(pool), waiter)
+      local weight, _, user, pools = waiter_needs(needs[j])
+      if user then
+        count_user(line .. ':users', user, -weight)
+      end
+      for pool in pools do
+        if call('ZREM', pool_line(pool), waiter) == 1 and user then
+          count_user(pool_users(pool), user, -1)
+        end
         call('HDEL', pool_passed(pool), waiter)
         if call('EXISTS', pool_line(pool)) == 0 then
-          call('DEL', pool_turns(pool), pool_passed(pool))
+          call('DEL', pool_turns(pool), pool_passed(pool), pool_users(pool))
         end
       end
     end

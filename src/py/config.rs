@@ -211,7 +211,8 @@ impl LeaseConfig {
     }
 
     /// Waiters each pool's line holds at most (0: no limit); one more is refused at once with
-    /// `LineFull` and a `Retry-After` from the line's recent service rate.
+    /// `LineFull` and a `Retry-After` from the line's recent service rate, unless it is its
+    /// user's first there and another user has two places or more (docs/guide/waiting.md).
     #[getter]
     fn max_waiting(&self) -> u64 {
         self.config.max_waiting

@@ -23,13 +23,14 @@ impl From<CoreError> for PyErr {
                         retry_after_seconds(r.retry_after_ms),
                     ))
                 }),
-                CoreError::LineFull(r) => class("LineFull").and_then(|cls| {
+                CoreError::LineFull { full: r, displaced } => class("LineFull").and_then(|cls| {
                     cls.call1((
                         error.to_string(),
                         &*r.limit,
                         r.capacity,
                         r.current,
                         retry_after_seconds(r.retry_after_ms),
+                        *displaced,
                     ))
                 }),
                 CoreError::RateLimited(outcome) => class("RateLimited").and_then(|cls| {

@@ -13,14 +13,14 @@ mod tally;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
 pub use self::handle::LeaseHandle;
@@ -103,7 +103,8 @@ pub struct Leases {
     joined: Mutex<HashMap<Arc<str>, bool>>,
     stop: CancellationToken,
     keeper: Mutex<Option<JoinHandle<()>>>,
-    closed: AtomicBool,
+    /// Cancelled when the manager stops admitting (a drain, a close): waiting acquires end on it.
+    closed: CancellationToken,
     /// Bumped whenever a slot may have freed (a release here, or one published anywhere).
     freed: watch::Sender<u64>,
     lost: AtomicU64,
@@ -150,7 +151,7 @@ impl Leases {
             joined: Mutex::new(HashMap::new()),
             stop: CancellationToken::new(),
             keeper: Mutex::new(None),
-            closed: AtomicBool::new(false),
+            closed: CancellationToken::new(),
             freed: watch::Sender::new(0),
             lost: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
@@ -244,7 +245,12 @@ impl Leases {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.is_cancelled()
+    }
+
+    /// Resolves once the manager stops admitting.
+    pub fn closing(&self) -> WaitForCancellationFuture<'_> {
+        self.closed.cancelled()
     }
 
     /// Marks the lease released and stops renewing it, before returning, so no cancellation
@@ -492,7 +498,7 @@ impl Leases {
 
     /// Refuses to hold any new lease (the manager is closed).
     pub fn refuse_new(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.cancel();
     }
 
     /// Wakes this process's waiters: a slot may have freed.

@@ -24,6 +24,8 @@ struct PoolLine {
     served: u64,
     /// Waiter -> slots that later requests took past it while it did not fit.
     passed: HashMap<String, u64>,
+    /// User -> its places here.
+    users: HashMap<String, u64>,
     /// When a waiter was last served here, and the mean time between two (for `Retry-After`).
     served_at: Option<Instant>,
     gap_ms: Option<f64>,
@@ -65,34 +67,97 @@ impl PoolLine {
     }
 }
 
+/// What a waiter in line needs, and whose it is.
+struct Needs {
+    weight: u64,
+    user: String,
+    /// The keys of the pools it waits for.
+    pools: Vec<String>,
+}
+
 #[derive(Default)]
 pub struct MemoryLines {
     tickets: HashMap<String, u64>,
-    /// Waiter id -> its weight and the pools it waits for (their keys).
-    needs: HashMap<String, (u64, Vec<String>)>,
+    needs: HashMap<String, Needs>,
     lines: HashMap<String, PoolLine>,
+    /// User -> the weight of its waiters in line.
+    users: HashMap<String, u64>,
+    /// Waiters whose places went to other users' waiters -> the pool whose line they left
+    /// (until their next call is answered).
+    displaced: HashMap<String, String>,
     last_ticket: u64,
 }
 
 impl MemoryLines {
-    /// The first of a lease's `pools` with a line that is full (`max_waiting`, in pool order),
-    /// with its index, its waiters and an estimate of the wait; a waiter already in line is
-    /// never refused so.
-    pub fn full(
-        &self,
-        waiter: &Waiter,
+    /// Whether a waiter is in line.
+    pub fn has(&self, waiter: &Waiter) -> bool {
+        self.tickets.contains_key(&waiter.id)
+    }
+
+    /// The weight of `user`'s waiters in line.
+    pub fn users_waiting(&self, user: &str) -> u64 {
+        self.users.get(user).copied().unwrap_or(0)
+    }
+
+    /// Makes room for a new waiter of `user` in each line of its `pools` that is full
+    /// (`max_waiting`), as the script's `make_room`: a user with no place there yet takes the
+    /// place of the last waiter of the user with the most places there, when that user has two
+    /// or more (that waiter is displaced). Else returns the first such line (in pool order),
+    /// with its index, its waiters and an estimate of the wait, and displaces no one.
+    pub fn make_room(
+        &mut self,
+        user: &str,
         pools: &[Pool],
         in_line: &InLine<'_>,
     ) -> Option<(usize, u64, Option<u64>)> {
-        if self.tickets.contains_key(&waiter.id) {
-            return None;
-        }
-        pools.iter().enumerate().find_map(|(i, pool)| {
+        let mut displaced = Vec::new();
+        for (i, pool) in pools.iter().enumerate() {
             let limit = in_line.max_waiting.get(i).copied().unwrap_or(0);
-            let line = self.lines.get(&*pool.key).filter(|_| limit > 0)?;
+            let Some(line) = self.lines.get(&*pool.key).filter(|_| limit > 0) else {
+                continue;
+            };
             let waiting = line.order.len() as u64;
-            (waiting >= limit).then(|| (i, waiting, line.wait_estimate_ms()))
-        })
+            if waiting < limit {
+                continue;
+            }
+            // Ties go to the greatest user, as ZREVRANGE orders equal scores.
+            let most = line.users.iter().max_by_key(|(who, places)| (**places, *who));
+            let victim = most
+                .filter(|(_, places)| **places >= 2 && !line.users.contains_key(user))
+                .and_then(|(who, _)| {
+                    line.order
+                        .iter()
+                        .rev()
+                        .find(|(_, id)| self.needs.get(id).is_some_and(|needs| needs.user == *who))
+                });
+            match victim {
+                Some((_, id)) => displaced.push((id.clone(), pool.key.to_string())),
+                None => return Some((i, waiting, line.wait_estimate_ms())),
+            }
+        }
+        for (id, pool) in displaced {
+            self.leave(&id);
+            self.displaced.insert(id, pool);
+        }
+        None
+    }
+
+    /// A waiter whose place went to another user's waiter (`make_room`), once: the index of
+    /// the pool whose line it left, with that line's waiters and estimate.
+    pub fn given_up(&mut self, waiter: &Waiter, pools: &[Pool]) -> Option<(usize, u64, Option<u64>)> {
+        let key = self.displaced.remove(&waiter.id)?;
+        let i = pools.iter().position(|pool| *pool.key == *key).unwrap_or(0);
+        let line = self.lines.get(&key);
+        Some((
+            i,
+            line.map_or(0, |line| line.order.len() as u64),
+            line.and_then(PoolLine::wait_estimate_ms),
+        ))
+    }
+
+    /// The waiters whose places went to other users' waiters, not told yet.
+    pub fn displaced(&self) -> Vec<String> {
+        self.displaced.keys().cloned().collect()
     }
 
     /// Enters a waiter of `user` (or finds it) in the line of each of its `lined` pools.
@@ -107,12 +172,18 @@ impl MemoryLines {
             let place = line.place_for(user, Some(self.last_ticket), in_line);
             line.order.insert((place, waiter.id.clone()));
             line.places.insert(waiter.id.clone(), place);
+            *line.users.entry(user.to_owned()).or_default() += 1;
             if in_line.order == LineOrder::Fair {
                 line.note_turn(user, place % TURNS);
             }
         }
-        let keys = lined.iter().map(|pool| pool.key.to_string()).collect();
-        self.needs.insert(waiter.id.clone(), (weight, keys));
+        *self.users.entry(user.to_owned()).or_default() += weight;
+        let needs = Needs {
+            weight,
+            user: user.to_owned(),
+            pools: lined.iter().map(|pool| pool.key.to_string()).collect(),
+        };
+        self.needs.insert(waiter.id.clone(), needs);
     }
 
     /// The slots the waiters before this request (for one that will not wait: before the place
@@ -135,7 +206,7 @@ impl MemoryLines {
         let upto = mine.unwrap_or_else(|| (line.place_for(user, None, in_line) + 1, String::new()));
         let mut promised = 0;
         for (_, id) in line.order.range(..upto) {
-            let need = self.needs.get(id).map_or(0, |(weight, _)| *weight);
+            let need = self.needs.get(id).map_or(0, |needs| needs.weight);
             let passed = line.passed.get(id).copied().unwrap_or(0);
             if used + promised + need <= pool.capacity || passed >= pool.capacity {
                 promised += need;
@@ -189,19 +260,32 @@ impl MemoryLines {
 
     pub fn leave(&mut self, id: &str) {
         self.tickets.remove(id);
-        let Some((_, keys)) = self.needs.remove(id) else {
+        self.displaced.remove(id);
+        let Some(needs) = self.needs.remove(id) else {
             return;
         };
-        for key in keys {
+        count_down(&mut self.users, &needs.user, needs.weight);
+        for key in needs.pools {
             if let Some(line) = self.lines.get_mut(&key) {
                 if let Some(place) = line.places.remove(id) {
                     line.order.remove(&(place, id.to_owned()));
+                    count_down(&mut line.users, &needs.user, 1);
                 }
                 line.passed.remove(id);
                 if line.order.is_empty() {
                     self.lines.remove(&key); // its turns are forgotten, as in the script
                 }
             }
+        }
+    }
+}
+
+/// Moves a user's count down by `by`, forgetting the user at 0 (as the script's `count_user`).
+fn count_down(counts: &mut HashMap<String, u64>, user: &str, by: u64) {
+    if let Some(count) = counts.get_mut(user) {
+        *count = count.saturating_sub(by);
+        if *count == 0 {
+            counts.remove(user);
         }
     }
 }

@@ -51,6 +51,28 @@ fn refusal(pool: &Pool, used: u64) -> Rejection {
     }
 }
 
+/// A full line's refusal: the line of `lease`'s pool i, with `waiting` waiters; `displaced`: the
+/// waiter's place there went to another user's waiter.
+fn line_full(
+    lease: &LeaseRecord,
+    in_line: &InLine<'_>,
+    i: usize,
+    waiting: u64,
+    estimate_ms: Option<u64>,
+    displaced: bool,
+) -> AcquireOutcome {
+    AcquireOutcome::LineFull {
+        full: Rejection {
+            limit: lease.pools[i].name.clone(),
+            capacity: in_line.max_waiting.get(i).copied().unwrap_or(0),
+            current: waiting,
+            retry_after_ms: estimate_ms.unwrap_or(u64::MAX),
+            usage_shown: true,
+        },
+        displaced,
+    }
+}
+
 /// The ms left of a ban on the user of `lease` (the pool of its own quota), if any.
 fn ban_left(bans: &HashMap<String, Instant>, lease: &LeaseRecord) -> Option<u64> {
     let own = lease.pools.first().filter(|_| lease.own_pools > 0)?;
@@ -80,6 +102,10 @@ impl MemoryBackend {
             bans,
         } = &mut *state;
         let waiter = in_line.and_then(|l| l.waiter);
+        if let Some((i, waiting, estimate_ms)) = waiter.and_then(|w| line.given_up(w, &lease.pools)) {
+            let in_line = in_line.expect("a waiter is in a line");
+            return line_full(lease, &in_line, i, waiting, estimate_ms, true);
+        }
         if let Some(left) = ban_left(bans, lease) {
             if let Some(waiter) = waiter {
                 line.leave(&waiter.id);
@@ -107,30 +133,45 @@ impl MemoryBackend {
             (0, Some(waiter)) => waiter.id.as_str(),
             (0, None) => "",
         };
-        if let (Some(in_line), Some(waiter)) = (&in_line, waiter) {
-            if let Some((i, waiting, estimate_ms)) = line.full(waiter, &lease.pools, in_line) {
-                return AcquireOutcome::LineFull(Rejection {
-                    limit: lease.pools[i].name.clone(),
-                    capacity: in_line.max_waiting[i],
-                    current: waiting,
-                    retry_after_ms: estimate_ms.unwrap_or(u64::MAX),
-                    usage_shown: true,
-                });
-            }
-            line.enter(waiter, user, weight, &lined, in_line);
-        }
         // Check every pool before touching any, so refusals leave nothing behind.
         let used: Vec<u64> = lease
             .pools
             .iter()
             .map(|pool| store.get(&*pool.key).map_or(0, |entry| entry.used))
             .collect();
+        if let (Some(in_line), Some(waiter)) = (&in_line, waiter) {
+            if !line.has(waiter) {
+                // A new waiter's places count against its user's own quota (see the script's
+                // beyond_quota); then a full line may make room for it.
+                if let Some(capacity) = lease
+                    .pools
+                    .first()
+                    .map(|own| own.capacity)
+                    .filter(|c| lease.own_pools > 0 && *c > 0)
+                {
+                    let waiting = line.users_waiting(user);
+                    let held = if own_waits { 0 } else { used[0] };
+                    if held + waiting + weight > capacity {
+                        return AcquireOutcome::Rejected(refusal(
+                            &lease.pools[0],
+                            (held + waiting).min(capacity),
+                        ));
+                    }
+                }
+                if let Some((i, waiting, estimate_ms)) = line.make_room(user, &lease.pools, in_line) {
+                    return line_full(lease, in_line, i, waiting, estimate_ms, false);
+                }
+            }
+            line.enter(waiter, user, weight, &lined, in_line);
+        }
         let mut passing = Vec::new();
         let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
             let promised = match &in_line {
                 Some(in_line) if lined.contains(&pool) => {
                     line.promised(pool, *used, waiter, user, in_line, &mut passing)
                 }
+                // The user's waiters keep their room in its own quota.
+                Some(_) if pool.role == PoolRole::Own && waiter.is_none() => line.users_waiting(user),
                 _ => 0,
             };
             (pool.capacity > 0 && used + promised + weight > pool.capacity)
@@ -167,6 +208,11 @@ impl MemoryBackend {
 
     pub fn leave(&self, waiter_id: &str) {
         self.state().line.leave(waiter_id);
+    }
+
+    /// The waiters whose places went to other users' waiters, not told yet.
+    pub fn displaced(&self) -> Vec<String> {
+        self.state().line.displaced()
     }
 
     pub fn release(&self, leases: &[Arc<LeaseRecord>]) -> Vec<bool> {

@@ -157,7 +157,9 @@ impl RedisBackend {
                 places: places.to_vec(),
             })),
             [BANNED, ms_left] => Ok(AcquireOutcome::Banned(*ms_left)),
-            [code @ (REFUSED | LINE_FULL), index, current, retry_after_ms] => {
+            [code @ (REFUSED | LINE_FULL), index, current, retry_after_ms, displaced @ ..]
+                if displaced.len() <= usize::from(*code == LINE_FULL) =>
+            {
                 let pool = pools
                     .get((*index as usize).wrapping_sub(1))
                     .ok_or_else(|| unexpected_reply("acquire", &reply))?;
@@ -172,7 +174,10 @@ impl RedisBackend {
                     REFUSED => AcquireOutcome::Rejected(refused(pool.capacity)),
                     _ => {
                         let limit = in_line.and_then(|l| l.max_waiting.get(*index as usize - 1));
-                        AcquireOutcome::LineFull(refused(limit.copied().unwrap_or(0)))
+                        AcquireOutcome::LineFull {
+                            full: refused(limit.copied().unwrap_or(0)),
+                            displaced: displaced == [1],
+                        }
                     }
                 })
             }
@@ -194,12 +199,18 @@ impl RedisBackend {
     }
 
     /// One write keeps all of this process's waiters in line; `waiter_ids` (every waiter it
-    /// has) lets the script take out any it no longer has.
-    pub async fn heartbeat(&self, line: &LineKeys, waiter_ids: &[String], ttl_ms: u64) -> CoreResult<()> {
+    /// has) lets the script take out any it no longer has. Returns those whose places went to
+    /// other users' waiters.
+    pub async fn heartbeat(
+        &self,
+        line: &LineKeys,
+        waiter_ids: &[String],
+        ttl_ms: u64,
+    ) -> CoreResult<Vec<String>> {
         let mut invocation = scripts::HEARTBEAT.prepare_invoke();
         line_keys(&mut invocation, line);
         invocation.arg(ttl_ms).arg(self.holder).arg(waiter_ids);
-        self.link.run::<u64>(&invocation).await.map(drop)
+        self.link.run(&invocation).await
     }
 
     pub async fn release(
