@@ -142,9 +142,9 @@ async def test_the_models_reported_usage_replaces_the_count(make_manager, caplog
         for _ in range(50):
             lease.consume(2)
         assert lease.tokens_used == (120, 100)
-        lease.report_usage(input_tokens=131, output_tokens=97)
+        lease.report_usage(input_tokens=131, output_tokens=103)
     usage = await manager.usage("alice", *split)
-    assert [usage[b.name].used for b in split] == [131, 97, 228]
+    assert [usage[b.name].used for b in split] == [131, 103, 234]
     async with manager.lease("bob", budgets=[TPM], reserve=100) as lease:
         lease.consume(100)
         lease.report_usage(input_tokens=0, output_tokens=10_000_000)  # a bug upstream
@@ -475,3 +475,18 @@ async def test_a_stream_that_outlives_the_window_stays_counted_in_it(make_manage
     worst = max(sum(n for t, n in stamps if s <= t < s + 2.0) for s, _ in stamps)
     assert worst <= 10_000 + 2 * (TOP_UP_INCREMENT + 100), f"{worst} tokens in one 2 s window"
     assert await used(manager, budget=budget) <= 10_000 + 2 * (TOP_UP_INCREMENT + 100)
+
+
+async def test_a_report_below_the_count_never_gives_back_streamed_tokens(make_manager, caplog):
+    """A model's usage report replaces the count at settlement; a report of fewer answer tokens
+    than were counted as streamed would give back tokens that went out (a quarter of the count
+    was accepted, so three quarters of what streamed left the budget while still streaming
+    budgets filled again). The count is charged, and the low report is logged as a warning."""
+    manager = make_manager(max_per_user=0)
+    async with manager.lease("alice", budgets=[TPM], reserve=(100, 500)) as lease:
+        for _ in range(100):
+            lease.consume(10)
+        lease.report_usage(input_tokens=100, output_tokens=250)
+        assert lease.tokens_used == (100, 1_000)
+    assert "reported output_tokens=250 is below the 1000 tokens counted as streamed" in caplog.text
+    assert await used(manager) == 100 + 1_000

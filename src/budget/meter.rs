@@ -255,12 +255,17 @@ impl Meter {
         Ok(())
     }
 
-    /// Tokens used so far: (prompt, answer), the model's figures once reported.
+    /// Tokens used so far, as the settlement charges them: (prompt, answer), the prompt's as
+    /// estimated and the answer's as counted, or the model's figures once reported, except that
+    /// the answer is never charged less than was counted as streamed (those tokens went out;
+    /// `Lease.report_usage` logs a report below the count).
     pub fn used(&self) -> (u64, u64) {
         let ledger = lock(&self.ledger);
-        ledger
-            .reported
-            .unwrap_or((ledger.input, self.output.load(Ordering::Acquire)))
+        let counted = self.output.load(Ordering::Acquire);
+        match ledger.reported {
+            Some((input, output)) => (input, output.max(counted)),
+            None => (ledger.input, counted),
+        }
     }
 
     /// What a model's report is checked against: the estimates made at admission (prompt,
