@@ -215,14 +215,17 @@ impl RateCheck {
     }
 }
 
-/// One stream's top-up of its token budgets (`budget/`): `want` tokens from every policy
-/// (`keys[i]` counts `policies[i]`), as many as all have room for, or all of them if `forced`;
-/// first, what `give_back[i]` lists is given back to `policies[i]` (a roll of tokens held in
-/// buckets about to leave the window).
+/// One stream's top-up of its token budgets (`budget/`), sent every round while it streams:
+/// first, what `give_back[i]` lists is given back to `policies[i]` (`keys[i]` counts it): the
+/// reservation of the tokens streamed since the last round, and a roll's; then the `moved`
+/// tokens (streamed since the last round) are taken in the current bucket whatever the room,
+/// so each token counts in the window of the time it streamed; then `want` more, as many as
+/// every policy has room for, or all of them if `forced`.
 pub struct TopUp {
     pub keys: Vec<String>,
     pub policies: Vec<RatePolicy>,
     pub give_back: Vec<Vec<(Bucket, u64)>>,
+    pub moved: u64,
     pub want: u64,
     pub forced: bool,
 }
@@ -244,13 +247,15 @@ impl Bucket {
     }
 }
 
-/// What a top-up got: `granted` tokens, the `room` its budgets have left after it (the least of
-/// them), and where each budget's share went (in policy order; None when nothing was granted).
+/// What a top-up got: `granted` tokens (beyond the `moved` ones), the `room` its budgets have
+/// left after it (the least of them), and per policy (in order; None when nothing was taken)
+/// the bucket its share went to and for how many more ms, on the server's clock, that bucket
+/// counts in the window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToppedUp {
     pub granted: u64,
     pub room: u64,
-    pub buckets: Vec<Option<Bucket>>,
+    pub buckets: Vec<Option<(Bucket, u64)>>,
 }
 
 /// One change to a budget's counter when a stream is settled.

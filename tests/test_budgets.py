@@ -5,7 +5,9 @@ embedded store and on a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import time
 
 import pytest
 
@@ -142,9 +144,9 @@ async def test_the_models_reported_usage_replaces_the_count(make_manager, caplog
         for _ in range(50):
             lease.consume(2)
         assert lease.tokens_used == (120, 100)
-        lease.report_usage(input_tokens=131, output_tokens=97)
+        lease.report_usage(input_tokens=131, output_tokens=103)
     usage = await manager.usage("alice", *split)
-    assert [usage[b.name].used for b in split] == [131, 97, 228]
+    assert [usage[b.name].used for b in split] == [131, 103, 234]
     async with manager.lease("bob", budgets=[TPM], reserve=100) as lease:
         lease.consume(100)
         lease.report_usage(input_tokens=0, output_tokens=10_000_000)  # a bug upstream
@@ -380,7 +382,7 @@ async def test_a_refund_never_erases_charges_made_after_a_reset(make_manager):
         pass
     early.consume(10)
     await early.release()  # its 4,990 unused belong to the counter the reset dropped
-    assert await used(manager, budget=TEN_MIN) == 1_000
+    assert await used(manager, budget=TEN_MIN) == 1_000 + 10, "its 10 streamed tokens count now"
 
 
 async def test_a_refund_never_erases_charges_made_after_a_redis_restart(
@@ -401,7 +403,7 @@ async def test_a_refund_never_erases_charges_made_after_a_redis_restart(
         pass
     early.consume(10)
     await early.release()
-    assert await used(manager, budget=TEN_MIN) == 1_000
+    assert await used(manager, budget=TEN_MIN) == 1_000 + 10, "its 10 streamed tokens count now"
 
 
 async def test_a_request_rate_and_a_budget_of_one_name_count_apart(make_manager):
@@ -475,3 +477,279 @@ async def test_a_stream_that_outlives_the_window_stays_counted_in_it(make_manage
     worst = max(sum(n for t, n in stamps if s <= t < s + 2.0) for s, _ in stamps)
     assert worst <= 10_000 + 2 * (TOP_UP_INCREMENT + 100), f"{worst} tokens in one 2 s window"
     assert await used(manager, budget=budget) <= 10_000 + 2 * (TOP_UP_INCREMENT + 100)
+
+
+async def test_a_report_below_the_count_never_gives_back_streamed_tokens(make_manager, caplog):
+    """A model's usage report replaces the count at settlement; a report of fewer answer tokens
+    than were counted as streamed would give back tokens that went out (a quarter of the count
+    was accepted, so three quarters of what streamed left the budget while still streaming
+    budgets filled again). The count is charged, and the low report is logged as a warning."""
+    manager = make_manager(max_per_user=0)
+    async with manager.lease("alice", budgets=[TPM], reserve=(100, 500)) as lease:
+        for _ in range(100):
+            lease.consume(10)
+        lease.report_usage(input_tokens=100, output_tokens=250)
+        assert lease.tokens_used == (100, 1_000)
+    assert "reported output_tokens=250 is below the 1000 tokens counted as streamed" in caplog.text
+    assert await used(manager) == 100 + 1_000
+
+
+# The bound by the streams' own counts. Each token counts in the window of the time it streamed:
+# the top-up round moves the tokens streamed since the last round out of their reservation's
+# bucket into the current one, and the settlement moves the rest. A sliding window then holds,
+# in every interval of its length, at most the budget plus one top-up increment and the chunk it
+# was on per concurrent stream; a fixed window the same in each of its windows, counting a token
+# streamed in the first round after a window ended in the window before (its reservation's).
+
+#: A top-up round (TOP_UP_EVERY, 0.25 s) and its call, with room for a loaded machine.
+ONE_ROUND = 0.5
+
+
+def most_open(streams: list[dict]) -> int:
+    """The most streams open at once."""
+    edges = sorted([(s["opened"], 1) for s in streams] + [(s["closed"], -1) for s in streams])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def bound(limit: int, streams: list[dict]) -> int:
+    """The budget plus one top-up increment and the largest chunk per concurrent stream."""
+    largest = max((s["largest"] for s in streams), default=0)
+    return limit + (TOP_UP_INCREMENT + largest) * most_open(streams)
+
+
+def events_of(streams: list[dict]) -> list[tuple[float, int]]:
+    return sorted((t, n) for s in streams for t, n in s["events"])
+
+
+def worst_interval(events: list[tuple[float, int]], length: float) -> tuple[int, float]:
+    """The most tokens streamed within any ``length`` seconds, and when the first of them
+    streamed."""
+    worst, at, total, first = 0, 0.0, 0, 0
+    for t, n in events:
+        total += n
+        while events[first][0] <= t - length:
+            total -= events[first][1]
+            first += 1
+        if total > worst:
+            worst, at = total, events[first][0]
+    return worst, at
+
+
+def worst_fixed_window(streams: list[dict], ends: list[float], length: float) -> tuple[int, float]:
+    """The most tokens streamed in one fixed window [end - length, end), and its end, leaving
+    out what streams opened in an earlier window streamed in its first round."""
+
+    def in_window(stream: dict, t: float, end: float) -> bool:
+        start = end - length
+        carried = stream["opened"] < start and t < start + ONE_ROUND
+        return start <= t < end and not carried
+
+    return max(
+        (
+            (sum(n for s in streams for t, n in s["events"] if in_window(s, t, end)), end)
+            for end in ends
+        ),
+        default=(0, 0.0),
+    )
+
+
+async def stream_timed(lease, chunks_: list[int], pause: float) -> dict:
+    """Streams ``chunks_`` through ``lease.wrap()``, recording each chunk's time and tokens."""
+    record = {"opened": time.time(), "events": [], "cut": False, "largest": max(chunks_)}
+
+    async def source():
+        for size in chunks_:
+            yield size
+            if pause:
+                await asyncio.sleep(pause)
+
+    try:
+        async for size in lease.wrap(source(), tokens=int):
+            record["events"].append((time.time(), size))
+    except BudgetExhausted:
+        record["cut"] = True
+    record["closed"] = time.time()
+    return record
+
+
+async def answer_then_the_next(manager, budget, *, first_after: float, pause: float) -> list[dict]:
+    """An answer reserves the whole budget and streams it (after ``first_after`` s, ``pause``
+    s between its 100 chunks); the next answer asks for 9,000 tokens from then on until it is
+    admitted, and streams them at once."""
+    lease = await manager.acquire("alice", budgets=[budget], reserve=budget.limit)
+    await asyncio.sleep(first_after)
+    streams = [await stream_timed(lease, [budget.limit // 100] * 100, pause)]
+    deadline = time.monotonic() + 4 * budget.per
+    while True:
+        try:
+            late = await manager.acquire("alice", budgets=[budget], reserve=9_000)
+            break
+        except RateLimited:
+            assert time.monotonic() < deadline, "the next answer was never admitted"
+            await asyncio.sleep(0.05)
+    streams.append(await stream_timed(late, [100] * 90, 0))
+    return streams
+
+
+FOUR_SECONDS = RateLimit("tokens_per_4s", 10_000, per=4, unit="tokens")
+
+
+async def test_tokens_streamed_late_from_an_early_reservation_count_when_they_stream(
+    make_manager,
+):
+    """A stream that reserved the budget and streamed it all a while later left its tokens in
+    the bucket of the reservation, which left the window early: the next answer took the whole
+    budget again while those tokens were still inside the window (20,000 in one window of a
+    10,000 budget)."""
+    manager = make_manager(max_per_user=0)
+    streams = await answer_then_the_next(manager, FOUR_SECONDS, first_after=1.5, pause=0)
+    worst, at = worst_interval(events_of(streams), FOUR_SECONDS.per)
+    assert worst <= bound(10_000, streams), f"{worst} tokens in the 4 s from {at}"
+
+
+async def test_an_answer_streamed_over_a_window_keeps_the_next_one_waiting(make_manager):
+    """An answer streamed evenly over a window counted in its reservation's bucket, and only
+    the part not yet streamed rolled: the next answer took the whole budget again while most of
+    the first was still inside the window (19,000 in one window of a 10,000 budget)."""
+    manager = make_manager(max_per_user=0)
+    streams = await answer_then_the_next(manager, FOUR_SECONDS, first_after=0, pause=0.04)
+    worst, at = worst_interval(events_of(streams), FOUR_SECONDS.per)
+    assert worst <= bound(10_000, streams), f"{worst} tokens in the 4 s from {at}"
+
+
+async def test_a_reservation_carried_into_the_next_fixed_window_is_taken_again_there(
+    make_manager,
+):
+    """A reservation counted in a fixed window kept covering its stream after that window
+    ended, where nothing counted it: the next answer took the whole budget in the new window
+    while the first streamed on. The first round after the end takes the rest of the
+    reservation again in the new window, so the next answer waits for the one after."""
+    manager = make_manager(max_per_user=0)
+    budget = RateLimit("tokens_per_2s", 10_000, per=2, algorithm="fixed_window", unit="tokens")
+    lease = await manager.acquire("alice", budgets=[budget], reserve=10_000)
+    end = time.time() + lease.rate_decisions[0].reset
+    await asyncio.sleep(max(0.0, end - 0.3 - time.time()))
+    first = asyncio.create_task(stream_timed(lease, [100] * 100, 0.012))  # across the end
+    deadline = time.monotonic() + 4 * budget.per
+    while True:
+        try:
+            late = await manager.acquire("alice", budgets=[budget], reserve=9_000)
+            break
+        except RateLimited:
+            assert time.monotonic() < deadline, "the next answer was never admitted"
+            await asyncio.sleep(0.05)
+    streams = [await first, await stream_timed(late, [100] * 90, 0)]
+    worst, at = worst_fixed_window(streams, [end + 2 * i for i in range(4)], 2)
+    assert worst <= bound(10_000, streams), f"{worst} tokens in the window ending {at}"
+
+
+async def run_timelines(
+    url: str, key_prefix: str, tmp_path, budget: dict, workers: list
+) -> tuple[list[dict], int]:
+    """Runs one ``budget_timeline`` process per entry of ``workers`` (its lanes of streams),
+    all starting together; returns every stream they admitted, and how many starts the budget
+    refused."""
+    start = time.time() + 2  # time for the processes to start
+    processes = []
+    for i, lanes in enumerate(workers):
+        spec = tmp_path / f"worker{i}.json"
+        spec.write_text(json.dumps({"budget": budget, "start": start, "lanes": lanes}))
+        processes.append(
+            await asyncio.create_subprocess_exec(
+                *app_command("budget_timeline", url, key_prefix, str(spec)),
+                stdout=asyncio.subprocess.PIPE,
+            )
+        )
+    outputs = [await asyncio.wait_for(p.communicate(), 120) for p in processes]
+    assert all(p.returncode == 0 for p in processes)
+    reports = [json.loads(out) for out, _ in outputs]
+    return [s for report in reports for s in report["streams"]], sum(r["refused"] for r in reports)
+
+
+async def test_short_streams_that_outrun_their_reservation_stay_within_the_bound(
+    redis_server, key_prefix, tmp_path
+):
+    """Three workers run streams shorter than a top-up round that outrun their reservation
+    (reserve 500, stream 1,000 in 20 chunks of 50 over 0.2 s): a stream that ends before any
+    round ran is settled where it ended, and one that runs out of its slack waits for its top-up
+    and is cut when the window is full, so no window holds more than the budget plus one
+    increment and a chunk per concurrent stream."""
+    short = {"at": 0, "reserve": 500, "delay": 0, "chunks": [50] * 20, "pause": 0.01, "until": 6}
+    workers = [[[short] * 60] for _ in range(3)]
+    budget = {"limit": 10_000, "per": 2, "algorithm": "sliding_window"}
+    streams, refused = await run_timelines(redis_server.url, key_prefix, tmp_path, budget, workers)
+    worst, at = worst_interval(events_of(streams), 2)
+    assert refused and any(stream["cut"] for stream in streams), "the streams ran the budget out"
+    assert worst <= bound(10_000, streams), f"{worst} tokens in the 2 s from {at}"
+
+
+def random_lanes(rng: random.Random, limit: int, per: float, seconds: float) -> list[list[dict]]:
+    """Two lanes of streams with random starts, reservations, first-token delays, lengths, chunk
+    sizes and pauses: some stream at once, some slowly over a window or longer, some a while
+    after their admission; some stream less than they reserved and some more."""
+    lanes = []
+    for _ in range(2):
+        lane, at = [], 0.0
+        while at < seconds:
+            reserve, size = rng.randint(100, limit // 2), rng.randint(1, 60)
+            count = max(1, int(reserve * rng.uniform(0.8, 1.2)) * 2 // (size + 1))
+            lane.append(
+                {
+                    "at": at,
+                    "reserve": reserve,
+                    "delay": rng.choice([0, rng.uniform(0, per / 2)]),
+                    "chunks": [rng.randint(1, size) for _ in range(count)],
+                    "pause": rng.choice([0, 0, per / count]),
+                    "until": at + 2 * per,
+                }
+            )
+            at += rng.uniform(0, per / 2)
+        lanes.append(lane)
+    return lanes
+
+
+@pytest.mark.parametrize(
+    "algorithm, per, seed",
+    [("sliding_window", 2, 1), ("sliding_window", 3, 4), ("fixed_window", 2, 3)],
+)
+async def test_every_window_holds_the_bound_by_the_streams_own_counts(
+    redis_server, redis_client, key_prefix, tmp_path, algorithm, per, seed
+):
+    """Random streams of three worker processes (random starts, reservations, lengths, chunk
+    sizes and pauses) against one budget: in every window, the tokens the streams themselves
+    counted as streamed at their times stay within the bound; sliding: every interval of the
+    window's length; fixed: every window the server kept, after its first round."""
+    rng = random.Random(seed)
+    limit, seconds = 10_000, 3 * per
+    workers = [random_lanes(rng, limit, per, seconds) for _ in range(3)]
+    budget = {"limit": limit, "per": per, "algorithm": algorithm}
+    ends: list[float] = []
+
+    async def watch_fixed_windows() -> None:
+        # The server's fixed windows: where each ends, on the server's clock (the machine's).
+        while True:
+            for key in redis_client.keys(f"{{{key_prefix}}}:rate:*"):
+                seconds_, micros = redis_client.time()
+                left = redis_client.pttl(key)
+                end = seconds_ + micros / 1e6 + left / 1000
+                if left > 0 and all(abs(end - seen) > 0.05 for seen in ends):
+                    ends.append(end)
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch_fixed_windows())
+    try:
+        streams, refused = await run_timelines(
+            redis_server.url, key_prefix, tmp_path, budget, workers
+        )
+    finally:
+        watcher.cancel()
+    if algorithm == "sliding_window":
+        worst, at = worst_interval(events_of(streams), per)
+    else:
+        worst, at = worst_fixed_window(streams, ends, per)
+    assert refused, "the streams ran the budget out"
+    assert worst <= bound(limit, streams), f"{worst} tokens in the window at {at}"

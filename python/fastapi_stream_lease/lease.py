@@ -28,11 +28,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
 
-#: A model's reported usage further than this factor from what the stream expected (its count,
+#: A model's reported usage more than this factor above what the stream expected (its count,
 #: or its estimate at admission; for short streams, more than ``USAGE_SLACK`` tokens above) is
 #: taken as a bug upstream: it is logged and brought back within the bound, so one bad figure
 #: cannot wreck a user's budget. With nothing to compare with (no estimate, nothing counted),
-#: the bound is ``USAGE_CEILING``, more than any model's context.
+#: the bound is ``USAGE_CEILING``, more than any model's context. A reported answer below the
+#: tokens counted as streamed is logged and charged as counted: what streamed is never given
+#: back.
 USAGE_FACTOR = 4
 USAGE_SLACK = 4096
 USAGE_CEILING = 2_000_000
@@ -108,8 +110,8 @@ class Lease:
     @property
     def tokens_used(self) -> tuple[int, int] | None:
         """Tokens this stream used so far, ``(prompt, answer)``: the prompt's as reserved and
-        the answer's as counted, or the model's figures once :meth:`report_usage` gave them;
-        None without ``budgets``."""
+        the answer's as counted, or the model's figures once :meth:`report_usage` gave them (the
+        answer never below its count); None without ``budgets``."""
         return self._handle.tokens_used
 
     @property
@@ -138,8 +140,10 @@ class Lease:
     def report_usage(self, *, input_tokens: int, output_tokens: int) -> None:
         """The model's own figures for the whole stream (an OpenAI-style final chunk's
         ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
-        of the estimate and the count. Figures far from the count (see ``USAGE_FACTOR``) are
-        logged and bounded."""
+        of the estimate and the count, except that the answer is never charged less than the
+        tokens counted as streamed (:meth:`consume`, :meth:`wrap`): a lower report is logged
+        as a warning and the count is charged. Figures far above what was expected (see
+        ``USAGE_FACTOR``) are logged and bounded."""
         references = self._handle.tokens_references
         if references is not None:
             (input_estimate, output_estimate), counted = references
@@ -237,26 +241,35 @@ class Lease:
 
 
 def _bounded(name: str, reported: int, counted: int, estimate: int) -> int:
-    """``reported`` (a model's usage figure), no lower than ``counted`` allows and no higher
-    than the count or the estimate does (see ``USAGE_FACTOR``)."""
+    """``reported`` (a model's usage figure), no lower than ``counted`` (tokens counted as
+    streamed) and no higher than the count or the estimate allows (see ``USAGE_FACTOR``)."""
     if isinstance(reported, bool) or not isinstance(reported, int):
         raise TypeError(f"{name} must be an int, got {type(reported).__name__}")
     if reported < 0:
         raise ValueError(f"{name}={reported} is negative: pass the model's reported token count")
+    if reported < counted:
+        log.warning(
+            "reported %s=%d is below the %d tokens counted as streamed; charging %d: tokens "
+            "that streamed are never given back (check what the stream's tokens= counts)",
+            name,
+            reported,
+            counted,
+            counted,
+            extra={"usage_reported": reported, "usage_counted": counted},
+        )
+        return counted
     expected = max(counted, estimate)
-    low = counted // USAGE_FACTOR
     high = max(expected * USAGE_FACTOR, expected + USAGE_SLACK) if expected else USAGE_CEILING
-    if low <= reported <= high:
+    if reported <= high:
         return reported
-    bounded = min(max(reported, low), high)
     log.warning(
         "reported %s=%d is far from the stream's own count (%d); charging %d instead",
         name,
         reported,
         counted,
-        bounded,
+        high,
     )
-    return bounded
+    return high
 
 
 class LostWatch:

@@ -17,7 +17,7 @@ use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::keys::{self, check_identity, check_resource, Pool, PoolRole};
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
-use crate::rate::{Adjustment, Decision, RateCheck};
+use crate::rate::{Adjustment, Algorithm, Decision, RateCheck};
 use crate::renewal::{LeaseHandle, Leases};
 
 /// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
@@ -465,22 +465,32 @@ impl Manager {
             } => {
                 // The request rates come first, the budgets (whose meter settles them) after.
                 let budgets_from = check.policies.len() - budget.map_or(0, |b| b.policies.len());
+                let answered_at = monotonic_ms();
                 let meter = budget.map(|budget| {
                     let accounts = (budgets_from..check.policies.len())
-                        .map(|i| Account {
-                            key: check.keys[i].clone(),
-                            policy: check.policies[i].clone(),
+                        .map(|i| {
+                            let policy = &check.policies[i];
                             // A retried call that found its grant made answers no bucket: its
                             // reservation stays charged and the settlement charges the stream
                             // again (an over-count, never an under-count).
-                            charges: match rates.get(i) {
+                            let reserved = match rates.get(i) {
                                 Some(Decision {
-                                    bucket: Some(bucket), ..
+                                    bucket: Some(bucket),
+                                    reset_ms,
+                                    ..
                                 }) if check.costs[i] > 0 => {
-                                    vec![Charge::new(*bucket, check.costs[i], &check.policies[i], sent_at)]
+                                    // A slice counts at least a window after it was written
+                                    // to; a fixed window until its end, its reset.
+                                    let counts_ms = match policy.algorithm {
+                                        Algorithm::SlidingWindow => policy.window_ms,
+                                        Algorithm::FixedWindow => *reset_ms,
+                                    };
+                                    let call = (sent_at, answered_at);
+                                    vec![Charge::new(*bucket, check.costs[i], policy, counts_ms, call)]
                                 }
                                 _ => Vec::new(),
-                            },
+                            };
+                            Account::new(check.keys[i].clone(), policy.clone(), reserved)
                         })
                         .collect();
                     let room = rates[budgets_from..]

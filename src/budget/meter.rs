@@ -1,7 +1,9 @@
-//! One stream's budgets: what it reserved from each (and in which buckets), what it streamed,
-//! and what it needs next. `consume()` only counts and, when less than half an increment of
-//! the reservation is left, flags the meter for the next top-up round, which brings it one
-//! increment ahead again. While its budgets have room to spare (`SLACK_ROOM`), a stream may run
+//! One stream's budgets: what it holds in each (and in which buckets), what it streamed, and
+//! what it needs next. `consume()` only counts and, when less than half an increment of the
+//! reservation is left, flags the meter for the next top-up round, which brings it one
+//! increment ahead again. Every round also moves the tokens streamed since the last one out of
+//! their reservation's bucket into the current one, so each token counts in the window of the
+//! time it streamed (to within one round), and the settlement does the same for the rest. While its budgets have room to spare (`SLACK_ROOM`), a stream may run
 //! up to one increment past its reservation while its top-up is on its way (the slack that lets
 //! a fast stream go on without pausing); beyond that, or with little room left, it waits for
 //! the answer (`ready`). So a top-up is needed every half increment at most, and a stream
@@ -34,22 +36,26 @@ const EXHAUSTED: u8 = 4;
 const ENDED: u8 = 8;
 const HELD: u8 = 16;
 
-/// Tokens taken from one budget by one call, and when their bucket may leave the window.
+/// Tokens taken from one budget by one call, and when their bucket leaves the window.
 #[derive(Debug, Clone, Copy)]
 pub struct Charge {
     pub bucket: Bucket,
     pub tokens: u64,
-    /// `monotonic_ms` from which the bucket may stop counting: the call's send plus the window
-    /// for a sliding window (a slice counts for at least a window after it was written to);
-    /// never for a fixed window, whose tokens go when it ends, all at once.
+    /// When, in `monotonic_ms`, the bucket leaves the window, from the time the server said it
+    /// counts on its own clock: a sliding window's slice from the call's send (never later
+    /// than it really leaves: a roll goes out before), a fixed window from its answer (never
+    /// earlier than it really ends: a roll goes out after, into the next window).
     pub leaves_ms: u64,
 }
 
 impl Charge {
-    pub fn new(bucket: Bucket, tokens: u64, policy: &RatePolicy, sent_at: u64) -> Self {
+    /// `counts_ms`: how long the server said the bucket counts; `call`: when the call that
+    /// took the tokens was sent and answered.
+    pub fn new(bucket: Bucket, tokens: u64, policy: &RatePolicy, counts_ms: u64, call: (u64, u64)) -> Self {
+        let (sent_at, answered_at) = call;
         let leaves_ms = match policy.algorithm {
-            Algorithm::SlidingWindow => sent_at + policy.window_ms,
-            Algorithm::FixedWindow => u64::MAX,
+            Algorithm::SlidingWindow => sent_at + counts_ms,
+            Algorithm::FixedWindow => answered_at + counts_ms,
         };
         Charge {
             bucket,
@@ -59,51 +65,79 @@ impl Charge {
     }
 }
 
-/// One budget of a stream: its counter, and what was taken from it, bucket by bucket.
+/// One budget of a stream: its counter, and the tokens the stream holds in it.
 #[derive(Debug, Clone)]
 pub struct Account {
     pub key: String,
     pub policy: RatePolicy,
-    /// Oldest first.
-    pub charges: Vec<Charge>,
+    /// Tokens held for the stream and not streamed yet, oldest first, bucket by bucket: what it
+    /// reserved and was topped up with (for a budget that counts the prompt too, the prompt's
+    /// tokens first: see `pinned`).
+    reserved: Vec<Charge>,
+    /// The oldest tokens of `reserved` that the prompt used: they count where they were
+    /// reserved, at admission.
+    pinned: u64,
 }
 
 impl Account {
-    fn charged(&self) -> u64 {
-        self.charges.iter().map(|charge| charge.tokens).sum()
-    }
-
-    /// When the first of the tokens not used yet (the account's first `used` count as used,
-    /// oldest first) may stop counting; None if all are used.
-    fn unused_leave_at(&self, used: u64) -> Option<u64> {
-        let mut through = 0;
-        for charge in &self.charges {
-            through += charge.tokens;
-            if through > used {
-                return Some(charge.leaves_ms);
-            }
+    pub fn new(key: String, policy: RatePolicy, reserved: Vec<Charge>) -> Self {
+        Account {
+            key,
+            policy,
+            reserved,
+            pinned: 0,
         }
-        None
     }
 
-    /// Takes the newest `tokens` out of the charges; returns them, newest first.
-    fn take_newest(&mut self, mut tokens: u64) -> Vec<Charge> {
+    fn held(&self) -> u64 {
+        self.reserved.iter().map(|charge| charge.tokens).sum()
+    }
+
+    /// The charges of `reserved` past the prompt's tokens and `skip` more, oldest first, each
+    /// with the tokens of it that lie there.
+    fn unstreamed(&self, skip: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let mut skip = self.pinned + skip;
+        self.reserved.iter().enumerate().filter_map(move |(at, charge)| {
+            let skipped = skip.min(charge.tokens);
+            skip -= skipped;
+            (charge.tokens > skipped).then_some((at, charge.tokens - skipped))
+        })
+    }
+
+    /// Whether the first token held past the prompt's and `skip` more sits in a bucket about
+    /// to leave its window: a sliding window's within `ROLL_AHEAD_MS` (or half the window), so
+    /// that it is taken again in a later bucket before; a fixed window's once it ended (a fixed
+    /// window's tokens can only be taken again in the next one).
+    fn must_roll(&self, skip: u64, now_ms: u64) -> bool {
+        let Some((at, _)) = self.unstreamed(skip).next() else {
+            return false;
+        };
+        let leaves_ms = self.reserved[at].leaves_ms;
+        match self.policy.algorithm {
+            Algorithm::SlidingWindow => leaves_ms <= now_ms + ROLL_AHEAD_MS.min(self.policy.window_ms / 2),
+            Algorithm::FixedWindow => leaves_ms <= now_ms,
+        }
+    }
+
+    /// Takes up to `tokens` held past the prompt's out of `reserved`, oldest first; returns them.
+    fn take_unstreamed(&mut self, tokens: u64) -> Vec<Charge> {
+        let mut left = tokens;
         let mut taken = Vec::new();
-        while tokens > 0 {
-            let Some(last) = self.charges.last_mut() else {
+        let parts: Vec<(usize, u64)> = self.unstreamed(0).collect();
+        for (at, available) in parts {
+            if left == 0 {
                 break;
-            };
-            let part = tokens.min(last.tokens);
+            }
+            let part = left.min(available);
+            let charge = &mut self.reserved[at];
+            charge.tokens -= part;
+            left -= part;
             taken.push(Charge {
                 tokens: part,
-                ..*last
+                ..*charge
             });
-            last.tokens -= part;
-            tokens -= part;
-            if last.tokens == 0 {
-                self.charges.pop();
-            }
         }
+        self.reserved.retain(|charge| charge.tokens > 0);
         taken
     }
 
@@ -112,28 +146,30 @@ impl Account {
         matches!(self.policy.unit, Unit::Tokens | Unit::OutputTokens)
     }
 
-    /// The adjustments that bring what was taken to `tokens`: a charge of the difference, or
-    /// refunds from the newest buckets back.
-    fn settle_to(&self, tokens: u64, adjustments: &mut Vec<Adjustment>) {
-        let charged = self.charged();
+    /// The adjustments that settle the account to a stream's final figures, `moved` of whose
+    /// answer tokens were counted in the rounds after they streamed: the prompt's tokens stay
+    /// where they were reserved (as many as it used), every other token held is given back to
+    /// its bucket, and what the stream used beyond those is charged now, the time it ended.
+    fn settle_to(&self, input: u64, output: u64, moved: u64, adjustments: &mut Vec<Adjustment>) {
+        let moved = if self.counts_output() { moved } else { 0 };
+        let keep = self.policy.unit.of(input, 0).min(self.pinned);
         let adjustment = |tokens, refund_from| Adjustment {
             key: self.key.clone(),
             policy: self.policy.clone(),
             tokens,
             refund_from,
         };
-        if tokens > charged {
-            adjustments.push(adjustment(tokens - charged, None));
-            return;
-        }
-        let mut excess = charged - tokens;
-        for charge in self.charges.iter().rev() {
-            if excess == 0 {
-                break;
+        let mut kept = 0;
+        for charge in &self.reserved {
+            let stays = (keep - kept).min(charge.tokens);
+            kept += stays;
+            if charge.tokens > stays {
+                adjustments.push(adjustment(charge.tokens - stays, Some(charge.bucket)));
             }
-            let back = excess.min(charge.tokens);
-            adjustments.push(adjustment(back, Some(charge.bucket)));
-            excess -= back;
+        }
+        let now = self.policy.unit.of(input, output).saturating_sub(moved + kept);
+        if now > 0 {
+            adjustments.push(adjustment(now, None));
         }
     }
 }
@@ -150,6 +186,10 @@ fn slack_for(room: u64) -> u64 {
 #[derive(Debug)]
 struct Ledger {
     accounts: Vec<Account>,
+    /// Answer tokens counted in the bucket of a round after they streamed (their reservation
+    /// given back in the same step): sent in a top-up, or, if its call failed, left counted
+    /// where they were reserved. Never given back.
+    moved: u64,
     /// Per output account, the charges a top-up under way gives back (a roll): out of
     /// `accounts` meanwhile, so a settlement never gives them back twice.
     rolling: Vec<Vec<Charge>>,
@@ -194,6 +234,10 @@ impl Meter {
         } else {
             u64::MAX
         };
+        let mut accounts = accounts;
+        for account in &mut accounts {
+            account.pinned = account.policy.unit.of(request.input, 0).min(account.held());
+        }
         Meter {
             store,
             on_budget: request.on_budget,
@@ -203,6 +247,7 @@ impl Meter {
             flags: AtomicU8::new(0),
             ledger: Mutex::new(Ledger {
                 accounts,
+                moved: 0,
                 rolling: Vec::new(),
                 input: request.input,
                 output_estimate: request.output,
@@ -255,12 +300,17 @@ impl Meter {
         Ok(())
     }
 
-    /// Tokens used so far: (prompt, answer), the model's figures once reported.
+    /// Tokens used so far, as the settlement charges them: (prompt, answer), the prompt's as
+    /// estimated and the answer's as counted, or the model's figures once reported, except that
+    /// the answer is never charged less than was counted as streamed (those tokens went out;
+    /// `Lease.report_usage` logs a report below the count).
     pub fn used(&self) -> (u64, u64) {
         let ledger = lock(&self.ledger);
-        ledger
-            .reported
-            .unwrap_or((ledger.input, self.output.load(Ordering::Acquire)))
+        let counted = self.output.load(Ordering::Acquire);
+        match ledger.reported {
+            Some((input, output)) => (input, output.max(counted)),
+            None => (ledger.input, counted),
+        }
     }
 
     /// What a model's report is checked against: the estimates made at admission (prompt,
@@ -315,41 +365,61 @@ impl Meter {
         }
     }
 
-    /// Takes the meter's due top-up for a round, if any: the tokens that restore one increment
-    /// ahead (when flagged due), and a roll of the reservation not used yet when its bucket is
-    /// about to leave the window (`now_ms + ROLL_AHEAD_MS`): given back there, wanted again now,
-    /// so a stream that outlives the window stays counted in it.
+    /// Takes the meter's top-up for a round, if it needs one: the answer tokens streamed since
+    /// the last round within its reservation (given back where they were reserved and taken in
+    /// the current bucket, so each token counts in the window of the time it streamed), the
+    /// tokens that restore one increment ahead (when flagged due), and a roll of the
+    /// reservation not used yet when its bucket is about to leave the window (see
+    /// `Account::must_roll`): given back there, wanted again now, so a stream that outlives the
+    /// window stays counted in it.
     pub(super) fn take_due(&self, now_ms: u64) -> Option<TopUp> {
         let flags = self.flags.load(Ordering::Acquire);
         if flags & (IN_FLIGHT | ENDED) != 0 {
             return None;
         }
         let mut ledger = lock(&self.ledger);
-        let (input, output) = (ledger.input, self.output.load(Ordering::Acquire));
-        let rolls = ledger.accounts.iter().any(|account| {
-            account.counts_output()
-                && account
-                    .unused_leave_at(account.policy.unit.of(input, output))
-                    .is_some_and(|at| at <= now_ms + ROLL_AHEAD_MS.min(account.policy.window_ms / 2))
-        });
-        if flags & DUE == 0 && !rolls {
+        let output = self.output.load(Ordering::Acquire);
+        let covered = self.covered.load(Ordering::Acquire);
+        // Tokens past `covered` (the slack) have no reservation to move: the top-up takes them.
+        // Without a budget that counts the answer, nothing moves.
+        let counts_output = ledger.accounts.iter().any(Account::counts_output);
+        let moved = match counts_output {
+            true => output.min(covered).saturating_sub(ledger.moved),
+            false => 0,
+        };
+        let rolls = ledger
+            .accounts
+            .iter()
+            .any(|account| account.counts_output() && account.must_roll(moved, now_ms));
+        if moved == 0 && flags & DUE == 0 && !rolls {
             return None;
         }
         // In one step, so `is_waiting` never sees neither flag in between.
         let _ = self.flags.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
             Some((f & !DUE) | IN_FLIGHT)
         });
-        let covered = self.covered.load(Ordering::Acquire);
-        let rolled = if rolls { covered.saturating_sub(output) } else { 0 };
+        ledger.moved += moved;
+        let rolled = if rolls {
+            covered.saturating_sub(ledger.moved)
+        } else {
+            0
+        };
         let need = (output + TOP_UP).saturating_sub(covered);
-        let want = (rolled + if flags & DUE != 0 { need } else { 0 }).max(1);
+        let want = rolled + if flags & DUE != 0 { need } else { 0 };
         let (mut keys, mut policies, mut give_back, mut rolling) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for account in ledger.accounts.iter_mut().filter(|a| a.counts_output()) {
-            let taken = account.take_newest(rolled);
+            let streamed = account.take_unstreamed(moved);
+            let taken = account.take_unstreamed(rolled);
             keys.push(account.key.clone());
             policies.push(account.policy.clone());
-            give_back.push(taken.iter().map(|c| (c.bucket, c.tokens)).collect());
+            give_back.push(
+                streamed
+                    .iter()
+                    .chain(&taken)
+                    .map(|c| (c.bucket, c.tokens))
+                    .collect(),
+            );
             rolling.push(taken);
         }
         ledger.rolling = rolling;
@@ -359,6 +429,7 @@ impl Meter {
             keys,
             policies,
             give_back,
+            moved,
             want,
             forced: self.on_budget == OnBudget::Finish,
         })
@@ -367,7 +438,7 @@ impl Meter {
     /// A top-up's answer: `granted` of `want` tokens, taken from each budget that counts the
     /// answer in `buckets` (in account order), `room` left after it. Less than wanted means no
     /// budget is left. A meter settled meanwhile returns the refunds that give the top-up back.
-    pub(super) fn topped_up(&self, want: u64, answer: &ToppedUp, sent_at: u64) -> Vec<Adjustment> {
+    pub(super) fn topped_up(&self, want: u64, answer: &ToppedUp, call: (u64, u64)) -> Vec<Adjustment> {
         let (granted, buckets) = (answer.granted, &answer.buckets);
         self.slack.store(slack_for(answer.room), Ordering::Release);
         {
@@ -378,8 +449,13 @@ impl Meter {
             let ended = self.has(ENDED);
             let output_accounts = ledger.accounts.iter_mut().filter(|a| a.counts_output());
             let mut refunds = Vec::new();
-            for (account, bucket) in output_accounts.zip(buckets) {
-                let Some(bucket) = *bucket else { continue };
+            for (account, taken) in output_accounts.zip(buckets) {
+                let Some((bucket, counts_ms)) = *taken else {
+                    continue;
+                };
+                if granted == 0 {
+                    continue; // only moved tokens went there: streamed, never given back
+                }
                 if ended {
                     refunds.push(Adjustment {
                         key: account.key.clone(),
@@ -388,8 +464,8 @@ impl Meter {
                         refund_from: Some(bucket),
                     });
                 } else {
-                    let charge = Charge::new(bucket, granted, &account.policy, sent_at);
-                    account.charges.push(charge);
+                    let charge = Charge::new(bucket, granted, &account.policy, counts_ms, call);
+                    account.reserved.push(charge);
                 }
             }
             if ended {
@@ -427,8 +503,9 @@ impl Meter {
                 .zip(rolling)
             {
                 restored = charges.iter().map(|c| c.tokens).sum();
-                charges.reverse();
-                account.charges.extend(charges);
+                // A roll takes all that was held past the prompt, oldest first: it goes back
+                // behind the prompt's tokens, in order.
+                account.reserved.append(&mut charges);
             }
             restored
         };
@@ -455,8 +532,167 @@ impl Meter {
         let ledger = lock(&self.ledger);
         let mut adjustments = Vec::new();
         for account in &ledger.accounts {
-            account.settle_to(account.policy.unit.of(input, output), &mut adjustments);
+            account.settle_to(input, output, ledger.moved, &mut adjustments);
         }
         Some(adjustments)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Bucket = Bucket { slot: 1, epoch: 7 };
+    const B: Bucket = Bucket { slot: 2, epoch: 7 };
+
+    fn policy(algorithm: Algorithm, unit: Unit) -> RatePolicy {
+        RatePolicy::new("budget", 10_000, 60_000, algorithm, unit).unwrap()
+    }
+
+    /// A stream of `unit` that reserved `(input, output)` into bucket A, which leaves at 60 s.
+    fn meter(algorithm: Algorithm, unit: Unit, input: u64, output: u64) -> Meter {
+        let policy = policy(algorithm, unit);
+        let reserved = vec![Charge {
+            bucket: A,
+            tokens: unit.of(input, output),
+            leaves_ms: 60_000,
+        }];
+        let request = BudgetRequest {
+            policies: vec![policy.clone()],
+            input,
+            output,
+            on_budget: OnBudget::Cut,
+        };
+        let account = Account::new("key".into(), policy, reserved);
+        let meter = Meter::new(
+            Store::Main,
+            vec![account],
+            &request,
+            5_000,
+            Arc::new(Notify::new()),
+        );
+        meter.hold();
+        meter
+    }
+
+    fn answer(granted: u64, bucket: Bucket) -> ToppedUp {
+        ToppedUp {
+            granted,
+            room: 5_000,
+            buckets: vec![Some((bucket, 60_000))],
+        }
+    }
+
+    /// (refunded from A, refunded from B, charged now) in a settlement.
+    fn totals(adjustments: &[Adjustment]) -> (u64, u64, u64) {
+        let from = |bucket| {
+            adjustments
+                .iter()
+                .filter(|a| a.refund_from == Some(bucket))
+                .map(|a| a.tokens)
+                .sum()
+        };
+        let now = adjustments
+            .iter()
+            .filter(|a| a.refund_from.is_none())
+            .map(|a| a.tokens)
+            .sum();
+        (from(A), from(B), now)
+    }
+
+    #[test]
+    fn each_round_moves_the_tokens_streamed_since_the_last_out_of_their_reservation() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::Tokens, 100, 1_000);
+        assert!(meter.take_due(0).is_none(), "nothing streamed, nothing due");
+        meter.consume(300).unwrap();
+        let top_up = meter.take_due(0).unwrap();
+        // The prompt's 100 stay where they were reserved; the 300 streamed leave bucket A.
+        assert_eq!((top_up.moved, top_up.want), (300, 0));
+        assert_eq!(top_up.give_back, vec![vec![(A, 300)]]);
+        assert!(meter.topped_up(top_up.want, &answer(0, B), (0, 0)).is_empty());
+        meter.consume(200).unwrap();
+        let top_up = meter.take_due(0).unwrap();
+        assert_eq!(
+            (top_up.moved, top_up.give_back.clone()),
+            (200, vec![vec![(A, 200)]])
+        );
+        meter.topped_up(top_up.want, &answer(0, B), (0, 0));
+        // Settled: the prompt stays, the 500 not streamed come back, nothing more is charged.
+        assert_eq!(totals(&meter.end().unwrap()), (500, 0, 0));
+    }
+
+    #[test]
+    fn a_stream_whose_budgets_count_only_the_prompt_has_nothing_to_move() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::InputTokens, 100, 1_000);
+        meter.consume(300).unwrap();
+        assert!(
+            meter.take_due(0).is_none(),
+            "an entry with no budget to take from"
+        );
+        assert_eq!(totals(&meter.end().unwrap()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_stream_shorter_than_a_round_is_charged_its_tokens_where_it_ended() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::OutputTokens, 0, 1_000);
+        meter.consume(300).unwrap();
+        // No round ran: the whole reservation goes back to A, the 300 are charged now.
+        assert_eq!(totals(&meter.end().unwrap()), (1_000, 0, 300));
+    }
+
+    #[test]
+    fn a_report_below_the_count_is_charged_the_count() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::OutputTokens, 0, 1_000);
+        meter.consume(400).unwrap();
+        meter.report(0, 100).unwrap();
+        assert_eq!(meter.used(), (0, 400));
+        assert_eq!(totals(&meter.end().unwrap()), (1_000, 0, 400));
+    }
+
+    #[test]
+    fn a_failed_move_leaves_its_tokens_counted_where_they_were_reserved() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::OutputTokens, 0, 1_000);
+        meter.consume(300).unwrap();
+        let top_up = meter.take_due(0).unwrap();
+        meter.top_up_failed(top_up.want, false);
+        // Never given back, never charged again: the 300 stay counted in A.
+        assert_eq!(totals(&meter.end().unwrap()), (700, 0, 0));
+    }
+
+    #[test]
+    fn a_sliding_reservation_rolls_before_its_bucket_leaves_and_a_fixed_one_after() {
+        let sliding = meter(Algorithm::SlidingWindow, Unit::OutputTokens, 0, 1_000);
+        assert!(sliding.take_due(60_000 - ROLL_AHEAD_MS - 1).is_none());
+        let roll = sliding.take_due(60_000 - ROLL_AHEAD_MS).unwrap();
+        assert_eq!(
+            (roll.want, roll.give_back.clone()),
+            (1_000, vec![vec![(A, 1_000)]])
+        );
+        let fixed = meter(Algorithm::FixedWindow, Unit::OutputTokens, 0, 1_000);
+        assert!(
+            fixed.take_due(59_999).is_none(),
+            "taken again in the same window is no use"
+        );
+        assert_eq!(fixed.take_due(60_000).unwrap().want, 1_000);
+    }
+
+    #[test]
+    fn a_top_up_short_of_what_the_stream_streamed_past_its_reservation_cuts_it() {
+        let meter = meter(Algorithm::SlidingWindow, Unit::OutputTokens, 0, 100);
+        meter.consume(300).unwrap(); // 200 past the reservation, within the slack
+        assert!(!meter.is_waiting());
+        meter.consume(100).unwrap();
+        assert!(
+            meter.is_waiting(),
+            "more than the slack past: it waits for its top-up"
+        );
+        let top_up = meter.take_due(0).unwrap();
+        assert_eq!((top_up.moved, top_up.want), (100, 400 + TOP_UP - 100));
+        meter.topped_up(top_up.want, &answer(50, B), (0, 0));
+        assert!(meter.is_exhausted());
+        // Settled to what it streamed: the reservation left A with the move, the 50 granted
+        // come back from B, the other 300 streamed are charged now.
+        let (a, b, now) = totals(&meter.end().unwrap());
+        assert_eq!((a, b, now), (0, 50, 400 - 100));
     }
 }

@@ -1,9 +1,10 @@
 //! Token budgets of LLM streams (docs/design.md, "Token budgets"): rate policies counted in
 //! tokens. A stream reserves an estimate at admission (in the acquire's atomic step), counts
 //! what it streams here (`Meter::consume`, no I/O), has its reservation topped up ahead of need
-//! by one loop per manager that sends the top-ups of every stream of the process together
-//! (`round.rs`), and is settled when its lease is released: what it used beyond its
-//! reservation is charged, the rest given back to the buckets it was taken from.
+//! and its streamed tokens moved into the bucket of the time they streamed by one loop per
+//! manager that sends the top-ups of every stream of the process together (`round.rs`), and is
+//! settled when its lease is released: what it holds and did not stream is given back to the
+//! buckets it was taken from, and what it streamed since the last round is charged then.
 
 mod meter;
 mod round;

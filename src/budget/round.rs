@@ -1,6 +1,7 @@
-//! The top-up loop, one per manager: woken by a meter that needs more, it runs a round at most
-//! every `TOP_UP_EVERY`, sending the top-ups of every due stream together (one call per store,
-//! per hash tag on a cluster), and retries settlements that failed.
+//! The top-up loop, one per manager: woken by a meter that needs more, and every
+//! `TOP_UP_EVERY` while streams are open, it runs a round at most that often, sending the
+//! top-ups of every stream that streamed or needs more together (one call per store, per hash
+//! tag on a cluster), and retries settlements that failed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -97,9 +98,10 @@ impl Budgets {
             return;
         };
         // Top-ups of streams settled meanwhile are given back, in one call.
+        let call = (sent_at, monotonic_ms());
         let mut refunds = Vec::new();
         for ((meter, top_up), answer) in chunk.into_iter().zip(answers) {
-            refunds.extend(meter.topped_up(top_up.want, &answer, sent_at));
+            refunds.extend(meter.topped_up(top_up.want, &answer, call));
         }
         if !refunds.is_empty() {
             let id = uuid::Uuid::new_v4().simple().to_string();

@@ -453,7 +453,8 @@ end
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
--- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua) or
+-- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua), tell
+-- for how many more ms units taken now count in the window (`counts`, on this server's clock) or
 -- repair a missing expiry (see hit.lua for the two algorithms). Every counter can be given
 -- back to: a token budget's unused reservation, and the units of a grant nobody took (an
 -- acquire cancelled while its call was in flight). The epoch comes with the slices, so keeping
@@ -484,6 +485,8 @@ local function look_rate(key, algorithm, window)
         call('PEXPIRE', key, window + slice)
         return bucket, epoch
       end,
+      -- slices_in_use keeps a slice while its index is at least floor((now - window) / slice)
+      counts = function() return (math.floor(now / slice) + 1) * slice + window - now end,
       repair = function()
         if call('PTTL', key) == -1 then call('PEXPIRE', key, window + slice) end
       end,
@@ -510,6 +513,7 @@ local function look_rate(key, algorithm, window)
       end
       return now + left, 0
     end,
+    counts = function() return left end,
     repair = function() end,
   }
 end

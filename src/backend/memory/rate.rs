@@ -101,8 +101,9 @@ impl RateCounters {
         HitOutcome { decisions, refused }
     }
 
-    /// A budget top-up (`lua/topup.lua`): as many of the tokens wanted as every budget has
-    /// room for (all of them, forced), the room left after it, and each budget's bucket.
+    /// A budget top-up (`lua/topup.lua`): gives back what it lists, takes the moved tokens
+    /// whatever the room, then as many of the tokens wanted as every budget has room for (all of
+    /// them, forced); the room left after it, and each budget's bucket and how long it counts.
     pub fn top_up(&mut self, top_up: &TopUp) -> ToppedUp {
         let now = self.now();
         for (key, give_back) in top_up.keys.iter().zip(&top_up.give_back) {
@@ -112,7 +113,7 @@ impl RateCounters {
         }
         let mut room = u64::MAX;
         for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
-            let used = self.look(key, policy, now).used;
+            let used = self.look(key, policy, now).used + top_up.moved;
             room = room.min(policy.limit.saturating_sub(used));
         }
         let granted = if top_up.forced {
@@ -120,16 +121,34 @@ impl RateCounters {
         } else {
             top_up.want.min(room)
         };
+        let taken = top_up.moved + granted;
         let buckets = top_up
             .keys
             .iter()
             .zip(&top_up.policies)
-            .map(|(key, policy)| (granted > 0).then(|| self.take(key, policy, granted, now)))
+            .map(|(key, policy)| {
+                (taken > 0).then(|| {
+                    let bucket = self.take(key, policy, taken, now);
+                    (bucket, Self::counts_for(bucket, policy, now))
+                })
+            })
             .collect();
         ToppedUp {
             granted,
             room: room.saturating_sub(granted),
             buckets,
+        }
+    }
+
+    /// For how many more ms units taken into `bucket` now count in the window (`counts` of
+    /// `lua/prelude.lua`'s look_rate).
+    fn counts_for(bucket: Bucket, policy: &RatePolicy, now: u64) -> u64 {
+        match policy.algorithm {
+            Algorithm::SlidingWindow => {
+                let slice = policy.window_ms / SLICES;
+                (bucket.slot + 1) * slice + policy.window_ms - now
+            }
+            Algorithm::FixedWindow => bucket.slot - now,
         }
     }
 

@@ -325,6 +325,7 @@ impl RedisBackend {
             invocation
                 .arg(top_up.want)
                 .arg(u8::from(top_up.forced))
+                .arg(top_up.moved)
                 .arg(top_up.keys.len());
             for ((key, policy), give_back) in top_up.keys.iter().zip(&top_up.policies).zip(&top_up.give_back)
             {
@@ -348,18 +349,18 @@ impl RedisBackend {
             let [granted, room, after @ ..] = rest else {
                 return Err(unexpected_reply("top-up", &reply));
             };
-            if after.len() < 2 * n {
+            if after.len() < 3 * n {
                 return Err(unexpected_reply("top-up", &reply));
             }
             answers.push(ToppedUp {
                 granted: *granted,
                 room: *room,
-                buckets: after[..2 * n]
-                    .chunks(2)
-                    .map(|pair| Bucket::of(pair[0], pair[1]))
+                buckets: after[..3 * n]
+                    .chunks(3)
+                    .map(|taken| Bucket::of(taken[0], taken[1]).map(|bucket| (bucket, taken[2])))
                     .collect(),
             });
-            rest = &after[2 * n..];
+            rest = &after[3 * n..];
         }
         Ok(answers)
     }
