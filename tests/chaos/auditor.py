@@ -14,7 +14,8 @@ Invariants checked (each violation is listed with its time and the streams it in
   ``t_start``: only starts known to fall inside a window are counted in it).
 * ``budgets``: no window of the token budget's ``per`` seconds holds more of one user's tokens,
   by the time the streams sent them, than the budget plus one top-up increment and one chunk
-  per budgeted stream of the user open in that window (the token budgets guide's bound).
+  per concurrent stream (the most of the user's budgeted streams open at once in that window:
+  the token budgets guide's bound).
 * ``leftovers``: a slot is counted in Redis at most ``leftover`` after its stream ended, or after
   Redis (or the worker's network, or the worker) came back from a fault that overlapped, and at
   most ``lease_seconds`` after its worker was killed.
@@ -492,8 +493,8 @@ class Audit:
 
     def check_budgets(self) -> None:
         """Every window of ``budget_per`` seconds, anchored at each chunk a user's streams sent:
-        the tokens sent in it are at most the budget, one increment and one chunk per budgeted
-        stream of the user open in it, and the reservations orphaned by a loss of counts."""
+        the tokens sent in it are at most the budget, one increment and one chunk per
+        concurrent stream, and the reservations orphaned by a loss of counts."""
         settings = self.settings
         per = settings.budget_per - CLOCK_SLACK
         slack = TOP_UP_INCREMENT + settings.max_chunk
@@ -521,14 +522,15 @@ class Audit:
                 if window <= settings.budget:
                     continue
                 open_ = [s for s in streams if s.t_start < hi and (s.t_end or hi) > lo]
-                bound = settings.budget + slack * len(open_) + self.orphaned(open_, lo)
+                concurrent = _most_at_once(open_, lo, hi)
+                bound = settings.budget + slack * concurrent + self.orphaned(open_, lo)
                 if window > bound and lo > reported + settings.budget_per:
                     reported = lo
                     self.violations.append(Violation(
                         "budgets", lo,
                         f"{user}: {window} tokens sent within {settings.budget_per} s > "
-                        f"{bound} (budget {settings.budget} + {slack} x {len(open_)} open "
-                        f"streams); last fault {self.fault_before(lo)}: "
+                        f"{bound} (budget {settings.budget} + {slack} x {concurrent} streams "
+                        f"at once); last fault {self.fault_before(lo)}: "
                         + ", ".join(self.describe(s) for s in open_)))
         self.figures[f"most tokens of one user sent in one budget window (budget "
                      f"{settings.budget})"] = most
@@ -701,6 +703,17 @@ class Audit:
                 self.violations.append(Violation(
                     "errors", life.t_spawn,
                     f"worker {life.name} wrote on stderr: {' | '.join(life.stderr)}"))
+
+
+def _most_at_once(streams: list[Stream], lo: float, hi: float) -> int:
+    """The most of ``streams`` open at one moment of [lo, hi] (touching ones do not overlap)."""
+    edges = sorted([(max(s.t_start, lo), 1) for s in streams]
+                   + [(min(s.t_end or hi, hi), -1) for s in streams])
+    most = running = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
 
 
 def _members(lease: str, weight: int) -> list[str]:
