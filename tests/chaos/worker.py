@@ -240,20 +240,28 @@ class Worker:
             finally:
                 ended.append(now())  # before the library starts the release
 
+        # A cut ends the stream in wrap() right after it counts an item, and wrap() releases
+        # before it closes the body: the stream's end is the count's moment.
+        counted: list[float] = []
+
+        def count(n: int) -> int:
+            counted.append(now())
+            return n
+
         how = "ok"
         # The end, if the library ends the stream before its body ever ran (the lease lost at
         # once): this stamp still comes before the release.
         entered = now()
-        tokens = (lambda n: n) if plan.budget else None
         try:
-            async for n in lease.wrap(body(), tokens=tokens):
-                # Nothing awaited here: every exit goes through the body first.
+            async for n in lease.wrap(body(), tokens=count if plan.budget else None):
+                # Nothing awaited here: every other exit goes through the body first.
                 if plan.budget:
                     emit("tok", id=plan.sid, t=now(), n=n)
         except LeaseLost:
             how = "lost"
         except BudgetExhausted:
             how = "cut"
+            ended.insert(0, counted[-1] if counted else entered)
         except asyncio.CancelledError:
             how = "cancelled"
             raise
