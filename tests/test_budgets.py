@@ -583,16 +583,20 @@ async def answer_then_the_next(manager, budget, *, first_after: float, pause: fl
     lease = await manager.acquire("alice", budgets=[budget], reserve=budget.limit)
     await asyncio.sleep(first_after)
     streams = [await stream_timed(lease, [budget.limit // 100] * 100, pause)]
+    late = await the_next_answer(manager, budget)
+    streams.append(await stream_timed(late, [100] * 90, 0))
+    return streams
+
+
+async def the_next_answer(manager, budget: RateLimit):
+    """An answer of 9,000 tokens, asked for from now on until it is admitted."""
     deadline = time.monotonic() + 4 * budget.per
     while True:
         try:
-            late = await manager.acquire("alice", budgets=[budget], reserve=9_000)
-            break
+            return await manager.acquire("alice", budgets=[budget], reserve=9_000)
         except RateLimited:
             assert time.monotonic() < deadline, "the next answer was never admitted"
             await asyncio.sleep(0.05)
-    streams.append(await stream_timed(late, [100] * 90, 0))
-    return streams
 
 
 FOUR_SECONDS = RateLimit("tokens_per_4s", 10_000, per=4, unit="tokens")
@@ -634,14 +638,7 @@ async def test_a_reservation_carried_into_the_next_fixed_window_is_taken_again_t
     end = time.time() + lease.rate_decisions[0].reset
     await asyncio.sleep(max(0.0, end - 0.3 - time.time()))
     first = asyncio.create_task(stream_timed(lease, [100] * 100, 0.012))  # across the end
-    deadline = time.monotonic() + 4 * budget.per
-    while True:
-        try:
-            late = await manager.acquire("alice", budgets=[budget], reserve=9_000)
-            break
-        except RateLimited:
-            assert time.monotonic() < deadline, "the next answer was never admitted"
-            await asyncio.sleep(0.05)
+    late = await the_next_answer(manager, budget)
     streams = [await first, await stream_timed(late, [100] * 90, 0)]
     worst, at = worst_fixed_window(streams, [end + 2 * i for i in range(4)], 2)
     assert worst <= bound(10_000, streams), f"{worst} tokens in the window ending {at}"

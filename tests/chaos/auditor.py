@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi_stream_lease import TOP_UP_INCREMENT
@@ -457,16 +458,20 @@ class Audit:
         """Whether a rate or budget window [lo, hi] is judged: it overlaps no loss of counts."""
         return not any(f_lo < hi and f_hi > lo for f_lo, f_hi, _ in self.counts_lost())
 
+    def by_user(self, kind: Callable[[Stream], bool]) -> dict[str, list[Stream]]:
+        """The streams of ``kind`` (those that counted the rate, those with a budget), per user."""
+        streams: dict[str, list[Stream]] = defaultdict(list)
+        for stream in self.streams.values():
+            if kind(stream) and stream.user is not None:
+                streams[stream.user].append(stream)
+        return streams
+
     def check_rates(self) -> None:
         """Every window of ``rate_per`` seconds, anchored at each start's ``t_req``: the starts
         wholly inside it (``t_req`` and ``t_start`` both) number at most ``rate_limit``."""
         settings = self.settings
-        by_user: dict[str, list[Stream]] = defaultdict(list)
-        for stream in self.streams.values():
-            if stream.rate and stream.user is not None:
-                by_user[stream.user].append(stream)
         most = 0
-        for user, starts in by_user.items():
+        for user, starts in self.by_user(lambda s: s.rate).items():
             starts.sort(key=lambda s: s.t_req)
             reported = float("-inf")
             for k, first in enumerate(starts):
@@ -498,12 +503,8 @@ class Audit:
         settings = self.settings
         per = settings.budget_per - CLOCK_SLACK
         slack = TOP_UP_INCREMENT + settings.max_chunk
-        by_user: dict[str, list[Stream]] = defaultdict(list)
-        for stream in self.streams.values():
-            if stream.budget and stream.user is not None:
-                by_user[stream.user].append(stream)
         most = 0
-        for user, streams in by_user.items():
+        for user, streams in self.by_user(lambda s: s.budget).items():
             sent = sorted((t, n) for s in streams for t, n in s.tokens)
             total = 0
             j = 0
