@@ -288,11 +288,11 @@ class Worker:
                     lost = lease.lost
         except LeaseLost:
             how = "lost"
-        except BudgetExhausted:
-            how = "cut"
             lost = True
             if not began:  # lost before the block ran: no stream to tell of
                 emit("lost_at_once", id=plan.sid, t=now())
+        except BudgetExhausted:
+            how = "cut"
         except asyncio.CancelledError:
             how = "cancelled"
             raise
