@@ -366,8 +366,9 @@ async def test_random_streams_through_a_redis_stall_never_undercount(
     assert sum(streamed) <= 5_000 + sum(TOP_UP_INCREMENT + chunk for chunk in largest)
 
 
-# A refund must never land in a counter made again since its charge, a name must not join a request rate and a budget, reported figures are bounded even
-# with nothing counted, and a settlement given up is counted.
+# A refund must never land in a counter made again since its charge, a name must not join a
+# request rate and a budget, reported figures are bounded even with nothing counted, and a
+# settlement given up is counted.
 
 TEN_MIN = RateLimit("tokens_per_10_minutes", 10_000, per=600, unit="tokens")
 
