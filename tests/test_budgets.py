@@ -1,4 +1,4 @@
-"""Token budgets for LLM streams (issue 12): reserved at admission with the lease, charged as
+"""Token budgets for LLM streams: reserved at admission with the lease, charged as
 the stream runs, topped up ahead of need, settled at release. Each behavioural test runs on the
 embedded store and on a real Redis."""
 

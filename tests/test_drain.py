@@ -1,4 +1,4 @@
-"""Draining a worker for a rolling deploy, and the 0.6 API's shutdown calls (issue 13). Each
+"""Draining a worker for a rolling deploy, and the 0.6 API's shutdown calls. Each
 behavioural test runs on the embedded store and on a real Redis."""
 
 from __future__ import annotations

@@ -423,7 +423,7 @@ async def test_a_release_lost_in_a_failover_frees_its_slot(own_redis, make_own_r
     await eventually(alice_has_room, what="the member of the released lease to be pruned")
     stats = manager.stats()
     # One member in her pool, one in the global pool. The whole stats as text: pytest shortens
-    # a dict, and when this failed once under CI's load (Valkey pass, session 10: pruned 0, so
+    # a dict, and when this failed once under CI's load (Valkey pass: pruned 0, so
     # the slot freed by another road) the counters that tell which road were cut off.
     assert stats["pruned"] == 2, str(stats)
     await kept.release()
@@ -526,7 +526,7 @@ async def test_a_release_lost_in_a_failover_frees_its_slot_while_others_wait(
                    "model's finding 5)")
 async def test_a_failover_that_swaps_a_grant_for_a_release_is_noticed(own_redis,
                                                                       make_own_redis_manager):
-    # Found by the chaos run (issue 10): the holder's count of members is all the keep-alive
+    # The holder's count of members is all the keep-alive
     # compares, and here it matches what the process holds.
     manager = make_own_redis_manager(**OUTLIVES_A_RESTORE, max_per_user=1, max_global=0)
     released = await manager.acquire("alice")

@@ -1,4 +1,4 @@
-"""Rate limits at the HTTP boundary (issue 11): the dependency, the decorator, the middleware,
+"""Rate limits at the HTTP boundary: the dependency, the decorator, the middleware,
 WebSockets, client IPs behind proxies, and headers parsed back with a structured-field parser
 on success, on refusal and on a stream. Each runs on the embedded store and on Redis."""
 

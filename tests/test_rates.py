@@ -1,5 +1,5 @@
-"""Request-rate limits: several policies per hit, all or nothing, exact across workers
-(issue 11). Each behavioural test runs on the embedded store and on a real Redis."""
+"""Request-rate limits: several policies per hit, all or nothing, exact across workers.
+Each behavioural test runs on the embedded store and on a real Redis."""
 
 from __future__ import annotations
 

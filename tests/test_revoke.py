@@ -1,4 +1,4 @@
-"""Revoking a user's streams (issue 13): every live stream of the user ends with LeaseRevoked,
+"""Revoking a user's streams: every live stream of the user ends with LeaseRevoked,
 in this process at once and in every other within one renewal period; a ban refuses the user's
 new streams with 403 until it ends; nothing else of the user's or anyone's is touched. The
 behavioural tests run on the embedded store and on a real Redis; the others across managers

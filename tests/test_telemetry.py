@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics and traces (issue 13), recorded with the SDK's in-memory reader and
+"""OpenTelemetry metrics and traces, recorded with the SDK's in-memory reader and
 exporter during a scenario that meets every result; no raw identity anywhere."""
 
 from __future__ import annotations

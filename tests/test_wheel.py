@@ -1,4 +1,4 @@
-"""The package as users get it (issue 16): a wheel installed into a fresh virtualenv, with no
+"""The package as users get it: a wheel installed into a fresh virtualenv, with no
 Rust toolchain on PATH, serves the README's quickstart under uvicorn against a real server.
 
 The wheel here is built from ``make build``'s compiled core (``maturin build --profile dev``

@@ -48,7 +48,7 @@ pub enum Count {
     /// remove, a check or a prune recounts), the keep-alive returns it, the process compares it
     /// with its tallies both ways (`renewal/tally.rs`).
     Exact,
-    /// Before 8db04e2 (issue 10, finding 1): `T:holders:<id>:granted` only grew (every member
+    /// The old protocol (finding 1): `T:holders:<id>:granted` only grew (every member
     /// added counted, none removed); the keep-alive said "not alive" when it was below the
     /// members the process knew were granted to the group (`granted_units`, which also only grew
     /// while the group lived), and the resync after a check raised it to that figure.
@@ -117,7 +117,7 @@ pub struct ModelConfig {
     /// lost, left the count below the members, and members in excess unseen).
     pub reclaim_recounts: bool,
     /// `release.lua` leaves the holder's index and entry as they are, and the keep-alive drops
-    /// from the index the pools where the holder has no member left (issue 15). Before, the
+    /// from the index the pools where the holder has no member left Before, the
     /// release dropped such pools itself, and a holder whose index it emptied left the tag.
     pub lazy_index: bool,
 }
@@ -165,7 +165,7 @@ impl ModelConfig {
         }
     }
 
-    /// The protocol before issue 10's findings 1 and 2: a count of granted members that only
+    /// The protocol before the fixes of findings 1 and 2: a count of granted members that only
     /// grew, and no prune (nor any later fix).
     pub fn old(self) -> Self {
         ModelConfig {

@@ -1,7 +1,7 @@
 //! Checks one configuration of the protocol model and prints what it found, each
 //! counterexample as a trace: `cargo run -p protocol-model --release -- [old|unfixed|fixed]
 //! [key=value ...]` (today's protocol by default; `unfixed`: at 669650f, before the fixes the
-//! model led to; `old`: before issue 10's findings 1 and 2).
+//! model led to; `old`: before the fixes of findings 1 and 2).
 //! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
 //! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
