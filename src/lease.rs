@@ -119,6 +119,12 @@ impl LeaseRecord {
         u64::from(self.weight) * self.pools.len() as u64
     }
 
+    /// What each of its members adds to its holder's sum of ids in Redis: the first 32 bits of
+    /// the id (the scripts' prelude, `id_value`, computes the same).
+    pub fn id_value(&self) -> u64 {
+        u64::from_str_radix(&self.id[..8], 16).expect("a lease id is hex")
+    }
+
     /// The `{hash tag}` all this lease's keys share (its Redis Cluster slot).
     pub fn hash_tag(&self) -> &str {
         keys::hash_tag(&self.holders)

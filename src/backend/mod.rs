@@ -113,15 +113,23 @@ pub struct Placed {
     pub places: Vec<u64>,
 }
 
+/// What Redis counts for a holder in a tag (`<tag>:holders:<id>:members`): its members, and the
+/// sum of their ids (`LeaseRecord::id_value` per member).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub members: u64,
+    pub ids: u64,
+}
+
 /// What one keep-alive found for one group (the leases of one holders key, one hash tag).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kept {
     pub holders: String,
     /// The holder's entry was live, and is extended; else its leases must be checked one by one.
     pub alive: bool,
-    /// The holder's count of members in the tag (Redis; None for the embedded stores, which
-    /// never lose one).
-    pub members: Option<u64>,
+    /// What Redis counts for the holder in the tag (None for the embedded stores, which never
+    /// lose a member).
+    pub counted: Option<Counted>,
     /// The tag's revocation stamp (`revoke`, which never repeats a value; always 0 in the
     /// embedded stores, whose revocations end this process's leases at once).
     pub revocations: u64,
@@ -261,7 +269,7 @@ impl Backend {
                     .map(|holders| Kept {
                         holders: holders.clone(),
                         alive: true,
-                        members: None,
+                        counted: None,
                         revocations: 0,
                     })
                     .collect()

@@ -492,6 +492,7 @@ local function grant(used, rates)
     granted[i + 2] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
+  batch.granted_ids = batch.granted_ids + weight * pools * id_value(id)
   answer_rates(granted, rates, true)
   return granted
 end
@@ -570,14 +571,14 @@ end
 
 --[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
--- the clock, the reaper and the holder's count of members are seen to once.
-batch = {holder_was_alive = nil, granted_members = 0, indexed = {}, waiters_dropped = false, used = {}}
+-- the clock, the reaper and the holder's count of members (and sum of ids) are seen to once.
+batch = {holder_was_alive = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
 read_clock()
 steady_clock(holders, ttl)
 reap(holders)
 local replies = decide_each(KEYS, ARGV, decide_request)
-count_members(holders, holder, batch.granted_members)
+count_members(holders, holder, batch.granted_members, batch.granted_ids)
 if batch.holder_was_alive == false then
   refresh(holders, holder) -- its keys may be new
 end

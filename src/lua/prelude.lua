@@ -7,9 +7,11 @@
 -- holder's id; <tag>:holders:<id> (set) lists every pool where that holder has members (and
 -- may list pools it left: release.lua leaves them, keepalive.lua drops them), so the
 -- leases of a holder that stopped renewing are removed pool by pool ("reaped"), and
--- <tag>:holders:<id>:members counts the members the holder has in the tag, kept exact by every
--- script that adds or removes one, so the holder can tell, both ways, when what Redis holds for
--- it differs from what it holds (a failover that lost the last writes, a reap, a lost release).
+-- <tag>:holders:<id>:members (hash) counts the members the holder has in the tag ('n') and sums
+-- their ids ('s', see `id_value`), kept exact by every script that adds or removes one, so the
+-- holder can tell, both ways, when what Redis holds for it differs from what it holds (a
+-- failover that lost the last writes, a reap, a lost release), even when as many members came
+-- back as went missing.
 -- redis.call, kept in a local by begin_call (a library loads without it): reached through the
 -- globals on every command, it cost two table lookups each time.
 local call
@@ -394,20 +396,36 @@ local function remove_members(pool, id, weight)
   return call('ZREM', pool, unpack(members(id, weight)))
 end
 
--- Moves a holder's count of members in a tag by `change`.
-local function count_members(holders, holder, change)
-  if change ~= 0 then
-    call('INCRBY', members_key(holders, holder), integer(change))
+-- What one member of a lease adds to its holder's sum of ids: the first 32 bits of the lease
+-- id (random hex; the core computes the same, `LeaseRecord::id_value`). Exact in a Lua number
+-- up to 2^21 members per holder in a tag.
+local function id_value(member)
+  return tonumber(string.sub(member, 1, 8), 16) or 0
+end
+
+-- Moves a holder's count of members in a tag by `change`, and its sum of ids by `ids`.
+local function count_members(holders, holder, change, ids)
+  if change ~= 0 or ids ~= 0 then
+    local key = members_key(holders, holder)
+    call('HINCRBY', key, 'n', integer(change))
+    call('HINCRBY', key, 's', integer(ids))
   end
 end
 
--- Counts a holder's members in its pools of one tag again, from the pools themselves.
+-- Counts a holder's members in its pools of one tag again, and sums their ids, from the pools
+-- themselves.
 local function recount(holders, holder)
-  local count = 0
+  local count, ids = 0, 0
   for _, pool in ipairs(call('SMEMBERS', holders .. ':' .. holder)) do
-    count = count + call('ZCOUNT', pool, holder, holder)
+    for _, found in ipairs(call('ZRANGEBYSCORE', pool, holder, holder)) do
+      count = count + 1
+      ids = ids + id_value(found)
+    end
   end
-  call('SET', members_key(holders, holder), count, 'PX', IDLE_MS_TEXT)
+  local key = members_key(holders, holder)
+  call('DEL', key)
+  call('HSET', key, 'n', integer(count), 's', integer(ids))
+  call('PEXPIRE', key, IDLE_MS_TEXT)
   return count
 end
 

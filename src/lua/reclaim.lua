@@ -69,10 +69,10 @@ while i <= #ARGV do
       for j = 1, k do
         add_members(keys[j], holders, holder, id, weight, true)
       end
-      count_members(holders, holder, weight * k - removed)
+      count_members(holders, holder, weight * k - removed, (weight * k - removed) * id_value(id))
       reclaimed[#reclaimed + 1] = position
     else
-      count_members(holders, holder, -removed)
+      count_members(holders, holder, -removed, -removed * id_value(id))
       if is_revoked then
         revoked[#revoked + 1] = position
       else

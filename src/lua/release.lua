@@ -20,8 +20,8 @@
 local holder = ARGV[2] -- the core's decimal text, as stored
 local released = 0
 local present_each = {}
--- holders key -> the members removed in its tag
-local removed_in = {}
+-- holders key -> the members removed in its tag, and the sum of their ids
+local removed_in, removed_ids_in = {}, {}
 local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
@@ -39,12 +39,13 @@ while i <= #ARGV do
   if removed > 0 then
     released = released + 1
     removed_in[holders] = (removed_in[holders] or 0) + removed
+    removed_ids_in[holders] = (removed_ids_in[holders] or 0) + removed * id_value(id)
   end
   present_each[#present_each + 1] = failure or (removed > 0 and 1 or 0)
   i = i + 2
 end
 for holders, removed in pairs(removed_in) do
-  count_members(holders, holder, -removed)
+  count_members(holders, holder, -removed, -removed_ids_in[holders])
 end
 if ARGV[1] ~= '' and released > 0 and call('ZCARD', KEYS[#KEYS]) > 0 then
   wake(ARGV[1], released)

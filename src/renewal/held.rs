@@ -236,6 +236,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Counted;
     use crate::keys::{Pool, PoolRole};
 
     fn lease(tag: &str, store: Store) -> Arc<LeaseRecord> {
@@ -264,7 +265,7 @@ mod tests {
         assert_eq!(held.groups(Store::Main), vec!["{t}:holders".to_owned()]);
         held.tallies.open_windows();
         assert!(
-            !held.tallies.close_window("{t}:holders", 2),
+            !held.tallies.close_window("{t}:holders", Counted::of(&[&a, &b])),
             "the main store's members"
         );
         assert!(held.tallies.take_excess().is_empty());
@@ -302,7 +303,7 @@ mod tests {
         assert_eq!(held.leases_of(Store::Main, "{t}:holders").len(), 1);
         held.tallies.open_windows();
         assert!(
-            !held.tallies.close_window("{t}:holders", 1),
+            !held.tallies.close_window("{t}:holders", Counted::of(&[&new])),
             "the lost one no longer counts"
         );
         assert!(held.tallies.take_excess().is_empty());

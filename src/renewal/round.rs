@@ -97,8 +97,8 @@ impl Leases {
             let mut held = lock(&self.held);
             for tag in kept {
                 let is_short = tag
-                    .members
-                    .is_some_and(|members| held.tallies.close_window(&tag.holders, members));
+                    .counted
+                    .is_some_and(|counted| held.tallies.close_window(&tag.holders, counted));
                 if tag.alive {
                     report.renewed.push(tag.holders.clone());
                 }

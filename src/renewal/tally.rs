@@ -1,27 +1,61 @@
 //! What Redis should count for this holder in each tag of the main store: the members of the
 //! leases it holds, give or take those in flight (acquires sent and not settled, releases not
-//! confirmed). A keep-alive's count below the lowest figure seen during its call means members
-//! are missing (the leases are checked one by one, that round); above the highest, members it
-//! does not hold (they are pruned at the next round, once the acquires in flight during the call
-//! have settled: a refused one never counted), and the leases are checked one by one too, that
-//! round, since the excess may hide members missing. So a shortfall is found within one renewal
-//! period, an excess within two; a shortfall exactly matched by an excess is not found.
+//! confirmed), and the sum of their ids (`LeaseRecord::id_value` per member). A keep-alive's
+//! count below the lowest figure seen during its call means members are missing (the leases are
+//! checked one by one, that round); above the highest, members it does not hold (they are
+//! pruned at the next round, once the acquires in flight during the call have settled: a
+//! refused one never counted), and the leases are checked one by one too, that round, since the
+//! excess may hide members missing. A count within those figures whose sum of ids no choice of
+//! the leases that changed during the call explains means as many members are missing as came
+//! back (a failover that lost a grant and brought back a release): checked one by one as well.
+//! So a shortfall is found within one renewal period (one whose call saw at most
+//! `MOST_CHANGES_JUDGED` leases change; a later one otherwise), an excess within two.
 
 use std::collections::HashMap;
 
+use crate::backend::Counted;
 use crate::lease::{LeaseId, LeaseRecord};
+
+/// Leases that changed during one keep-alive call beyond which its sum of ids is not judged
+/// (each choice of them is tried: 2^12 at most); the count still is, and the next call with
+/// fewer changes judges the sum.
+const MOST_CHANGES_JUDGED: usize = 12;
+
+/// A lease as a tally sees it: what it adds to the count and to the sum of ids, and whether it
+/// is held now.
+#[derive(Clone, Copy)]
+struct Share {
+    units: u64,
+    ids: u64,
+    held: bool,
+}
+
+impl Share {
+    fn of(record: &LeaseRecord, held: bool) -> Self {
+        let units = record.units();
+        Share {
+            units,
+            ids: units * record.id_value(),
+            held,
+        }
+    }
+}
 
 #[derive(Default)]
 struct Tally {
-    /// Members of the leases held.
+    /// Members of the leases held, and the sum of their ids.
     held: u64,
-    /// Lease id -> members, of the leases in flight (few: only calls under way).
-    in_flight: HashMap<LeaseId, u64>,
+    held_ids: u64,
+    /// Lease id -> its share, of the leases in flight (few: only calls under way).
+    in_flight: HashMap<LeaseId, Share>,
     /// Since the window opened: the lowest and highest `held`, and the leases in flight at any
     /// moment, less those found to have added nothing (refused, never sent).
     lo: u64,
     held_hi: u64,
     seen_in_flight: HashMap<LeaseId, u64>,
+    /// The leases in flight when the window opened or changed since, each with its share now:
+    /// Redis may or may not count them. Every other lease held now was held all along.
+    changed: HashMap<LeaseId, Share>,
     /// The window is open until the keep-alive's answer arrives.
     window_open: bool,
     /// What that answer said: the holder's count in Redis.
@@ -36,6 +70,12 @@ impl Tally {
         }
     }
 
+    fn changed(&mut self, record: &LeaseRecord, share: Share) {
+        if self.window_open {
+            self.changed.insert(record.id, share);
+        }
+    }
+
     /// Nothing to keep: nothing held or in flight, no count to judge, and no window open (a
     /// tally dropped while its keep-alive is under way would come back without the window's
     /// figures, and its answer would look like an excess).
@@ -46,6 +86,33 @@ impl Tally {
     /// The most Redis may have counted while the window was open.
     fn hi(&self) -> u64 {
         self.held_hi + self.seen_in_flight.values().sum::<u64>()
+    }
+
+    /// Whether Redis's sum of ids is what the leases held all along add, plus those of some of
+    /// the leases that changed, with as many members as it counted (not judged, so true, when
+    /// too many changed).
+    fn ids_explained(&self, counted: Counted) -> bool {
+        let changed: Vec<Share> = self.changed.values().copied().collect();
+        if changed.len() > MOST_CHANGES_JUDGED {
+            return true;
+        }
+        let (mut members, mut ids) = (self.held, self.held_ids);
+        for share in changed.iter().filter(|share| share.held) {
+            members = members.saturating_sub(share.units);
+            ids = ids.saturating_sub(share.ids);
+        }
+        let (Some(members), Some(ids)) = (counted.members.checked_sub(members), counted.ids.checked_sub(ids))
+        else {
+            return false;
+        };
+        (0u32..1 << changed.len()).any(|choice| {
+            let chosen = changed
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| choice & (1 << i) != 0)
+                .map(|(_, share)| share);
+            chosen.fold((0, 0), |(m, s), share| (m + share.units, s + share.ids)) == (members, ids)
+        })
     }
 }
 
@@ -76,25 +143,33 @@ impl Tallies {
 
     /// A lease became held (`held`), or stopped being held.
     pub fn hold(&mut self, record: &LeaseRecord, held: bool) {
-        let units = record.units();
+        let share = Share::of(record, held);
         self.change(&record.holders, |tally| {
-            tally.held = if held {
-                tally.held + units
+            if held {
+                tally.held += share.units;
+                tally.held_ids += share.ids;
             } else {
-                tally.held.saturating_sub(units)
-            };
+                tally.held = tally.held.saturating_sub(share.units);
+                tally.held_ids = tally.held_ids.saturating_sub(share.ids);
+            }
+            if let Some(flight) = tally.in_flight.get_mut(&record.id) {
+                flight.held = held;
+            }
+            tally.changed(record, share);
         });
     }
 
     /// A call about to change the lease in Redis (an acquire, a release); idempotent. A lease
     /// `held` until now is counted by the window's highest `held` already.
     pub fn flight_start(&mut self, record: &LeaseRecord, held: bool) {
-        let units = record.units();
+        // Not in `held` (a release has taken it out already).
+        let share = Share::of(record, false);
         self.change(&record.holders, |tally| {
-            tally.in_flight.insert(record.id, units);
+            tally.in_flight.insert(record.id, share);
             if !held && tally.window_open {
-                tally.seen_in_flight.insert(record.id, units);
+                tally.seen_in_flight.insert(record.id, share.units);
             }
+            tally.changed(record, share);
         });
     }
 
@@ -102,7 +177,9 @@ impl Tallies {
     /// grant, a release), not if it certainly never had them (refused, never sent); idempotent.
     pub fn flight_end(&mut self, record: &LeaseRecord, counted: bool) {
         self.change(&record.holders, |tally| {
-            tally.in_flight.remove(&record.id);
+            if let Some(share) = tally.in_flight.remove(&record.id) {
+                tally.changed(record, share);
+            }
             if !counted {
                 tally.seen_in_flight.remove(&record.id);
             }
@@ -118,24 +195,32 @@ impl Tallies {
         for tally in self.by_tag.values_mut() {
             tally.lo = tally.held;
             tally.held_hi = tally.held;
-            tally.seen_in_flight.clone_from(&tally.in_flight);
+            tally.seen_in_flight = tally
+                .in_flight
+                .iter()
+                .map(|(id, share)| (*id, share.units))
+                .collect();
+            tally.changed.clone_from(&tally.in_flight);
             tally.window_open = true;
             tally.reported = None;
         }
     }
 
     /// Closes a tag's window with the keep-alive's count; true if its leases must be checked one
-    /// by one: the count is short of what was held all along (grants are missing), or above the
+    /// by one: the count is short of what was held all along (grants are missing), above the
     /// most the window saw (members it does not hold, which may hide missing ones: a failover
-    /// that brings back more released members than it loses held ones; found by the protocol
-    /// model). An excess is also pruned at the next round.
-    pub fn close_window(&mut self, holders: &str, members: u64) -> bool {
+    /// that brings back more released members than it loses held ones), or its sum of ids says
+    /// that as many are missing as came back. An excess is also pruned at the next round.
+    pub fn close_window(&mut self, holders: &str, counted: Counted) -> bool {
         let Some(tally) = self.by_tag.get_mut(holders) else {
             return false;
         };
         tally.window_open = false;
-        tally.reported = Some(members);
-        members < tally.lo || members > tally.hi()
+        tally.reported = Some(counted.members);
+        let judged =
+            counted.members < tally.lo || counted.members > tally.hi() || !tally.ids_explained(counted);
+        tally.changed.clear();
+        judged
     }
 
     /// The tags whose last count exceeded the most they could have had, now that the calls in
@@ -195,7 +280,7 @@ mod tests {
         tallies.flight_end(&a, true);
         tallies.open_windows();
         assert!(
-            !tallies.close_window(tag, 2),
+            !tallies.close_window(tag, Counted::of(&[&a])),
             "one lease of weight 1 in two pools"
         );
         assert!(tallies.take_excess().is_empty());
@@ -205,12 +290,12 @@ mod tests {
         tallies.flight_start(&a, true); // a release, then its call
         tallies.hold(&a, false);
         tallies.flight_end(&a, true);
-        assert!(!tallies.close_window(tag, 6));
+        assert!(!tallies.close_window(tag, Counted::of(&[&a, &b])));
         assert!(tallies.take_excess().is_empty(), "b may have been granted");
 
         tallies.open_windows();
         tallies.flight_start(&b, false);
-        assert!(!tallies.close_window(tag, 4));
+        assert!(!tallies.close_window(tag, Counted::of(&[&b])));
         tallies.flight_start(&a, false); // after the answer: not part of that window
         tallies.flight_end(&b, false); // b was refused: it never counted
         assert_eq!(
@@ -223,10 +308,10 @@ mod tests {
         tallies.hold(&a, true);
         tallies.flight_end(&a, true);
         tallies.open_windows();
-        assert!(tallies.close_window(tag, 0), "a grant is missing");
+        assert!(tallies.close_window(tag, Counted::of(&[])), "a grant is missing");
         tallies.open_windows();
         assert!(
-            tallies.close_window(tag, 3),
+            tallies.close_window(tag, Counted { members: 3, ids: 0 }),
             "above the most it may have: checked one by one too"
         );
         assert_eq!(tallies.in_flight(tag), Vec::<String>::new());
@@ -246,7 +331,7 @@ mod tests {
         tallies.open_windows();
         tallies.hold(&a, false); // lost at its deadline
         tallies.flight_start(&a, true); // its release
-        assert!(!tallies.close_window(tag, 2));
+        assert!(!tallies.close_window(tag, Counted::of(&[&a])));
         tallies.flight_end(&a, true);
         assert!(
             tallies.take_excess().is_empty(),
@@ -254,5 +339,68 @@ mod tests {
         );
         tallies.open_windows();
         assert!(tallies.by_tag.is_empty(), "then the tally goes");
+    }
+
+    /// A failover that lost a grant and brought back a released lease of the same size left the
+    /// count right: only the sum of ids tells.
+    #[test]
+    fn a_grant_swapped_for_a_release_is_found_by_the_sum_of_ids() {
+        let tag = "{t}:holders";
+        let mut tallies = Tallies::default();
+        let (held, released) = (lease(1), lease(1));
+        tallies.flight_start(&held, false);
+        tallies.hold(&held, true);
+        tallies.flight_end(&held, true);
+        tallies.open_windows();
+        assert!(tallies.close_window(tag, Counted::of(&[&released])));
+        tallies.open_windows();
+        assert!(!tallies.close_window(tag, Counted::of(&[&held])));
+    }
+
+    /// Leases that change during the keep-alive's call may or may not be counted: any choice of
+    /// them explains the sum.
+    #[test]
+    fn a_sum_is_explained_by_any_choice_of_the_leases_that_changed_during_the_call() {
+        let tag = "{t}:holders";
+        let (kept, granted, released, stranger) = (lease(1), lease(2), lease(1), lease(2));
+        let judged = |counted: &[&Arc<LeaseRecord>]| {
+            let mut tallies = Tallies::default();
+            for record in [&kept, &released] {
+                tallies.flight_start(record, false);
+                tallies.hold(record, true);
+                tallies.flight_end(record, true);
+            }
+            tallies.open_windows();
+            tallies.flight_start(&granted, false);
+            tallies.hold(&granted, true);
+            tallies.flight_end(&granted, true);
+            tallies.hold(&released, false);
+            tallies.flight_start(&released, true);
+            let counted: Vec<&LeaseRecord> = counted.iter().map(|lease| &***lease).collect();
+            tallies.close_window(tag, Counted::of(&counted))
+        };
+        for explained in [
+            vec![&kept, &granted],
+            vec![&kept, &released],
+            vec![&kept, &granted, &released],
+        ] {
+            assert!(!judged(&explained), "{} leases", explained.len());
+        }
+        assert!(
+            judged(&[&stranger, &released]),
+            "kept is missing: as many members as kept and granted, another sum"
+        );
+    }
+
+    impl Counted {
+        /// What Redis counts for these leases' members.
+        pub fn of(leases: &[&LeaseRecord]) -> Self {
+            leases
+                .iter()
+                .fold(Counted { members: 0, ids: 0 }, |counted, lease| Counted {
+                    members: counted.members + lease.units(),
+                    ids: counted.ids + lease.units() * lease.id_value(),
+                })
+        }
     }
 }

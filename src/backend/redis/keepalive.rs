@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{batch_invocation, scripts, unexpected_reply, RedisBackend};
-use crate::backend::{batches, Kept, RoundReport};
+use crate::backend::{batches, Counted, Kept, RoundReport};
 use crate::errors::CoreResult;
 use crate::lease::LeaseRecord;
 use crate::runtime::a_few_at_a_time;
@@ -78,16 +78,16 @@ impl RedisBackend {
             }
         }
         let reply: Vec<String> = self.link.run(&invocation).await?;
-        if reply.len() != 4 * groups.len() {
+        if reply.len() != 5 * groups.len() {
             return Err(unexpected_reply("keep-alive", &reply));
         }
         let mut cursors = lock(&self.cursors);
         groups
             .iter()
-            .zip(reply.chunks(4))
+            .zip(reply.chunks(5))
             .map(|(holders, tag)| {
-                let [alive, members, cursor, revocations] = tag else {
-                    unreachable!("chunks of 4")
+                let [alive, members, ids, cursor, revocations] = tag else {
+                    unreachable!("chunks of 5")
                 };
                 let number = |text: &str| {
                     text.parse::<i64>()
@@ -102,7 +102,10 @@ impl RedisBackend {
                     holders: holders.clone(),
                     alive: alive == "1",
                     // A count may go below 0 while a holder registers again; it is then short.
-                    members: Some(number(members)?.max(0) as u64),
+                    counted: Some(Counted {
+                        members: number(members)?.max(0) as u64,
+                        ids: number(ids)?.max(0) as u64,
+                    }),
                     revocations: number(revocations)?.max(0) as u64,
                 })
             })
