@@ -578,3 +578,24 @@ async def test_a_process_keeps_no_state_for_users_it_no_longer_serves(make_redis
     await eventually(  # walk markers live a second
         lambda: not any(redis_client.scan_iter(f"{{{key_prefix}:*")), what="every key to be gone"
     )
+
+
+async def test_a_burst_of_acquires_that_outlasts_a_lease_loses_none(make_redis_manager):
+    """20,000 streams at once, each started twice, with one-second leases: grants come back more
+    than a lease after they were asked for. Their deadlines were counted from when each acquire
+    was queued, and a grant was held only once the busy event loop took it, so thousands were
+    held past their deadlines and reported lost though Redis kept them. A grant's deadline counts
+    from when its call left, and it is held as soon as it arrives."""
+    manager = make_redis_manager(max_per_user=0, max_global=0, lease_seconds=1)
+    lost = 0
+
+    async def stream(user: str) -> None:
+        nonlocal lost
+        for _ in range(2):
+            lease = await manager.acquire(user)
+            await asyncio.sleep(0.2)
+            lost += lease.lost
+            await lease.release()
+
+    await asyncio.gather(*(stream(f"user{i % 100}") for i in range(20_000)))
+    assert (lost, manager.stats()["lost"]) == (0, 0)

@@ -23,10 +23,13 @@ use crate::renewal::{LeaseHandle, Leases};
 /// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
 pub const MAX_WEIGHT: u32 = 100;
 
-/// A lease the store granted, not yet held: dropped unheld (its caller gave up, the manager
-/// closed), it is released.
+/// A lease the store granted, to be held and delivered: dropped unheld (its caller gave up, the
+/// manager closed), it is released; held but dropped undelivered, it gives back its start's rate
+/// units (the handle releases the lease).
 pub struct Granted {
     record: Option<Arc<LeaseRecord>>,
+    /// Once held, until delivered.
+    held: Option<Arc<LeaseRecord>>,
     deadline_ms: u64,
     /// Whether the holder's other leases in the tag lived on through this grant.
     holder_was_alive: bool,
@@ -67,8 +70,10 @@ impl Granted {
         self.meter.as_ref()
     }
 
-    /// Holds the lease (the renewal loop keeps it alive from now on).
-    pub fn hold(mut self) -> CoreResult<LeaseHandle> {
+    /// Holds the lease (the renewal loop keeps it alive from now on), as soon as its grant
+    /// arrives: a grant that waited for a busy event loop to take it would be held past its
+    /// deadline, and so lost, though the store kept it.
+    pub fn hold(&mut self) -> CoreResult<LeaseHandle> {
         let record = self.record.take().expect("a Granted is held once");
         let held = self
             .leases
@@ -78,7 +83,15 @@ impl Granted {
             (Ok(_), None) => {}
             (Err(_), _) => self.give_back(&record),
         }
+        if held.is_ok() {
+            self.held = Some(record);
+        }
         held
+    }
+
+    /// The caller has the held lease: its start counts.
+    pub fn delivered(mut self) {
+        self.held = None;
     }
 
     /// Nobody takes the grant: the stream never starts, so everything it took comes back (its
@@ -94,6 +107,9 @@ impl Drop for Granted {
     fn drop(&mut self) {
         if let Some(record) = self.record.take() {
             self.give_back(&record);
+        } else if let Some(record) = self.held.take() {
+            self.budgets
+                .give_back(&record, std::mem::take(&mut self.rate_refunds));
         }
     }
 }
@@ -271,7 +287,6 @@ impl Manager {
                 }
             }
             freed.borrow_and_update();
-            let sent_at = monotonic_ms();
             let in_line = line.map(|line| InLine {
                 line,
                 waiter: waiter.as_ref(),
@@ -314,7 +329,7 @@ impl Manager {
                     if waiter.is_some() {
                         self.leases.wake(); // a grant from the line: the next may fit too
                     }
-                    return self.settle(Arc::clone(&record), outcome, sent_at, &rates, budget);
+                    return self.settle(Arc::clone(&record), outcome, &rates, budget);
                 }
                 Err(error) if error.is_unavailable() => Some(error),
                 Err(other) => return Err(other),
@@ -323,7 +338,7 @@ impl Manager {
                 drop(cleanup);
                 // Boxed, as the heartbeat below: rare paths whose futures would otherwise size
                 // every acquire's task (the largest variant sets the size of an async fn's state).
-                return Box::pin(self.admit_locally(&record, &rates, budget, unavailable, sent_at)).await;
+                return Box::pin(self.admit_locally(&record, &rates, budget, unavailable)).await;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -362,7 +377,6 @@ impl Manager {
         rates: &RateCheck,
         budget: Option<&BudgetRequest>,
         unavailable: CoreError,
-        sent_at: u64,
     ) -> CoreResult<Granted> {
         if self.config.failure_mode == FailureMode::Closed {
             return Err(unavailable);
@@ -415,7 +429,7 @@ impl Manager {
                 rejection.current += redis_slots;
             }
         }
-        self.settle(local, outcome, sent_at, &rates, budget)
+        self.settle(local, outcome, &rates, budget)
     }
 
     /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
@@ -453,7 +467,6 @@ impl Manager {
         &self,
         record: Arc<LeaseRecord>,
         outcome: AcquireOutcome,
-        sent_at: u64,
         check: &RateCheck,
         budget: Option<&BudgetRequest>,
     ) -> CoreResult<Granted> {
@@ -462,6 +475,7 @@ impl Manager {
                 holder_was_alive,
                 rates,
                 used,
+                sent_at_ms,
             } => {
                 // The request rates come first, the budgets (whose meter settles them) after.
                 let budgets_from = check.policies.len() - budget.map_or(0, |b| b.policies.len());
@@ -485,7 +499,7 @@ impl Manager {
                                         Algorithm::SlidingWindow => policy.window_ms,
                                         Algorithm::FixedWindow => *reset_ms,
                                     };
-                                    let call = (sent_at, answered_at);
+                                    let call = (sent_at_ms, answered_at);
                                     vec![Charge::new(*bucket, check.costs[i], policy, counts_ms, call)]
                                 }
                                 _ => Vec::new(),
@@ -501,11 +515,12 @@ impl Manager {
                     self.budgets.open(&record, accounts, budget, room)
                 });
                 Ok(Granted {
+                    held: None,
                     meter,
                     rate_refunds: check.refunds(&rates, 0..budgets_from),
                     usage: self.usage_shown(&record, &used),
                     record: Some(record),
-                    deadline_ms: sent_at + self.config.lease_ms(),
+                    deadline_ms: sent_at_ms + self.config.lease_ms(),
                     holder_was_alive,
                     rates,
                     leases: Arc::clone(&self.leases),

@@ -54,6 +54,9 @@ pub enum AcquireOutcome {
         holder_was_alive: bool,
         /// Each rate policy's decision, the start counted.
         rates: Vec<Decision>,
+        /// When the call left this process (monotonic ms): the store decided later, so the
+        /// lease lives at least a lease duration from then.
+        sent_at_ms: u64,
     },
     Rejected(Rejection),
     /// A rate policy refused the start (nothing was taken anywhere).

@@ -4,6 +4,7 @@ use std::ffi::CStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -123,15 +124,23 @@ impl Manager {
         let waits = !request.wait.is_zero();
         let acquired = self.core.acquire(request)?;
         let embedded = self.core.is_embedded();
-        // Held only once delivered on the loop thread, so a result nobody receives (loop gone,
-        // future cancelled) is released, not kept alive.
-        let op = bridge::delivering(acquired, move |granted| {
+        // Held as soon as granted, on the runtime; a result nobody receives (loop gone, future
+        // cancelled) drops its handle, which releases the lease, and its grant, which gives back
+        // the start's rate units.
+        let held = acquired.map(|outcome| {
+            outcome.and_then(|mut granted| {
+                let handle = granted.hold()?;
+                Ok((granted, handle))
+            })
+        });
+        let op = bridge::delivering(held, move |(granted, handle)| {
             Box::new(move |py: Python<'_>| {
                 let rates = granted.rate_decisions().to_vec();
                 let usage = granted.usage().to_vec();
                 let meter = granted.meter().cloned();
-                let handle = granted.hold()?;
-                Ok(Py::new(py, LeaseHandle::new(handle, rates, usage, meter))?.into_any())
+                let lease = Py::new(py, LeaseHandle::new(handle, rates, usage, meter))?;
+                granted.delivered();
+                Ok(lease.into_any())
             })
         });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that

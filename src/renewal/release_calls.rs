@@ -21,6 +21,8 @@ impl Batches for ReleaseCalls {
     /// Whether Redis still had the lease, or the error it met removing this one (the call
     /// itself answered: the others of the batch are released).
     type Answer = CoreResult<bool>;
+    /// `send` splits what it gets into calls by members (`backend::batches`).
+    const MOST_PER_CALL: usize = usize::MAX;
 
     fn together(&self, first: &Arc<LeaseRecord>, other: &Arc<LeaseRecord>) -> bool {
         !self.stores.get(Store::Main).is_cluster() || first.hash_tag() == other.hash_tag()

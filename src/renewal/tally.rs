@@ -58,8 +58,10 @@ struct Tally {
     changed: HashMap<LeaseId, Share>,
     /// The window is open until the keep-alive's answer arrives.
     window_open: bool,
-    /// What that answer said: the holder's count in Redis.
+    /// What that answer said: the holder's count in Redis, and whether its sum of ids was
+    /// explained.
     reported: Option<u64>,
+    ids_unexplained: bool,
 }
 
 impl Tally {
@@ -80,7 +82,11 @@ impl Tally {
     /// tally dropped while its keep-alive is under way would come back without the window's
     /// figures, and its answer would look like an excess).
     fn is_empty(&self) -> bool {
-        self.held == 0 && self.in_flight.is_empty() && self.reported.is_none() && !self.window_open
+        self.held == 0
+            && self.in_flight.is_empty()
+            && self.reported.is_none()
+            && !self.ids_unexplained
+            && !self.window_open
     }
 
     /// The most Redis may have counted while the window was open.
@@ -217,23 +223,27 @@ impl Tallies {
         };
         tally.window_open = false;
         tally.reported = Some(counted.members);
-        let judged =
-            counted.members < tally.lo || counted.members > tally.hi() || !tally.ids_explained(counted);
+        tally.ids_unexplained = !tally.ids_explained(counted);
         tally.changed.clear();
-        judged
+        counted.members < tally.lo || counted.members > tally.hi() || tally.ids_unexplained
     }
 
     /// The tags whose last count exceeded the most they could have had, now that the calls in
-    /// flight during its window have settled: members this holder does not hold.
+    /// flight during its window have settled, or whose sum of ids was not explained: members
+    /// this holder does not hold may be there (a released lease a failover brought back, in
+    /// place of a grant it lost, which the check one by one took back meanwhile).
     pub fn take_excess(&mut self) -> Vec<String> {
         let excess = self
             .by_tag
             .iter()
-            .filter(|(_, tally)| tally.reported.is_some_and(|members| members > tally.hi()))
+            .filter(|(_, tally)| {
+                tally.ids_unexplained || tally.reported.is_some_and(|members| members > tally.hi())
+            })
             .map(|(holders, _)| holders.clone())
             .collect();
         for tally in self.by_tag.values_mut() {
             tally.reported = None;
+            tally.ids_unexplained = false;
         }
         excess
     }
@@ -353,8 +363,14 @@ mod tests {
         tallies.flight_end(&held, true);
         tallies.open_windows();
         assert!(tallies.close_window(tag, Counted::of(&[&released])));
+        assert_eq!(
+            tallies.take_excess(),
+            vec![tag.to_owned()],
+            "the released lease may be back: pruned at the next round"
+        );
         tallies.open_windows();
         assert!(!tallies.close_window(tag, Counted::of(&[&held])));
+        assert!(tallies.take_excess().is_empty());
     }
 
     /// Leases that change during the keep-alive's call may or may not be counted: any choice of

@@ -15,7 +15,7 @@ use self::rate::RateCounters;
 use super::{AcquireOutcome, InLine};
 use crate::errors::Rejection;
 use crate::keys::{Pool, PoolRole};
-use crate::lease::{LeaseId, LeaseRecord};
+use crate::lease::{monotonic_ms, LeaseId, LeaseRecord};
 use crate::rate::{Adjustment, HitOutcome, RateCheck, RatePolicy, TopUp, ToppedUp};
 
 #[derive(Default)]
@@ -203,6 +203,7 @@ impl MemoryBackend {
             rates: counters
                 .hit(&rates.keys, &rates.policies, &rates.costs, true)
                 .decisions,
+            sent_at_ms: monotonic_ms(),
         }
     }
 
@@ -308,18 +309,22 @@ mod tests {
     fn caps_hold_and_all_or_nothing() {
         let store = MemoryBackend::default();
         let p = pools(2, 0);
-        let granted = |used: Vec<u64>| AcquireOutcome::Granted {
-            used,
-            holder_was_alive: true,
-            rates: Vec::new(),
+        let used = |outcome| match outcome {
+            AcquireOutcome::Granted {
+                used,
+                holder_was_alive: true,
+                rates,
+                ..
+            } if rates.is_empty() => used,
+            other => panic!("not granted: {other:?}"),
         };
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), None, &RateCheck::default()),
-            granted(vec![1, 1])
+            used(store.acquire(&lease_in(&p, 1), None, &RateCheck::default())),
+            vec![1, 1]
         );
         assert_eq!(
-            store.acquire(&lease_in(&p, 1), None, &RateCheck::default()),
-            granted(vec![2, 2])
+            used(store.acquire(&lease_in(&p, 1), None, &RateCheck::default())),
+            vec![2, 2]
         );
         let AcquireOutcome::Rejected(r) = store.acquire(&lease_in(&p, 1), None, &RateCheck::default()) else {
             panic!("a third lease must be refused")

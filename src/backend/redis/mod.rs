@@ -19,7 +19,7 @@ use super::{AcquireOutcome, InLine, Placed};
 use crate::errors::{CoreError, CoreResult, Rejection};
 use crate::group_commit::{Batches, GroupCommit};
 use crate::keys::{self, LineKeys};
-use crate::lease::LeaseRecord;
+use crate::lease::{monotonic_ms, LeaseRecord};
 use crate::rate::{Bucket, Decision, HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 use redis::{FromRedisValue, Value};
 
@@ -130,7 +130,7 @@ impl RedisBackend {
             waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
             rates: rates.clone(),
         };
-        let reply = self
+        let Replied { sent_at_ms, reply } = self
             .acquires
             .submit(OneCall::of(invocation, Some(head), &lease.holders, Some(undo)))
             .await?;
@@ -141,6 +141,7 @@ impl RedisBackend {
                     used: rest[..n].to_vec(),
                     holder_was_alive: *alive == 1,
                     rates: decisions(&rates.policies, &rest[n..]),
+                    sent_at_ms,
                 })
             }
             [RATE_LIMITED, index, retry_ms, states @ ..]
@@ -278,7 +279,7 @@ impl RedisBackend {
         let Some(first_key) = keys.first() else {
             return Err(CoreError::Panic("a hit without a policy".into()));
         };
-        let reply = self
+        let Replied { reply, .. } = self
             .hits
             .submit(OneCall::of(invocation, None, first_key, None))
             .await?;
@@ -436,6 +437,13 @@ struct BatchedCalls {
     holder: u64,
 }
 
+/// A request's reply, as the script gives it, and when its call left this process (Redis ran
+/// the script later: a grant's deadline counted from then is never late).
+pub struct Replied {
+    sent_at_ms: u64,
+    reply: Vec<u64>,
+}
+
 impl BatchedCalls {
     fn of(script: &'static LuaScript, link: &Arc<Link>, holder: u64) -> Arc<GroupCommit<Self>> {
         Arc::new(GroupCommit::new(BatchedCalls {
@@ -448,41 +456,40 @@ impl BatchedCalls {
 
 impl Batches for BatchedCalls {
     type Request = OneCall;
-    /// The request's reply, as the script gives it.
-    type Answer = Vec<u64>;
+    type Answer = Replied;
+    const MOST_PER_CALL: usize = REQUESTS_PER_CALL;
 
     fn together(&self, first: &OneCall, other: &OneCall) -> bool {
         first.tag == other.tag && first.head_keys == other.head_keys && first.head_args == other.head_args
     }
 
-    async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Vec<u64>>> {
-        let mut answers = Vec::with_capacity(requests.len());
-        for batch in requests.chunks(REQUESTS_PER_CALL) {
-            let mut invocation = self.script.prepare_invoke();
-            let head = &batch[0];
-            invocation
-                .arg(batch.len())
-                .arg(head.head_keys.len())
-                .arg(head.head_args.len())
-                .arg(&head.head_args)
-                .key(&head.head_keys);
-            for request in batch {
-                invocation.arg(request.keys.len()).arg(request.args.len());
-            }
-            for request in batch {
-                invocation.key(&request.keys).arg(&request.args);
-            }
-            match self.link.run::<Vec<Value>>(&invocation).await {
-                Ok(replies) if replies.len() == batch.len() => {
-                    answers.extend(replies.into_iter().map(|reply| self.answer(reply)));
-                }
-                Ok(replies) => {
-                    answers.extend(batch.iter().map(|_| Err(unexpected_reply(self.name(), &replies))))
-                }
-                Err(error) => answers.extend(batch.iter().map(|_| Err(error.clone()))),
-            }
+    async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Replied>> {
+        let mut invocation = self.script.prepare_invoke();
+        let head = &requests[0];
+        invocation
+            .arg(requests.len())
+            .arg(head.head_keys.len())
+            .arg(head.head_args.len())
+            .arg(&head.head_args)
+            .key(&head.head_keys);
+        for request in requests {
+            invocation.arg(request.keys.len()).arg(request.args.len());
         }
-        answers
+        for request in requests {
+            invocation.key(&request.keys).arg(&request.args);
+        }
+        let sent_at_ms = monotonic_ms();
+        match self.link.run::<Vec<Value>>(&invocation).await {
+            Ok(replies) if replies.len() == requests.len() => replies
+                .into_iter()
+                .map(|reply| self.answer(reply).map(|reply| Replied { sent_at_ms, reply }))
+                .collect(),
+            Ok(replies) => requests
+                .iter()
+                .map(|_| Err(unexpected_reply(self.name(), &replies)))
+                .collect(),
+            Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+        }
     }
 
     /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter):
@@ -490,7 +497,7 @@ impl Batches for BatchedCalls {
     /// again within a second), its reservation and its rate units; its place in line is given
     /// up. A failed call leaves an over-count, never an under-count. A hit that counted stays
     /// counted.
-    async fn unanswered(&self, request: OneCall, reply: Vec<u64>) {
+    async fn unanswered(&self, request: OneCall, Replied { reply, .. }: Replied) {
         let Some(undo) = request.undo else {
             return;
         };
