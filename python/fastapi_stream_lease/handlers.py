@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import BackendError, StreamLeaseError
+from .stream_end import StreamEndMiddleware
 from .web import RateLimitHeaders
 
 log = logging.getLogger("fastapi_stream_lease")
@@ -28,12 +29,15 @@ async def stream_lease_exception_handler(request: Request, exc: Exception) -> Re
 def install_exception_handler(
     app: Any, *, legacy_rate_limit_headers: bool = False, openai_rate_limit_headers: bool = False
 ) -> None:
-    """One line for a whole app: 429/503 with ``Retry-After`` for every library error, and
+    """One line for a whole app: 429/503 with ``Retry-After`` for every library error;
+    :class:`StreamEndMiddleware`, so a stream the library ends after its start (a budget cut, a
+    revoke, a lost lease, a drain) ends cleanly with a final event that says why; and
     :class:`RateLimitHeaders` so the rate-limit headers of every hit reach the response, a
     stream included (call it before the app starts). ``legacy_rate_limit_headers=True`` adds
     the ``X-RateLimit-*`` headers some clients expect; ``openai_rate_limit_headers=True``
     OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``, which LLM SDK clients read."""
     app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)
+    app.add_middleware(StreamEndMiddleware)
     app.add_middleware(
         RateLimitHeaders, legacy=legacy_rate_limit_headers, openai=openai_rate_limit_headers
     )

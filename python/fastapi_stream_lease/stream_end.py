@@ -1,0 +1,198 @@
+"""Clean ends for the streams the library stops: a budget cut, a revoke, a lost lease, a drain.
+
+Such an end is a :class:`StreamLeaseError` raised after the response started, when no status
+can be sent any more. :class:`StreamEndMiddleware` (installed by
+:func:`~fastapi_stream_lease.install_exception_handler`) remembers how the response started and
+ends it the way its kind allows, so the client learns why and the server logs one line instead
+of a traceback:
+
+* ``text/event-stream``: a final ``event: error`` whose ``data`` is the problem JSON (type,
+  title, status, detail, retry_after) and whose ``retry`` is ``retry_after`` in milliseconds,
+  then the end of the body;
+* JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
+  ``{"error": <the problem JSON>}``, then the end of the body;
+* any other body: its end, nothing more;
+* a WebSocket: a close with :data:`WS_TRY_AGAIN_LATER` (1013) for a 503 (a lost or revoked
+  lease, a drain) or :data:`WS_POLICY_VIOLATION` (1008) for the client's own limits (a budget
+  cut), the problem's title as the reason;
+* a response not started yet: the error's own answer (:meth:`StreamLeaseError.as_response`).
+
+A lease held by :meth:`StreamLeaseManager.stream_lease` is also watched for the whole request:
+when it is lost (under ``on_lost="cancel"``) or revoked, the middleware cancels the request's
+work at once, even while the endpoint waits for its next item, and ends the response as above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from .errors import LeaseRevoked, ManagerClosed, StreamLeaseError
+from .lease import LostWatch
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from .lease import Lease
+
+log = logging.getLogger("fastapi_stream_lease")
+
+#: RFC 6455's close code for a temporary condition on the server's side (try again later).
+WS_TRY_AGAIN_LATER = 1013
+#: RFC 6455's close code for a policy violation: the client's own limits.
+WS_POLICY_VIOLATION = 1008
+
+#: Media types of JSON Lines bodies, which end with an error line.
+JSON_LINES = frozenset(
+    {"application/jsonl", "application/x-ndjson", "application/ndjson", "application/jsonlines"}
+)
+
+#: Where the request's :class:`StreamEndGuard` waits in the scope for the lease dependency.
+GUARD_KEY = "fastapi_stream_lease.stream_end"
+
+
+class StreamEndGuard:
+    """The leases a request holds through its dependency, watched for the task that serves the
+    request: a loss that ends work cancels that task."""
+
+    __slots__ = ("_task", "_watches")
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self._task = task
+        self._watches: list[LostWatch] = []
+
+    def watch(self, lease: Lease) -> None:
+        """Ends the request when ``lease`` is lost (``on_lost="cancel"``) or revoked; raises at
+        once if it already is."""
+        watch = LostWatch(lease)
+        try:
+            watch.cover(self._task)
+        except BaseException:
+            watch.close()
+            raise
+        self._watches.append(watch)
+
+    def settle(self) -> StreamLeaseError | None:
+        """Stops watching; the error of the first lease whose loss cancelled the request, or
+        None (that cancellation taken back)."""
+        ended = None
+        for watch in self._watches:
+            watch.close()
+            ended = watch.settle() or ended
+        self._watches.clear()
+        return ended
+
+
+def guard_of(scope: Scope) -> StreamEndGuard | None:
+    """The request's guard, when :class:`StreamEndMiddleware` serves the app."""
+    return scope.get(GUARD_KEY)
+
+
+def end_in(error: BaseException | None) -> StreamLeaseError | None:
+    """The library error that ``error`` stands for: itself; what Starlette's "response already
+    started" ``RuntimeError`` was raised from; the one in an exception group (a task group's,
+    such as FastAPI's around a Server-Sent Events endpoint) holding only library errors and
+    cancellations. None for anything else: the app's own failures stay failures."""
+    if isinstance(error, StreamLeaseError):
+        return error
+    if type(error) is RuntimeError:
+        return end_in(error.__cause__)
+    # BaseExceptionGroup, or the exceptiongroup backport on Python 3.10.
+    members = getattr(error, "exceptions", None)
+    if isinstance(members, tuple):
+        ends = [end_in(e) for e in members if not isinstance(e, asyncio.CancelledError)]
+        if ends and all(ends):
+            return ends[0]
+    return None
+
+
+class StreamEndMiddleware:
+    """ASGI middleware that ends a stream the library stops the way its kind allows (see this
+    module's documentation), logs one line saying what ended and why, and lets no traceback
+    reach the server's log. :func:`~fastapi_stream_lease.install_exception_handler` adds it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        response = _ResponseState(send)
+        guard = StreamEndGuard(asyncio.current_task())
+        scope[GUARD_KEY] = guard
+        try:
+            await self.app(scope, receive, response.send)
+        except BaseException as error:
+            ended = guard.settle() or end_in(error)
+            if ended is None:
+                raise
+            await response.end(scope, receive, ended)
+        else:
+            guard.settle()
+
+
+class _ResponseState:
+    """How far the response went: whether it started, with which media type, and whether it
+    ended."""
+
+    __slots__ = ("_send", "closed", "media_type", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.closed = False
+        self.media_type = ""
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"content-type":
+                    self.media_type = value.decode("latin-1").split(";")[0].strip().lower()
+        elif kind == "websocket.accept":
+            self.started = True
+        elif (kind == "http.response.body" and not message.get("more_body", False)) or kind in (
+            "websocket.close",
+            "websocket.http.response.start",
+        ):
+            self.closed = True
+        await self._send(message)
+
+    async def end(self, scope: Scope, receive: Receive, error: StreamLeaseError) -> None:
+        """Ends the response for ``error`` and logs it."""
+        name = type(error).__name__
+        if self.closed:
+            how = "after its response ended"
+        elif scope["type"] == "websocket":
+            code = WS_TRY_AGAIN_LATER if error.status_code == 503 else WS_POLICY_VIOLATION
+            how = f"closed with {code}"
+            await self._send({"type": "websocket.close", "code": code, "reason": error.title})
+        elif not self.started:
+            how = f"answered {error.status_code}"
+            await error.as_response()(scope, receive, self._send)
+        else:
+            final = _final_chunk(self.media_type, error)
+            how = "with a final error event" if self.media_type == "text/event-stream" else (
+                "with a final error line" if final else "at its last chunk"
+            )  # fmt: skip
+            if final:
+                await self._send({"type": "http.response.body", "body": final, "more_body": True})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Never the identity: the messages name pools, policies and causes only.
+        level = logging.INFO if isinstance(error, (LeaseRevoked, ManagerClosed)) else logging.WARNING
+        log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
+
+
+def _final_chunk(media_type: str, error: StreamLeaseError) -> bytes:
+    """The last chunk a stream of ``media_type`` gets for ``error`` (empty: none)."""
+    problem = json.dumps(error.body(), separators=(",", ":"))
+    if media_type == "text/event-stream":
+        retry = f"retry: {error.retry_after * 1000}\n" if error.retry_after is not None else ""
+        return f"event: error\ndata: {problem}\n{retry}\n".encode()
+    if media_type in JSON_LINES:
+        return f'{{"error":{problem}}}\n'.encode()
+    return b""

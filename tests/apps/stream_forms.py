@@ -1,0 +1,136 @@
+"""Every form of stream a FastAPI endpoint is written in today, each holding its lease through
+``manager.stream_lease()``, and the plain ``StreamingResponse(lease.wrap(...))`` (test_stream_forms).
+
+Each stream sends one item, then one every TICK seconds, ``count`` in all; ``idle=1`` makes it
+wait an hour after its first item instead (a slow first token): only the library can end it
+then. Caps: 2 streams per user. ``/budget`` streams 100 tokens an item against a budget of
+300 tokens a minute (``on_budget="cut"``). ``/drainable`` holds its lease from a manager of its
+own, which ``POST /drain`` drains (at once: its streams end as revoked). The library's log goes
+to stderr at INFO.
+
+Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
+"""
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+
+from fastapi import Depends, FastAPI, WebSocket
+from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from fastapi_stream_lease import (
+    Lease,
+    LeaseConfig,
+    RateLimit,
+    StreamLeaseManager,
+    install_exception_handler,
+)
+
+TICK = 0.05
+BUDGET = RateLimit("tokens_per_minute", 300, per=60, unit="tokens")
+
+library_log = logging.getLogger("fastapi_stream_lease")
+library_log.setLevel(logging.INFO)
+library_log.addHandler(logging.StreamHandler(sys.stderr))
+
+
+def config() -> LeaseConfig:
+    return LeaseConfig(
+        key_prefix=os.environ["STREAM_LEASE_PREFIX"],
+        identity_secret=os.environ["STREAM_LEASE_SECRET"],
+        max_per_user=2,
+        lease_seconds=5,
+        renew_every=0.2,
+    )
+
+
+manager = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
+drained = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
+app = FastAPI()
+install_exception_handler(app)
+
+
+def user_of(user: str) -> str:
+    """The user id; a real app reads it from its authentication."""
+    return user
+
+
+leased = manager.stream_lease(user=user_of)
+
+
+async def ticks(count: int, idle: bool) -> AsyncIterator[int]:
+    for n in range(count):
+        yield n
+        await asyncio.sleep(3600 if idle else TICK)
+
+
+@app.api_route("/sse", methods=["GET", "POST"], response_class=EventSourceResponse)
+async def sse(
+    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+) -> AsyncIterator[ServerSentEvent]:
+    async for n in ticks(count, idle):
+        yield ServerSentEvent(data={"tick": n}, event="tick")
+
+
+@app.get("/jsonl")
+async def jsonl(
+    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+) -> AsyncIterator[dict[str, int]]:
+    async for n in ticks(count, idle):
+        yield {"tick": n}
+
+
+@app.get("/streaming")
+async def streaming(
+    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+) -> StreamingResponse:
+    events = (f"data: tick {n}\n\n" async for n in ticks(count, idle))
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+@app.get("/bytes")
+async def raw_bytes(idle: bool = False, lease: Lease = Depends(leased)) -> StreamingResponse:
+    chunks = (b"tick\n" async for _ in ticks(1_000_000, idle))
+    return StreamingResponse(chunks, media_type="application/octet-stream")
+
+
+@app.get("/wrapped")
+async def wrapped(user: str, idle: bool = False) -> StreamingResponse:
+    """The seed's form: acquire, then ``StreamingResponse(lease.wrap(...))``."""
+    lease = await manager.acquire(user)
+    events = (f"data: tick {n}\n\n" async for n in ticks(1_000_000, idle))
+    return StreamingResponse(lease.wrap(events), media_type="text/event-stream")
+
+
+@app.websocket("/ws")
+async def websocket(websocket: WebSocket, lease: Lease = Depends(leased)) -> None:
+    await websocket.accept()
+    async for n in ticks(1_000_000, idle=websocket.query_params.get("idle") == "1"):
+        await websocket.send_json({"tick": n})
+
+
+@app.get("/budget", response_class=EventSourceResponse)
+async def budget(
+    lease: Lease = Depends(manager.stream_lease(user=user_of, budgets=[BUDGET], reserve=100)),
+) -> AsyncIterator[ServerSentEvent]:
+    async for n in ticks(1_000_000, idle=False):
+        await lease.wait_budget()
+        lease.consume(100)
+        yield ServerSentEvent(data={"tick": n}, event="tick")
+
+
+@app.get("/drainable", response_class=EventSourceResponse)
+async def drainable(
+    lease: Lease = Depends(drained.stream_lease(user=user_of)),
+) -> AsyncIterator[ServerSentEvent]:
+    async for n in ticks(1_000_000, idle=True):
+        yield ServerSentEvent(data={"tick": n}, event="tick")
+
+
+@app.post("/drain")
+async def drain() -> dict[str, bool]:
+    await drained.drain(timeout=0)
+    return {"drained": True}
