@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Annotated
 
 import httpx
 import pytest
@@ -78,14 +79,6 @@ def new_user() -> str:
     return f"u{uuid.uuid4().hex[:8]}"
 
 
-class Opened:
-    """One stream a client opened: its first item read, the rest readable."""
-
-    def __init__(self, form: str, user: str) -> None:
-        self.form = form
-        self.user = user
-
-
 async def read_sse(response: httpx.Response) -> AsyncIterator[tuple[str, str, str]]:
     """The events of a Server-Sent Events body: (event, data, retry)."""
     fields: dict[str, str] = {}
@@ -146,7 +139,7 @@ def ended_with_problem(form: str, last: object) -> dict[str, object]:
 def assert_logged_one_end(server: Server, error: str) -> None:
     log = server.new_log()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
-    assert sum(f"stream ended" in line and error in line for line in log.splitlines()) == 1, log
+    assert sum("stream ended" in line and error in line for line in log.splitlines()) == 1, log
 
 
 @pytest.mark.parametrize("form", list(HTTP_FORMS))
@@ -173,3 +166,148 @@ async def test_a_revoke_ends_an_idle_stream_with_a_final_event_and_no_traceback(
 
 async def _count_is(store: StreamLeaseManager, user: str, count: int) -> bool:
     return await store.get_active_count(user) == count
+
+
+async def test_a_revoke_ends_an_idle_byte_stream_with_its_end(server, store):
+    """A plain byte stream has no room for a reason: it just ends, normally."""
+    user = new_user()
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        async with client.stream("GET", "/bytes", params={"user": user, "idle": 1}) as response:
+            chunks = response.aiter_bytes()
+            assert await anext(chunks) == b"tick\n"
+            await store.revoke(user)
+            assert [chunk async for chunk in chunks] == []
+    assert_logged_one_end(server, "LeaseRevoked")
+
+
+def ws_url(server: Server, user: str, **params: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {"user": user, **params}.items())
+    return server.base_url.replace("http://", "ws://") + f"/ws?{query}"
+
+
+async def test_a_revoke_closes_an_idle_websocket_with_1013_and_the_reason(server, store):
+    user = new_user()
+    async with connect(ws_url(server, user, idle="1")) as websocket:
+        assert json.loads(await websocket.recv()) == {"tick": 0}
+        assert await store.get_active_count(user) == 1
+        await store.revoke(user)
+        with pytest.raises(ConnectionClosed) as closed:
+            await websocket.recv()
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "Stream lease revoked")
+    await eventually(lambda: _count_is(store, user, 0), what="the socket's lease to be freed")
+    assert_logged_one_end(server, "LeaseRevoked")
+
+
+@pytest.mark.parametrize("form", ["sse-get", "jsonl"])
+async def test_a_budget_cut_ends_the_stream_with_a_429_event(server, store, form):
+    """Counted with lease.consume() in a Server-Sent Events endpoint, with
+    lease.wrap(..., tokens=...) in a JSON Lines one."""
+    user = new_user()
+    path = "/budget" if form == "sse-get" else "/budget-jsonl"
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        async with client.stream("GET", path, params={"user": user}) as response:
+            read = read_sse if form == "sse-get" else jsonl_lines
+            items = [item async for item in read(response)]  # type: ignore[operator]
+    *ticks, last = items
+    assert ticks and all("tick" in str(item) for item in ticks)
+    problem = ended_with_problem(form, last)
+    assert problem["status"] == 429 and problem["type"] == QUOTA_EXCEEDED
+    assert problem["title"] == "Token budget exhausted"
+    await eventually(lambda: _count_is(store, user, 0), what="the cut stream's lease to be freed")
+    assert_logged_one_end(server, "BudgetExhausted")
+
+
+async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
+    user = new_user()
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        async with client.stream("GET", "/drainable", params={"user": user}) as response:
+            events = read_sse(response)
+            assert (await anext(events))[0] == "tick"
+            assert (await client.post("/drain")).json() == {"drained": True}
+            rest = [event async for event in events]
+            refused = await client.get("/drainable", params={"user": user})
+    assert [event for event, _, _ in rest] == ["error"]
+    assert json.loads(rest[0][1])["title"] == "Stream lease revoked"
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert_logged_one_end(server, "LeaseRevoked")
+
+
+FORMS_HOLDING_A_SLOT = ["sse-get", "sse-post", "jsonl", "streaming", "websocket"]
+
+
+@pytest.mark.parametrize("form", FORMS_HOLDING_A_SLOT)
+async def test_each_form_holds_its_slot_while_it_streams_and_frees_it_after(server, store, form):
+    user = new_user()
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        if form == "websocket":
+            async with connect(ws_url(server, user)) as websocket:
+                await websocket.recv()
+                assert await store.get_active_count(user) == 1
+        else:
+            stream = first_then_rest(client, form, user)
+            await anext(stream)
+            assert await store.get_active_count(user) == 1
+            await stream.aclose()  # the client leaves
+            await eventually(lambda: _count_is(store, user, 0), what="the slot to be freed")
+            method, path, _ = HTTP_FORMS[form]
+            finished = await client.request(method, path, params={"user": user, "count": 2})
+            assert finished.status_code == 200 and "error" not in finished.text
+            assert finished.text.rstrip().endswith(("1}", "tick 1")), finished.text
+        await eventually(lambda: _count_is(store, user, 0), what="the slot to be freed")
+    assert "Traceback" not in server.new_log()
+
+
+async def test_the_cap_holds_across_three_worker_processes(redis_server, store, tmp_path):
+    """Two streams per user across every worker: the third is refused with 429, a fresh one
+    is admitted once one ends."""
+    workers = Server(redis_server.url, tmp_path / "uvicorn.log", "--workers", "3")
+    user = new_user()
+    try:
+        async with httpx.AsyncClient(base_url=workers.base_url, timeout=10) as client:
+            opened = [first_then_rest(client, "sse-get", user) for _ in range(2)]
+            for stream in opened:
+                await anext(stream)
+            refused = await client.get("/sse", params={"user": user})
+            assert refused.status_code == 429 and "retry-after" in refused.headers
+            assert refused.json()["limit"] == "per_user"
+            await opened[0].aclose()
+            await eventually(lambda: _count_is(store, user, 1), what="a slot to be freed")
+            third = first_then_rest(client, "sse-get", user)
+            await anext(third)
+            await third.aclose()
+            await opened[1].aclose()
+        assert "Traceback" not in workers.new_log()
+    finally:
+        workers.uvicorn.stop()
+
+
+def test_scope_function_makes_the_dependency_an_admission_check():
+    """``Depends(..., scope="function")``: the caps are checked, the stream holds no slot."""
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(max_per_user=1))
+    app = FastAPI()
+    install_exception_handler(app)
+    admitted = Depends(manager.stream_lease(user=lambda: "alice"), scope="function")
+
+    @app.get("/sse", response_class=EventSourceResponse)
+    async def sse(lease: Annotated[Lease, admitted]) -> AsyncIterator[dict[str, int]]:
+        yield {"held": await manager.get_active_count("alice")}
+
+    with TestClient(app) as client:
+        assert client.get("/sse").text == 'data: {"held":0}\n\n'
+
+
+def test_the_dependency_without_the_middleware_says_which_line_is_missing():
+    manager = StreamLeaseManager(url="memory://")
+    app = FastAPI()
+
+    @app.get("/sse", response_class=EventSourceResponse)
+    async def sse(
+        lease: Annotated[Lease, Depends(manager.stream_lease(user=lambda: "alice"))],
+    ) -> AsyncIterator[dict[str, bool]]:
+        yield {"ok": True}
+
+    with TestClient(app) as client, pytest.raises(RuntimeError, match="install_exception_handler"):
+        client.get("/sse")
+    with pytest.raises(TypeError, match="user must be a dependency that returns the user id"):
+        manager.stream_lease(user="alice")  # type: ignore[arg-type]

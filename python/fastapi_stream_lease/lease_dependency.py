@@ -9,17 +9,17 @@ between :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware` watches th
 ends the response cleanly if it is lost or revoked.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: FastAPI reads the dependency's parameters from
+# its annotations, and ``Depends(user)`` there names a local.
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from starlette.requests import HTTPConnection, Request
 
+from .lease import Lease
 from .stream_end import guard_of
 
 if TYPE_CHECKING:
-    from .lease import Lease
     from .manager import StreamLeaseManager
 
 #: What a request without the middleware is told.
@@ -30,7 +30,7 @@ NEEDS_MIDDLEWARE = (
 
 
 def lease_dependency(
-    manager: StreamLeaseManager, user: Callable[..., Any], options: dict[str, Any]
+    manager: "StreamLeaseManager", user: Callable[..., Any], options: dict[str, Any]
 ) -> Callable[..., AsyncIterator[Lease]]:
     """See :meth:`StreamLeaseManager.stream_lease`."""
     from fastapi import Depends
@@ -41,7 +41,7 @@ def lease_dependency(
         )
 
     async def stream_lease(
-        connection: HTTPConnection, user_id: Any = Depends(user)
+        connection: HTTPConnection, user_id: Annotated[Any, Depends(user)]
     ) -> AsyncIterator[Lease]:
         guard = guard_of(connection.scope)
         if guard is None:

@@ -128,22 +128,30 @@ class StreamEndMiddleware:
         except BaseException as error:
             ended = guard.settle() or end_in(error)
             if ended is None:
+                await response.finish()
                 raise
             await response.end(scope, receive, ended)
         else:
             guard.settle()
+            await response.finish()
 
 
 class _ResponseState:
     """How far the response went: whether it started, with which media type, and whether it
-    ended."""
+    ended.
 
-    __slots__ = ("_send", "closed", "media_type", "started")
+    The empty last message of a Server-Sent Events body is held until the app returns:
+    FastAPI runs a ``yield`` endpoint's generator in a task of its own and ends the body
+    normally when that task fails, before the failure reaches this middleware, so the final
+    event goes before that message."""
+
+    __slots__ = ("_send", "closed", "held", "media_type", "started")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
         self.closed = False
+        self.held: Message | None = None
         self.media_type = ""
 
     async def send(self, message: Message) -> None:
@@ -155,12 +163,21 @@ class _ResponseState:
                     self.media_type = value.decode("latin-1").split(";")[0].strip().lower()
         elif kind == "websocket.accept":
             self.started = True
-        elif (kind == "http.response.body" and not message.get("more_body", False)) or kind in (
-            "websocket.close",
-            "websocket.http.response.start",
-        ):
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            if self.media_type == "text/event-stream" and not message.get("body"):
+                self.held = message
+                return
+            self.closed = True
+        elif kind in ("websocket.close", "websocket.http.response.start"):
             self.closed = True
         await self._send(message)
+
+    async def finish(self) -> None:
+        """Sends the held last message, if any."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.closed = True
+            await self._send(held)
 
     async def end(self, scope: Scope, receive: Receive, error: StreamLeaseError) -> None:
         """Ends the response for ``error`` and logs it."""
@@ -175,24 +192,23 @@ class _ResponseState:
             how = f"answered {error.status_code}"
             await error.as_response()(scope, receive, self._send)
         else:
-            final = _final_chunk(self.media_type, error)
-            how = "with a final error event" if self.media_type == "text/event-stream" else (
-                "with a final error line" if final else "at its last chunk"
-            )  # fmt: skip
+            final, how = _final_chunk(self.media_type, error)
             if final:
                 await self._send({"type": "http.response.body", "body": final, "more_body": True})
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
         # Never the identity: the messages name pools, policies and causes only.
-        level = logging.INFO if isinstance(error, (LeaseRevoked, ManagerClosed)) else logging.WARNING
+        on_purpose = isinstance(error, (LeaseRevoked, ManagerClosed))
+        level = logging.INFO if on_purpose else logging.WARNING
         log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
 
 
-def _final_chunk(media_type: str, error: StreamLeaseError) -> bytes:
-    """The last chunk a stream of ``media_type`` gets for ``error`` (empty: none)."""
+def _final_chunk(media_type: str, error: StreamLeaseError) -> tuple[bytes, str]:
+    """The last chunk a started body of ``media_type`` gets for ``error`` (empty: none), and
+    how the log says it ended."""
     problem = json.dumps(error.body(), separators=(",", ":"))
     if media_type == "text/event-stream":
         retry = f"retry: {error.retry_after * 1000}\n" if error.retry_after is not None else ""
-        return f"event: error\ndata: {problem}\n{retry}\n".encode()
+        return f"event: error\ndata: {problem}\n{retry}\n".encode(), "with a final error event"
     if media_type in JSON_LINES:
-        return f'{{"error":{problem}}}\n'.encode()
-    return b""
+        return f'{{"error":{problem}}}\n'.encode(), "with a final error line"
+    return b"", "at its last chunk"

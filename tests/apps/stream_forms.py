@@ -1,12 +1,14 @@
 """Every form of stream a FastAPI endpoint is written in today, each holding its lease through
-``manager.stream_lease()``, and the plain ``StreamingResponse(lease.wrap(...))`` (test_stream_forms).
+``manager.stream_lease()``, and the plain ``StreamingResponse(lease.wrap(...))``
+(test_stream_forms).
 
 Each stream sends one item, then one every TICK seconds, ``count`` in all; ``idle=1`` makes it
 wait an hour after its first item instead (a slow first token): only the library can end it
 then. Caps: 2 streams per user. ``/budget`` streams 100 tokens an item against a budget of
-300 tokens a minute (``on_budget="cut"``). ``/drainable`` holds its lease from a manager of its
-own, which ``POST /drain`` drains (at once: its streams end as revoked). The library's log goes
-to stderr at INFO.
+300 tokens a minute (``on_budget="cut"``), counted with ``lease.consume()``; ``/budget-jsonl``
+the same as JSON Lines, counted with ``lease.wrap(..., tokens=...)``. ``/drainable`` holds its
+lease from a manager of its own, which ``POST /drain`` drains (at once: its streams end as
+revoked). The library's log goes to stderr at INFO.
 
 Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
 """
@@ -16,8 +18,9 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, WebSocket
+from fastapi import Depends, FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -58,7 +61,10 @@ def user_of(user: str) -> str:
     return user
 
 
-leased = manager.stream_lease(user=user_of)
+Leased = Annotated[Lease, Depends(manager.stream_lease(user=user_of))]
+Budgeted = Annotated[
+    Lease, Depends(manager.stream_lease(user=user_of, budgets=[BUDGET], reserve=100))
+]
 
 
 async def ticks(count: int, idle: bool) -> AsyncIterator[int]:
@@ -67,17 +73,20 @@ async def ticks(count: int, idle: bool) -> AsyncIterator[int]:
         await asyncio.sleep(3600 if idle else TICK)
 
 
-@app.api_route("/sse", methods=["GET", "POST"], response_class=EventSourceResponse)
 async def sse(
-    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+    lease: Leased, count: int = 1_000_000, idle: bool = False
 ) -> AsyncIterator[ServerSentEvent]:
     async for n in ticks(count, idle):
         yield ServerSentEvent(data={"tick": n}, event="tick")
 
 
+app.get("/sse", response_class=EventSourceResponse)(sse)  # native SSE, GET and POST
+app.post("/sse", response_class=EventSourceResponse)(sse)
+
+
 @app.get("/jsonl")
 async def jsonl(
-    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+    lease: Leased, count: int = 1_000_000, idle: bool = False
 ) -> AsyncIterator[dict[str, int]]:
     async for n in ticks(count, idle):
         yield {"tick": n}
@@ -85,14 +94,14 @@ async def jsonl(
 
 @app.get("/streaming")
 async def streaming(
-    count: int = 1_000_000, idle: bool = False, lease: Lease = Depends(leased)
+    lease: Leased, count: int = 1_000_000, idle: bool = False
 ) -> StreamingResponse:
     events = (f"data: tick {n}\n\n" async for n in ticks(count, idle))
     return StreamingResponse(events, media_type="text/event-stream")
 
 
 @app.get("/bytes")
-async def raw_bytes(idle: bool = False, lease: Lease = Depends(leased)) -> StreamingResponse:
+async def raw_bytes(lease: Leased, idle: bool = False) -> StreamingResponse:
     chunks = (b"tick\n" async for _ in ticks(1_000_000, idle))
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
@@ -106,15 +115,18 @@ async def wrapped(user: str, idle: bool = False) -> StreamingResponse:
 
 
 @app.websocket("/ws")
-async def websocket(websocket: WebSocket, lease: Lease = Depends(leased)) -> None:
+async def websocket(websocket: WebSocket, lease: Leased) -> None:
     await websocket.accept()
-    async for n in ticks(1_000_000, idle=websocket.query_params.get("idle") == "1"):
-        await websocket.send_json({"tick": n})
+    try:
+        async for n in ticks(1_000_000, idle=websocket.query_params.get("idle") == "1"):
+            await websocket.send_json({"tick": n})
+    except WebSocketDisconnect:
+        pass  # the client left
 
 
 @app.get("/budget", response_class=EventSourceResponse)
 async def budget(
-    lease: Lease = Depends(manager.stream_lease(user=user_of, budgets=[BUDGET], reserve=100)),
+    lease: Budgeted,
 ) -> AsyncIterator[ServerSentEvent]:
     async for n in ticks(1_000_000, idle=False):
         await lease.wait_budget()
@@ -122,9 +134,17 @@ async def budget(
         yield ServerSentEvent(data={"tick": n}, event="tick")
 
 
+@app.get("/budget-jsonl")
+async def budget_jsonl(
+    lease: Budgeted,
+) -> AsyncIterator[dict[str, int]]:
+    async for n in lease.wrap(ticks(1_000_000, idle=False), tokens=lambda _: 100):
+        yield {"tick": n}
+
+
 @app.get("/drainable", response_class=EventSourceResponse)
 async def drainable(
-    lease: Lease = Depends(drained.stream_lease(user=user_of)),
+    lease: Annotated[Lease, Depends(drained.stream_lease(user=user_of))],
 ) -> AsyncIterator[ServerSentEvent]:
     async for n in ticks(1_000_000, idle=True):
         yield ServerSentEvent(data={"tick": n}, event="tick")

@@ -22,7 +22,7 @@ class Uvicorn:
     ) -> None:
         """``log``: a file that takes the server's stderr (its log), else the tests' own."""
         self.port = free_port()
-        self._log = open(log, "wb") if log is not None else None  # noqa: SIM115
+        self._log = open(log, "wb") if log is not None else None
         self.process = subprocess.Popen(
             [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
