@@ -11,7 +11,6 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated
 
 import httpx
 import pytest
@@ -290,7 +289,7 @@ def test_scope_function_makes_the_dependency_an_admission_check():
     admitted = Depends(manager.stream_lease(user=lambda: "alice"), scope="function")
 
     @app.get("/sse", response_class=EventSourceResponse)
-    async def sse(lease: Annotated[Lease, admitted]) -> AsyncIterator[dict[str, int]]:
+    async def sse(lease: Lease = admitted) -> AsyncIterator[dict[str, int]]:
         yield {"held": await manager.get_active_count("alice")}
 
     with TestClient(app) as client:
@@ -300,11 +299,10 @@ def test_scope_function_makes_the_dependency_an_admission_check():
 def test_the_dependency_without_the_middleware_says_which_line_is_missing():
     manager = StreamLeaseManager(url="memory://")
     app = FastAPI()
+    needed = Depends(manager.stream_lease(user=lambda: "alice"))
 
     @app.get("/sse", response_class=EventSourceResponse)
-    async def sse(
-        lease: Annotated[Lease, Depends(manager.stream_lease(user=lambda: "alice"))],
-    ) -> AsyncIterator[dict[str, bool]]:
+    async def sse(lease: Lease = needed) -> AsyncIterator[dict[str, bool]]:
         yield {"ok": True}
 
     with TestClient(app) as client, pytest.raises(RuntimeError, match="install_exception_handler"):
