@@ -7,6 +7,7 @@ log has one line for the end and no traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,15 +15,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, WebSocket
 from fastapi.sse import EventSourceResponse
 from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from fastapi_stream_lease import (
     Lease,
     LeaseConfig,
+    RateLimit,
     StreamLeaseManager,
     install_exception_handler,
 )
@@ -135,10 +138,21 @@ def ended_with_problem(form: str, last: object) -> dict[str, object]:
     return last["error"]  # type: ignore[return-value]
 
 
-def assert_logged_one_end(server: Server, error: str) -> None:
-    log = server.new_log()
+async def assert_logged_one_end(server: Server, error: str) -> None:
+    """One line for the end (INFO for a revoke or a drain, WARNING otherwise), written once
+    the response ended; no traceback."""
+    level = "INFO" if error == "LeaseRevoked" else "WARNING"
+    log = ""
+
+    def end_logged() -> bool:
+        nonlocal log
+        log += server.new_log()
+        return f"{level} stream ended" in log
+
+    await eventually(end_logged, what="the end's log line")
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
-    assert sum("stream ended" in line and error in line for line in log.splitlines()) == 1, log
+    ends = [line for line in log.splitlines() if line.startswith(f"{level} stream ended")]
+    assert len(ends) == 1 and f": {error}: " in ends[0], log
 
 
 @pytest.mark.parametrize("form", list(HTTP_FORMS))
@@ -160,7 +174,7 @@ async def test_a_revoke_ends_an_idle_stream_with_a_final_event_and_no_traceback(
     assert problem["title"] == "Stream lease revoked" and problem["retry_after"] == 1
     assert "revoked" in problem["detail"]
     await eventually(lambda: _count_is(store, user, 0), what="the revoked lease to be freed")
-    assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked")
 
 
 async def _count_is(store: StreamLeaseManager, user: str, count: int) -> bool:
@@ -176,7 +190,7 @@ async def test_a_revoke_ends_an_idle_byte_stream_with_its_end(server, store):
             assert await anext(chunks) == b"tick\n"
             await store.revoke(user)
             assert [chunk async for chunk in chunks] == []
-    assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked")
 
 
 def ws_url(server: Server, user: str, **params: str) -> str:
@@ -195,7 +209,7 @@ async def test_a_revoke_closes_an_idle_websocket_with_1013_and_the_reason(server
     assert closed.value.rcvd is not None
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "Stream lease revoked")
     await eventually(lambda: _count_is(store, user, 0), what="the socket's lease to be freed")
-    assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked")
 
 
 @pytest.mark.parametrize("form", ["sse-get", "jsonl"])
@@ -214,7 +228,7 @@ async def test_a_budget_cut_ends_the_stream_with_a_429_event(server, store, form
     assert problem["status"] == 429 and problem["type"] == QUOTA_EXCEEDED
     assert problem["title"] == "Token budget exhausted"
     await eventually(lambda: _count_is(store, user, 0), what="the cut stream's lease to be freed")
-    assert_logged_one_end(server, "BudgetExhausted")
+    await assert_logged_one_end(server, "BudgetExhausted")
 
 
 async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
@@ -229,7 +243,7 @@ async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
     assert [event for event, _, _ in rest] == ["error"]
     assert json.loads(rest[0][1])["title"] == "Stream lease revoked"
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked")
 
 
 FORMS_HOLDING_A_SLOT = ["sse-get", "sse-post", "jsonl", "streaming", "websocket"]
@@ -309,3 +323,43 @@ def test_the_dependency_without_the_middleware_says_which_line_is_missing():
         client.get("/sse")
     with pytest.raises(TypeError, match="user must be a dependency that returns the user id"):
         manager.stream_lease(user="alice")  # type: ignore[arg-type]
+
+
+def test_a_lease_revoked_before_the_response_starts_is_answered_with_its_503():
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(identity_secret=SECRET))
+    app = FastAPI()
+    install_exception_handler(app)
+    leased = Depends(manager.stream_lease(user=lambda: "alice"))
+
+    @app.get("/slow")
+    async def slow(lease: Lease = leased) -> dict[str, bool]:
+        await manager.revoke("alice")
+        await asyncio.sleep(3600)  # ended by the revoke, not by the sleep
+        return {"answered": True}
+
+    with TestClient(app) as client:
+        answer = client.get("/slow")
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert answer.json()["title"] == "Stream lease revoked"
+
+
+def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(identity_secret=SECRET))
+    budget = RateLimit("tokens_per_minute", 300, per=60, unit="tokens")
+    app = FastAPI()
+    install_exception_handler(app)
+    leased = Depends(manager.stream_lease(user=lambda: "alice", budgets=[budget], reserve=100))
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket, lease: Lease = leased) -> None:
+        await websocket.accept()
+        while True:
+            await lease.wait_budget()
+            lease.consume(100)
+            await websocket.send_text("tokens")
+
+    with TestClient(app) as client, client.websocket_connect("/ws") as websocket:
+        with pytest.raises(WebSocketDisconnect) as closed:
+            while True:
+                assert websocket.receive_text() == "tokens"
+    assert (closed.value.code, closed.value.reason) == (1008, "Token budget exhausted")

@@ -1,25 +1,8 @@
 """Clean ends for the streams the library stops: a budget cut, a revoke, a lost lease, a drain.
 
 Such an end is a :class:`StreamLeaseError` raised after the response started, when no status
-can be sent any more. :class:`StreamEndMiddleware` (installed by
-:func:`~fastapi_stream_lease.install_exception_handler`) remembers how the response started and
-ends it the way its kind allows, so the client learns why and the server logs one line instead
-of a traceback:
-
-* ``text/event-stream``: a final ``event: error`` whose ``data`` is the problem JSON (type,
-  title, status, detail, retry_after) and whose ``retry`` is ``retry_after`` in milliseconds,
-  then the end of the body;
-* JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
-  ``{"error": <the problem JSON>}``, then the end of the body;
-* any other body: its end, nothing more;
-* a WebSocket: a close with :data:`WS_TRY_AGAIN_LATER` (1013) for a 503 (a lost or revoked
-  lease, a drain) or :data:`WS_POLICY_VIOLATION` (1008) for the client's own limits (a budget
-  cut), the problem's title as the reason;
-* a response not started yet: the error's own answer (:meth:`StreamLeaseError.as_response`).
-
-A lease held by :meth:`StreamLeaseManager.stream_lease` is also watched for the whole request:
-when it is lost (under ``on_lost="cancel"``) or revoked, the middleware cancels the request's
-work at once, even while the endpoint waits for its next item, and ends the response as above.
+can be sent any more. :class:`StreamEndMiddleware` remembers how the response started and ends
+it the way its kind allows.
 """
 
 from __future__ import annotations
@@ -54,14 +37,16 @@ GUARD_KEY = "fastapi_stream_lease.stream_end"
 
 
 class StreamEndGuard:
-    """The leases a request holds through its dependency, watched for the task that serves the
-    request: a loss that ends work cancels that task."""
+    """A request served by :class:`StreamEndMiddleware`: how far its response went, and the
+    leases it holds through its dependency, watched for the task that serves the request (a
+    loss that ends work cancels that task)."""
 
-    __slots__ = ("_task", "_watches")
+    __slots__ = ("_task", "_watches", "response")
 
-    def __init__(self, task: asyncio.Task[object] | None) -> None:
+    def __init__(self, task: asyncio.Task[object] | None, response: _ResponseState) -> None:
         self._task = task
         self._watches: list[LostWatch] = []
+        self.response = response
 
     def watch(self, lease: Lease) -> None:
         """Ends the request when ``lease`` is lost (``on_lost="cancel"``) or revoked; raises at
@@ -109,9 +94,27 @@ def end_in(error: BaseException | None) -> StreamLeaseError | None:
 
 
 class StreamEndMiddleware:
-    """ASGI middleware that ends a stream the library stops the way its kind allows (see this
-    module's documentation), logs one line saying what ended and why, and lets no traceback
-    reach the server's log. :func:`~fastapi_stream_lease.install_exception_handler` adds it."""
+    """ASGI middleware that ends a stream the library stopped after its start (a
+    :class:`StreamLeaseError` escaping the app: a budget cut, a revoke, a lost lease, a drain)
+    the way its kind allows, so the client learns why and the body ends normally:
+
+    * ``text/event-stream``: a final ``event: error`` whose ``data`` is the problem JSON (type,
+      title, status, detail, retry_after) and whose ``retry`` is ``retry_after`` in
+      milliseconds;
+    * JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
+      ``{"error": <the problem JSON>}``;
+    * any other body: nothing more;
+    * a WebSocket: a close with :data:`WS_TRY_AGAIN_LATER` (1013) for a 503 (a lost or revoked
+      lease, a drain) or :data:`WS_POLICY_VIOLATION` (1008) for the client's own limits (a
+      budget cut), the problem's title as the reason;
+    * a response not started yet: the error's own answer (:meth:`StreamLeaseError.as_response`).
+
+    It logs one line saying how the stream ended and why (INFO for a revoke or a drain, WARNING
+    otherwise), never the identity, and lets no traceback reach the server's log. A lease held
+    by :meth:`StreamLeaseManager.stream_lease` is watched for the whole request: when it is
+    lost (under ``on_lost="cancel"``) or revoked, the request's work is cancelled at once, even
+    while the endpoint waits for its next item, and the response ends as above.
+    :func:`~fastapi_stream_lease.install_exception_handler` adds this middleware."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -121,7 +124,7 @@ class StreamEndMiddleware:
             await self.app(scope, receive, send)
             return
         response = _ResponseState(send)
-        guard = StreamEndGuard(asyncio.current_task())
+        guard = StreamEndGuard(asyncio.current_task(), response)
         scope[GUARD_KEY] = guard
         try:
             await self.app(scope, receive, response.send)

@@ -8,7 +8,7 @@ then. Caps: 2 streams per user. ``/budget`` streams 100 tokens an item against a
 300 tokens a minute (``on_budget="cut"``), counted with ``lease.consume()``; ``/budget-jsonl``
 the same as JSON Lines, counted with ``lease.wrap(..., tokens=...)``. ``/drainable`` holds its
 lease from a manager of its own, which ``POST /drain`` drains (at once: its streams end as
-revoked). The library's log goes to stderr at INFO.
+revoked). The library's log goes to stderr at INFO, each line after its level.
 
 Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
 """
@@ -37,7 +37,9 @@ BUDGET = RateLimit("tokens_per_minute", 300, per=60, unit="tokens")
 
 library_log = logging.getLogger("fastapi_stream_lease")
 library_log.setLevel(logging.INFO)
-library_log.addHandler(logging.StreamHandler(sys.stderr))
+to_stderr = logging.StreamHandler(sys.stderr)
+to_stderr.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+library_log.addHandler(to_stderr)
 
 
 def config() -> LeaseConfig:
