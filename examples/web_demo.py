@@ -27,7 +27,6 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-
 from typing import Annotated
 
 from fastapi import Depends, FastAPI
