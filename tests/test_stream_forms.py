@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, WebSocket
+from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
@@ -363,3 +364,33 @@ def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
             while True:
                 assert websocket.receive_text() == "tokens"
     assert (closed.value.code, closed.value.reason) == (1008, "Token budget exhausted")
+
+
+@pytest.mark.parametrize(
+    ("media_type", "last"),
+    [
+        ("application/x-ndjson", '{"error":{"type":"' + REDUCED_CAPACITY + '"'),
+        ("text/plain", "line\n"),  # nothing more: the body just ends
+    ],
+)
+def test_a_wrapped_stream_ends_by_its_media_type(media_type, last):
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(identity_secret=SECRET))
+    app = FastAPI()
+    install_exception_handler(app)
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        lease = await manager.acquire("alice")
+
+        async def lines() -> AsyncIterator[str]:
+            yield "line\n"
+            await manager.revoke("alice")
+            await asyncio.sleep(3600)  # ended by the revoke
+            yield "never\n"
+
+        return StreamingResponse(lease.wrap(lines()), media_type=media_type)
+
+    with TestClient(app) as client:
+        body = client.get("/stream").text
+    assert body.startswith("line\n") and "never" not in body
+    assert body.splitlines(keepends=True)[-1].startswith(last)
