@@ -139,9 +139,9 @@ def ended_with_problem(form: str, last: object) -> dict[str, object]:
     return last["error"]  # type: ignore[return-value]
 
 
-async def assert_logged_one_end(server: Server, error: str) -> None:
+async def assert_logged_one_end(server: Server, error: str, user: str) -> None:
     """One line for the end (INFO for a revoke or a drain, WARNING otherwise), written once
-    the response ended; no traceback."""
+    the response ended; no traceback; never the user's identity."""
     level = "INFO" if error == "LeaseRevoked" else "WARNING"
     log = ""
 
@@ -154,6 +154,7 @@ async def assert_logged_one_end(server: Server, error: str) -> None:
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
     ends = [line for line in log.splitlines() if line.startswith(f"{level} stream ended")]
     assert len(ends) == 1 and f": {error}: " in ends[0], log
+    assert user not in log
 
 
 @pytest.mark.parametrize("form", list(HTTP_FORMS))
@@ -175,7 +176,7 @@ async def test_a_revoke_ends_an_idle_stream_with_a_final_event_and_no_traceback(
     assert problem["title"] == "Stream lease revoked" and problem["retry_after"] == 1
     assert "revoked" in problem["detail"]
     await eventually(lambda: _count_is(store, user, 0), what="the revoked lease to be freed")
-    await assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked", user)
 
 
 async def _count_is(store: StreamLeaseManager, user: str, count: int) -> bool:
@@ -191,7 +192,7 @@ async def test_a_revoke_ends_an_idle_byte_stream_with_its_end(server, store):
             assert await anext(chunks) == b"tick\n"
             await store.revoke(user)
             assert [chunk async for chunk in chunks] == []
-    await assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked", user)
 
 
 def ws_url(server: Server, user: str, **params: str) -> str:
@@ -210,7 +211,7 @@ async def test_a_revoke_closes_an_idle_websocket_with_1013_and_the_reason(server
     assert closed.value.rcvd is not None
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "Stream lease revoked")
     await eventually(lambda: _count_is(store, user, 0), what="the socket's lease to be freed")
-    await assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked", user)
 
 
 @pytest.mark.parametrize("form", ["sse-get", "jsonl"])
@@ -229,7 +230,7 @@ async def test_a_budget_cut_ends_the_stream_with_a_429_event(server, store, form
     assert problem["status"] == 429 and problem["type"] == QUOTA_EXCEEDED
     assert problem["title"] == "Token budget exhausted"
     await eventually(lambda: _count_is(store, user, 0), what="the cut stream's lease to be freed")
-    await assert_logged_one_end(server, "BudgetExhausted")
+    await assert_logged_one_end(server, "BudgetExhausted", user)
 
 
 async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
@@ -244,7 +245,7 @@ async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
     assert [event for event, _, _ in rest] == ["error"]
     assert json.loads(rest[0][1])["title"] == "Stream lease revoked"
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    await assert_logged_one_end(server, "LeaseRevoked")
+    await assert_logged_one_end(server, "LeaseRevoked", user)
 
 
 FORMS_HOLDING_A_SLOT = ["sse-get", "sse-post", "jsonl", "streaming", "websocket"]
