@@ -1,7 +1,13 @@
 """A page to watch the leases at work: open and close streams for three users with buttons, and
-see each stream's tokens arrive, the 429 and 503 answers with their Retry-After, and the pool's
-use against its caps, live over Server-Sent Events. Plain HTML and JavaScript (web/index.html),
-no build step.
+see each stream's tokens arrive, the 429 and 503 answers with their Retry-After, the pool's use
+against its caps, live over Server-Sent Events, and an operator's revoke end a user's streams
+with a final event that says why. Plain HTML and JavaScript (web/index.html), no build step.
+
+Each stream is a native Server-Sent Events endpoint holding its lease through
+``manager.stream_lease()``. The page reads it two ways: with ``fetch`` (which shows a refusal's
+status and Retry-After) and with a browser ``EventSource`` (which cannot read a refusal's status,
+and reconnects whenever a stream ends unless it is closed: the page closes it on the stream's
+final event, ``done`` at its natural end or ``error`` when the library ended it).
 
 Caps: 2 streams per user, 4 in all, so a third stream of one user gets 429 and a fifth stream
 of anyone 503 (a browser opens at most 6 connections to one host over HTTP/1.1, the pool's
@@ -21,11 +27,18 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_exception_handler
+from fastapi_stream_lease import (
+    Lease,
+    LeaseConfig,
+    StreamLeaseManager,
+    install_exception_handler,
+)
 
 USERS = ("alice", "bob", "carol")
 PER_USER, IN_ALL = 2, 4
@@ -36,7 +49,16 @@ manager = StreamLeaseManager(
     config=LeaseConfig(max_per_user=PER_USER, max_global=IN_ALL, key_prefix="web-demo"),
 )
 app = FastAPI()
-install_exception_handler(app)  # refusals: 429 / 503 with Retry-After and a JSON detail
+# Refusals: 429 / 503 with Retry-After and a JSON detail; a revoked stream's final event.
+install_exception_handler(app)
+
+
+def visitor(user: str) -> str:
+    """The user a stream is for: the page says (a real app reads it from its authentication)."""
+    return user
+
+
+StreamLease = Annotated[Lease, Depends(manager.stream_lease(user=visitor))]
 
 
 @app.get("/")
@@ -44,17 +66,20 @@ async def page() -> FileResponse:
     return FileResponse(PAGE)
 
 
-@app.get("/stream")
-async def stream(user: str, tokens: int = 100) -> StreamingResponse:
-    """One stream of ``tokens`` words, one every 0.4 s: a slow model."""
-    lease = await manager.acquire(user)
+@app.get("/stream", response_class=EventSourceResponse)
+async def stream(lease: StreamLease, tokens: int = 100) -> AsyncIterator[ServerSentEvent]:
+    """One stream of ``tokens`` words, one every 0.4 s (a slow model), then a ``done`` event."""
+    for n in range(1, tokens + 1):
+        await asyncio.sleep(0.4)
+        yield ServerSentEvent(raw_data=f"token {n}")
+    yield ServerSentEvent(raw_data="finished", event="done")
 
-    async def words() -> AsyncIterator[str]:
-        for n in range(1, tokens + 1):
-            await asyncio.sleep(0.4)
-            yield f"data: token {n}\n\n"
 
-    return StreamingResponse(lease.wrap(words()), media_type="text/event-stream")
+@app.post("/revoke")
+async def revoke(user: str) -> dict[str, int]:
+    """An operator ends every stream of ``user``, on every worker (no ban: they may start
+    again at once)."""
+    return {"revoked": await manager.revoke(user)}
 
 
 @app.get("/pool")

@@ -29,7 +29,9 @@ def block_with(marker: str) -> str:
     return name
 
 
+FIRST_EXAMPLE = block_with("stream_lease(user=current_user))]\n\n\n@app.get")
 QUICKSTART = block_with("lease.wrap(token_generator())")
+STREAM_FORMS = block_with("BudgetedLease = Annotated[")
 WEBSOCKET = block_with("async def websocket_chat")
 LIMITER = block_with('@app.get("/both"')
 
@@ -47,7 +49,8 @@ def load_block(name: str, redis_url: str, tmp_path: Path):
 
 
 def test_the_pages_have_the_blocks_these_tests_expect():
-    assert QUICKSTART == "README.md:0"
+    assert FIRST_EXAMPLE == "README.md:0"
+    assert QUICKSTART == "README.md:1"
     for recipe in (ROOT / "docs" / "recipes").glob("*.md"):  # each recipe shows its code
         assert f"{recipe.relative_to(ROOT)}:0" in BLOCKS, recipe.name
 
@@ -58,6 +61,24 @@ def test_readme_quickstart(redis_server, tmp_path):
         response = client.get("/api/chat/stream")
         assert response.status_code == 200
         assert "data: streamed!" in response.text
+
+
+def test_readme_first_example_streams_native_sse_under_a_lease(redis_server, tmp_path):
+    module = load_block(FIRST_EXAMPLE, redis_server.url, tmp_path)
+    with TestClient(module.app) as client:
+        response = client.get("/api/chat/stream")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert 'data: "streamed!"' in response.text
+
+
+def test_stream_forms_block(tmp_path):
+    module = load_block(STREAM_FORMS, "", tmp_path)
+    with TestClient(module.app) as client:
+        assert client.post("/chat").text == 'data: "Hello"\n\ndata: "world"\n\n'
+        assert client.get("/lines").text == '{"n":0}\n{"n":1}\n{"n":2}\n'
+        with client.websocket_connect("/ws") as websocket:
+            assert websocket.receive_text() == "admitted"
 
 
 def test_limiter_block(redis_server, tmp_path):
@@ -77,7 +98,12 @@ def test_websocket_block(redis_server, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", [name for name in BLOCKS if name not in (QUICKSTART, WEBSOCKET, LIMITER)]
+    "name",
+    [
+        name
+        for name in BLOCKS
+        if name not in (FIRST_EXAMPLE, QUICKSTART, STREAM_FORMS, WEBSOCKET, LIMITER)
+    ],
 )
 def test_every_other_block_runs(redis_server, tmp_path, name):
     load_block(name, redis_server.url, tmp_path)

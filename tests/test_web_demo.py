@@ -1,6 +1,8 @@
 """The demo's web page (``examples/web_demo.py``, ``make demo-web``) in a real headless browser
 against a real server: a visitor opens streams for three users and sees their tokens, a 429 and
-a 503 with Retry-After, and the pool's use against its caps; closing a stream frees its slot.
+a 503 with Retry-After, and the pool's use against its caps; closing a stream frees its slot; an
+operator's revoke ends an EventSource and fetch readers with a final event, and the page's
+EventSource does not reconnect.
 The screenshot it takes is the docs' picture (``STREAM_LEASE_UPDATE_SCREENSHOTS=1`` writes it
 to ``docs/images/web-demo.png``)."""
 
@@ -69,3 +71,18 @@ def test_a_visitor_sees_streams_refusals_and_the_pools_use(web_demo, browser, tm
     browser.click("#user-alice .stream:not(.refused) button")  # close one of hers
     wait_until(lambda: browser.text("#user-alice .count") == "1 of 2", what="alice's slot freed")
     wait_until(lambda: browser.text("#in-all") == "3", what="3 streams in all")
+
+    # An operator's revoke ends carol's EventSource with a final event the page reads, and the
+    # page closes it: no reconnection. Bob's streams, read with fetch, get the same event.
+    browser.click("#user-carol .open-eventsource")
+    carols = "#user-carol .eventsource"
+    wait_until(lambda: "token" in browser.text(f"{carols} .tokens"), what="carol's tokens")
+    browser.click("#user-carol .revoke")
+    wait_until(lambda: "EventSource closed" in browser.text(carols), what="carol's final event")
+    assert "ended by the server: Stream lease revoked" in browser.text(carols)
+    assert browser.text(f"{carols} .connections") == "(connections: 1)"
+    browser.click("#user-bob .revoke")
+    wait_until(lambda: browser.text("#user-bob .streams").count("Stream lease revoked") == 2,
+               what="bob's final events")
+    wait_until(lambda: browser.text("#in-all") == "1", what="alice's stream alone")
+    assert browser.text(f"{carols} .connections") == "(connections: 1)", "never reconnected"

@@ -25,6 +25,7 @@ from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
 from .resources import Resource
+from .stream_end import StreamEndMiddleware
 from .web import RateLimitHeaders, RateLimitMiddleware
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "RateLimitMiddleware",
     "RateLimited",
     "Resource",
+    "StreamEndMiddleware",
     "StreamLeaseError",
     "StreamLeaseManager",
     "StreamLeaseRejected",

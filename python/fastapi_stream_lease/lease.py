@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.concurrency import iterate_in_threadpool
 
@@ -313,19 +313,33 @@ class LostWatch:
             self._task.cancel(str(self._ended()))
 
     def __enter__(self) -> None:
-        if self._lease.lost and self._ends_work():
-            raise self._ended()
         # With the loop given, current_task() does not look the running loop up.
-        self._task = asyncio.current_task(self._loop)
+        self.cover(asyncio.current_task(self._loop))
 
     def __exit__(self, kind: type[BaseException] | None, error: object, traceback: object) -> None:
+        ended = self.settle()
+        if ended is not None and kind is not None and issubclass(kind, asyncio.CancelledError):
+            raise ended from None
+
+    def cover(self, task: asyncio.Task[Any] | None) -> None:
+        """Starts watching for ``task``: a loss that ends work cancels it until :meth:`settle`.
+        Raises at once if the lease is already lost that way."""
+        if self._lease.lost and self._ends_work():
+            raise self._ended()
+        self._task = task
+
+    def settle(self) -> LeaseLost | None:
+        """Stops watching for the task; if the watch cancelled it, takes that cancellation back
+        and returns the error the work ended with (:class:`LeaseLost` or
+        :class:`LeaseRevoked`), else None."""
         task, self._task = self._task, None
-        if kind is not None and issubclass(kind, asyncio.CancelledError) and self._cancelled_by_us:
-            self._cancelled_by_us = False
-            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-            if uncancel is not None:
-                uncancel()
-            raise self._ended() from None
+        if not self._cancelled_by_us:
+            return None
+        self._cancelled_by_us = False
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+        return self._ended()
 
     def _ended(self) -> LeaseLost:
         if self._lease.revoked:

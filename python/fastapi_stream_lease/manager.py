@@ -313,6 +313,47 @@ class StreamLeaseManager:
         async with lease._held():
             yield lease
 
+    def stream_lease(
+        self,
+        *,
+        user: Callable[..., Any],
+        weight: int = 1,
+        max_per_user: int | None = None,
+        wait_timeout: float | None = None,
+        resources: Sequence[Resource] = (),
+        rate_limits: Sequence[RateLimit] = (),
+        budgets: Sequence[RateLimit] = (),
+        reserve: int | tuple[int, int] | None = None,
+        on_budget: OnBudget = "cut",
+        priority: int = 0,
+    ) -> Callable[..., AsyncIterator[Lease]]:
+        """A FastAPI dependency that holds a lease for the whole response:
+        ``lease: Lease = Depends(manager.stream_lease(user=current_user))``. ``user`` is a
+        dependency (FastAPI resolves it) that returns the user id; the other arguments are
+        :meth:`acquire`'s. It acquires before the endpoint runs (a refusal answers 429 or 503
+        through :func:`install_exception_handler`, which it needs), yields the :class:`Lease`,
+        and releases it when the response ends or the client leaves: a path operation that
+        ``yield``s Server-Sent Events (``response_class=EventSourceResponse``, GET or POST) or
+        JSON Lines, one that returns a ``StreamingResponse``, a WebSocket route. Count tokens
+        with :meth:`Lease.consume` (or ``lease.wrap(source, tokens=...)``) in the endpoint.
+
+        A lost lease (``on_lost="cancel"``), a revoke or a drain ends the response at once, even
+        while the endpoint waits for its next item, and a budget cut ends it after the item
+        that used the budget up: the client gets a final event (see
+        :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware`).
+
+        ``Depends(manager.stream_lease(...), scope="function")`` releases the lease when the
+        endpoint function returns, before the response is sent: an admission check only (the
+        caps and ``rate_limits`` are checked and counted, the stream holds no slot)."""
+        from .lease_dependency import lease_dependency
+
+        options = {
+            "weight": weight, "max_per_user": max_per_user, "wait_timeout": wait_timeout,
+            "resources": resources, "rate_limits": rate_limits, "budgets": budgets,
+            "reserve": reserve, "on_budget": on_budget, "priority": priority,
+        }  # fmt: skip
+        return lease_dependency(self, user, options)
+
     async def hit(
         self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
     ) -> list[RateDecision]:

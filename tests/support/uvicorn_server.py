@@ -18,14 +18,17 @@ class Uvicorn:
 
     def __init__(
         self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str,
-        python: str | Path = sys.executable,
+        python: str | Path = sys.executable, log: Path | None = None,
     ) -> None:
+        """``log``: a file that takes the server's stderr (its log), else the tests' own."""
         self.port = free_port()
+        self._log = open(log, "wb") if log is not None else None
         self.process = subprocess.Popen(
             [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
              *extra_args],
             env={**os.environ, **(env or {})},
+            stderr=self._log,
         )
         wait_until(self._up, timeout=60, what="uvicorn to accept connections")
 
@@ -48,3 +51,5 @@ class Uvicorn:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self._log is not None:
+            self._log.close()

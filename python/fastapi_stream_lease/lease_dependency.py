@@ -1,0 +1,58 @@
+"""A lease as a FastAPI dependency (:meth:`StreamLeaseManager.stream_lease`).
+
+FastAPI (0.118 and later) runs the exit of a ``yield`` dependency of the request's scope after
+the response is sent, whatever the endpoint is: one that ``yield``s Server-Sent Events
+(``response_class=EventSourceResponse``) or JSON Lines, one that returns a
+``StreamingResponse``, a WebSocket route. So the dependency acquires before the endpoint runs,
+yields the :class:`Lease`, and releases it when the response ended or the client left; in
+between :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware` watches the lease and
+ends the response cleanly if it is lost or revoked.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the dependency's parameters from
+# its annotations, and ``Depends(user)`` there names a local.
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from starlette.requests import HTTPConnection, Request
+
+from .lease import Lease
+from .stream_end import guard_of
+
+if TYPE_CHECKING:
+    from .manager import StreamLeaseManager
+
+#: What a request without the middleware is told.
+NEEDS_MIDDLEWARE = (
+    "manager.stream_lease() needs the middleware that ends streams cleanly: call "
+    "install_exception_handler(app) once where the app is built"
+)
+
+
+def lease_dependency(
+    manager: "StreamLeaseManager", user: Callable[..., Any], options: dict[str, Any]
+) -> Callable[..., AsyncIterator[Lease]]:
+    """See :meth:`StreamLeaseManager.stream_lease`."""
+    from fastapi import Depends
+
+    if not callable(user):
+        raise TypeError(
+            f"user must be a dependency that returns the user id (a function), got {user!r}"
+        )
+
+    async def stream_lease(
+        connection: HTTPConnection, user_id: Annotated[Any, Depends(user)]
+    ) -> AsyncIterator[Lease]:
+        guard = guard_of(connection.scope)
+        if guard is None:
+            raise RuntimeError(NEEDS_MIDDLEWARE)
+        # A request's client that leaves while it waits in line leaves the line.
+        request = connection if isinstance(connection, Request) else None
+        lease = await manager.acquire(user_id, request=request, **options)
+        try:
+            guard.watch(lease)
+            yield lease
+        finally:
+            await lease._release_quietly()
+
+    return stream_lease

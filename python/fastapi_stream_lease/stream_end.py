@@ -1,0 +1,217 @@
+"""Clean ends for the streams the library stops: a budget cut, a revoke, a lost lease, a drain.
+
+Such an end is a :class:`StreamLeaseError` raised after the response started, when no status
+can be sent any more. :class:`StreamEndMiddleware` remembers how the response started and ends
+it the way its kind allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from .errors import LeaseRevoked, ManagerClosed, StreamLeaseError
+from .lease import LostWatch
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from .lease import Lease
+
+log = logging.getLogger("fastapi_stream_lease")
+
+#: RFC 6455's close code for a temporary condition on the server's side (try again later).
+WS_TRY_AGAIN_LATER = 1013
+#: RFC 6455's close code for a policy violation: the client's own limits.
+WS_POLICY_VIOLATION = 1008
+
+#: Media types of JSON Lines bodies, which end with an error line.
+JSON_LINES = frozenset(
+    {"application/jsonl", "application/x-ndjson", "application/ndjson", "application/jsonlines"}
+)
+
+#: Where the request's :class:`StreamEndGuard` waits in the scope for the lease dependency.
+GUARD_KEY = "fastapi_stream_lease.stream_end"
+
+
+class StreamEndGuard:
+    """A request served by :class:`StreamEndMiddleware`: how far its response went, and the
+    leases it holds through its dependency, watched for the task that serves the request (a
+    loss that ends work cancels that task)."""
+
+    __slots__ = ("_task", "_watches", "response")
+
+    def __init__(self, task: asyncio.Task[object] | None, response: _ResponseState) -> None:
+        self._task = task
+        self._watches: list[LostWatch] = []
+        self.response = response
+
+    def watch(self, lease: Lease) -> None:
+        """Ends the request when ``lease`` is lost (``on_lost="cancel"``) or revoked; raises at
+        once if it already is."""
+        watch = LostWatch(lease)
+        try:
+            watch.cover(self._task)
+        except BaseException:
+            watch.close()
+            raise
+        self._watches.append(watch)
+
+    def settle(self) -> StreamLeaseError | None:
+        """Stops watching; the error of the first lease whose loss cancelled the request, or
+        None (that cancellation taken back)."""
+        ended = None
+        for watch in self._watches:
+            watch.close()
+            ended = watch.settle() or ended
+        self._watches.clear()
+        return ended
+
+
+def guard_of(scope: Scope) -> StreamEndGuard | None:
+    """The request's guard, when :class:`StreamEndMiddleware` serves the app."""
+    return scope.get(GUARD_KEY)
+
+
+def end_in(error: BaseException | None) -> StreamLeaseError | None:
+    """The library error that ``error`` stands for: itself; what Starlette's "response already
+    started" ``RuntimeError`` was raised from; the one in an exception group (a task group's,
+    such as FastAPI's around a Server-Sent Events endpoint) holding only library errors and
+    cancellations. None for anything else: the app's own failures stay failures."""
+    if isinstance(error, StreamLeaseError):
+        return error
+    if type(error) is RuntimeError:
+        return end_in(error.__cause__)
+    # BaseExceptionGroup, or the exceptiongroup backport on Python 3.10.
+    members = getattr(error, "exceptions", None)
+    if isinstance(members, tuple):
+        ends = [end_in(e) for e in members if not isinstance(e, asyncio.CancelledError)]
+        if ends and all(ends):
+            return ends[0]
+    return None
+
+
+class StreamEndMiddleware:
+    """ASGI middleware that ends a stream the library stopped after its start (a
+    :class:`StreamLeaseError` escaping the app: a budget cut, a revoke, a lost lease, a drain)
+    the way its kind allows, so the client learns why and the body ends normally:
+
+    * ``text/event-stream``: a final ``event: error`` whose ``data`` is the problem JSON (type,
+      title, status, detail, retry_after) and whose ``retry`` is ``retry_after`` in
+      milliseconds;
+    * JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
+      ``{"error": <the problem JSON>}``;
+    * any other body: nothing more;
+    * a WebSocket: a close with :data:`WS_TRY_AGAIN_LATER` (1013) for a 503 (a lost or revoked
+      lease, a drain) or :data:`WS_POLICY_VIOLATION` (1008) for the client's own limits (a
+      budget cut), the problem's title as the reason;
+    * a response not started yet: the error's own answer (:meth:`StreamLeaseError.as_response`).
+
+    It logs one line saying how the stream ended and why (INFO for a revoke or a drain, WARNING
+    otherwise), never the identity, and lets no traceback reach the server's log. A lease held
+    by :meth:`StreamLeaseManager.stream_lease` is watched for the whole request: when it is
+    lost (under ``on_lost="cancel"``) or revoked, the request's work is cancelled at once, even
+    while the endpoint waits for its next item, and the response ends as above.
+    :func:`~fastapi_stream_lease.install_exception_handler` adds this middleware."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        response = _ResponseState(send)
+        guard = StreamEndGuard(asyncio.current_task(), response)
+        scope[GUARD_KEY] = guard
+        try:
+            await self.app(scope, receive, response.send)
+        except BaseException as error:
+            ended = guard.settle() or end_in(error)
+            if ended is None:
+                await response.finish()
+                raise
+            await response.end(scope, receive, ended)
+        else:
+            guard.settle()
+            await response.finish()
+
+
+class _ResponseState:
+    """How far the response went: whether it started, with which media type, and whether it
+    ended.
+
+    The empty last message of a Server-Sent Events body is held until the app returns:
+    FastAPI runs a ``yield`` endpoint's generator in a task of its own and ends the body
+    normally when that task fails, before the failure reaches this middleware, so the final
+    event goes before that message."""
+
+    __slots__ = ("_send", "closed", "held", "media_type", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.closed = False
+        self.held: Message | None = None
+        self.media_type = ""
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"content-type":
+                    self.media_type = value.decode("latin-1").split(";")[0].strip().lower()
+        elif kind == "websocket.accept":
+            self.started = True
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            if self.media_type == "text/event-stream" and not message.get("body"):
+                self.held = message
+                return
+            self.closed = True
+        elif kind in ("websocket.close", "websocket.http.response.start"):
+            self.closed = True
+        await self._send(message)
+
+    async def finish(self) -> None:
+        """Sends the held last message, if any."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.closed = True
+            await self._send(held)
+
+    async def end(self, scope: Scope, receive: Receive, error: StreamLeaseError) -> None:
+        """Ends the response for ``error`` and logs it."""
+        name = type(error).__name__
+        if self.closed:
+            how = "after its response ended"
+        elif scope["type"] == "websocket":
+            code = WS_TRY_AGAIN_LATER if error.status_code == 503 else WS_POLICY_VIOLATION
+            how = f"closed with {code}"
+            await self._send({"type": "websocket.close", "code": code, "reason": error.title})
+        elif not self.started:
+            how = f"answered {error.status_code}"
+            await error.as_response()(scope, receive, self._send)
+        else:
+            final, how = _final_chunk(self.media_type, error)
+            if final:
+                await self._send({"type": "http.response.body", "body": final, "more_body": True})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Never the identity: the messages name pools, policies and causes only.
+        on_purpose = isinstance(error, (LeaseRevoked, ManagerClosed))
+        level = logging.INFO if on_purpose else logging.WARNING
+        log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
+
+
+def _final_chunk(media_type: str, error: StreamLeaseError) -> tuple[bytes, str]:
+    """The last chunk a started body of ``media_type`` gets for ``error`` (empty: none), and
+    how the log says it ended."""
+    problem = json.dumps(error.body(), separators=(",", ":"))
+    if media_type == "text/event-stream":
+        retry = f"retry: {error.retry_after * 1000}\n" if error.retry_after is not None else ""
+        return f"event: error\ndata: {problem}\n{retry}\n".encode(), "with a final error event"
+    if media_type in JSON_LINES:
+        return f'{{"error":{problem}}}\n'.encode(), "with a final error line"
+    return b"", "at its last chunk"
