@@ -1,5 +1,7 @@
 """The exception hierarchy. Every error the library raises at run time is a
-:class:`StreamLeaseError`, so one Starlette exception handler serves a whole app.
+:class:`StreamLeaseError`, so one Starlette exception handler serves a whole app; every refusal
+(a full pool or line, a rate or token limit, a ban, a drain, an unreachable store) is a
+:class:`StreamLeaseRejected`, so the seed README's handler of that one class answers each.
 
 Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`.
 """
@@ -59,6 +61,20 @@ class StreamLeaseError(Exception):
 
 
 class StreamLeaseRejected(StreamLeaseError):
+    """Base class of every refusal: :class:`PoolFull` (and :class:`LineFull`),
+    :class:`RateLimited`, :class:`BudgetExhausted`, :class:`UserBanned`, :class:`ManagerClosed`
+    (a draining worker) and :class:`BackendError` (the store failed or is unreachable). An
+    ``@app.exception_handler(StreamLeaseRejected)`` returning ``exc.as_response()`` answers each
+    with its own status (403, 429 or 503), ``Retry-After`` and problem body; ``except
+    RateLimited`` and the others still pick out one kind."""
+
+    status_code: ClassVar[int] = 503
+    title: ClassVar[str] = "Stream refused"
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+
+
+class PoolFull(StreamLeaseRejected):
     """A pool is full. ``limit`` names it: ``"per_user"`` answers 429 (the client's own quota),
     ``"global"`` or a resource answers 503 (shared capacity is saturated). Both carry
     ``Retry-After``. ``capacity`` and ``current`` are the pool's; both are None for a shared pool
@@ -114,7 +130,7 @@ class StreamLeaseRejected(StreamLeaseError):
         )
 
 
-class LineFull(StreamLeaseRejected):
+class LineFull(PoolFull):
     """The line of the pool named ``limit`` holds ``LeaseConfig.max_waiting`` waiters already:
     refused at once (503 for a shared pool, 429 for the user's own under
     ``wait_for_own_quota``), with ``Retry-After`` from the line's recent service rate.
@@ -148,7 +164,7 @@ class LineFull(StreamLeaseRejected):
         )  # fmt: skip
 
 
-class RateLimited(StreamLeaseError):
+class RateLimited(StreamLeaseRejected):
     """A request-rate policy refused the hit (429); nothing was consumed from any policy.
     ``policy`` names the first that refused; ``decisions`` are every policy's, for the
     ``RateLimit-Policy`` and ``RateLimit`` headers; ``retry_after`` is when the hit's cost fits
@@ -182,7 +198,7 @@ class RateLimited(StreamLeaseError):
         return (type(self), (str(self), self.policy, self.decisions, self.retry_after))
 
 
-class BudgetExhausted(StreamLeaseError):
+class BudgetExhausted(StreamLeaseRejected):
     """A stream ran past its token reservation and its ``budget`` (a policy's name) had no
     tokens left to top it up (``on_budget="cut"``): the stream ended after its last item. It has
     already started, so the status (429) only reaches a client that reads the error in the
@@ -201,7 +217,7 @@ class BudgetExhausted(StreamLeaseError):
         return (type(self), (str(self), self.budget))
 
 
-class BackendError(StreamLeaseError):
+class BackendError(StreamLeaseRejected):
     """The store (Redis) answered with an error: wrong password, a key of another type, a
     read-only replica. The message says what to fix; it names the store's address, so it goes
     to the app's log (:func:`stream_lease_exception_handler` logs it), never to the client,
@@ -239,13 +255,14 @@ class LeaseRevoked(LeaseLost):
     title: ClassVar[str] = "Stream lease revoked"
 
 
-class UserBanned(StreamLeaseError):
+class UserBanned(StreamLeaseRejected):
     """An operator ended this user's streams and refuses new ones for a while
     (:meth:`StreamLeaseManager.revoke` with ``ban_seconds``): 403, with ``Retry-After`` saying
     when the ban ends."""
 
     status_code: ClassVar[int] = 403
     title: ClassVar[str] = "Streams suspended"
+    problem_type: ClassVar[str] = "about:blank"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
@@ -264,7 +281,7 @@ class ClientDisconnected(StreamLeaseError):
     retry_after = 1
 
 
-class ManagerClosed(StreamLeaseError):
+class ManagerClosed(StreamLeaseRejected):
     """The manager was closed with ``aclose()`` (the app is shutting down)."""
 
     status_code: ClassVar[int] = 503
