@@ -9,6 +9,7 @@ from .errors import (
     BackendUnavailable,
     BudgetExhausted,
     ClientDisconnected,
+    ConfigurationMismatchError,
     LeaseLost,
     LeaseRevoked,
     LineFull,
@@ -16,12 +17,19 @@ from .errors import (
     PoolFull,
     RateLimited,
     StreamLeaseError,
+    StreamLeaseLost,
     StreamLeaseRejected,
+    StreamLeaseUnavailable,
     StreamLeaseWarning,
     UserBanned,
 )
-from .handlers import install_exception_handler, stream_lease_exception_handler
-from .lease import Lease
+from .failure_policy import BackendFailurePolicy, CircuitBreakerConfig, CircuitState, FallbackMode
+from .handlers import (
+    install_exception_handler,
+    register_exception_handlers,
+    stream_lease_exception_handler,
+)
+from .lease import Lease, ProtectedStreamingResponse, StreamLease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
@@ -31,9 +39,14 @@ from .web import RateLimitHeaders, RateLimitMiddleware
 __all__ = [
     "TOP_UP_INCREMENT",
     "BackendError",
+    "BackendFailurePolicy",
     "BackendUnavailable",
     "BudgetExhausted",
+    "CircuitBreakerConfig",
+    "CircuitState",
     "ClientDisconnected",
+    "ConfigurationMismatchError",
+    "FallbackMode",
     "Lease",
     "LeaseConfig",
     "LeaseLost",
@@ -43,15 +56,19 @@ __all__ = [
     "LineFull",
     "ManagerClosed",
     "PoolFull",
+    "ProtectedStreamingResponse",
     "RateDecision",
     "RateLimit",
     "RateLimitHeaders",
     "RateLimitMiddleware",
     "RateLimited",
     "Resource",
+    "StreamLease",
     "StreamLeaseError",
+    "StreamLeaseLost",
     "StreamLeaseManager",
     "StreamLeaseRejected",
+    "StreamLeaseUnavailable",
     "StreamLeaseWarning",
     "UserBanned",
     "__version__",
@@ -59,5 +76,6 @@ __all__ = [
     "install_exception_handler",
     "openai_rate_limit_headers",
     "rate_limit_headers",
+    "register_exception_handlers",
     "stream_lease_exception_handler",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from starlette.exceptions import HTTPException
     from starlette.responses import Response
 
     from .rates import RateDecision
@@ -59,6 +60,13 @@ class StreamLeaseError(Exception):
             media_type="application/problem+json",
         )
 
+    def as_http_exception(self) -> HTTPException:
+        """The 0.6 API's other form: a Starlette ``HTTPException`` with the status, the
+        headers and the body's ``detail``, to ``raise`` where a handler of those answers."""
+        from starlette.exceptions import HTTPException
+
+        return HTTPException(self.status_code, str(self.body()["detail"]), self.headers())
+
 
 class StreamLeaseRejected(StreamLeaseError):
     """Base class of every refusal: :class:`PoolFull` (and :class:`LineFull`),
@@ -72,6 +80,13 @@ class StreamLeaseRejected(StreamLeaseError):
     title: ClassVar[str] = "Stream refused"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    #: Why, in one word (what a 0.6 ``on_rejected`` hook is given).
+    reason: str = "refused"
+
+    @property
+    def detail(self) -> str:
+        """The ``detail`` of the problem body: what the client is told."""
+        return str(self.body()["detail"])
 
 
 class PoolFull(StreamLeaseRejected):
@@ -107,6 +122,13 @@ class PoolFull(StreamLeaseRejected):
     def problem_type(self) -> str:  # type: ignore[override]
         return _QUOTA_EXCEEDED if self.limit == "per_user" else _REDUCED_CAPACITY
 
+    @property
+    def reason(self) -> str:  # type: ignore[override]
+        """``"user_limit"`` or ``"global_limit"`` (0.6's words), else ``"resource_limit"``."""
+        return {"per_user": "user_limit", "global": "global_limit"}.get(
+            self.limit, "resource_limit"
+        )
+
     def headers(self) -> dict[str, str]:
         if self.capacity is None or self.current is None:
             return super().headers()
@@ -139,6 +161,7 @@ class LineFull(PoolFull):
     user's first waiter, its own user having the most places in that line."""
 
     title: ClassVar[str] = "Waiting line full"
+    reason = "line_full"
 
     def __init__(
         self,
@@ -173,6 +196,7 @@ class RateLimited(StreamLeaseRejected):
     status_code: ClassVar[int] = 429
     title: ClassVar[str] = "Too many requests"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
+    reason = "rate_limit"
 
     def __init__(
         self,
@@ -208,6 +232,7 @@ class BudgetExhausted(StreamLeaseRejected):
     title: ClassVar[str] = "Token budget exhausted"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
     retry_after = 1
+    reason = "budget_exhausted"
 
     def __init__(self, message: str, budget: str) -> None:
         super().__init__(message)
@@ -217,7 +242,17 @@ class BudgetExhausted(StreamLeaseRejected):
         return (type(self), (str(self), self.budget))
 
 
-class BackendError(StreamLeaseRejected):
+class StreamLeaseUnavailable(StreamLeaseRejected):
+    """Admission control cannot decide now (503, ``Retry-After``): the store failed or is
+    unreachable (:class:`BackendError`), or this worker is shutting down
+    (:class:`ManagerClosed`). The 0.6 API's name for both."""
+
+    status_code: ClassVar[int] = 503
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+
+
+class BackendError(StreamLeaseUnavailable):
     """The store (Redis) answered with an error: wrong password, a key of another type, a
     read-only replica. The message says what to fix; it names the store's address, so it goes
     to the app's log (:func:`stream_lease_exception_handler` logs it), never to the client,
@@ -227,6 +262,7 @@ class BackendError(StreamLeaseRejected):
     title: ClassVar[str] = "Admission control unavailable"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    reason = "backend_unavailable"
 
     def body(self) -> dict[str, object]:
         body = super().body()
@@ -263,6 +299,7 @@ class UserBanned(StreamLeaseRejected):
     status_code: ClassVar[int] = 403
     title: ClassVar[str] = "Streams suspended"
     problem_type: ClassVar[str] = "about:blank"
+    reason = "banned"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
@@ -281,13 +318,32 @@ class ClientDisconnected(StreamLeaseError):
     retry_after = 1
 
 
-class ManagerClosed(StreamLeaseRejected):
+class ManagerClosed(StreamLeaseUnavailable):
     """The manager was closed with ``aclose()`` (the app is shutting down)."""
 
     status_code: ClassVar[int] = 503
     title: ClassVar[str] = "Shutting down"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    reason = "closing"
+
+
+class ConfigurationMismatchError(StreamLeaseError):
+    """The 0.6 API's error for workers whose configurations disagree, kept for ``except``
+    clauses: here it is never raised, since every call carries its own caps and timings to
+    Redis and no configuration is registered there (see
+    :meth:`StreamLeaseManager.verify_cluster_config`)."""
+
+    def __init__(
+        self, message: str, existing_config: dict[str, object], current_config: dict[str, object]
+    ) -> None:
+        super().__init__(message)
+        self.existing_config = existing_config
+        self.current_config = current_config
+
+
+#: The 0.6 API's name of :class:`LeaseLost`.
+StreamLeaseLost = LeaseLost
 
 
 class StreamLeaseWarning(UserWarning):

@@ -69,6 +69,7 @@ impl Manager {
     fn config(&self) -> LeaseConfig {
         LeaseConfig {
             config: self.core.config().clone(),
+            python_side: Default::default(),
         }
     }
 
