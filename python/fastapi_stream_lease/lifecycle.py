@@ -2,8 +2,8 @@
 on_released=..., on_backend_error=...)``), run off the hot path: an event is queued (a deque
 append) where it happens, and one task per event loop runs the hooks in order, a coroutine
 function awaited there, a plain function in a worker thread. No acquire, stream or release
-waits for a hook; a full queue (``hook_queue_size``) drops new events and counts them, and a
-hook that raises is logged and counted."""
+waits for a hook; a full queue (``hook_queue_size``) drops new events, with a warning now and
+then, and a hook that raises is logged."""
 
 from __future__ import annotations
 
@@ -36,9 +36,8 @@ class Lifecycle:
         self._events: deque[tuple[Hook, tuple[Any, ...]]] = deque()
         self._capacity = config.hook_queue_size
         self._runner: asyncio.Task[None] | None = None
-        #: Events dropped because the queue was full, and hooks that raised.
+        #: Events dropped because the queue was full (logged now and then).
         self.dropped = 0
-        self.failed = 0
 
     @staticmethod
     def wanted(config: LeaseConfig) -> bool:
@@ -96,7 +95,6 @@ class Lifecycle:
                     if inspect.isawaitable(outcome):  # a plain function that returned one
                         await outcome
             except Exception:
-                self.failed += 1
                 log.exception("lifecycle hook %s raised", getattr(hook, "__name__", hook))
 
     async def flush(self, timeout: float) -> None:
