@@ -226,6 +226,27 @@ async def test_a_slow_hook_never_holds_up_a_release(make_manager):
     await eventually(lambda: heard == ["manual"], what="the hook to finish")
 
 
+async def test_hook_events_past_hook_queue_size_are_dropped_with_a_warning(make_manager, caplog):
+    started, gate = threading.Event(), threading.Event()
+    heard: list[str] = []
+
+    def slow(lease: object) -> None:
+        started.set()
+        gate.wait(30)
+        heard.append("acquired")
+
+    manager = make_manager(on_acquired=slow, hook_queue_size=1)
+    leases = [await manager.acquire("u0")]
+    await eventually(started.is_set, what="the first hook to run")  # and block
+    leases += [await manager.acquire(f"u{i}") for i in (1, 2)]
+    # The second waits in the queue, the third finds it full.
+    assert "lifecycle hook queue full (hook_queue_size=1)" in caplog.text
+    gate.set()
+    await eventually(lambda: heard == ["acquired", "acquired"], what="the two queued hooks")
+    for lease in leases:
+        await lease.release()
+
+
 async def test_a_0_6_on_lost_callable_ends_the_stream_and_is_called(make_manager):
     heard: list[tuple[str, str]] = []
     manager = make_manager(on_lost=lambda lease, reason: heard.append((lease.lease_id, reason)))
