@@ -247,7 +247,7 @@ class StreamLeaseManager:
                 # The core's awaitable itself, without a coroutine around it (at 64 streams
                 # at once, each layer shows in the event loop's CPU).
                 handle = await self._start_acquire(*arguments)
-                return self._granted(Lease(handle, cancel_on_lost=self._cancel_on_lost))
+                return self._granted(handle)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             policies = (*rate_limits, *budgets)
             # Started inside admit(), so that arguments refused at once count as its result.
@@ -260,16 +260,22 @@ class StreamLeaseManager:
                 self._lifecycle.refused(user_id, refused)
             raise
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
-        return self._granted(Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=ended))
+        return self._granted(handle, on_release=ended)
 
-    def _granted(self, lease: Lease) -> Lease:
-        """A new lease, tracked (:attr:`active_leases`) and told to the 0.6 hooks."""
+    def _granted(
+        self, handle: _core.LeaseHandle, on_release: Callable[[Lease], None] | None = None
+    ) -> Lease:
+        """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks."""
+        lease = Lease(
+            handle,
+            cancel_on_lost=self._cancel_on_lost,
+            on_release=on_release,
+            lifecycle=self._lifecycle,
+            lease_headers=self._lease_headers,
+        )
         self._leases.add(lease)
-        if self._lifecycle is not None or self._lease_headers:
-            lease._lifecycle = self._lifecycle
-            lease._lease_headers = self._lease_headers
-            if self._lifecycle is not None:
-                self._lifecycle.acquired(lease)
+        if self._lifecycle is not None:
+            self._lifecycle.acquired(lease)
         return lease
 
     def _instruments(self) -> Telemetry | None:
