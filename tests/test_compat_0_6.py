@@ -249,7 +249,10 @@ async def test_hook_events_past_hook_queue_size_are_dropped_with_a_warning(make_
 
 async def test_a_0_6_on_lost_callable_ends_the_stream_and_is_called(make_manager):
     heard: list[tuple[str, str]] = []
-    manager = make_manager(on_lost=lambda lease, reason: heard.append((lease.lease_id, reason)))
+    manager = make_manager(
+        on_lost=lambda lease, reason: heard.append((lease.lease_id, reason)),
+        on_released=lambda lease, reason: heard.append(("released", reason)),
+    )
     assert callable(manager.config.on_lost)
 
     async def endless():
@@ -265,7 +268,10 @@ async def test_a_0_6_on_lost_callable_ends_the_stream_and_is_called(make_manager
     with pytest.raises(LeaseRevoked):
         while True:
             await anext(body)
-    await eventually(lambda: heard == [(lease.lease_id, "revoked")], what="on_lost")
+    await eventually(
+        lambda: heard == [(lease.lease_id, "revoked"), ("released", "lost")],
+        what="on_lost, then on_released",
+    )
     assert manager.active_leases == frozenset()
 
 
@@ -283,6 +289,7 @@ async def test_verify_cluster_config_fails_fast_on_an_unreachable_store():
     assert await manager.verify_cluster_config(retry_attempts=1) is False
     with pytest.raises(StreamLeaseUnavailable):
         await manager.verify_cluster_config(strict=True, retry_attempts=2, retry_delay=0)
+    assert manager.circuit_state == CircuitState.OPEN
 
 
 async def test_a_client_on_a_sized_pool_is_followed(redis_server):
@@ -320,6 +327,60 @@ async def test_stream_sends_the_lease_headers_and_refuses_like_acquire(make_mana
     assert refused.value.reason == "user_limit"
     assert [item async for item in response.body_iterator] == ["a", "b"]
     assert await manager.get_active_count("42") == 0
+
+    uncapped = make_manager(max_per_user=0, max_global=5, include_lease_headers=True)
+    response = await uncapped.stream("u1", iter(["a"]))
+    assert "x-stream-lease-user-limit" not in response.headers, "an unlimited pool has no cap"
+    assert response.headers["x-stream-lease-global-limit"] == "5"
+    await response.lease.release()
+
+
+class OwnedStream:
+    """An async iterator that records whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __aiter__(self) -> OwnedStream:
+        return self
+
+    async def __anext__(self) -> str:
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_close_source_false_leaves_the_callers_stream_open(make_manager):
+    manager = make_manager()
+    for close_source in (True, False):
+        source = OwnedStream()
+        lease = await manager.acquire("u1")
+        assert [item async for item in lease.wrap(source, close_source=close_source)] == []
+        assert source.closed is close_source and lease.released
+
+
+def test_the_0_6_names_are_these_classes():
+    from fastapi_stream_lease import (
+        BackendError,
+        CircuitBreakerConfig,
+        ConfigurationMismatchError,
+        Lease,
+        LeaseLost,
+        ManagerClosed,
+        StreamLease,
+        StreamLeaseLost,
+        StreamLeaseRejected,
+    )
+
+    assert StreamLeaseLost is LeaseLost and StreamLease is Lease
+    assert issubclass(BackendError, StreamLeaseUnavailable)
+    assert issubclass(ManagerClosed, StreamLeaseUnavailable)
+    assert issubclass(StreamLeaseUnavailable, StreamLeaseRejected)
+    mismatch = ConfigurationMismatchError("differs", {"max_global": 1}, {"max_global": 2})
+    assert mismatch.existing_config == {"max_global": 1}
+    with pytest.raises(ValueError, match="failure_threshold must be an int of at least 1"):
+        CircuitBreakerConfig(failure_threshold=0)
 
 
 def test_a_refusal_converts_to_an_http_exception_too():
