@@ -43,7 +43,8 @@ class Lifecycle:
     def wanted(config: LeaseConfig) -> bool:
         """Whether ``config`` has any hook (without one, the manager keeps no lifecycle)."""
         hooks = (config.on_acquired, config.on_rejected, config.on_released)
-        return any(hooks) or config.on_backend_error is not None or callable(config.on_lost)
+        given = any(hook is not None for hook in (*hooks, config.on_backend_error))
+        return given or callable(config.on_lost)
 
     def acquired(self, lease: Lease) -> None:
         self._queue(self.on_acquired, lease)

@@ -26,7 +26,7 @@ pub struct LeaseConfig {
 /// The options of the 0.6 API that the core never reads: its response headers and its
 /// lifecycle hooks (run by the Python layer, off the hot path), and the failure policy object
 /// given (its fallback mode became `failure_mode`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PythonSide {
     include_lease_headers: bool,
     hook_queue_size: u64,
