@@ -221,8 +221,9 @@ async def test_url_and_key_prefix_may_follow_the_command(redis_server, key_prefi
 
 
 def test_the_version_sorts_above_the_0_6_line_as_a_1_0_pre_release():
-    """This package succeeds the pure-Python 0.6 line under the same name; at 0.1.0, ``pip
-    install --find-links dist/ fastapi-stream-lease`` picked 0.6.3 from the index instead."""
+    """This package succeeds the pure-Python 0.6 line under the same name: a version below
+    0.6.3 made ``pip install --find-links dist/ fastapi-stream-lease`` pick 0.6.3 from the
+    index instead of the local wheel."""
     from packaging.version import Version
 
     import fastapi_stream_lease
