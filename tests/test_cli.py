@@ -206,6 +206,33 @@ def test_version_is_the_packages_one():
     assert fastapi_stream_lease.__version__ == version("fastapi-stream-lease")
 
 
+async def test_url_and_key_prefix_may_follow_the_command(redis_server, key_prefix):
+    """``inspect --url ...`` was refused: the options were the top-level parser's only. Given
+    both places, the one after the command wins."""
+    manager, lease = await holding(redis_server.url, key_prefix)
+    code, out, err = await cli(
+        "redis://127.0.0.1:1/0", "inspect", "--url", redis_server.url, "--key-prefix", key_prefix,
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert {p["pool"]: p["used"] for p in json.loads(out)["pools"]} == {"global": 1, "per_user": 1}
+    await lease.release()
+    await manager.aclose()
+
+
+def test_the_version_sorts_above_the_0_6_line_as_a_1_0_pre_release():
+    """This package succeeds the pure-Python 0.6 line under the same name: a version below
+    0.6.3 made ``pip install --find-links dist/ fastapi-stream-lease`` pick 0.6.3 from the
+    index instead of the local wheel."""
+    from packaging.version import Version
+
+    import fastapi_stream_lease
+
+    version = Version(fastapi_stream_lease.__version__)
+    assert version > Version("0.6.3")
+    assert version.is_prerelease and version.release[0] == 1
+
+
 def test_changelog_has_the_version():
     from pathlib import Path
 

@@ -109,6 +109,18 @@ def test_every_other_block_runs(redis_server, tmp_path, name):
     load_block(name, redis_server.url, tmp_path)
 
 
+def test_no_page_installs_the_other_package_from_the_index():
+    """docs/index.md said ``pip install fastapi-stream-lease``, which installs the pure-Python
+    0.6 line from PyPI, not this package: every install line names a wheel or a source tree."""
+    sources = [*PAGES, *(ROOT / "python").rglob("*.py"), *(ROOT / "examples").rglob("*.py")]
+    from_the_index = re.compile(r"pip install\s+['\"]?fastapi[-_]stream[-_]lease\b")
+    for source in sources:
+        for line in source.read_text().splitlines():
+            assert not from_the_index.search(line), f"{source.relative_to(ROOT)}: {line}"
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert "make wheel" in index and "pip install dist/fastapi_stream_lease-" in index
+
+
 def test_the_site_builds_without_warnings(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],

@@ -19,13 +19,19 @@ from websockets.sync.client import connect
 from fastapi_stream_lease import (
     BackendError,
     BackendUnavailable,
+    BudgetExhausted,
     ClientDisconnected,
     LeaseConfig,
     LeaseLost,
+    LineFull,
     ManagerClosed,
+    PoolFull,
+    RateLimited,
     StreamLeaseManager,
     StreamLeaseRejected,
+    UserBanned,
 )
+from fastapi_stream_lease.errors import _QUOTA_EXCEEDED, _REDUCED_CAPACITY
 
 from support.apps import APPS_DIR
 from support.ports import free_port
@@ -45,6 +51,39 @@ def seed_app(own_redis, tmp_path):
     server = Uvicorn("seed_app:app", tmp_path)
     yield server
     server.stop()
+
+
+async def test_the_seed_handler_answers_every_refusal_and_never_500(own_redis, tmp_path):
+    """The seed's one handler, ``@app.exception_handler(StreamLeaseRejected)``, answered a ban,
+    a drain and an unreachable Redis with ``500 Internal Server Error``: those refusals were
+    not StreamLeaseRejected."""
+    code = (ROOT / "examples" / "seed_quickstart.py").read_text()
+    (tmp_path / "seed_app.py").write_text(code.replace("redis://localhost:6379", own_redis.url))
+    server = Uvicorn("seed_with_drain:app", APPS_DIR, {"PYTHONPATH": str(tmp_path)})
+    operator = StreamLeaseManager(url=own_redis.url, config=SEED_CONFIG)
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            await operator.revoke("user_123", ban_seconds=60)
+            banned = await client.get("/api/chat/stream")
+            assert banned.status_code == 403 and int(banned.headers["retry-after"]) >= 1
+
+            held = [await operator.acquire("u1", weight=100, max_per_user=0) for _ in range(5)]
+            full = await client.get("/api/chat/stream", params={"user_id": "u2"})
+            assert full.status_code == 503 and full.json()["limit"] == "global"
+            assert all(not lease.released for lease in held)
+            await operator.aclose()
+
+            own_redis.stop()
+            down = await client.get("/api/chat/stream", params={"user_id": "u3"})
+            assert down.status_code == 503 and down.headers["retry-after"] == "1"
+            assert down.headers["content-type"] == "application/problem+json"
+
+            assert (await client.post("/admin/drain")).status_code == 200
+            draining = await client.get("/api/chat/stream", params={"user_id": "u4"})
+            assert draining.status_code == 503 and draining.headers["retry-after"] == "1"
+            assert draining.json()["title"] == "Shutting down"
+    finally:
+        server.stop()
 
 
 def global_count(redis_server) -> int:
@@ -252,9 +291,29 @@ def test_a_503_for_an_unreachable_store_tells_the_client_nothing_of_the_store(ke
         assert private not in response.text
 
 
+def test_every_refusal_is_a_stream_lease_rejected_and_keeps_its_own_answer():
+    """Rate and token limits were StreamLeaseErrors outside StreamLeaseRejected, so the seed's
+    one handler let them through as 500s."""
+    refusals = {
+        RateLimited("too fast", "per_minute", [], 7): (429, _QUOTA_EXCEEDED),
+        BudgetExhausted("spent", "tokens"): (429, _QUOTA_EXCEEDED),
+        UserBanned("banned", 60): (403, "about:blank"),
+        LineFull("line", "global", 3, 3, 2): (503, _REDUCED_CAPACITY),
+        BackendUnavailable("down"): (503, _REDUCED_CAPACITY),
+        ManagerClosed("draining"): (503, _REDUCED_CAPACITY),
+    }
+    for refusal, (status, problem_type) in refusals.items():
+        assert isinstance(refusal, StreamLeaseRejected), type(refusal).__name__
+        response = refusal.as_response()
+        assert response.status_code == status
+        assert json.loads(response.body)["type"] == problem_type
+    for not_a_refusal in (LeaseLost("lost"), ClientDisconnected("gone")):
+        assert not isinstance(not_a_refusal, StreamLeaseRejected)
+
+
 def test_every_answer_carries_retry_after():
     answers = [
-        StreamLeaseRejected("full", "global", 5, 5, 3),
+        PoolFull("full", "global", 5, 5, 3),
         BackendError("wrong password"),
         BackendUnavailable("down"),
         ManagerClosed("closed"),

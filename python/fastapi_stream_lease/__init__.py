@@ -9,18 +9,27 @@ from .errors import (
     BackendUnavailable,
     BudgetExhausted,
     ClientDisconnected,
+    ConfigurationMismatchError,
     LeaseLost,
     LeaseRevoked,
     LineFull,
     ManagerClosed,
+    PoolFull,
     RateLimited,
     StreamLeaseError,
+    StreamLeaseLost,
     StreamLeaseRejected,
+    StreamLeaseUnavailable,
     StreamLeaseWarning,
     UserBanned,
 )
-from .handlers import install_exception_handler, stream_lease_exception_handler
-from .lease import Lease
+from .failure_policy import BackendFailurePolicy, CircuitBreakerConfig, CircuitState, FallbackMode
+from .handlers import (
+    install_exception_handler,
+    register_exception_handlers,
+    stream_lease_exception_handler,
+)
+from .lease import Lease, ProtectedStreamingResponse, StreamLease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
 from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
@@ -31,9 +40,14 @@ from .web import RateLimitHeaders, RateLimitMiddleware
 __all__ = [
     "TOP_UP_INCREMENT",
     "BackendError",
+    "BackendFailurePolicy",
     "BackendUnavailable",
     "BudgetExhausted",
+    "CircuitBreakerConfig",
+    "CircuitState",
     "ClientDisconnected",
+    "ConfigurationMismatchError",
+    "FallbackMode",
     "Lease",
     "LeaseConfig",
     "LeaseLost",
@@ -42,6 +56,8 @@ __all__ = [
     "Limiter",
     "LineFull",
     "ManagerClosed",
+    "PoolFull",
+    "ProtectedStreamingResponse",
     "RateDecision",
     "RateLimit",
     "RateLimitHeaders",
@@ -49,9 +65,12 @@ __all__ = [
     "RateLimited",
     "Resource",
     "StreamEndMiddleware",
+    "StreamLease",
     "StreamLeaseError",
+    "StreamLeaseLost",
     "StreamLeaseManager",
     "StreamLeaseRejected",
+    "StreamLeaseUnavailable",
     "StreamLeaseWarning",
     "UserBanned",
     "__version__",
@@ -59,5 +78,6 @@ __all__ = [
     "install_exception_handler",
     "openai_rate_limit_headers",
     "rate_limit_headers",
+    "register_exception_handlers",
     "stream_lease_exception_handler",
 ]

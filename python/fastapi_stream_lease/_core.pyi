@@ -1,8 +1,8 @@
 """Type stubs of the Rust core (checked against it with ``mypy.stubtest``)."""
 
 import asyncio
-from collections.abc import Awaitable, Iterable
-from typing import final
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, final
 
 from .rates import RateDecision
 
@@ -50,7 +50,7 @@ class LeaseConfig:
     @property
     def retry_after(self) -> float: ...
     @property
-    def on_lost(self) -> str: ...
+    def on_lost(self) -> str | Callable[..., Any]: ...
     @property
     def failure_mode(self) -> str: ...
     @property
@@ -61,6 +61,26 @@ class LeaseConfig:
     def trusted_proxies(self) -> list[str]: ...
     @property
     def proxy_header(self) -> str: ...
+    @property
+    def fail_open(self) -> bool: ...
+    @property
+    def retry_after_seconds(self) -> float: ...
+    @property
+    def acquire_timeout(self) -> float: ...
+    @property
+    def failure_policy(self) -> Any: ...
+    @property
+    def include_lease_headers(self) -> bool: ...
+    @property
+    def hook_queue_size(self) -> int: ...
+    @property
+    def on_acquired(self) -> Callable[..., Any] | None: ...
+    @property
+    def on_rejected(self) -> Callable[..., Any] | None: ...
+    @property
+    def on_released(self) -> Callable[..., Any] | None: ...
+    @property
+    def on_backend_error(self) -> Callable[..., Any] | None: ...
     def __new__(
         cls,
         lease_seconds: float | None = None,
@@ -76,13 +96,23 @@ class LeaseConfig:
         max_waiting: int | None = None,
         wait_for_own_quota: bool = False,
         retry_after: float | None = None,
-        on_lost: str | None = None,
+        on_lost: str | Callable[..., Any] | None = None,
         failure_mode: str | None = None,
         fallback_workers: int | None = None,
         identity_secret: str | bytes | None = None,
         disclose_usage: bool = True,
         trusted_proxies: Iterable[str] | None = None,
         proxy_header: str | None = None,
+        fail_open: bool | None = None,
+        retry_after_seconds: float | None = None,
+        acquire_timeout: float | None = None,
+        failure_policy: Any = None,
+        include_lease_headers: bool = False,
+        on_acquired: Callable[..., Any] | None = None,
+        on_rejected: Callable[..., Any] | None = None,
+        on_released: Callable[..., Any] | None = None,
+        on_backend_error: Callable[..., Any] | None = None,
+        hook_queue_size: int | None = None,
     ) -> LeaseConfig: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...

@@ -11,8 +11,13 @@ from urllib.parse import quote, urlencode
 def connection_of_redis_client(client: Any) -> tuple[str, str | None]:
     """The URL (and CA file, for TLS) of the server a ``redis.asyncio`` client talks to.
 
+    A ``fakeredis`` client, an in-process stand-in for tests, is served by the embedded
+    store (``memory://``) instead: there is no server to connect to.
+
     Raises ``TypeError`` for clients whose connection cannot be carried over faithfully.
     """
+    if type(client).__module__.partition(".")[0] == "fakeredis":
+        return "memory://", None
     nodes_manager = getattr(client, "nodes_manager", None)
     if nodes_manager is not None:
         kwargs = client.get_connection_kwargs()

@@ -7,7 +7,7 @@ only as the keyed hashes the keys carry, and the users whose streams are banned.
 renewal period) and refuses the user's new ones for the ban; ``reset USER POLICY`` forgets one
 user's counters of one policy. Both hash the user id with the deployment's secret, from
 ``--identity-secret`` or ``STREAM_LEASE_IDENTITY_SECRET``. ``inspect`` and ``reset`` need
-redis-py (``pip install fastapi-stream-lease[redis]``).
+redis-py (``pip install redis``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def connect(url: str) -> Any:
         from redis.cluster import ClusterNode, RedisCluster
     except ImportError:
         raise CliError(
-            "the CLI talks to Redis through redis-py: pip install 'fastapi-stream-lease[redis]'",
+            "the CLI talks to Redis through redis-py: pip install redis",
             EXIT_USAGE,
         ) from None
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
@@ -259,13 +259,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--version", action="version", version=f"fastapi-stream-lease {__version__}"
     )
-    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
-    parser.add_argument("--key-prefix", default=LeaseConfig().key_prefix)
+    # --url and --key-prefix go before or after the command; after it, they win (SUPPRESS keeps
+    # a command's parser from overwriting the value given before it with its default).
+    where = argparse.ArgumentParser(add_help=False)
+    for place in (parser, where):
+        given_after = place is where
+        place.add_argument(
+            "--url",
+            default=argparse.SUPPRESS
+            if given_after
+            else os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+            help="the Redis the app uses (default: $REDIS_URL, else redis://localhost:6379/0)",
+        )
+        place.add_argument(
+            "--key-prefix",
+            default=argparse.SUPPRESS if given_after else LeaseConfig().key_prefix,
+            help="the app's LeaseConfig.key_prefix",
+        )
     commands = parser.add_subparsers(dest="command", required=True)
-    look = commands.add_parser("inspect", help="pools, holders, waiters and counters")
+    look = commands.add_parser(
+        "inspect", help="pools, holders, waiters and counters", parents=[where]
+    )
     look.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     look.add_argument("--watch", type=float, metavar="SECONDS", help="refresh, like top")
-    end = commands.add_parser("revoke", help="end one user's streams on every worker")
+    end = commands.add_parser(
+        "revoke", help="end one user's streams on every worker", parents=[where]
+    )
     end.add_argument("user")
     end.add_argument(
         "--ban",
@@ -274,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="refuse the user's new streams this long (403)",
     )
-    forget = commands.add_parser("reset", help="forget one user's counters of one policy")
+    forget = commands.add_parser(
+        "reset", help="forget one user's counters of one policy", parents=[where]
+    )
     forget.add_argument("user")
     forget.add_argument("policy")
     for command in (end, forget):

@@ -1,5 +1,7 @@
 """The exception hierarchy. Every error the library raises at run time is a
-:class:`StreamLeaseError`, so one Starlette exception handler serves a whole app.
+:class:`StreamLeaseError`, so one Starlette exception handler serves a whole app; every refusal
+(a full pool or line, a rate or token limit, a ban, a drain, an unreachable store) is a
+:class:`StreamLeaseRejected`, so the seed README's handler of that one class answers each.
 
 Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`.
 """
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from starlette.exceptions import HTTPException
     from starlette.responses import Response
 
     from .rates import RateDecision
@@ -57,8 +60,36 @@ class StreamLeaseError(Exception):
             media_type="application/problem+json",
         )
 
+    def as_http_exception(self) -> HTTPException:
+        """The 0.6 API's other form: a Starlette ``HTTPException`` with the status, the
+        headers and the body's ``detail``, to ``raise`` where a handler of those answers."""
+        from starlette.exceptions import HTTPException
+
+        return HTTPException(self.status_code, str(self.body()["detail"]), self.headers())
+
 
 class StreamLeaseRejected(StreamLeaseError):
+    """Base class of every refusal: :class:`PoolFull` (and :class:`LineFull`),
+    :class:`RateLimited`, :class:`BudgetExhausted`, :class:`UserBanned`, :class:`ManagerClosed`
+    (a draining worker) and :class:`BackendError` (the store failed or is unreachable). An
+    ``@app.exception_handler(StreamLeaseRejected)`` returning ``exc.as_response()`` answers each
+    with its own status (403, 429 or 503), ``Retry-After`` and problem body; ``except
+    RateLimited`` and the others still pick out one kind."""
+
+    status_code: ClassVar[int] = 503
+    title: ClassVar[str] = "Stream refused"
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+    #: Why, in one word (what a 0.6 ``on_rejected`` hook is given).
+    reason: str = "refused"
+
+    @property
+    def detail(self) -> str:
+        """The ``detail`` of the problem body: what the client is told."""
+        return str(self.body()["detail"])
+
+
+class PoolFull(StreamLeaseRejected):
     """A pool is full. ``limit`` names it: ``"per_user"`` answers 429 (the client's own quota),
     ``"global"`` or a resource answers 503 (shared capacity is saturated). Both carry
     ``Retry-After``. ``capacity`` and ``current`` are the pool's; both are None for a shared pool
@@ -91,6 +122,13 @@ class StreamLeaseRejected(StreamLeaseError):
     def problem_type(self) -> str:  # type: ignore[override]
         return _QUOTA_EXCEEDED if self.limit == "per_user" else _REDUCED_CAPACITY
 
+    @property
+    def reason(self) -> str:  # type: ignore[override]
+        """``"user_limit"`` or ``"global_limit"`` (0.6's words), else ``"resource_limit"``."""
+        return {"per_user": "user_limit", "global": "global_limit"}.get(
+            self.limit, "resource_limit"
+        )
+
     def headers(self) -> dict[str, str]:
         if self.capacity is None or self.current is None:
             return super().headers()
@@ -114,7 +152,7 @@ class StreamLeaseRejected(StreamLeaseError):
         )
 
 
-class LineFull(StreamLeaseRejected):
+class LineFull(PoolFull):
     """The line of the pool named ``limit`` holds ``LeaseConfig.max_waiting`` waiters already:
     refused at once (503 for a shared pool, 429 for the user's own under
     ``wait_for_own_quota``), with ``Retry-After`` from the line's recent service rate.
@@ -123,6 +161,7 @@ class LineFull(StreamLeaseRejected):
     user's first waiter, its own user having the most places in that line."""
 
     title: ClassVar[str] = "Waiting line full"
+    reason = "line_full"
 
     def __init__(
         self,
@@ -148,7 +187,7 @@ class LineFull(StreamLeaseRejected):
         )  # fmt: skip
 
 
-class RateLimited(StreamLeaseError):
+class RateLimited(StreamLeaseRejected):
     """A request-rate policy refused the hit (429); nothing was consumed from any policy.
     ``policy`` names the first that refused; ``decisions`` are every policy's, for the
     ``RateLimit-Policy`` and ``RateLimit`` headers; ``retry_after`` is when the hit's cost fits
@@ -157,6 +196,7 @@ class RateLimited(StreamLeaseError):
     status_code: ClassVar[int] = 429
     title: ClassVar[str] = "Too many requests"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
+    reason = "rate_limit"
 
     def __init__(
         self,
@@ -182,7 +222,7 @@ class RateLimited(StreamLeaseError):
         return (type(self), (str(self), self.policy, self.decisions, self.retry_after))
 
 
-class BudgetExhausted(StreamLeaseError):
+class BudgetExhausted(StreamLeaseRejected):
     """A stream ran past its token reservation and its ``budget`` (a policy's name) had no
     tokens left to top it up (``on_budget="cut"``): the stream ended after its last item. It has
     already started, so the status (429) only reaches a client that reads the error in the
@@ -192,6 +232,7 @@ class BudgetExhausted(StreamLeaseError):
     title: ClassVar[str] = "Token budget exhausted"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
     retry_after = 1
+    reason = "budget_exhausted"
 
     def __init__(self, message: str, budget: str) -> None:
         super().__init__(message)
@@ -201,7 +242,17 @@ class BudgetExhausted(StreamLeaseError):
         return (type(self), (str(self), self.budget))
 
 
-class BackendError(StreamLeaseError):
+class StreamLeaseUnavailable(StreamLeaseRejected):
+    """Admission control cannot decide now (503, ``Retry-After``): the store failed or is
+    unreachable (:class:`BackendError`), or this worker is shutting down
+    (:class:`ManagerClosed`). The 0.6 API's name for both."""
+
+    status_code: ClassVar[int] = 503
+    problem_type: ClassVar[str] = _REDUCED_CAPACITY
+    retry_after = 1
+
+
+class BackendError(StreamLeaseUnavailable):
     """The store (Redis) answered with an error: wrong password, a key of another type, a
     read-only replica. The message says what to fix; it names the store's address, so it goes
     to the app's log (:func:`stream_lease_exception_handler` logs it), never to the client,
@@ -211,6 +262,7 @@ class BackendError(StreamLeaseError):
     title: ClassVar[str] = "Admission control unavailable"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    reason = "backend_unavailable"
 
     def body(self) -> dict[str, object]:
         body = super().body()
@@ -239,13 +291,15 @@ class LeaseRevoked(LeaseLost):
     title: ClassVar[str] = "Stream lease revoked"
 
 
-class UserBanned(StreamLeaseError):
+class UserBanned(StreamLeaseRejected):
     """An operator ended this user's streams and refuses new ones for a while
     (:meth:`StreamLeaseManager.revoke` with ``ban_seconds``): 403, with ``Retry-After`` saying
     when the ban ends."""
 
     status_code: ClassVar[int] = 403
     title: ClassVar[str] = "Streams suspended"
+    problem_type: ClassVar[str] = "about:blank"
+    reason = "banned"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
@@ -264,13 +318,32 @@ class ClientDisconnected(StreamLeaseError):
     retry_after = 1
 
 
-class ManagerClosed(StreamLeaseError):
+class ManagerClosed(StreamLeaseUnavailable):
     """The manager was closed with ``aclose()`` (the app is shutting down)."""
 
     status_code: ClassVar[int] = 503
     title: ClassVar[str] = "Shutting down"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    reason = "closing"
+
+
+class ConfigurationMismatchError(StreamLeaseError):
+    """The 0.6 API's error for workers whose configurations disagree, kept for ``except``
+    clauses: here it is never raised, since every call carries its own caps and timings to
+    Redis and no configuration is registered there (see
+    :meth:`StreamLeaseManager.verify_cluster_config`)."""
+
+    def __init__(
+        self, message: str, existing_config: dict[str, object], current_config: dict[str, object]
+    ) -> None:
+        super().__init__(message)
+        self.existing_config = existing_config
+        self.current_config = current_config
+
+
+#: The 0.6 API's name of :class:`LeaseLost`.
+StreamLeaseLost = LeaseLost
 
 
 class StreamLeaseWarning(UserWarning):

@@ -49,3 +49,9 @@ def install_exception_handler(
     app.add_middleware(
         RateLimitHeaders, legacy=legacy_rate_limit_headers, openai=openai_rate_limit_headers
     )
+
+
+def register_exception_handlers(app: Any) -> None:
+    """The 0.6 API's name of :func:`install_exception_handler` (its 429 and 503 handlers are
+    this one handler, which answers every error of the library)."""
+    install_exception_handler(app)

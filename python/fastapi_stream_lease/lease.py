@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.concurrency import iterate_in_threadpool
+from starlette.responses import StreamingResponse
 
 from ._core import LeaseHandle
 from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 
 if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
     from .rates import RateDecision
 
 T = TypeVar("T")
@@ -52,7 +54,9 @@ class Lease:
     A lease dropped without a release (garbage collected) frees its slot.
     """
 
-    __slots__ = ("__weakref__", "_cancel_on_lost", "_handle", "_on_release")
+    __slots__ = (
+        "__weakref__", "_cancel_on_lost", "_handle", "_lease_headers", "_lifecycle", "_on_release",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -60,11 +64,16 @@ class Lease:
         *,
         cancel_on_lost: bool,
         on_release: Callable[[Lease], None] | None = None,
+        lifecycle: Lifecycle | None = None,
+        lease_headers: bool = False,
     ) -> None:
         self._handle = handle
         self._cancel_on_lost = cancel_on_lost
         # Told once the release starts (the manager's telemetry counts the lease down).
         self._on_release = on_release
+        # The manager's 0.6 hooks, and whether as_streaming_response() sends X-Stream-Lease-*.
+        self._lifecycle = lifecycle
+        self._lease_headers = lease_headers
 
     @property
     def lease_id(self) -> str:
@@ -155,26 +164,38 @@ class Lease:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
         """
-        released = self._handle.release()
-        self._told_released()
-        return released
+        return self._release("manual")
 
     def release_nowait(self) -> bool:
         """Starts the release without waiting for it; True if this call released the lease."""
         released = self._handle.release_nowait()
-        self._told_released()
+        self._told_released("manual")
         return released
 
-    def _told_released(self) -> None:
+    def _release(self, reason: str) -> Awaitable[bool]:
+        released = self._handle.release()
+        self._told_released(reason)
+        return released
+
+    def _told_released(self, reason: str) -> None:
+        """``reason`` (for the 0.6 ``on_released`` hook): ``"completed"``, ``"cancelled"``,
+        ``"error"``, ``"lost"`` or ``"manual"``."""
         on_release, self._on_release = self._on_release, None  # once
         if on_release is not None:
             on_release(self)
+        lifecycle, self._lifecycle = self._lifecycle, None
+        if lifecycle is not None:
+            # Told here, once, whichever way the loss was noticed (its stream has ended).
+            if self._handle.lost:
+                lifecycle.lost(self, "revoked" if self._handle.revoked else "lost")
+            lifecycle.released(self, reason)
 
     async def wrap(
         self,
         stream: AsyncIterable[T] | Iterable[T],
         *,
         tokens: Callable[[T], int] | None = None,
+        close_source: bool = True,
     ) -> AsyncIterator[T]:
         """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
         stream ends, raises, is cancelled or is closed (client disconnect). Under
@@ -186,6 +207,9 @@ class Lease:
         the next item; one whose budget ran out (``on_budget="cut"``) ends with
         :class:`BudgetExhausted` there, after the item that used it up.
 
+        The stream (``aclose()``) is closed at the end too, unless ``close_source=False`` (the
+        caller owns it).
+
         Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
         away, so its ``finally`` is the one place release must happen.
         """
@@ -194,6 +218,7 @@ class Lease:
         )
         items = aiter(source)
         watch = LostWatch(self)
+        ended = "cancelled"  # unless it gets further: closed early, or cancelled
         try:
             while True:
                 with watch:
@@ -202,34 +227,97 @@ class Lease:
                     try:
                         item = await anext(items)
                     except StopAsyncIteration:
+                        ended = "completed"
                         return
                 if tokens is not None:
                     self.consume(tokens(item))
                 yield item
+        except LeaseLost:
+            ended = "lost"
+            raise
+        except Exception:
+            ended = "error"
+            raise
         finally:
             watch.close()
             try:
-                await self._release_quietly()
+                await self._release_quietly(ended)
             finally:
                 close = getattr(source, "aclose", None)
-                if close is not None:
+                if close is not None and (close_source or source is not stream):
                     await close()
 
     @asynccontextmanager
     async def _held(self) -> AsyncIterator[Lease]:
         """Holds the lease for an ``async with`` block (``StreamLeaseManager.lease()``)."""
         watch = LostWatch(self)
+        ended = "cancelled"
         try:
             with watch:
                 yield self
+            ended = "completed"
+        except LeaseLost:
+            ended = "lost"
+            raise
+        except Exception:
+            ended = "error"
+            raise
         finally:
             watch.close()
-            await self._release_quietly()
+            await self._release_quietly(ended)
 
-    async def _release_quietly(self) -> None:
+    def as_streaming_response(
+        self,
+        stream: AsyncIterable[Any] | Iterable[Any],
+        media_type: str | None = "text/event-stream",
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        auto_renew: bool = True,
+        renew_interval: float | None = None,
+        close_source: bool = True,
+        include_lease_headers: bool | None = None,
+        **response_options: Any,
+    ) -> ProtectedStreamingResponse:
+        """The 0.6 API's response: a ``StreamingResponse`` of :meth:`wrap` over ``stream``
+        (released when it ends or the client leaves; ``close_source=False`` leaves the stream
+        open), as Server-Sent Events unless ``media_type`` says otherwise.
+        ``include_lease_headers`` (default: ``LeaseConfig.include_lease_headers``) adds
+        ``X-Stream-Lease-Id`` and, for the capped pools the client may be told about,
+        ``X-Stream-Lease-User-Limit`` and ``X-Stream-Lease-Global-Limit``; headers given in
+        ``headers`` win. ``auto_renew`` and ``renew_interval`` are accepted and not used: the
+        manager renews every lease it holds (``LeaseConfig.renew_every``)."""
+        if include_lease_headers is not None and not isinstance(include_lease_headers, bool):
+            raise TypeError(
+                f"include_lease_headers must be a bool or None, got {include_lease_headers!r}"
+            )
+        sent = dict(headers or {})
+        if self._lease_headers if include_lease_headers is None else include_lease_headers:
+            given = {name.lower() for name in sent}
+            for name, value in self._lease_header_values():
+                if name.lower() not in given:
+                    sent[name] = value
+        response = ProtectedStreamingResponse(
+            self.wrap(stream, close_source=close_source),
+            status_code=status_code,
+            headers=sent,
+            media_type=media_type,
+            **response_options,
+        )
+        response.lease = self
+        return response
+
+    def _lease_header_values(self) -> list[tuple[str, str]]:
+        caps = {pool: capacity for pool, capacity, _ in self.pool_usage}
+        values = [("X-Stream-Lease-Id", self.lease_id)]
+        for pool, name in (("per_user", "User"), ("global", "Global")):
+            if pool in caps:
+                values.append((f"X-Stream-Lease-{name}-Limit", str(caps[pool])))
+        return values
+
+    async def _release_quietly(self, reason: str) -> None:
         # The release starts before the first await, so a cancellation cannot undo it; a failed
         # one only logs: the lease expires by itself, and the work's own outcome matters more.
-        released = self.release()
+        released = self._release(reason)
         try:
             await released
         except StreamLeaseError as error:
@@ -348,3 +436,14 @@ class LostWatch:
 
     def close(self) -> None:
         self._waiter.cancel()
+
+
+class ProtectedStreamingResponse(StreamingResponse):
+    """What :meth:`Lease.as_streaming_response` and ``StreamLeaseManager.stream()`` return: a
+    ``StreamingResponse`` over :meth:`Lease.wrap`, whose ``lease`` is the lease it holds."""
+
+    lease: Lease | None = None
+
+
+#: The 0.6 API's name of :class:`Lease`.
+StreamLease = Lease

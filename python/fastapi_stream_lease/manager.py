@@ -5,7 +5,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import weakref
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
@@ -15,9 +24,11 @@ from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from .client_ip import client_of
 from .disconnect import unless_disconnected
-from .errors import RateLimited, StreamLeaseError
+from .errors import BackendError, RateLimited, StreamLeaseError
+from .failure_policy import CircuitState
 from .handlers import install_exception_handler
-from .lease import Lease, log
+from .lease import Lease, ProtectedStreamingResponse, log
+from .lifecycle import Lifecycle
 from .rates import RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
@@ -92,12 +103,19 @@ class StreamLeaseManager:
 
     ``tls_ca_file`` is the PEM file of a private CA that signed Redis' certificate (the system's
     trusted roots are used otherwise); a ``redis=`` client's ``ssl_ca_certs`` is taken over.
+
+    ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
+    adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``.
+    A ``fakeredis`` client given as ``redis=`` is served by the embedded store (for tests of an
+    app, without a Redis server).
     """
 
     def __init__(
         self,
         redis: Any = None,
         config: LeaseConfig | None = None,
+        telemetry: Any = None,
+        metrics: Any = None,
         *,
         url: str | None = None,
         tls_ca_file: str | None = None,
@@ -118,10 +136,29 @@ class StreamLeaseManager:
             config = LeaseConfig()
         elif not isinstance(config, LeaseConfig):
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
+        adapter = telemetry if telemetry is not None else metrics
+        if adapter is not None:
+            if telemetry is not None and metrics is not None:
+                raise TypeError("pass telemetry= or its 0.6 name metrics=, not both")
+            if meter_provider is not None or tracer_provider is not None:
+                raise TypeError("pass telemetry= or meter_provider=/tracer_provider=, not both")
+            if not hasattr(adapter, "meter_provider"):
+                raise TypeError(
+                    f"telemetry must be an adapter of fastapi_stream_lease.observability "
+                    f"(OpenTelemetryMetrics() or PrometheusMetrics()), got {type(adapter).__name__}"
+                )
+            meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
         self._core = _core.Manager(url, config, tls_ca_file)
-        self._cancel_on_lost = config.on_lost == "cancel"
+        self._config = config
+        self._adapter = adapter
+        # Anything but "continue": "cancel", or a 0.6 on_lost hook (0.6 ended the stream).
+        self._cancel_on_lost = config.on_lost != "continue"
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
+        self._lifecycle = Lifecycle(config) if Lifecycle.wanted(config) else None
+        self._lease_headers = config.include_lease_headers
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._closing = False
         self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
         self._telemetry: Telemetry | None = None
         self._telemetry_resolved = False
@@ -129,7 +166,7 @@ class StreamLeaseManager:
     @property
     def config(self) -> LeaseConfig:
         """The limits and timings in force."""
-        return self._core.config
+        return self._config
 
     def client_ip(self, connection: HTTPConnection) -> str:
         """The address of the client of ``connection`` (a request or a WebSocket): the peer,
@@ -157,6 +194,7 @@ class StreamLeaseManager:
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
+        timeout: float | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -187,11 +225,18 @@ class StreamLeaseManager:
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
         release it is charged what it used and the rest is given back at once.
 
-        Raises :class:`StreamLeaseRejected` when a pool is full, :class:`BackendUnavailable`
-        when Redis cannot be reached within ``redis_timeout``. Cancelling the call never
-        leaves a slot taken, nor a place in line; a grant its cancelled caller never took gives
-        back its token reservation and its start's ``rate_limits`` units too.
+        Raises :class:`PoolFull` (a :class:`StreamLeaseRejected`, as is every refusal) when a
+        pool is full, :class:`BackendUnavailable` when Redis cannot be reached within
+        ``redis_timeout``. Cancelling the call never leaves a slot taken, nor a place in line; a
+        grant its cancelled caller never took gives back its token reservation and its start's
+        ``rate_limits`` units too.
+
+        ``timeout`` is 0.6's name of ``wait_timeout``.
         """
+        if timeout is not None:
+            if wait_timeout is not None:
+                raise TypeError("pass wait_timeout or its 0.6 name timeout, not both")
+            wait_timeout = timeout
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
@@ -202,7 +247,7 @@ class StreamLeaseManager:
                 # The core's awaitable itself, without a coroutine around it (at 64 streams
                 # at once, each layer shows in the event loop's CPU).
                 handle = await self._start_acquire(*arguments)
-                return Lease(handle, cancel_on_lost=self._cancel_on_lost)
+                return self._granted(handle)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             policies = (*rate_limits, *budgets)
             # Started inside admit(), so that arguments refused at once count as its result.
@@ -211,9 +256,27 @@ class StreamLeaseManager:
         except StreamLeaseError as refused:
             # The message names pools and policies, never the identity.
             log.debug("acquire refused: %s", refused, extra={"result": result_of(refused)})
+            if self._lifecycle is not None:
+                self._lifecycle.refused(user_id, refused)
             raise
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
-        return Lease(handle, cancel_on_lost=self._cancel_on_lost, on_release=ended)
+        return self._granted(handle, on_release=ended)
+
+    def _granted(
+        self, handle: _core.LeaseHandle, on_release: Callable[[Lease], None] | None = None
+    ) -> Lease:
+        """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks."""
+        lease = Lease(
+            handle,
+            cancel_on_lost=self._cancel_on_lost,
+            on_release=on_release,
+            lifecycle=self._lifecycle,
+            lease_headers=self._lease_headers,
+        )
+        self._leases.add(lease)
+        if self._lifecycle is not None:
+            self._lifecycle.acquired(lease)
+        return lease
 
     def _instruments(self) -> Telemetry | None:
         """This manager's OpenTelemetry instruments, made on first use: with the providers it
@@ -293,6 +356,7 @@ class StreamLeaseManager:
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
+        timeout: float | None = None,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -309,6 +373,7 @@ class StreamLeaseManager:
             reserve=reserve,
             on_budget=on_budget,
             priority=priority,
+            timeout=timeout,
         )
         async with lease._held():
             yield lease
@@ -353,6 +418,42 @@ class StreamLeaseManager:
             "reserve": reserve, "on_budget": on_budget, "priority": priority,
         }  # fmt: skip
         return lease_dependency(self, user, options)
+
+    async def stream(
+        self,
+        user_id: str | None,
+        stream: AsyncIterable[Any] | Iterable[Any],
+        media_type: str | None = "text/event-stream",
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        auto_renew: bool = True,
+        renew_interval: float | None = None,
+        close_source: bool = True,
+        acquire_timeout: float | None = None,
+        include_lease_headers: bool | None = None,
+        **response_options: Any,
+    ) -> ProtectedStreamingResponse:
+        """The 0.6 API's one line: ``return await manager.stream(user_id, events())``
+        acquires a lease (waiting up to ``acquire_timeout`` seconds, default
+        ``LeaseConfig.wait_timeout``) and returns :meth:`Lease.as_streaming_response` over
+        ``stream`` (its arguments are that method's). A refusal raises as :meth:`acquire`
+        does; a response that cannot be built releases the lease."""
+        lease = await self.acquire(user_id, wait_timeout=acquire_timeout)
+        try:
+            return lease.as_streaming_response(
+                stream,
+                media_type=media_type,
+                status_code=status_code,
+                headers=headers,
+                auto_renew=auto_renew,
+                renew_interval=renew_interval,
+                close_source=close_source,
+                include_lease_headers=include_lease_headers,
+                **response_options,
+            )
+        except BaseException:
+            await lease._release_quietly("error")
+            raise
 
     async def hit(
         self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
@@ -443,6 +544,65 @@ class StreamLeaseManager:
         """Slots in use for ``user_id``, or across every process when ``user_id`` is None."""
         return await self._core.count(user_id)
 
+    @property
+    def active_leases(self) -> frozenset[Lease]:
+        """The leases this process holds now (neither released nor lost), as 0.6 listed them."""
+        return frozenset(
+            lease for lease in list(self._leases) if not (lease.released or lease.lost)
+        )
+
+    @property
+    def active_leases_count(self) -> int:
+        """How many leases this process holds now (``stats()["held"]``)."""
+        return self._core.stats()["held"]
+
+    @property
+    def circuit_state(self) -> CircuitState:
+        """The circuit breaker in front of Redis: ``CircuitState.OPEN`` while it refuses calls
+        at once (``stats()["breaker_open"]``), else ``CircuitState.CLOSED``. It is always on
+        here (0.6 returned None without a ``failure_policy``)."""
+        return CircuitState.OPEN if self._core.stats()["breaker_open"] else CircuitState.CLOSED
+
+    @property
+    def is_closing(self) -> bool:
+        """True once :meth:`drain`, :meth:`close` or :meth:`aclose` began: new acquires are
+        refused with :class:`ManagerClosed`."""
+        return self._closing or bool(self._core.stats()["closed"])
+
+    @property
+    def metrics(self) -> Any:
+        """The ``telemetry`` adapter given (0.6's alias of it), or None."""
+        return self._adapter
+
+    async def verify_cluster_config(
+        self, strict: bool = False, retry_attempts: int = 3, retry_delay: float = 0.1
+    ) -> bool:
+        """The 0.6 API's startup check, kept for a lifespan's fail-fast: one call to the store
+        (a count), tried ``retry_attempts`` times ``retry_delay`` seconds apart. True when it
+        answered; else :class:`BackendUnavailable` under ``strict=True``, or a logged warning
+        and False. There is no registered configuration to compare here: every call carries
+        its caps and timings to Redis, so workers with other caps each apply their own, and
+        :class:`ConfigurationMismatchError` is never raised."""
+        if retry_attempts < 1:
+            raise ValueError(f"retry_attempts must be at least 1, got {retry_attempts!r}")
+        if retry_delay < 0:
+            raise ValueError(f"retry_delay must be 0 or more seconds, got {retry_delay!r}")
+        probe = None if self.config.global_pool else "verify_cluster_config"
+        for attempt in range(retry_attempts):
+            try:
+                await self._core.count(probe)
+                return True
+            except BackendError as error:
+                if attempt + 1 < retry_attempts:
+                    await asyncio.sleep(retry_delay)
+                    continue
+                if self._lifecycle is not None:
+                    self._lifecycle.refused(None, error)
+                if strict:
+                    raise
+                log.warning("the store did not answer the startup check: %s", error)
+        return False
+
     def stats(self) -> ManagerStats:
         """This process's counters, for monitoring:
 
@@ -488,6 +648,7 @@ class StreamLeaseManager:
     async def aclose(self) -> None:
         """Stops renewal and releases every lease this process holds. On Redis that takes one
         release script call per 1,000 leases (of weight 1), a few calls in flight at once."""
+        self._closing = True
         await self._core.aclose()
 
     async def drain(self, timeout: float = 5.0) -> None:
@@ -497,6 +658,7 @@ class StreamLeaseManager:
         ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
         (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
         manager, releasing everything. Call it in the app's shutdown."""
+        self._closing = True
         self._core.refuse_new()
         held = self._core.stats()["held"]
         log.info(
@@ -516,6 +678,8 @@ class StreamLeaseManager:
             "drained: %d stream(s) ended on their own, %d revoked", held - revoked, revoked,
             extra={"held": held, "revoked": revoked},
         )  # fmt: skip
+        if self._lifecycle is not None:  # the hooks of the streams that ended
+            await self._lifecycle.flush(max(deadline - loop.time(), 0.0) + DRAIN_CHECK_SECONDS)
 
     async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
         """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),

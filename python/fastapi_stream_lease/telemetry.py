@@ -23,9 +23,9 @@ from .errors import (
     ClientDisconnected,
     LineFull,
     ManagerClosed,
+    PoolFull,
     RateLimited,
     StreamLeaseError,
-    StreamLeaseRejected,
     UserBanned,
 )
 
@@ -72,7 +72,7 @@ def result_of(error: BaseException | None) -> str:
         return "acquired"
     if isinstance(error, LineFull):
         return "line_full"
-    if isinstance(error, StreamLeaseRejected):
+    if isinstance(error, PoolFull):
         return error.limit if error.limit in ("per_user", "global") else "resource"
     if isinstance(error, RateLimited):
         units = {d.policy.name: d.policy.unit for d in error.decisions}

@@ -1,8 +1,10 @@
 //! `LeaseConfig`: every knob, checked once at construction with errors that say how to fix them.
 
+use std::sync::Arc;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyString};
 
 use super::args::{self, type_name};
 use super::client_address::proxy_rule;
@@ -17,7 +19,59 @@ const MAX_PREFIX_LEN: usize = 128;
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseConfig {
     pub config: Config,
+    /// What only the Python layer reads (the 0.6 API's options); shared, never changed.
+    pub python_side: Arc<PythonSide>,
 }
+
+/// The options of the 0.6 API that the core never reads: its response headers and its
+/// lifecycle hooks (run by the Python layer, off the hot path), and the failure policy object
+/// given (its fallback mode became `failure_mode`).
+#[derive(Debug)]
+pub struct PythonSide {
+    include_lease_headers: bool,
+    hook_queue_size: u64,
+    on_acquired: Option<Py<PyAny>>,
+    on_rejected: Option<Py<PyAny>>,
+    on_lost: Option<Py<PyAny>>,
+    on_released: Option<Py<PyAny>>,
+    on_backend_error: Option<Py<PyAny>>,
+    failure_policy: Option<Py<PyAny>>,
+}
+
+impl PythonSide {
+    fn objects(&self) -> [&Option<Py<PyAny>>; 6] {
+        [
+            &self.on_acquired,
+            &self.on_rejected,
+            &self.on_lost,
+            &self.on_released,
+            &self.on_backend_error,
+            &self.failure_policy,
+        ]
+    }
+}
+
+/// Two configs are equal with the same hooks and policy objects (by identity: a callable has
+/// no other equality worth trusting).
+impl PartialEq for PythonSide {
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: &Option<Py<PyAny>>, b: &Option<Py<PyAny>>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.as_ptr() == b.as_ptr(),
+            _ => false,
+        };
+        self.include_lease_headers == other.include_lease_headers
+            && self.hook_queue_size == other.hook_queue_size
+            && self
+                .objects()
+                .iter()
+                .zip(other.objects())
+                .all(|(a, b)| same(a, b))
+    }
+}
+
+/// The events a hook queue holds by default before it drops new ones (0.6's default).
+const HOOK_QUEUE_SIZE: u64 = 1024;
 
 #[pymethods]
 impl LeaseConfig {
@@ -43,6 +97,16 @@ impl LeaseConfig {
         disclose_usage = true,
         trusted_proxies = None,
         proxy_header = None,
+        fail_open = None,
+        retry_after_seconds = None,
+        acquire_timeout = None,
+        failure_policy = None,
+        include_lease_headers = false,
+        on_acquired = None,
+        on_rejected = None,
+        on_released = None,
+        on_backend_error = None,
+        hook_queue_size = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
@@ -65,6 +129,16 @@ impl LeaseConfig {
         disclose_usage: bool,
         trusted_proxies: Option<&Bound<'_, PyAny>>,
         proxy_header: Option<&Bound<'_, PyAny>>,
+        fail_open: Option<&Bound<'_, PyAny>>,
+        retry_after_seconds: Option<&Bound<'_, PyAny>>,
+        acquire_timeout: Option<&Bound<'_, PyAny>>,
+        failure_policy: Option<&Bound<'_, PyAny>>,
+        include_lease_headers: bool,
+        on_acquired: Option<&Bound<'_, PyAny>>,
+        on_rejected: Option<&Bound<'_, PyAny>>,
+        on_released: Option<&Bound<'_, PyAny>>,
+        on_backend_error: Option<&Bound<'_, PyAny>>,
+        hook_queue_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let lease_seconds = args::seconds("lease_seconds", lease_seconds, 30.0)?;
         if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease_seconds) {
@@ -85,18 +159,48 @@ impl LeaseConfig {
                 "redis_timeout={redis_timeout} is out of range: use 0.001 to 60 seconds (it bounds every Redis call)"
             )));
         }
-        let retry_after = args::seconds("retry_after", retry_after, 5.0)?;
+        let (retry_after_name, retry_after) = one_of_two_names(
+            ("retry_after", retry_after),
+            ("retry_after_seconds", retry_after_seconds),
+        )?;
+        let retry_after = args::seconds(retry_after_name, retry_after, 5.0)?;
         if !(1.0..=3600.0).contains(&retry_after) {
             return Err(PyValueError::new_err(format!(
                 "retry_after={retry_after} is out of range: use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
             )));
         }
-        let wait_timeout = args::wait_seconds(wait_timeout, 0.0)?;
+        // 0.6's acquire_timeout waits for a slot whichever cap is full, the user's own included.
+        let (wait_name, wait) = one_of_two_names(
+            ("wait_timeout", wait_timeout),
+            ("acquire_timeout", acquire_timeout),
+        )?;
+        let wait_timeout = args::wait_seconds(wait, 0.0)?;
+        let wait_for_own_quota =
+            wait_for_own_quota || (wait_name == "acquire_timeout" && wait_timeout > 0.0 && global_pool);
         if wait_for_own_quota && !global_pool {
             return Err(PyValueError::new_err(
                 "wait_for_own_quota needs the global pool (the lines live in its hash tag): drop global_pool=False, or wait_for_own_quota",
             ));
         }
+        let lost_hook = args::given(on_lost)
+            .filter(|hook| !hook.is_instance_of::<PyString>())
+            .map(|hook| hook_field("on_lost", Some(hook)))
+            .transpose()?
+            .flatten();
+        let lost_hook_given = lost_hook.is_some();
+        let python_side = PythonSide {
+            include_lease_headers,
+            hook_queue_size: match args::capacity("hook_queue_size", hook_queue_size, HOOK_QUEUE_SIZE)? {
+                0 => return Err(PyValueError::new_err("hook_queue_size must be at least 1")),
+                n => n,
+            },
+            on_acquired: hook_field("on_acquired", on_acquired)?,
+            on_rejected: hook_field("on_rejected", on_rejected)?,
+            on_lost: lost_hook,
+            on_released: hook_field("on_released", on_released)?,
+            on_backend_error: hook_field("on_backend_error", on_backend_error)?,
+            failure_policy: args::given(failure_policy).map(|policy| policy.clone().unbind()),
+        };
         let config = Config {
             lease_seconds,
             max_per_user: args::capacity("max_per_user", max_per_user, 3)?,
@@ -123,16 +227,16 @@ impl LeaseConfig {
             max_waiting: args::capacity("max_waiting", max_waiting, 0)?,
             wait_for_own_quota,
             retry_after,
-            on_lost: choice_field(
-                "on_lost",
-                on_lost,
-                &[("cancel", OnLost::Cancel), ("continue", OnLost::Continue)],
-            )?,
-            failure_mode: choice_field(
-                "failure_mode",
-                failure_mode,
-                &[("closed", FailureMode::Closed), ("open", FailureMode::Open)],
-            )?,
+            // A 0.6 on_lost hook goes with 0.6's behaviour: a lost lease ends its stream.
+            on_lost: match lost_hook_given {
+                true => OnLost::Cancel,
+                false => choice_field(
+                    "on_lost",
+                    on_lost,
+                    &[("cancel", OnLost::Cancel), ("continue", OnLost::Continue)],
+                )?,
+            },
+            failure_mode: failure_mode_field(failure_mode, fail_open, failure_policy)?,
             fallback_workers: match args::capacity("fallback_workers", fallback_workers, 1)? {
                 0 => return Err(PyValueError::new_err("fallback_workers must be at least 1")),
                 n => n,
@@ -141,7 +245,10 @@ impl LeaseConfig {
             disclose_usage,
             proxy_rule: proxy_rule(trusted_proxies, proxy_header)?,
         };
-        Ok(LeaseConfig { config })
+        Ok(LeaseConfig {
+            config,
+            python_side: Arc::new(python_side),
+        })
     }
 
     #[getter]
@@ -196,11 +303,76 @@ impl LeaseConfig {
     /// What a lost lease does to its stream: `"cancel"` ends it with `LeaseLost`, `"continue"`
     /// only records it (`lease.lost`).
     #[getter]
-    fn on_lost(&self) -> &'static str {
-        match self.config.on_lost {
-            OnLost::Cancel => "cancel",
-            OnLost::Continue => "continue",
+    fn on_lost(&self, py: Python<'_>) -> Py<PyAny> {
+        match &self.python_side.on_lost {
+            Some(hook) => hook.clone_ref(py),
+            None => PyString::new(py, self.on_lost_mode()).into_any().unbind(),
         }
+    }
+
+    /// 0.6's name: `failure_mode == "open"`.
+    #[getter]
+    fn fail_open(&self) -> bool {
+        self.config.failure_mode == FailureMode::Open
+    }
+
+    /// 0.6's name of `retry_after`.
+    #[getter]
+    fn retry_after_seconds(&self) -> f64 {
+        self.config.retry_after
+    }
+
+    /// 0.6's name of `wait_timeout` (given, it also sets `wait_for_own_quota`).
+    #[getter]
+    fn acquire_timeout(&self) -> f64 {
+        self.config.wait_timeout
+    }
+
+    /// The 0.6 `BackendFailurePolicy` given, if any: its `fallback_mode` is `failure_mode`.
+    #[getter]
+    fn failure_policy(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.python_side.failure_policy.as_ref().map(|p| p.clone_ref(py))
+    }
+
+    /// Whether `as_streaming_response()` and `manager.stream()` send the `X-Stream-Lease-*`
+    /// headers (the lease id and the caps).
+    #[getter]
+    fn include_lease_headers(&self) -> bool {
+        self.python_side.include_lease_headers
+    }
+
+    /// Hook events queued at most; more are dropped (and counted) rather than slow anything.
+    #[getter]
+    fn hook_queue_size(&self) -> u64 {
+        self.python_side.hook_queue_size
+    }
+
+    /// `on_acquired(lease)`, after a grant.
+    #[getter]
+    fn on_acquired(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.python_side.on_acquired.as_ref().map(|h| h.clone_ref(py))
+    }
+
+    /// `on_rejected(user_id, reason)`, after a refusal (`StreamLeaseRejected.reason`).
+    #[getter]
+    fn on_rejected(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.python_side.on_rejected.as_ref().map(|h| h.clone_ref(py))
+    }
+
+    /// `on_released(lease, reason)`: `"completed"`, `"cancelled"`, `"error"`, `"lost"` or
+    /// `"manual"`.
+    #[getter]
+    fn on_released(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.python_side.on_released.as_ref().map(|h| h.clone_ref(py))
+    }
+
+    /// `on_backend_error(exc)`, when the store fails an acquire.
+    #[getter]
+    fn on_backend_error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.python_side
+            .on_backend_error
+            .as_ref()
+            .map(|h| h.clone_ref(py))
     }
 
     /// The order of a pool's line within one priority: `"fair"` (users take turns, first come
@@ -277,7 +449,7 @@ impl LeaseConfig {
             c.max_waiting,
             if c.wait_for_own_quota { "True" } else { "False" },
             c.retry_after,
-            self.on_lost(),
+            self.on_lost_mode(),
             self.failure_mode(),
             c.fallback_workers,
             if c.identity_secret.is_empty() { "None" } else { "'***'" },
@@ -285,6 +457,15 @@ impl LeaseConfig {
             c.proxy_rule.proxies(),
             c.proxy_rule.header_name(),
         )
+    }
+}
+
+impl LeaseConfig {
+    fn on_lost_mode(&self) -> &'static str {
+        match self.config.on_lost {
+            OnLost::Cancel => "cancel",
+            OnLost::Continue => "continue",
+        }
     }
 }
 
@@ -315,6 +496,96 @@ fn prefix_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
         )));
     }
     Ok(prefix)
+}
+
+/// A value that has two names (this package's and the 0.6 API's): whichever was given, with
+/// its name; refused when both were.
+type Named<'a, 'py> = (&'static str, Option<&'a Bound<'py, PyAny>>);
+
+fn one_of_two_names<'a, 'py>(ours: Named<'a, 'py>, theirs: Named<'a, 'py>) -> PyResult<Named<'a, 'py>> {
+    match (args::given(ours.1), args::given(theirs.1)) {
+        (Some(_), Some(_)) => Err(PyValueError::new_err(format!(
+            "{} and {} are one setting ({} is its 0.6 name): pass one of them",
+            ours.0, theirs.0, theirs.0
+        ))),
+        (None, Some(value)) => Ok((theirs.0, Some(value))),
+        _ => Ok(ours),
+    }
+}
+
+/// `failure_mode`, or 0.6's `fail_open` or `failure_policy.fallback_mode`: those given must
+/// agree.
+fn failure_mode_field(
+    failure_mode: Option<&Bound<'_, PyAny>>,
+    fail_open: Option<&Bound<'_, PyAny>>,
+    failure_policy: Option<&Bound<'_, PyAny>>,
+) -> PyResult<FailureMode> {
+    let choices = [("closed", FailureMode::Closed), ("open", FailureMode::Open)];
+    let mut given: Vec<(String, FailureMode)> = Vec::new();
+    if let Some(mode) = args::given(failure_mode) {
+        let chosen = choice_field("failure_mode", Some(mode), &choices)?;
+        given.push((format!("failure_mode={}", mode.repr()?), chosen));
+    }
+    if let Some(open) = args::given(fail_open) {
+        if !open.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!(
+                "fail_open must be a bool, got {} {}",
+                type_name(open),
+                open.repr()?
+            )));
+        }
+        let mode = if open.is_truthy()? {
+            FailureMode::Open
+        } else {
+            FailureMode::Closed
+        };
+        given.push((format!("fail_open={}", open.repr()?), mode));
+    }
+    if let Some(policy) = args::given(failure_policy) {
+        let fallback = match policy.cast::<PyDict>() {
+            Ok(dict) => dict.get_item("fallback_mode")?,
+            Err(_) => policy.getattr("fallback_mode").ok(),
+        };
+        let Some(fallback) = fallback else {
+            return Err(PyTypeError::new_err(format!(
+                "failure_policy must be a BackendFailurePolicy (or a dict with fallback_mode), got {}",
+                type_name(policy)
+            )));
+        };
+        let mode = match fallback.extract::<String>().as_deref() {
+            Ok("fail_open") => FailureMode::Open,
+            Ok("fail_closed") => FailureMode::Closed,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "failure_policy.fallback_mode must be FallbackMode.FAIL_OPEN or FallbackMode.FAIL_CLOSED, got {}",
+                    fallback.repr()?
+                )))
+            }
+        };
+        given.push(("failure_policy".into(), mode));
+    }
+    let Some((first_name, first)) = given.first() else {
+        return Ok(FailureMode::Closed);
+    };
+    match given.iter().find(|(_, mode)| mode != first) {
+        None => Ok(*first),
+        Some((other, _)) => Err(PyValueError::new_err(format!(
+            "{first_name} and {other} disagree on what to do when Redis is down: pass one of them"
+        ))),
+    }
+}
+
+/// A lifecycle hook: a callable (sync or async), or None.
+fn hook_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Py<PyAny>>> {
+    match args::given(value) {
+        None => Ok(None),
+        Some(hook) if hook.is_callable() => Ok(Some(hook.clone().unbind())),
+        Some(other) => Err(PyTypeError::new_err(format!(
+            "{name} must be a callable (a function or a coroutine function), got {} {}",
+            type_name(other),
+            other.repr()?
+        ))),
+    }
 }
 
 /// One of `choices`, by name; the first is the default.

@@ -1,5 +1,6 @@
 //! The one conversion of core errors into the Python exception hierarchy (defined in
-//! `fastapi_stream_lease/errors.py`, all under `StreamLeaseError`).
+//! `fastapi_stream_lease/errors.py`, all under `StreamLeaseError`; every refusal under
+//! `StreamLeaseRejected`).
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -14,7 +15,7 @@ impl From<CoreError> for PyErr {
         Python::attach(|py| {
             let class = |name: &str| error_class(py, name);
             let made = match &error {
-                CoreError::Rejected(r) => class("StreamLeaseRejected").and_then(|cls| {
+                CoreError::Rejected(r) => class("PoolFull").and_then(|cls| {
                     cls.call1((
                         error.to_string(),
                         &*r.limit,

@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 
 use super::args;
 use super::bridge;
-use super::config::LeaseConfig;
+use super::config::{LeaseConfig, PythonSide};
 use super::errors::error_class;
 use super::lease::LeaseHandle;
 use super::{budget, rate};
@@ -29,6 +29,8 @@ const UNKEYED_IDENTITIES: &CStr = c"no identity_secret: user ids are hashed into
 #[pyclass(frozen, weakref, module = "fastapi_stream_lease._core")]
 pub struct Manager {
     core: Arc<admission::Manager>,
+    /// The config's options the core never reads, handed back by `config`.
+    python_side: Arc<PythonSide>,
 }
 
 #[pymethods]
@@ -41,6 +43,7 @@ impl Manager {
         config: PyRef<'_, LeaseConfig>,
         tls_ca_file: Option<&str>,
     ) -> PyResult<Self> {
+        let python_side = config.python_side.clone();
         let config = config.config.clone();
         let ca_pem = tls_ca_file
             .map(|path| {
@@ -63,6 +66,7 @@ impl Manager {
         }
         Ok(Manager {
             core: Arc::new(admission::Manager::new(backend, config)),
+            python_side,
         })
     }
 
@@ -70,6 +74,7 @@ impl Manager {
     fn config(&self) -> LeaseConfig {
         LeaseConfig {
             config: self.core.config().clone(),
+            python_side: self.python_side.clone(),
         }
     }
 

@@ -22,7 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("__version__", python_version(env!("CARGO_PKG_VERSION")))?;
     m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;
     Ok(())
 }
@@ -31,4 +31,32 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn redact_url(url: &str) -> String {
     crate::backend::redact(url)
+}
+
+/// The version as Python spells it (PEP 440), as maturin gives it to the distribution: Cargo's
+/// `1.0.0-alpha.1` is `1.0.0a1`, so `__version__` and the installed metadata agree.
+fn python_version(cargo: &str) -> String {
+    let Some((release, pre)) = cargo.split_once('-') else {
+        return cargo.to_owned();
+    };
+    let (kind, number) = pre.split_once('.').unwrap_or((pre, "0"));
+    let kind = match kind {
+        "alpha" => "a",
+        "beta" => "b",
+        other => other,
+    };
+    format!("{release}{kind}{number}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::python_version;
+
+    #[test]
+    fn cargo_pre_releases_read_as_pep_440() {
+        assert_eq!(python_version("1.0.0-alpha.1"), "1.0.0a1");
+        assert_eq!(python_version("1.0.0-beta.2"), "1.0.0b2");
+        assert_eq!(python_version("1.0.0-rc.1"), "1.0.0rc1");
+        assert_eq!(python_version("1.0.0"), "1.0.0");
+    }
 }

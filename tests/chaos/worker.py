@@ -43,11 +43,11 @@ from fastapi_stream_lease import (
     BudgetExhausted,
     LeaseConfig,
     LeaseLost,
+    PoolFull,
     RateLimit,
     RateLimited,
     Resource,
     StreamLeaseManager,
-    StreamLeaseRejected,
 )
 
 from chaos.settings import Settings
@@ -187,7 +187,7 @@ class Worker:
                 raise
             if not self.started(sid):
                 emit("cancelled_acquire", id=sid, t=now())
-        except StreamLeaseRejected as refusal:
+        except PoolFull as refusal:
             emit("refused", id=sid, limit=refusal.limit, waited=plan.wait > 0, t=now())
             return self.rng.uniform(0.05, 0.4)
         except RateLimited as refusal:
