@@ -56,6 +56,20 @@ def test_bad_config_is_refused_at_construction(kwargs, error, message):
         LeaseConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        ("s3cret", "STREAM_LEASE_IDENTITY_SECRET is 6 bytes long: use at least 16 random"),
+        ("x" * 15, "STREAM_LEASE_IDENTITY_SECRET is 15 bytes long"),
+    ],
+)
+def test_a_short_identity_secret_from_the_environment_is_refused(monkeypatch, secret, message):
+    monkeypatch.setenv("STREAM_LEASE_IDENTITY_SECRET", secret)
+    with pytest.raises(ValueError, match=message):
+        LeaseConfig()
+    LeaseConfig(identity_secret="a-given-secret-of-16+-bytes")  # a given one is used instead
+
+
 def test_config_defaults_and_repr_hide_the_secret():
     config = LeaseConfig(identity_secret="s3cret-of-16-bytes")
     assert (config.lease_seconds, config.max_per_user, config.max_global) == (30.0, 3, 1000)
