@@ -1,18 +1,28 @@
 """Several worker processes share one cap; a worker killed with SIGKILL frees its slots by
 expiry without touching the others'; a worker stalled past its leases loses them to others and
-never pushes a pool past its cap; a worker shut down by SIGTERM releases at once."""
+never pushes a pool past its cap; a worker shut down by SIGTERM releases at once. The embedded
+store, which counts in one process, warns when it serves several."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
+import threading
+import uuid
+import warnings
+from pathlib import Path
 
 import pytest
+import uvicorn
 
-from fastapi_stream_lease import StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseManager, StreamLeaseRejected, StreamLeaseWarning
 
-from support.apps import app_command
-from support.waiting import count_is, eventually
+from support.apps import APPS_DIR, app_command
+from support.ports import free_port
+from support.waiting import count_is, eventually, wait_until
 
 
 async def start_worker(url: str, prefix: str, name: str):
@@ -78,3 +88,85 @@ async def test_a_stalled_worker_loses_its_slots_and_the_cap_holds(redis_server, 
     for worker in (stalled, running):
         worker.send_signal(signal.SIGTERM)
         assert await worker.wait() == 0
+
+
+APP_ON_THE_DEFAULT_STORE = """
+from fastapi import FastAPI
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+
+manager = StreamLeaseManager(config=LeaseConfig(max_per_user=2))
+app = FastAPI()
+"""
+
+
+def load_as_uvicorn_does(tmp_path, monkeypatch, code: str, **settings) -> Path:
+    """Imports ``code`` as an app module through uvicorn's own loader (``Config.load``), as each
+    worker process of ``uvicorn app:app`` does; returns the module's path."""
+    name = f"app_{uuid.uuid4().hex[:12]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    uvicorn.Config(f"{name}:app", log_config=None, **settings).load()
+    return path
+
+
+def test_the_default_embedded_store_under_several_uvicorn_workers_warns_naming_the_fix(
+    tmp_path, monkeypatch
+):
+    """Without a URL the manager uses the embedded store, which counts in one process: under
+    ``uvicorn --workers 3`` a user held 3 streams against a cap of 2, with no word said."""
+    monkeypatch.delenv("WEB_CONCURRENCY", raising=False)
+    with pytest.warns(StreamLeaseWarning) as seen:
+        path = load_as_uvicorn_does(tmp_path, monkeypatch, APP_ON_THE_DEFAULT_STORE, workers=3)
+    (warning,) = seen
+    assert str(warning.message).startswith(
+        "no url= or redis= given, so the embedded store (memory://) keeps the leases, in this "
+        "process alone, but uvicorn runs 3 worker processes (--workers 3): each counts its own "
+        "streams against max_per_user and max_global, so a user can hold 3 times the cap. "
+        "Pass url='redis://host:6379/0' (or redis=<client>)"
+    )
+    assert warning.filename == str(path), "points at the line that built the manager"
+
+
+def test_web_concurrency_warns_where_no_server_tells_its_workers(tmp_path, monkeypatch):
+    """uvicorn and gunicorn both take WEB_CONCURRENCY as their worker count by default."""
+    monkeypatch.setenv("WEB_CONCURRENCY", "4")
+    with pytest.warns(StreamLeaseWarning, match=r"--workers 4"):
+        load_as_uvicorn_does(tmp_path, monkeypatch, APP_ON_THE_DEFAULT_STORE)
+    with pytest.warns(StreamLeaseWarning, match=r"memory:// keeps the leases.* WEB_CONCURRENCY=4"):
+        StreamLeaseManager(url="memory://")
+
+
+def test_one_worker_or_redis_under_several_warns_of_nothing(redis_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("WEB_CONCURRENCY", "4")
+    on_redis = APP_ON_THE_DEFAULT_STORE.replace("(config=", f"(url={redis_server.url!r}, config=")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_as_uvicorn_does(tmp_path, monkeypatch, APP_ON_THE_DEFAULT_STORE, workers=1)
+        load_as_uvicorn_does(tmp_path, monkeypatch, APP_ON_THE_DEFAULT_STORE, reload=True)
+        with pytest.warns(StreamLeaseWarning, match="no identity_secret"):
+            load_as_uvicorn_does(tmp_path, monkeypatch, on_redis, workers=2)
+
+
+def test_each_uvicorn_worker_on_the_embedded_store_warns_once(key_prefix):
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "slow_stream_app:app", "--app-dir", str(APPS_DIR),
+         "--port", str(free_port()), "--workers", "2", "--log-level", "warning"],
+        env={**os.environ, "STREAM_LEASE_URL": "memory://", "STREAM_LEASE_PREFIX": key_prefix},
+        stderr=subprocess.PIPE, text=True,
+    )
+    warned: list[str] = []
+    reader = threading.Thread(
+        target=lambda: warned.extend(line for line in server.stderr if "StreamLeaseWarning" in line)
+    )
+    reader.start()
+    try:
+        wait_until(lambda: len(warned) == 2, timeout=60, what="both workers to warn")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        reader.join()
+        server.stderr.close()
+    assert len(warned) == 2, warned
+    assert all("memory:// keeps the leases" in line and "--workers 2" in line for line in warned)

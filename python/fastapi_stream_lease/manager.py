@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
+from ._server_workers import warn_if_several_workers
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import RateLimited, StreamLeaseError
@@ -110,6 +111,7 @@ class StreamLeaseManager:
         if url is None and redis is not None:
             url, client_ca_file = connection_of_redis_client(redis)
             tls_ca_file = tls_ca_file or client_ca_file
+        defaulted = url is None
         if url is None:
             url = "memory://"
         elif not isinstance(url, str):
@@ -119,6 +121,8 @@ class StreamLeaseManager:
         elif not isinstance(config, LeaseConfig):
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
         self._core = _core.Manager(url, config, tls_ca_file)
+        if self._core.backend == "memory://":
+            warn_if_several_workers(defaulted)
         self._cancel_on_lost = config.on_lost == "cancel"
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)

@@ -1,0 +1,54 @@
+"""Whether this process is one of several worker processes of one server: the embedded store
+counts in one process, so under several workers each would enforce the caps on its own."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from types import FrameType
+
+from .errors import StreamLeaseWarning
+
+# The worker count uvicorn (``--workers``) and gunicorn (``--workers``) take by default.
+WORKERS_VARIABLE = "WEB_CONCURRENCY"
+
+
+def several_workers() -> tuple[int, str] | None:
+    """How many worker processes serve this app and what says so, or None for one (or no
+    telling): the uvicorn ``Config`` that is importing the app (each worker of ``uvicorn
+    --workers N`` imports it through ``Config.load``), else ``WEB_CONCURRENCY``."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "uvicorn.config":
+            config = frame.f_locals.get("self")
+            workers = getattr(config, "workers", 1)
+            if isinstance(workers, int) and workers > 1 and not getattr(config, "reload", False):
+                return workers, f"uvicorn runs {workers} worker processes (--workers {workers})"
+            return None
+        frame = frame.f_back
+    concurrency = os.environ.get(WORKERS_VARIABLE, "")
+    if concurrency.isdigit() and int(concurrency) > 1:
+        workers = int(concurrency)
+        return workers, f"{WORKERS_VARIABLE}={concurrency} asks the server for {workers} workers"
+    return None
+
+
+def warn_if_several_workers(defaulted: bool) -> None:
+    """Warns the line that built an embedded-store manager (two frames up) when this process is
+    one of several workers; ``defaulted``: no URL nor client was given."""
+    found = several_workers()
+    if found is None:
+        return
+    workers, evidence = found
+    store = (
+        "no url= or redis= given, so the embedded store (memory://)" if defaulted else "memory://"
+    )
+    warnings.warn(
+        f"{store} keeps the leases, in this process alone, but {evidence}: each counts its own "
+        "streams against max_per_user and max_global, so a user can hold "
+        f"{workers} times the cap. Pass url='redis://host:6379/0' (or redis=<client>) so that "
+        "every worker counts in one place, or run one worker process.",
+        StreamLeaseWarning,
+        stacklevel=3,
+    )
