@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -170,3 +171,75 @@ def test_each_uvicorn_worker_on_the_embedded_store_warns_once(key_prefix):
         server.stderr.close()
     assert len(warned) == 2, warned
     assert all("memory:// keeps the leases" in line and "--workers 2" in line for line in warned)
+
+
+def start_stream(port: int, query: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    request = f"GET /stream?{query} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    sock.sendall(request.encode())
+    return sock
+
+
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection ended before {marker!r}: {data!r}"
+        data += chunk
+    return data
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+def test_sigterm_drains_every_uvicorn_worker_before_the_server_stops(redis_server, key_prefix):
+    """uvicorn runs the lifespan's shutdown only once every connection has closed, so a drain
+    there came after the streams it should have waited for; the lifespan starts it at SIGTERM
+    instead: a request waiting in line gets 503 at once, a stream that ends within the drain's
+    timeout runs to its end, one that would not is ended as revoked before uvicorn's own
+    graceful timeout, and every slot is released, not left to expire."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "draining_streams:app", "--app-dir", str(APPS_DIR),
+         "--port", str(port), "--workers", "2", "--timeout-graceful-shutdown", "60"],
+        env={**os.environ, "STREAM_LEASE_URL": redis_server.url,
+             "STREAM_LEASE_PREFIX": key_prefix, "DRAIN_TIMEOUT": "3"},
+        stderr=subprocess.PIPE, text=True,
+    )
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(server.stderr))
+    reader.start()
+    try:
+        wait_until(lambda: sum("Application startup complete" in line for line in log) == 2,
+                   timeout=60, what="both workers to start")
+        finishing = start_stream(port, "user_id=a&ticks=20")
+        endless = start_stream(port, "user_id=b")
+        for sock in (finishing, endless):
+            read_until(sock, b"data: tick 0")
+        waiting = start_stream(port, "user_id=c&wait=60")  # the global cap is 2: in line
+        wait_until(lambda: int(redis_server.cli("zcard", f"{{{key_prefix}}}:global|line")) == 1,
+                   what="the third stream to wait in line")
+
+        server.send_signal(signal.SIGTERM)
+
+        refused = read_to_end(waiting)
+        assert refused.startswith(b"HTTP/1.1 503"), refused
+        assert b"retry-after: " in refused.lower()
+        finished = read_to_end(finishing)
+        assert b"data: tick 19\n\n" in finished and finished.endswith(b"0\r\n\r\n"), finished
+        read_to_end(endless)  # ended by the drain's revocation
+        assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        reader.join()
+        server.stderr.close()
+    # Released by the drain, not by expiry: the leases had 30 s left.
+    assert int(redis_server.cli("zcard", f"{{{key_prefix}}}:global")) == 0
+    assert not [line for line in log if "timeout graceful shutdown exceeded" in line], log

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 
 from . import _core
@@ -38,6 +40,42 @@ if TYPE_CHECKING:
 
 # How often a drain checks whether the worker's streams have ended (no Redis involved).
 DRAIN_CHECK_SECONDS = 0.05
+
+# The signals that stop a server gracefully (uvicorn's and gunicorn's workers handle both).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def calling_on_stop_signals(
+    loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
+) -> Iterator[None]:
+    """While the block runs, each of :data:`STOP_SIGNALS` that the server handles in Python
+    also schedules ``callback`` on ``loop``, besides running the server's own handler. Nothing
+    changes off the main thread (where signals cannot be handled) or for a signal left to its
+    default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    chained: dict[signal.Signals, tuple[Any, Any]] = {}
+    for stop_signal in STOP_SIGNALS:
+        server_handler = signal.getsignal(stop_signal)
+        if not callable(server_handler) or server_handler is signal.default_int_handler:
+            continue
+
+        def handler(
+            number: int, frame: FrameType | None, server_handler: Any = server_handler
+        ) -> None:
+            loop.call_soon_threadsafe(callback)
+            server_handler(number, frame)
+
+        signal.signal(stop_signal, handler)
+        chained[stop_signal] = (server_handler, handler)
+    try:
+        yield
+    finally:
+        for stop_signal, (server_handler, handler) in chained.items():
+            if signal.getsignal(stop_signal) is handler:  # else another chained after: leave it
+                signal.signal(stop_signal, server_handler)
 
 
 #: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
@@ -479,6 +517,38 @@ class StreamLeaseManager:
             "drained: %d stream(s) ended on their own, %d revoked", held - revoked, revoked,
             extra={"held": held, "revoked": revoked},
         )  # fmt: skip
+
+    @asynccontextmanager
+    async def lifespan(
+        self, app: object = None, *, drain_timeout: float = 5.0, check_backend: bool = False
+    ) -> AsyncIterator[None]:
+        """Ties the manager to the app's lifespan: ``FastAPI(lifespan=manager.lifespan)``, or,
+        within the app's own lifespan, ``async with manager.lifespan(app, drain_timeout=20):``
+        around its ``yield`` (``app`` is not used; Starlette passes it).
+
+        At startup, ``check_backend=True`` reads one pool from the store, so an unreachable or
+        misconfigured Redis fails the startup (:class:`BackendUnavailable`,
+        :class:`BackendError`) instead of the first request. Then, where the server stops on
+        SIGTERM or SIGINT with a handler of its own (uvicorn, gunicorn's uvicorn workers), that
+        signal starts :meth:`drain` with ``drain_timeout`` at once: the server runs the
+        lifespan's shutdown only after every connection has closed, too late to let streams
+        finish or to end the rest. At shutdown, the drain started by the signal is awaited, or
+        one is run (nothing to wait for by then), and the manager is closed."""
+        if check_backend:
+            await self._core.count(None if self.config.global_pool else "lifespan-check")
+        loop = asyncio.get_running_loop()
+        drains: list[asyncio.Task[None]] = []
+
+        def start_drain() -> None:
+            if not drains:
+                drains.append(loop.create_task(self.drain(drain_timeout)))
+
+        try:
+            with calling_on_stop_signals(loop, start_drain):
+                yield
+        finally:
+            start_drain()
+            await drains[0]
 
     async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
         """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),
