@@ -192,7 +192,10 @@ async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(key_pr
             await manager.acquire("alice")
 
 
-async def test_the_lifespan_starts_the_drain_when_the_server_is_told_to_stop(make_manager):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+async def test_the_lifespan_starts_the_drain_when_the_server_is_told_to_stop(
+    make_manager, stop_signal
+):
     """A server such as uvicorn runs the lifespan's shutdown only after every connection has
     closed; the stop signal that its handler receives is when a drain has to begin."""
     manager = make_manager(max_per_user=5)
@@ -208,16 +211,18 @@ async def test_the_lifespan_starts_the_drain_when_the_server_is_told_to_stop(mak
             return True
         return False
 
-    default = signal.signal(signal.SIGTERM, server_handler)
+    default = signal.signal(stop_signal, server_handler)
     try:
         async with manager.lifespan(drain_timeout=60):
+            if stop_signal == signal.SIGINT:
+                assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "left to its default"
             lease = await manager.acquire("alice")
             running = asyncio.create_task(drive(lease.wrap(ticks(5, 0.05))))
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), stop_signal)
             await eventually(refused, what="the drain to refuse new streams")
-            assert told_to_stop == [signal.SIGTERM], "the server's handler ran too"
+            assert told_to_stop == [stop_signal], "the server's handler ran too"
             assert await running == [0, 1, 2, 3, 4], "ran to its end"
             await eventually(lambda: manager.stats()["closed"], what="the drain to close it")
-        assert signal.getsignal(signal.SIGTERM) is server_handler, "given back to the server"
+        assert signal.getsignal(stop_signal) is server_handler, "given back to the server"
     finally:
-        signal.signal(signal.SIGTERM, default)
+        signal.signal(stop_signal, default)

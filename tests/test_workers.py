@@ -230,6 +230,12 @@ def test_sigterm_drains_every_uvicorn_worker_before_the_server_stops(redis_serve
         refused = read_to_end(waiting)
         assert refused.startswith(b"HTTP/1.1 503"), refused
         assert b"retry-after: " in refused.lower()
+        late = start_stream(port, "user_id=d")  # after SIGTERM: 503, or never answered
+        try:
+            answer = read_to_end(late)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 503"), answer
         finished = read_to_end(finishing)
         assert b"data: tick 19\n\n" in finished and finished.endswith(b"0\r\n\r\n"), finished
         read_to_end(endless)  # ended by the drain's revocation

@@ -122,8 +122,9 @@ class StreamLeaseManager:
       ``"redis+sentinel://host:port,host:port/master_name"`` (following failovers);
     * ``url="memory://"`` (the default): an embedded store for a single process.
 
-    Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
-    app's lifespan to release what this process holds.
+    Build it at import time; it connects on first use. Tie it to the app's lifespan with
+    :meth:`lifespan` (a drain when the server is told to stop, closed at shutdown), or close it
+    with :meth:`aclose` there to release what this process holds.
 
     Metrics and traces (OpenTelemetry, :mod:`fastapi_stream_lease.telemetry`) are recorded
     with ``meter_provider`` / ``tracer_provider``, or with the app's global providers once it
@@ -497,7 +498,9 @@ class StreamLeaseManager:
         acquires waiting in line end with it at once, giving up their places), waits up to
         ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
         (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
-        manager, releasing everything. Call it in the app's shutdown."""
+        manager, releasing everything. Call it when the server is told to stop (SIGTERM), as
+        :meth:`lifespan` does: in the lifespan's shutdown, uvicorn has already waited for (or
+        cancelled) every stream."""
         self._core.refuse_new()
         held = self._core.stats()["held"]
         log.info(
@@ -528,12 +531,12 @@ class StreamLeaseManager:
 
         At startup, ``check_backend=True`` reads one pool from the store, so an unreachable or
         misconfigured Redis fails the startup (:class:`BackendUnavailable`,
-        :class:`BackendError`) instead of the first request. Then, where the server stops on
-        SIGTERM or SIGINT with a handler of its own (uvicorn, gunicorn's uvicorn workers), that
-        signal starts :meth:`drain` with ``drain_timeout`` at once: the server runs the
-        lifespan's shutdown only after every connection has closed, too late to let streams
-        finish or to end the rest. At shutdown, the drain started by the signal is awaited, or
-        one is run (nothing to wait for by then), and the manager is closed."""
+        :class:`BackendError`) instead of the first request. Then, where the server handles
+        SIGTERM or SIGINT in Python (uvicorn does), that signal also starts :meth:`drain` with
+        ``drain_timeout`` at once: uvicorn runs the lifespan's shutdown only after every
+        connection has closed, too late to let streams finish or to end the rest. At shutdown,
+        the drain started by the signal is awaited, or one is run (nothing to wait for by then),
+        and the manager is closed (docs/recipes/deployment.md has the whole sequence)."""
         if check_backend:
             await self._core.count(None if self.config.global_pool else "lifespan-check")
         loop = asyncio.get_running_loop()
