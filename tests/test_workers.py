@@ -150,27 +150,72 @@ def test_one_worker_or_redis_under_several_warns_of_nothing(redis_server, tmp_pa
             load_as_uvicorn_does(tmp_path, monkeypatch, on_redis, workers=2)
 
 
-def test_each_uvicorn_worker_on_the_embedded_store_warns_once(key_prefix):
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "slow_stream_app:app", "--app-dir", str(APPS_DIR),
-         "--port", str(free_port()), "--workers", "2", "--log-level", "warning"],
-        env={**os.environ, "STREAM_LEASE_URL": "memory://", "STREAM_LEASE_PREFIX": key_prefix},
-        stderr=subprocess.PIPE, text=True,
-    )
-    warned: list[str] = []
-    reader = threading.Thread(
-        target=lambda: warned.extend(line for line in server.stderr if "StreamLeaseWarning" in line)
-    )
-    reader.start()
+# What each worker logs once it serves, and what the server logs when its graceful timeout runs
+# out with requests still running.
+SERVING = {"uvicorn": "Application startup complete", "gunicorn": "ASGI server listening on"}
+GAVE_UP = {"uvicorn": "timeout graceful shutdown exceeded", "gunicorn": "after timeout"}
+
+
+class Server:
+    """``uvicorn --workers 2`` or ``gunicorn --workers 2`` (its own ASGI worker class) serving
+    ``tests/apps/<app>.py`` on a free port, its log read as it comes."""
+
+    def __init__(self, kind: str, app: str, env: dict[str, str], graceful_timeout: int) -> None:
+        self.kind = kind
+        self.port = free_port()
+        if kind == "uvicorn":
+            command = ["uvicorn", f"{app}:app", "--app-dir", str(APPS_DIR),
+                       "--port", str(self.port), "--workers", "2",
+                       "--timeout-graceful-shutdown", str(graceful_timeout)]
+        else:
+            command = ["gunicorn", f"{app}:app", "--pythonpath", str(APPS_DIR),
+                       "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--worker-class",
+                       "asgi", "--graceful-timeout", str(graceful_timeout),
+                       "--no-control-socket"]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", *command], env={**os.environ, **env},
+            stderr=subprocess.PIPE, text=True,
+        )
+        self.log: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.log.extend(self.process.stderr))
+        self._reader.start()
+
+    def logged(self, text: str) -> int:
+        return sum(text in line for line in self.log)
+
+    def wait_until_serving(self) -> None:
+        wait_until(lambda: self.logged(SERVING[self.kind]) == 2, timeout=60,
+                   what=f"both {self.kind} workers to serve")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join()
+        self.process.stderr.close()
+
+
+@pytest.fixture(params=["uvicorn", "gunicorn"])
+def server_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_each_worker_on_the_embedded_store_warns_once(server_kind, key_prefix):
+    server = Server(server_kind, "slow_stream_app",
+                    {"STREAM_LEASE_URL": "memory://", "STREAM_LEASE_PREFIX": key_prefix}, 1)
     try:
-        wait_until(lambda: len(warned) == 2, timeout=60, what="both workers to warn")
+        wait_until(lambda: server.logged("StreamLeaseWarning") == 2, timeout=60,
+                   what="both workers to warn")
+        server.wait_until_serving()
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        reader.join()
-        server.stderr.close()
+        server.process.terminate()
+        server.process.wait(timeout=30)
+        server.stop()
+    warned = [line for line in server.log if "StreamLeaseWarning" in line]
     assert len(warned) == 2, warned
-    assert all("memory:// keeps the leases" in line and "--workers 2" in line for line in warned)
+    for line in warned:
+        assert f"memory:// keeps the leases, in this process alone, but {server_kind} runs 2 " \
+            "worker processes (--workers 2)" in line
 
 
 def start_stream(port: int, query: str) -> socket.socket:
@@ -197,40 +242,34 @@ def read_to_end(sock: socket.socket) -> bytes:
     return data
 
 
-def test_sigterm_drains_every_uvicorn_worker_before_the_server_stops(redis_server, key_prefix):
-    """uvicorn runs the lifespan's shutdown only once every connection has closed, so a drain
-    there came after the streams it should have waited for; the lifespan starts it at SIGTERM
-    instead: a request waiting in line gets 503 at once, a stream that ends within the drain's
-    timeout runs to its end, one that would not is ended as revoked before uvicorn's own
-    graceful timeout, and every slot is released, not left to expire."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "draining_streams:app", "--app-dir", str(APPS_DIR),
-         "--port", str(port), "--workers", "2", "--timeout-graceful-shutdown", "60"],
-        env={**os.environ, "STREAM_LEASE_URL": redis_server.url,
-             "STREAM_LEASE_PREFIX": key_prefix, "DRAIN_TIMEOUT": "3"},
-        stderr=subprocess.PIPE, text=True,
-    )
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(server.stderr))
-    reader.start()
+def test_sigterm_drains_every_worker_before_the_server_stops(
+    server_kind, redis_server, key_prefix
+):
+    """uvicorn and gunicorn run the lifespan's shutdown only once every connection has closed,
+    so a drain there came after the streams it should have waited for; the lifespan starts it
+    at SIGTERM instead: a request waiting in line gets 503 at once, a stream that ends within
+    the drain's timeout runs to its end, one that would not is ended as revoked before the
+    server's own graceful timeout, and every slot is released, not left to expire."""
+    server = Server(server_kind, "draining_streams", {
+        "STREAM_LEASE_URL": redis_server.url, "STREAM_LEASE_PREFIX": key_prefix,
+        "DRAIN_TIMEOUT": "3",
+    }, graceful_timeout=60)
     try:
-        wait_until(lambda: sum("Application startup complete" in line for line in log) == 2,
-                   timeout=60, what="both workers to start")
-        finishing = start_stream(port, "user_id=a&ticks=20")
-        endless = start_stream(port, "user_id=b")
+        server.wait_until_serving()
+        finishing = start_stream(server.port, "user_id=a&ticks=20")
+        endless = start_stream(server.port, "user_id=b")
         for sock in (finishing, endless):
             read_until(sock, b"data: tick 0")
-        waiting = start_stream(port, "user_id=c&wait=60")  # the global cap is 2: in line
+        waiting = start_stream(server.port, "user_id=c&wait=60")  # the global cap is 2: in line
         wait_until(lambda: int(redis_server.cli("zcard", f"{{{key_prefix}}}:global|line")) == 1,
                    what="the third stream to wait in line")
 
-        server.send_signal(signal.SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
 
         refused = read_to_end(waiting)
         assert refused.startswith(b"HTTP/1.1 503"), refused
         assert b"retry-after: " in refused.lower()
-        late = start_stream(port, "user_id=d")  # after SIGTERM: 503, or never answered
+        late = start_stream(server.port, "user_id=d")  # after SIGTERM: 503, or never answered
         try:
             answer = read_to_end(late)
         except ConnectionResetError:
@@ -239,13 +278,9 @@ def test_sigterm_drains_every_uvicorn_worker_before_the_server_stops(redis_serve
         finished = read_to_end(finishing)
         assert b"data: tick 19\n\n" in finished and finished.endswith(b"0\r\n\r\n"), finished
         read_to_end(endless)  # ended by the drain's revocation
-        assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        reader.join()
-        server.stderr.close()
+        server.stop()
     # Released by the drain, not by expiry: the leases had 30 s left.
     assert int(redis_server.cli("zcard", f"{{{key_prefix}}}:global")) == 0
-    assert not [line for line in log if "timeout graceful shutdown exceeded" in line], log
+    assert not server.logged(GAVE_UP[server_kind]), server.log

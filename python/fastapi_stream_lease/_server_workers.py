@@ -10,27 +10,38 @@ from types import FrameType
 
 from .errors import StreamLeaseWarning
 
-# The worker count uvicorn (``--workers``) and gunicorn (``--workers``) take by default.
+# The worker count uvicorn and gunicorn take when ``--workers`` is not given.
 WORKERS_VARIABLE = "WEB_CONCURRENCY"
 
 
 def several_workers() -> tuple[int, str] | None:
     """How many worker processes serve this app and what says so, or None for one (or no
-    telling): the uvicorn ``Config`` that is importing the app (each worker of ``uvicorn
-    --workers N`` imports it through ``Config.load``), else ``WEB_CONCURRENCY``."""
+    telling): the server that is importing the app, as each of its workers does (uvicorn's
+    ``Config.load``, gunicorn's worker or, with ``--preload``, its arbiter: both carry the
+    configured count), else ``WEB_CONCURRENCY``."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "uvicorn.config":
-            config = frame.f_locals.get("self")
-            workers = getattr(config, "workers", 1)
-            if isinstance(workers, int) and workers > 1 and not getattr(config, "reload", False):
-                return workers, f"uvicorn runs {workers} worker processes (--workers {workers})"
-            return None
+        server = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        if server in ("uvicorn", "gunicorn"):
+            loader = frame.f_locals.get("self")
+            if server == "uvicorn" and type(loader).__name__ == "Config":
+                if getattr(loader, "reload", False):
+                    return None  # one worker, restarted on changes
+                return _told(server, getattr(loader, "workers", None))
+            settings = getattr(loader, "cfg", None)
+            if server == "gunicorn" and settings is not None:
+                return _told(server, getattr(settings, "workers", None))
         frame = frame.f_back
     concurrency = os.environ.get(WORKERS_VARIABLE, "")
     if concurrency.isdigit() and int(concurrency) > 1:
         workers = int(concurrency)
         return workers, f"{WORKERS_VARIABLE}={concurrency} asks the server for {workers} workers"
+    return None
+
+
+def _told(server: str, workers: object) -> tuple[int, str] | None:
+    if isinstance(workers, int) and workers > 1:
+        return workers, f"{server} runs {workers} worker processes (--workers {workers})"
     return None
 
 

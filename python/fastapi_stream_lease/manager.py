@@ -499,8 +499,8 @@ class StreamLeaseManager:
         ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
         (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
         manager, releasing everything. Call it when the server is told to stop (SIGTERM), as
-        :meth:`lifespan` does: in the lifespan's shutdown, uvicorn has already waited for (or
-        cancelled) every stream."""
+        :meth:`lifespan` does: by the lifespan's shutdown, uvicorn and gunicorn have already
+        waited for (or cut off) every stream."""
         self._core.refuse_new()
         held = self._core.stats()["held"]
         log.info(
@@ -532,9 +532,10 @@ class StreamLeaseManager:
         At startup, ``check_backend=True`` reads one pool from the store, so an unreachable or
         misconfigured Redis fails the startup (:class:`BackendUnavailable`,
         :class:`BackendError`) instead of the first request. Then, where the server handles
-        SIGTERM or SIGINT in Python (uvicorn does), that signal also starts :meth:`drain` with
-        ``drain_timeout`` at once: uvicorn runs the lifespan's shutdown only after every
-        connection has closed, too late to let streams finish or to end the rest. At shutdown,
+        SIGTERM or SIGINT in Python (uvicorn and gunicorn's ASGI worker do), that signal also
+        starts :meth:`drain` with ``drain_timeout`` at once: they run the lifespan's shutdown
+        only after every connection has closed, too late to let streams finish or to end the
+        rest. At shutdown,
         the drain started by the signal is awaited, or one is run (nothing to wait for by then),
         and the manager is closed (docs/recipes/deployment.md has the whole sequence)."""
         if check_backend:
