@@ -179,10 +179,15 @@ def test_the_managers_lifespan_composes_with_the_apps_own(make_manager):
     ]
 
 
-async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(key_prefix):
+@pytest.mark.parametrize("global_pool", [True, False])
+async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(
+    make_manager, key_prefix, global_pool
+):
+    async with make_manager(global_pool=global_pool).lifespan(check_backend=True):
+        pass  # a store that answers: started
     manager = StreamLeaseManager(
         url=f"redis://127.0.0.1:{free_port()}/0",
-        config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.2),
+        config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.2, global_pool=global_pool),
     )
     with pytest.raises(BackendUnavailable):
         async with manager.lifespan(check_backend=True):

@@ -1,7 +1,8 @@
 """Several worker processes share one cap; a worker killed with SIGKILL frees its slots by
 expiry without touching the others'; a worker stalled past its leases loses them to others and
-never pushes a pool past its cap; a worker shut down by SIGTERM releases at once. The embedded
-store, which counts in one process, warns when it serves several."""
+never pushes a pool past its cap; a worker shut down by SIGTERM releases at once. Under real
+uvicorn and gunicorn servers with several workers: SIGTERM drains every worker through the
+manager's lifespan, and the embedded store, which counts in one process, warns in each."""
 
 from __future__ import annotations
 

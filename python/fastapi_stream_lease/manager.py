@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 # How often a drain checks whether the worker's streams have ended (no Redis involved).
 DRAIN_CHECK_SECONDS = 0.05
 
+# Whose pool the startup check reads when the manager keeps no global pool.
+STARTUP_CHECK_IDENTITY = "stream-lease-startup-check"
+
 # The signals that stop a server gracefully (uvicorn's and gunicorn's workers handle both).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -535,11 +538,12 @@ class StreamLeaseManager:
         SIGTERM or SIGINT in Python (uvicorn and gunicorn's ASGI worker do), that signal also
         starts :meth:`drain` with ``drain_timeout`` at once: they run the lifespan's shutdown
         only after every connection has closed, too late to let streams finish or to end the
-        rest. At shutdown,
-        the drain started by the signal is awaited, or one is run (nothing to wait for by then),
-        and the manager is closed (docs/recipes/deployment.md has the whole sequence)."""
+        rest. At shutdown, the drain started by the signal is awaited, or one is run (nothing to
+        wait for by then), and the manager is closed (docs/recipes/deployment.md has the whole
+        sequence)."""
         if check_backend:
-            await self._core.count(None if self.config.global_pool else "lifespan-check")
+            # Without a global pool, one user's pool (a name of the check's own): a read only.
+            await self._core.count(None if self.config.global_pool else STARTUP_CHECK_IDENTITY)
         loop = asyncio.get_running_loop()
         drains: list[asyncio.Task[None]] = []
 
