@@ -68,7 +68,8 @@ def calling_on_stop_signals(
         def handler(
             number: int, frame: FrameType | None, server_handler: Any = server_handler
         ) -> None:
-            loop.call_soon_threadsafe(callback)
+            if not loop.is_closed():  # a server that never ran the lifespan's shutdown
+                loop.call_soon_threadsafe(callback)
             server_handler(number, frame)
 
         signal.signal(stop_signal, handler)
