@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -68,6 +69,12 @@ def test_a_short_identity_secret_from_the_environment_is_refused(monkeypatch, se
     with pytest.raises(ValueError, match=message):
         LeaseConfig()
     LeaseConfig(identity_secret="a-given-secret-of-16+-bytes")  # a given one is used instead
+
+
+def test_an_identity_secret_in_the_environment_that_is_not_text_is_refused(monkeypatch):
+    monkeypatch.setitem(os.environb, b"STREAM_LEASE_IDENTITY_SECRET", b"\xff" * 32)
+    with pytest.raises(ValueError, match="STREAM_LEASE_IDENTITY_SECRET is not valid UTF-8"):
+        LeaseConfig()
 
 
 def test_config_defaults_and_repr_hide_the_secret():
