@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -54,6 +55,26 @@ from support.ports import free_port
 def test_bad_config_is_refused_at_construction(kwargs, error, message):
     with pytest.raises(error, match=message):
         LeaseConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        ("s3cret", "STREAM_LEASE_IDENTITY_SECRET is 6 bytes long: use at least 16 random"),
+        ("x" * 15, "STREAM_LEASE_IDENTITY_SECRET is 15 bytes long"),
+    ],
+)
+def test_a_short_identity_secret_from_the_environment_is_refused(monkeypatch, secret, message):
+    monkeypatch.setenv("STREAM_LEASE_IDENTITY_SECRET", secret)
+    with pytest.raises(ValueError, match=message):
+        LeaseConfig()
+    LeaseConfig(identity_secret="a-given-secret-of-16+-bytes")  # a given one is used instead
+
+
+def test_an_identity_secret_in_the_environment_that_is_not_text_is_refused(monkeypatch):
+    monkeypatch.setitem(os.environb, b"STREAM_LEASE_IDENTITY_SECRET", b"\xff" * 32)
+    with pytest.raises(ValueError, match="STREAM_LEASE_IDENTITY_SECRET is not valid UTF-8"):
+        LeaseConfig()
 
 
 def test_config_defaults_and_repr_hide_the_secret():

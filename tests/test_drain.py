@@ -4,19 +4,27 @@ behavioural test runs on the embedded store and on a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from contextlib import asynccontextmanager
 
 import pytest
 import redis as redis_py
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 from starlette.testclient import TestClient
 
 from fastapi_stream_lease import (
+    BackendUnavailable,
+    LeaseConfig,
     LeaseLost,
     LeaseRevoked,
     ManagerClosed,
+    StreamLeaseManager,
     StreamLeaseRejected,
 )
 
+from support.ports import free_port
 from support.waiting import eventually
 
 
@@ -133,3 +141,93 @@ async def test_aclose_ends_the_waiting_acquires_too(make_manager):
     for waiter in waiters:
         assert isinstance(waiter.exception(), ManagerClosed), waiter.exception()
     assert manager.stats()["held"] == 0 and holder.released
+
+
+def test_the_manager_as_the_apps_lifespan_closes_it_at_shutdown(make_manager):
+    manager = make_manager(max_per_user=1)
+    app = FastAPI(lifespan=manager.lifespan)
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        lease = await manager.acquire("alice")
+        return StreamingResponse(lease.wrap(f"{n} " async for n in ticks(3, 0.01)))
+
+    with TestClient(app) as client:
+        assert client.get("/stream").text == "0 1 2 "
+        assert not manager.stats()["closed"]
+    assert manager.stats()["closed"]
+
+
+def test_the_managers_lifespan_composes_with_the_apps_own(make_manager):
+    """Entered in the app's own lifespan, the manager outlives what the app sets up inside."""
+    manager = make_manager()
+    events: list[str] = []
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with manager.lifespan(app, drain_timeout=1):
+            events.append("app started")
+            yield
+            events.append(f"app stopping, manager closed: {manager.stats()['closed']}")
+        events.append(f"app stopped, manager closed: {manager.stats()['closed']}")
+
+    with TestClient(FastAPI(lifespan=lifespan)):
+        assert events == ["app started"]
+    assert events[1:] == [
+        "app stopping, manager closed: False",
+        "app stopped, manager closed: True",
+    ]
+
+
+@pytest.mark.parametrize("global_pool", [True, False])
+async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(
+    make_manager, key_prefix, global_pool
+):
+    async with make_manager(global_pool=global_pool).lifespan(check_backend=True):
+        pass  # a store that answers: started
+    manager = StreamLeaseManager(
+        url=f"redis://127.0.0.1:{free_port()}/0",
+        config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.2, global_pool=global_pool),
+    )
+    with pytest.raises(BackendUnavailable):
+        async with manager.lifespan(check_backend=True):
+            pytest.fail("started without its store")
+    async with manager.lifespan():  # unchecked, it starts (and refuses streams with 503)
+        with pytest.raises(BackendUnavailable):
+            await manager.acquire("alice")
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+async def test_the_lifespan_starts_the_drain_when_the_server_is_told_to_stop(
+    make_manager, stop_signal
+):
+    """A server such as uvicorn runs the lifespan's shutdown only after every connection has
+    closed; the stop signal that its handler receives is when a drain has to begin."""
+    manager = make_manager(max_per_user=5)
+    told_to_stop: list[int] = []
+
+    def server_handler(number: int, _frame: object) -> None:
+        told_to_stop.append(number)
+
+    async def refused() -> bool:
+        try:
+            await (await manager.acquire("bob")).release()
+        except ManagerClosed:
+            return True
+        return False
+
+    default = signal.signal(stop_signal, server_handler)
+    try:
+        async with manager.lifespan(drain_timeout=60):
+            if stop_signal == signal.SIGINT:
+                assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "left to its default"
+            lease = await manager.acquire("alice")
+            running = asyncio.create_task(drive(lease.wrap(ticks(5, 0.05))))
+            os.kill(os.getpid(), stop_signal)
+            await eventually(refused, what="the drain to refuse new streams")
+            assert told_to_stop == [stop_signal], "the server's handler ran too"
+            assert await running == [0, 1, 2, 3, 4], "ran to its end"
+            await eventually(lambda: manager.stats()["closed"], what="the drain to close it")
+        assert signal.getsignal(stop_signal) is server_handler, "given back to the server"
+    finally:
+        signal.signal(stop_signal, default)

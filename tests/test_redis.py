@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import warnings
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -23,6 +25,9 @@ from fastapi_stream_lease import (
 from support.redis_servers import RedisServer
 from support.tls import require_tls, tls_server
 from support.waiting import eventually, renewals_ran
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SECRET_VARIABLE = "STREAM_LEASE_IDENTITY_SECRET"
 
 
 async def admits_again(manager: StreamLeaseManager, what: str) -> None:
@@ -81,6 +86,42 @@ def test_a_redis_manager_without_identity_secret_warns_its_builder(redis_server)
         warnings.simplefilter("error")
         StreamLeaseManager(url=redis_server.url, config=LeaseConfig(identity_secret=b"k" * 32))
         StreamLeaseManager(url="memory://")  # the keys never leave the process
+
+
+def load_seed_quickstart(redis_url: str, tmp_path: Path) -> None:
+    """Imports examples/seed_quickstart.py (the seed README's code), pointed at ``redis_url``."""
+    code = (EXAMPLES / "seed_quickstart.py").read_text()
+    code = code.replace("redis://localhost:6379", redis_url)
+    path = tmp_path / "seed_quickstart_app.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_the_warning_without_identity_secret_names_the_environment_variable(
+    redis_server, tmp_path, monkeypatch
+):
+    monkeypatch.delenv(SECRET_VARIABLE, raising=False)
+    with pytest.warns(StreamLeaseWarning, match=f"or set {SECRET_VARIABLE}"):
+        load_seed_quickstart(redis_server.url, tmp_path)
+
+
+def test_identity_secret_left_out_is_read_from_the_environment(
+    redis_server, tmp_path, monkeypatch
+):
+    """A deployment sets the secret once, in STREAM_LEASE_IDENTITY_SECRET, for every worker and
+    the CLI; the seed quickstart, which passes none, then keys its identities with it and runs
+    without a warning."""
+    monkeypatch.setenv(SECRET_VARIABLE, "k" * 32)
+    assert LeaseConfig() == LeaseConfig(identity_secret="k" * 32)
+    assert LeaseConfig(identity_secret=None) == LeaseConfig(identity_secret="k" * 32)
+    assert LeaseConfig(identity_secret="g" * 32) != LeaseConfig(), "a given secret wins"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_seed_quickstart(redis_server.url, tmp_path)
+    monkeypatch.setenv(SECRET_VARIABLE, "")  # set but empty: as if unset
+    assert LeaseConfig() != LeaseConfig(identity_secret="k" * 32)
 
 
 async def test_a_flushed_function_library_does_not_break_acquire_renew_or_release(

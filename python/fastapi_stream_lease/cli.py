@@ -174,10 +174,12 @@ def inspect(options: argparse.Namespace) -> int:
 
 def deployment(options: argparse.Namespace, global_pool: bool = True) -> LeaseConfig:
     """The deployment's prefix and identity secret (its other settings play no part here)."""
-    secret = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET") or None
     try:
+        # Without --identity-secret, LeaseConfig reads STREAM_LEASE_IDENTITY_SECRET itself.
         return LeaseConfig(
-            key_prefix=options.key_prefix, identity_secret=secret, global_pool=global_pool
+            key_prefix=options.key_prefix,
+            identity_secret=options.identity_secret or None,
+            global_pool=global_pool,
         )
     except ValueError as error:
         raise CliError(

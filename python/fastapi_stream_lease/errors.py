@@ -348,5 +348,5 @@ StreamLeaseLost = LeaseLost
 
 class StreamLeaseWarning(UserWarning):
     """A setting that works but weakens a guarantee. Emitted by ``StreamLeaseManager`` on Redis
-    without ``identity_secret``: user ids are then hashed with an empty HMAC key, so anyone who
-    can read the keys can test guessed ids against them."""
+    without ``identity_secret`` (nor ``STREAM_LEASE_IDENTITY_SECRET``): user ids are then hashed
+    with an empty HMAC key, so anyone who can read the keys can test guessed ids against them."""

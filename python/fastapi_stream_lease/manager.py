@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
+import threading
 import time
 import weakref
 from collections.abc import (
@@ -12,16 +14,18 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
+    Iterator,
     Mapping,
     Sequence,
 )
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
+from ._server_workers import warn_if_several_workers
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
@@ -48,6 +52,46 @@ if TYPE_CHECKING:
 
 # How often a drain checks whether the worker's streams have ended (no Redis involved).
 DRAIN_CHECK_SECONDS = 0.05
+
+# Whose pool the startup check reads when the manager keeps no global pool.
+STARTUP_CHECK_IDENTITY = "stream-lease-startup-check"
+
+# The signals that stop a server gracefully (uvicorn's and gunicorn's workers handle both).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def calling_on_stop_signals(
+    loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
+) -> Iterator[None]:
+    """While the block runs, each of :data:`STOP_SIGNALS` that the server handles in Python
+    also schedules ``callback`` on ``loop``, besides running the server's own handler. Nothing
+    changes off the main thread (where signals cannot be handled) or for a signal left to its
+    default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    chained: dict[signal.Signals, tuple[Any, Any]] = {}
+    for stop_signal in STOP_SIGNALS:
+        server_handler = signal.getsignal(stop_signal)
+        if not callable(server_handler) or server_handler is signal.default_int_handler:
+            continue
+
+        def handler(
+            number: int, frame: FrameType | None, server_handler: Any = server_handler
+        ) -> None:
+            if not loop.is_closed():  # a server that never ran the lifespan's shutdown
+                loop.call_soon_threadsafe(callback)
+            server_handler(number, frame)
+
+        signal.signal(stop_signal, handler)
+        chained[stop_signal] = (server_handler, handler)
+    try:
+        yield
+    finally:
+        for stop_signal, (server_handler, handler) in chained.items():
+            if signal.getsignal(stop_signal) is handler:  # else another chained after: leave it
+                signal.signal(stop_signal, server_handler)
 
 
 #: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
@@ -94,8 +138,9 @@ class StreamLeaseManager:
       ``"redis+sentinel://host:port,host:port/master_name"`` (following failovers);
     * ``url="memory://"`` (the default): an embedded store for a single process.
 
-    Build it at import time; it connects on first use. Close it with :meth:`aclose` in the
-    app's lifespan to release what this process holds.
+    Build it at import time; it connects on first use. Tie it to the app's lifespan with
+    :meth:`lifespan` (a drain when the server is told to stop, closed at shutdown), or close it
+    with :meth:`aclose` there to release what this process holds.
 
     Metrics and traces (OpenTelemetry, :mod:`fastapi_stream_lease.telemetry`) are recorded
     with ``meter_provider`` / ``tracer_provider``, or with the app's global providers once it
@@ -128,6 +173,7 @@ class StreamLeaseManager:
         if url is None and redis is not None:
             url, client_ca_file = connection_of_redis_client(redis)
             tls_ca_file = tls_ca_file or client_ca_file
+        defaulted = url is None
         if url is None:
             url = "memory://"
         elif not isinstance(url, str):
@@ -149,6 +195,8 @@ class StreamLeaseManager:
                 )
             meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
         self._core = _core.Manager(url, config, tls_ca_file)
+        if self._core.backend == "memory://":
+            warn_if_several_workers(defaulted)
         self._config = config
         self._adapter = adapter
         # Anything but "continue": "cancel", or a 0.6 on_lost hook (0.6 ended the stream).
@@ -657,7 +705,9 @@ class StreamLeaseManager:
         acquires waiting in line end with it at once, giving up their places), waits up to
         ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
         (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
-        manager, releasing everything. Call it in the app's shutdown."""
+        manager, releasing everything. Call it when the server is told to stop (SIGTERM), as
+        :meth:`lifespan` does: by the lifespan's shutdown, uvicorn and gunicorn have already
+        waited for (or cut off) every stream."""
         self._closing = True
         self._core.refuse_new()
         held = self._core.stats()["held"]
@@ -680,6 +730,40 @@ class StreamLeaseManager:
         )  # fmt: skip
         if self._lifecycle is not None:  # the hooks of the streams that ended
             await self._lifecycle.flush(max(deadline - loop.time(), 0.0) + DRAIN_CHECK_SECONDS)
+
+    @asynccontextmanager
+    async def lifespan(
+        self, app: object = None, *, drain_timeout: float = 5.0, check_backend: bool = False
+    ) -> AsyncIterator[None]:
+        """Ties the manager to the app's lifespan: ``FastAPI(lifespan=manager.lifespan)``, or,
+        within the app's own lifespan, ``async with manager.lifespan(app, drain_timeout=20):``
+        around its ``yield`` (``app`` is not used; Starlette passes it).
+
+        At startup, ``check_backend=True`` reads one pool from the store, so an unreachable or
+        misconfigured Redis fails the startup (:class:`BackendUnavailable`,
+        :class:`BackendError`) instead of the first request. Then, where the server handles
+        SIGTERM or SIGINT in Python (uvicorn and gunicorn's ASGI worker do), that signal also
+        starts :meth:`drain` with ``drain_timeout`` at once: they run the lifespan's shutdown
+        only after every connection has closed, too late to let streams finish or to end the
+        rest. At shutdown, the drain started by the signal is awaited, or one is run (nothing to
+        wait for by then), and the manager is closed (docs/recipes/deployment.md has the whole
+        sequence)."""
+        if check_backend:
+            # Without a global pool, one user's pool (a name of the check's own): a read only.
+            await self._core.count(None if self.config.global_pool else STARTUP_CHECK_IDENTITY)
+        loop = asyncio.get_running_loop()
+        drains: list[asyncio.Task[None]] = []
+
+        def start_drain() -> None:
+            if not drains:
+                drains.append(loop.create_task(self.drain(drain_timeout)))
+
+        try:
+            with calling_on_stop_signals(loop, start_drain):
+                yield
+        finally:
+            start_drain()
+            await drains[0]
 
     async def close(self, drain: bool = True, timeout: float = 5.0) -> None:
         """The 0.6 API's shutdown: :meth:`drain` (``drain=True``, up to ``timeout`` seconds),

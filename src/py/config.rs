@@ -612,9 +612,13 @@ fn choice_field<T: Copy>(name: &str, value: Option<&Bound<'_, PyAny>>, choices: 
 /// The shortest HMAC key accepted: 128 bits, so guessing the key is out of reach.
 const MIN_SECRET_BYTES: usize = 16;
 
+/// Where the identity secret comes from when `identity_secret` is not given: one variable that
+/// a deployment sets for every worker and for the CLI.
+pub const SECRET_VARIABLE: &str = "STREAM_LEASE_IDENTITY_SECRET";
+
 fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
     let Some(value) = args::given(value) else {
-        return Ok(Vec::new());
+        return secret_from_environment();
     };
     let secret = if let Ok(s) = value.cast::<PyString>() {
         args::utf8("identity_secret", s)?.into_bytes()
@@ -626,11 +630,27 @@ fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
             type_name(value)
         )));
     };
+    long_enough("identity_secret", secret)
+}
+
+/// The secret in `SECRET_VARIABLE`; none when it is unset or empty.
+fn secret_from_environment() -> PyResult<Vec<u8>> {
+    match std::env::var(SECRET_VARIABLE) {
+        Ok(secret) if !secret.is_empty() => long_enough(SECRET_VARIABLE, secret.into_bytes()),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
+        Err(std::env::VarError::NotUnicode(_)) => Err(PyValueError::new_err(format!(
+            "{SECRET_VARIABLE} is not valid UTF-8: set it to 16 or more random bytes written as text (e.g. secrets.token_hex(16))"
+        ))),
+    }
+}
+
+fn long_enough(source: &str, secret: Vec<u8>) -> PyResult<Vec<u8>> {
     if secret.len() < MIN_SECRET_BYTES {
         return Err(PyValueError::new_err(format!(
-            "identity_secret is {} bytes long: use at least {MIN_SECRET_BYTES} random bytes \
-             (e.g. secrets.token_hex(16)) from a secret store, or None for no secret; a short \
-             key lets whoever reads Redis test guessed user ids against the keys",
+            "{source} is {} bytes long: use at least {MIN_SECRET_BYTES} random bytes \
+             (e.g. secrets.token_hex(16)) from a secret store (for none, leave identity_secret \
+             None and {SECRET_VARIABLE} unset); a short key lets whoever reads Redis test \
+             guessed user ids against the keys",
             secret.len()
         )));
     }

@@ -1,6 +1,6 @@
 //! `_core.Manager`, the core behind `StreamLeaseManager`: arguments in, awaitables out.
 
-use std::ffi::CStr;
+use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 
 use super::args;
 use super::bridge;
-use super::config::{LeaseConfig, PythonSide};
+use super::config::{LeaseConfig, PythonSide, SECRET_VARIABLE};
 use super::errors::error_class;
 use super::lease::LeaseHandle;
 use super::{budget, rate};
@@ -24,7 +24,12 @@ const MAX_BAN_SECONDS: f64 = 30.0 * 86400.0;
 
 /// Warned when a manager on Redis hashes user ids with an empty key (the embedded store keeps
 /// them in this process).
-const UNKEYED_IDENTITIES: &CStr = c"no identity_secret: user ids are hashed into Redis keys with an empty HMAC key, so anyone who can read the keys can test guessed user ids against them. Pass LeaseConfig(identity_secret=...) with 16 or more random bytes, the same on every worker (from your secret store or an environment variable).";
+fn unkeyed_identities() -> CString {
+    CString::new(format!(
+        "no identity_secret: user ids are hashed into Redis keys with an empty HMAC key, so anyone who can read the keys can test guessed user ids against them. Pass LeaseConfig(identity_secret=...) or set {SECRET_VARIABLE} to 16 or more random bytes, the same on every worker (from your secret store)."
+    ))
+    .expect("the message holds no NUL")
+}
 
 #[pyclass(frozen, weakref, module = "fastapi_stream_lease._core")]
 pub struct Manager {
@@ -60,7 +65,7 @@ impl Manager {
             PyErr::warn(
                 py,
                 error_class(py, "StreamLeaseWarning")?.as_any(),
-                UNKEYED_IDENTITIES,
+                &unkeyed_identities(),
                 2,
             )?;
         }
