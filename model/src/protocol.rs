@@ -861,7 +861,7 @@ impl stateright::Representative for State {
                         call: Call::Ran(reply),
                         ..
                     } => {
-                        replied = reply.ids[l];
+                        replied += reply.ids[l]; // 0 in other holders' replies
                         (0, 0)
                     }
                     _ => (0, 0),
