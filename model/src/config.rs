@@ -111,6 +111,17 @@ pub struct ModelConfig {
     /// the tag's leases checked one by one in the same round (members in excess may hide missing
     /// ones: a restore that brings back a released lease and loses a held one).
     pub check_on_excess: bool,
+    /// Model finding 5: Redis also keeps each holder's sum of member ids in the tag, the
+    /// keep-alive returns it, and a sum that no choice of the leases changed during the call
+    /// explains has the tag's leases checked one by one (a restore that brings back a released
+    /// lease and loses a held one of the same size leaves the count right; `renewal/tally.rs`,
+    /// `ids_explained`). Off: the count alone is judged.
+    pub sum_of_ids: bool,
+    /// Proposed, not in the code: a count whose sum of ids was not explained is judged at the
+    /// next round as one in excess is (its members not held nor in flight pruned): the leases
+    /// that came back in place of those missing are strays, and the count alone, right by
+    /// number, never shows them until the check has taken the missing ones back.
+    pub prune_unexplained: bool,
     /// Model finding 4, fixed at 0826417: `reclaim.lua` ends by counting the holder's members
     /// again (before, only the second keep-alive did; `hold` drops the count of a holder found
     /// expired but not yet reaped, so a check whose recount never came, one answered late or
@@ -126,7 +137,8 @@ impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
     /// holder, one for the second), one failover, one call that times out: today's protocol
     /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
-    /// reclaim recounts; and the two-step prune, and a count in excess checked one by one).
+    /// reclaim recounts; and the two-step prune, a count in excess checked one by one, and the
+    /// sum of ids judged beside the count).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -145,6 +157,8 @@ impl ModelConfig {
             windows_survive: true,
             late_grants_lost: true,
             check_on_excess: true,
+            sum_of_ids: true,
+            prune_unexplained: false,
             reclaim_recounts: true,
             lazy_index: true,
         }
@@ -159,6 +173,8 @@ impl ModelConfig {
             windows_survive: false,
             late_grants_lost: false,
             check_on_excess: false,
+            sum_of_ids: false,
+            prune_unexplained: false,
             reclaim_recounts: false,
             lazy_index: false,
             ..self
@@ -175,8 +191,8 @@ impl ModelConfig {
         }
     }
 
-    /// Today's protocol with every fix the model proposed, whether or not the code has it (today
-    /// it has them all; the variant stays for fixes to come).
+    /// Today's protocol with every fix the model proposed, whether or not the code has it (it
+    /// has them all but `prune_unexplained`).
     pub fn fixed(self) -> Self {
         ModelConfig {
             count: Count::Exact,
@@ -184,6 +200,8 @@ impl ModelConfig {
             windows_survive: true,
             late_grants_lost: true,
             check_on_excess: true,
+            sum_of_ids: true,
+            prune_unexplained: true,
             reclaim_recounts: true,
             lazy_index: true,
             ..self

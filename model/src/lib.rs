@@ -1,9 +1,10 @@
 //! A model of fastapi-stream-lease's lease protocol, checked exhaustively with
 //! [stateright](https://docs.rs/stateright): holders (processes) acquire, hold and release
 //! leases in Redis pools; a renewal loop per holder keeps its entry alive, compares Redis' count
-//! of its members with its own tallies, takes back or loses leases whose members went missing,
-//! and prunes members it does not hold; dead holders are reaped by whatever script runs next;
-//! Redis may fail over to an earlier snapshot, restart empty, or answer late; a process may stall.
+//! of its members, and their sum of ids, with its own tallies, takes back or loses leases whose
+//! members went missing, and prunes members it does not hold; dead holders are reaped by
+//! whatever script runs next; Redis may fail over to an earlier snapshot, restart empty, or
+//! answer late; a process may stall.
 //!
 //! Each action is one atomic step: a Lua script run by Redis (`src/lua/`, in [`redis`]), or a
 //! step of a process between two awaits (`src/renewal/`, `src/admission/acquire.rs`, in

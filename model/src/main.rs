@@ -7,7 +7,7 @@
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
 //! symmetry reduction: every trace is a shortest one); then one fix on or off, whatever the
 //! variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`, `check_on_excess=0/1`,
-//! `reclaim_recounts=0/1`.
+//! `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
@@ -55,7 +55,8 @@ fn main() {
             "observer" => cfg.observer = n() == 1,
             "threads" => threads = n() as usize,
             "shortest" => shortest = n() == 1,
-            "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "reclaim_recounts" => {
+            "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "sum_of_ids"
+            | "prune_unexplained" | "reclaim_recounts" => {
                 switches.push((key.to_owned(), n() == 1));
             }
             other => panic!("unknown key {other}"),
@@ -73,6 +74,8 @@ fn main() {
             "windows_survive" => cfg.windows_survive = on,
             "late_grants_lost" => cfg.late_grants_lost = on,
             "check_on_excess" => cfg.check_on_excess = on,
+            "sum_of_ids" => cfg.sum_of_ids = on,
+            "prune_unexplained" => cfg.prune_unexplained = on,
             _ => cfg.reclaim_recounts = on,
         }
     }

@@ -2,7 +2,7 @@
 //! its tally (`renewal/tally.rs`, mirrored line by line) and its renewal round.
 
 use crate::config::{bits, ModelConfig};
-use crate::redis::{AcquireReply, KeepaliveReply};
+use crate::redis::{ids_of, AcquireReply, KeepaliveReply};
 
 /// A call the process awaits: sent (the script has not run), or the script ran and its reply is
 /// on the way.
@@ -56,16 +56,25 @@ pub struct Lease {
     pub unremoved: bool,
 }
 
-/// `Tally` of `renewal/tally.rs`, with lease sets as masks.
+/// `Tally` of `renewal/tally.rs`, with lease sets as masks. A lease's `Share` is its units,
+/// its ids (`ids_of`) and whether it is held now (its bit in `held_ids`).
 #[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
 pub struct Tally {
     pub held: u8,
+    /// The leases held: their sum of ids.
+    pub held_ids: u8,
     pub in_flight: u8,
     pub lo: u8,
     pub held_hi: u8,
     pub seen_in_flight: u8,
+    /// The leases in flight when the window opened or changed since: Redis may or may not count
+    /// them. Every other lease held now was held all along.
+    pub changed: u8,
     pub window_open: bool,
     pub reported: Option<u8>,
+    /// `prune_unexplained`: the last answer's sum of ids was not explained (its members not
+    /// held nor in flight are pruned at the next round).
+    pub unexplained: bool,
 }
 
 impl Tally {
@@ -76,17 +85,46 @@ impl Tally {
         }
     }
 
+    /// `Tally::changed` (`sum_of_ids`: the count-only judgement keeps no such list).
+    fn changed(&mut self, cfg: &ModelConfig, lease: usize) {
+        if self.window_open && cfg.sum_of_ids {
+            self.changed |= 1 << lease;
+        }
+    }
+
     /// Empty: dropped (`windows_survive`: not while its window is open).
     fn is_empty(&self, cfg: &ModelConfig) -> bool {
         self.held == 0
             && self.in_flight == 0
             && self.reported.is_none()
+            && !self.unexplained
             && !(cfg.windows_survive && self.window_open)
     }
 
     /// The most Redis may have counted while the window was open.
     pub fn hi(&self, cfg: &ModelConfig) -> u8 {
         self.held_hi + bits(self.seen_in_flight).map(|l| cfg.units(l)).sum::<u8>()
+    }
+
+    /// Whether Redis's sum of ids is what the leases held all along add, plus those of some of
+    /// the leases that changed, with as many members as it counted (the model's leases are
+    /// fewer than `MOST_CHANGES_JUDGED`: every choice is tried).
+    fn ids_explained(&self, cfg: &ModelConfig, counted: KeepaliveReply) -> bool {
+        let changed = self.changed;
+        let (mut members, mut ids) = (self.held, self.held_ids);
+        for lease in bits(changed & self.held_ids) {
+            members = members.saturating_sub(cfg.units(lease));
+            ids &= !(1 << lease);
+        }
+        let Some(members) = counted.members.checked_sub(members) else {
+            return false;
+        };
+        (0..=changed)
+            .filter(|choice| choice & !changed == 0)
+            .any(|chosen| {
+                let units: u8 = bits(chosen).map(|l| cfg.units(l)).sum();
+                units == members && ids_of(cfg, ids | chosen) == counted.ids
+            })
     }
 }
 
@@ -104,11 +142,14 @@ pub fn change(cfg: &ModelConfig, tally: &mut Option<Tally>, change: impl FnOnce(
 pub fn tally_hold(cfg: &ModelConfig, tally: &mut Option<Tally>, lease: usize, held: bool) {
     let units = cfg.units(lease);
     change(cfg, tally, |t| {
-        t.held = if held {
-            t.held + units
+        if held {
+            t.held += units;
+            t.held_ids |= 1 << lease;
         } else {
-            t.held.saturating_sub(units)
-        };
+            t.held = t.held.saturating_sub(units);
+            t.held_ids &= !(1 << lease);
+        }
+        t.changed(cfg, lease);
     });
 }
 
@@ -119,12 +160,16 @@ pub fn flight_start(cfg: &ModelConfig, tally: &mut Option<Tally>, lease: usize, 
         if !held && t.window_open {
             t.seen_in_flight |= 1 << lease;
         }
+        t.changed(cfg, lease);
     });
 }
 
 /// `Tallies::flight_end`.
 pub fn flight_end(cfg: &ModelConfig, tally: &mut Option<Tally>, lease: usize, counted: bool) {
     change(cfg, tally, |t| {
+        if t.in_flight & (1 << lease) != 0 {
+            t.changed(cfg, lease);
+        }
         t.in_flight &= !(1 << lease);
         if !counted {
             t.seen_in_flight &= !(1 << lease);
@@ -133,11 +178,14 @@ pub fn flight_end(cfg: &ModelConfig, tally: &mut Option<Tally>, lease: usize, co
 }
 
 /// `Tallies::open_windows`.
-pub fn open_windows(tally: &mut Option<Tally>) {
+pub fn open_windows(cfg: &ModelConfig, tally: &mut Option<Tally>) {
     if let Some(t) = tally {
         t.lo = t.held;
         t.held_hi = t.held;
         t.seen_in_flight = t.in_flight;
+        if cfg.sum_of_ids {
+            t.changed = t.in_flight;
+        }
         t.window_open = true;
         t.reported = None;
         // `retain`: an empty tally goes, open window or not (so does one kept by
@@ -148,28 +196,35 @@ pub fn open_windows(tally: &mut Option<Tally>) {
     }
 }
 
-/// `Tallies::close_window`: true if the count is short (`check_on_excess`: or above the
-/// window's highest figure).
-pub fn close_window(cfg: &ModelConfig, tally: &mut Option<Tally>, members: u8) -> bool {
+/// `Tallies::close_window`: true if the tag's leases must be checked one by one: the count is
+/// short (`check_on_excess`: or above the window's highest figure; `sum_of_ids`: or its sum
+/// of ids is not explained).
+pub fn close_window(cfg: &ModelConfig, tally: &mut Option<Tally>, counted: KeepaliveReply) -> bool {
     let Some(t) = tally else {
         return false;
     };
     t.window_open = false;
-    t.reported = Some(members);
-    let short = members < t.lo || (cfg.check_on_excess && members > t.hi(cfg));
+    t.reported = Some(counted.members);
+    let unexplained = cfg.sum_of_ids && !t.ids_explained(cfg, counted);
+    t.unexplained = cfg.prune_unexplained && unexplained;
+    let judged =
+        counted.members < t.lo || (cfg.check_on_excess && counted.members > t.hi(cfg)) || unexplained;
+    t.changed = 0;
     if t.is_empty(cfg) {
         *tally = None;
     }
-    short
+    judged
 }
 
-/// `Tallies::take_excess`: whether the tag's last count exceeded the most it could have had.
+/// `Tallies::take_excess`: whether the tag's last count exceeded the most it could have had
+/// (`prune_unexplained`: or its sum of ids was not explained).
 pub fn take_excess(cfg: &ModelConfig, tally: &mut Option<Tally>) -> bool {
     let Some(t) = tally else {
         return false;
     };
-    let excess = t.reported.is_some_and(|members| members > t.hi(cfg));
+    let excess = t.reported.is_some_and(|members| members > t.hi(cfg)) || t.unexplained;
     t.reported = None;
+    t.unexplained = false;
     excess
 }
 

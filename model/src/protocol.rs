@@ -3,7 +3,7 @@
 
 use crate::config::{bits, Count, ModelConfig, Prune, MAX_HOLDERS, MAX_LEASES};
 use crate::process::{self, Call, Holder, Lease, Phase, Round, RoundGhost, Tally};
-use crate::redis::{AcquireReply, Redis};
+use crate::redis::{AcquireReply, Ids, Redis};
 
 /// A request the process gave up on (its call timed out) that Redis may still run.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -155,6 +155,9 @@ impl State {
             s.redis.index[holder] |= cfg.pool_mask(lease);
             s.redis.entry[holder] = Some(cfg.ttl);
             s.redis.count[holder] = Some(s.redis.count[holder].unwrap_or(0) + units as i8);
+            if cfg.sum_of_ids {
+                s.redis.summed[lease] = units as i8;
+            }
             let h = &mut s.holders[holder];
             h.deadline = cfg.ttl;
             if cfg.count == Count::GrantedOnlyGrows {
@@ -163,6 +166,7 @@ impl State {
             if cfg.count == Count::Exact {
                 let tally = h.tally.get_or_insert_with(Tally::default);
                 tally.held += units;
+                tally.held_ids |= 1 << lease;
             }
         }
         s
@@ -365,7 +369,7 @@ impl Step<'_> {
         let h = &mut self.s.holders[holder];
         let excess = exact && process::take_excess(cfg, &mut h.tally);
         if exact {
-            process::open_windows(&mut h.tally);
+            process::open_windows(cfg, &mut h.tally);
         }
         h.round_sent = cfg.ttl;
         h.ghost = match (kept, quiet) {
@@ -480,9 +484,7 @@ impl Step<'_> {
                 call: Call::Ran(reply),
             } => {
                 let short = match cfg.count {
-                    Count::Exact => {
-                        process::close_window(cfg, &mut self.s.holders[holder].tally, reply.members)
-                    }
+                    Count::Exact => process::close_window(cfg, &mut self.s.holders[holder].tally, reply),
                     Count::GrantedOnlyGrows => false,
                 };
                 self.after_keepalive(holder, reply.alive, !reply.alive || short, excess, known);
@@ -846,7 +848,8 @@ impl stateright::Representative for State {
     fn representative(&self) -> Self {
         let key = |l: usize| {
             let bit = 1u8 << l;
-            let mut masks = Vec::with_capacity(4 * MAX_HOLDERS + 2);
+            let mut masks = Vec::with_capacity(6 * MAX_HOLDERS + 1);
+            let mut replied = 0;
             for h in &self.holders {
                 let (a, b) = match h.round {
                     Round::Prune { keep, .. } => (keep, 0),
@@ -854,16 +857,25 @@ impl stateright::Representative for State {
                     Round::Reclaim { check, .. } => (check, 0),
                     Round::Recount { lost, reclaimed, .. } => (lost, reclaimed),
                     Round::Releasing { leases } => (leases, 0),
+                    Round::Keepalive {
+                        call: Call::Ran(reply),
+                        ..
+                    } => {
+                        replied += reply.ids[l]; // 0 in other holders' replies
+                        (0, 0)
+                    }
                     _ => (0, 0),
                 };
-                let (c, d) = h.tally.map_or((0, 0), |t| (t.in_flight, t.seen_in_flight));
-                masks.extend([a, b, c, d].map(|m| m & bit != 0));
+                let [c, d, e, f] = h
+                    .tally
+                    .map_or([0; 4], |t| [t.in_flight, t.seen_in_flight, t.held_ids, t.changed]);
+                masks.extend([a, b, c, d, e, f].map(|m| m & bit != 0));
             }
             masks.push(self.late.is_some_and(|late| late.leases() & bit != 0));
             (
                 self.leases[l],
-                self.redis.members[l],
-                self.snapshot.as_ref().map(|s| s.members[l]),
+                (self.redis.members[l], self.redis.summed[l], replied),
+                self.snapshot.as_ref().map(|s| (s.members[l], s.summed[l])),
                 masks,
             )
         };
@@ -918,6 +930,7 @@ impl State {
                 .fold(0, |m, new| m | 1 << new)
         };
         let renumber = |old: usize| perm.iter().position(|&o| o == old).expect("a permutation");
+        let renumber_ids = |ids: Ids| -> Ids { std::array::from_fn(|new| ids[perm[new]]) };
         let mut s = self.clone();
         for (new, &old) in perm.iter().enumerate() {
             s.leases[new] = self.leases[old];
@@ -925,6 +938,10 @@ impl State {
             if let (Some(to), Some(from)) = (&mut s.snapshot, &self.snapshot) {
                 to.members[new] = from.members[old];
             }
+        }
+        s.redis.summed = renumber_ids(self.redis.summed);
+        if let (Some(to), Some(from)) = (&mut s.snapshot, &self.snapshot) {
+            to.summed = renumber_ids(from.summed);
         }
         for h in s.holders.iter_mut() {
             match &mut h.round {
@@ -936,11 +953,17 @@ impl State {
                     *reclaimed = remap(*reclaimed);
                 }
                 Round::Releasing { leases } => *leases = remap(*leases),
+                Round::Keepalive {
+                    call: Call::Ran(reply),
+                    ..
+                } => reply.ids = renumber_ids(reply.ids),
                 Round::Idle | Round::Keepalive { .. } => {}
             }
             if let Some(t) = &mut h.tally {
                 t.in_flight = remap(t.in_flight);
                 t.seen_in_flight = remap(t.seen_in_flight);
+                t.held_ids = remap(t.held_ids);
+                t.changed = remap(t.changed);
             }
         }
         s.late = self.late.map(|late| match late {

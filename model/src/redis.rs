@@ -6,6 +6,11 @@
 //! (`Some(0)`: expired, not yet reaped). Key expiry (the 1 h idle TTLs), the reap budget and
 //! the 1 s walk marker are left out: at these sizes the reap always finishes and a pool that
 //! looks full is always walked.
+//!
+//! A holder's sum of member ids (`T:holders:<id>:members`, field 's') is kept as what each
+//! lease adds to it: its members summed. The scripts' `id_value` is the first 32 bits of a
+//! random id, so a sum tells sets of leases apart; the model's sum is exact (no two sets of
+//! leases share one).
 
 use crate::config::{bits, Count, ModelConfig, MAX_HOLDERS, MAX_LEASES};
 
@@ -18,9 +23,16 @@ pub struct Redis {
     pub entry: [Option<u8>; MAX_HOLDERS],
     /// Per holder: the pools in its index `T:holders:<id>` (bit mask).
     pub index: [u8; MAX_HOLDERS],
-    /// Per holder: `T:holders:<id>:members` (today) or `:granted` (before); None: no key.
+    /// Per holder: `T:holders:<id>:members` (today: its field 'n') or `:granted` (before); None:
+    /// no key.
     pub count: [Option<i8>; MAX_HOLDERS],
+    /// Per lease: the members of it that its holder's sum of ids (field 's') adds up
+    /// (`sum_of_ids`; all 0 without the key).
+    pub summed: Ids,
 }
+
+/// A sum of member ids, as the members of each lease that it adds up.
+pub type Ids = [i8; MAX_LEASES];
 
 /// What the acquire script answers (no waiting line: a caller that does not wait).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,12 +44,26 @@ pub enum AcquireReply {
     Refused,
 }
 
-/// What the keep-alive script answers for the tag.
+/// What the keep-alive script answers for the tag, as the process reads it
+/// (`backend/redis/keepalive.rs`: a figure below 0 reads as 0).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub struct KeepaliveReply {
     pub alive: bool,
     /// The holder's count of members (today's protocol; 0 before, which returned none).
     pub members: u8,
+    /// The holder's sum of ids (`sum_of_ids`; all 0 otherwise).
+    pub ids: Ids,
+}
+
+/// The sum of ids of the leases in `leases` (a mask), each with all its members.
+pub fn ids_of(cfg: &ModelConfig, leases: u8) -> Ids {
+    std::array::from_fn(|l| {
+        if leases & (1 << l) != 0 {
+            cfg.units(l) as i8
+        } else {
+            0
+        }
+    })
 }
 
 impl Redis {
@@ -70,9 +96,17 @@ impl Redis {
     }
 
     /// prelude `leave_tag`.
-    fn leave_tag(&mut self, holder: usize) {
+    fn leave_tag(&mut self, cfg: &ModelConfig, holder: usize) {
         self.entry[holder] = None;
+        self.drop_count(cfg, holder);
+    }
+
+    /// `DEL T:holders:<id>:members`: the count and the sum of ids.
+    fn drop_count(&mut self, cfg: &ModelConfig, holder: usize) {
         self.count[holder] = None;
+        for l in bits(cfg.leases_of(holder)) {
+            self.summed[l] = 0;
+        }
     }
 
     /// prelude `reap`: expired holders lose their members pool by pool, then their entry and
@@ -86,7 +120,7 @@ impl Redis {
                 self.remove_held(cfg, pool, holder);
                 self.index[holder] &= !(1 << pool);
             }
-            self.leave_tag(holder);
+            self.leave_tag(cfg, holder);
         }
     }
 
@@ -115,7 +149,7 @@ impl Redis {
     fn hold(&mut self, cfg: &ModelConfig, holder: usize) -> bool {
         let alive = self.is_alive(holder);
         if !alive {
-            self.count[holder] = None;
+            self.drop_count(cfg, holder);
         }
         self.entry[holder] = Some(cfg.ttl);
         alive
@@ -146,18 +180,35 @@ impl Redis {
         }
     }
 
-    /// prelude `count_members` (today's exact count only; the old count moved in `add_members`).
-    fn count_members(&mut self, cfg: &ModelConfig, holder: usize, change: i8) {
+    /// prelude `count_members`: the count moves by `change`, the sum of ids by `ids` (today's
+    /// exact count only; the old count moved in `add_members`).
+    fn count_members(&mut self, cfg: &ModelConfig, holder: usize, change: i8, ids: Ids) {
         if cfg.count == Count::Exact {
+            // A change of the count and one of the sum are both 0 or neither.
             self.incr(holder, change);
+            if cfg.sum_of_ids {
+                for (summed, id) in self.summed.iter_mut().zip(ids) {
+                    *summed += id;
+                }
+            }
         }
     }
 
-    /// prelude `recount`: the holder's members in the pools of its index.
+    /// `change` members of one lease: what they add to a sum of ids.
+    fn ids_of_lease(lease: usize, change: i8) -> Ids {
+        std::array::from_fn(|l| if l == lease { change } else { 0 })
+    }
+
+    /// prelude `recount`: the holder's members in the pools of its index, and their sum of ids.
     fn recount(&mut self, cfg: &ModelConfig, holder: usize) -> u8 {
-        let count = bits(self.index[holder])
-            .map(|pool| self.zcount(cfg, pool, holder))
-            .sum();
+        let mut count = 0;
+        for l in bits(cfg.leases_of(holder)) {
+            let found = bits(self.index[holder] & self.members[l]).count() as u8 * cfg.leases[l].weight;
+            count += found;
+            if cfg.sum_of_ids {
+                self.summed[l] = found as i8;
+            }
+        }
         self.count[holder] = Some(count as i8);
         count
     }
@@ -184,7 +235,8 @@ impl Redis {
         for &pool in &spec.pools {
             self.add_members(cfg, pool, lease);
         }
-        self.count_members(cfg, holder, cfg.units(lease) as i8);
+        let units = cfg.units(lease) as i8;
+        self.count_members(cfg, holder, units, Self::ids_of_lease(lease, units));
         AcquireReply::Granted { alive }
     }
 
@@ -193,14 +245,17 @@ impl Redis {
     /// the process knew were granted to the group (unused today).
     pub fn keepalive(&mut self, cfg: &ModelConfig, holder: usize, resync: bool, known: u8) -> KeepaliveReply {
         self.reap(cfg);
-        let (alive, members) = match cfg.count {
+        let (alive, members, ids) = match cfg.count {
             Count::Exact => {
-                let count = if resync {
-                    self.recount(cfg, holder) as i8
-                } else {
-                    self.count[holder].unwrap_or(0)
-                };
-                (self.is_alive(holder), count.max(0) as u8)
+                if resync {
+                    self.recount(cfg, holder);
+                }
+                let count = self.count[holder].unwrap_or(0);
+                (
+                    self.is_alive(holder),
+                    count.max(0) as u8,
+                    self.read_ids(cfg, holder),
+                )
             }
             Count::GrantedOnlyGrows => {
                 let known = known as i8;
@@ -208,7 +263,7 @@ impl Redis {
                     self.count[holder] = Some(known);
                 }
                 let alive = self.is_alive(holder) && self.count[holder].unwrap_or(0) >= known;
-                (alive, 0)
+                (alive, 0, Ids::default())
             }
         };
         if alive {
@@ -217,7 +272,22 @@ impl Redis {
                 self.sweep_index(cfg, holder);
             }
         }
-        KeepaliveReply { alive, members }
+        KeepaliveReply { alive, members, ids }
+    }
+
+    /// The holder's sum of ids as the process reads it: one below 0 reads as 0. (A sum with
+    /// leases both above and below 0, which only a check without its recount leaves, has the
+    /// sign its ids give it; the model reads it as above 0, and reading it as 0 finds the same
+    /// in `model/tests/protocol.rs`.)
+    fn read_ids(&self, cfg: &ModelConfig, holder: usize) -> Ids {
+        let mut ids = Ids::default();
+        for l in bits(cfg.leases_of(holder)) {
+            ids[l] = self.summed[l];
+        }
+        if ids.iter().all(|&id| id <= 0) {
+            return Ids::default();
+        }
+        ids
     }
 
     /// `keepalive.lua`'s sweep of the index (the whole index at these sizes): a pool where the
@@ -264,15 +334,17 @@ impl Redis {
                 for &pool in &spec.pools {
                     self.add_members(cfg, pool, lease);
                 }
-                self.count_members(cfg, holder, cfg.units(lease) as i8 - removed as i8);
+                let change = cfg.units(lease) as i8 - removed as i8;
+                self.count_members(cfg, holder, change, Self::ids_of_lease(lease, change));
                 reclaimed |= 1 << lease;
             } else {
-                self.count_members(cfg, holder, -(removed as i8));
+                let change = -(removed as i8);
+                self.count_members(cfg, holder, change, Self::ids_of_lease(lease, change));
                 lost |= 1 << lease;
             }
         }
         if self.index[holder] == 0 {
-            self.leave_tag(holder);
+            self.leave_tag(cfg, holder);
         } else if cfg.reclaim_recounts {
             self.recount(cfg, holder);
         }
@@ -286,6 +358,7 @@ impl Redis {
     pub fn release(&mut self, cfg: &ModelConfig, holder: usize, leases: u8) -> u8 {
         let mut touched = 0u8;
         let mut removed = 0u8;
+        let mut removed_ids = Ids::default();
         let mut released = 0;
         for lease in bits(leases) {
             let mut present = false;
@@ -294,10 +367,11 @@ impl Redis {
                 let gone = self.remove_members(cfg, pool, lease);
                 present |= gone > 0;
                 removed += gone;
+                removed_ids[lease] -= gone as i8;
             }
             released += u8::from(present);
         }
-        self.count_members(cfg, holder, -(removed as i8));
+        self.count_members(cfg, holder, -(removed as i8), removed_ids);
         if !cfg.lazy_index {
             let mut left_a_pool = false;
             for pool in bits(touched) {
@@ -307,7 +381,7 @@ impl Redis {
                 }
             }
             if left_a_pool && self.index[holder] == 0 {
-                self.leave_tag(holder);
+                self.leave_tag(cfg, holder);
             }
         }
         released

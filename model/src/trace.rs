@@ -103,9 +103,18 @@ pub fn summary(cfg: &ModelConfig, s: &State) -> String {
     for h in 0..cfg.holders {
         let entry = s.redis.entry[h].map_or("-".to_string(), |t| t.to_string());
         let count = s.redis.count[h].map_or("-".to_string(), |c| c.to_string());
+        let sum = if cfg.sum_of_ids {
+            let summed: Vec<String> = bits(cfg.leases_of(h))
+                .filter(|&l| s.redis.summed[l] != 0)
+                .map(|l| format!("L{l}x{}", s.redis.summed[l]))
+                .collect();
+            format!(",sum={{{}}}", summed.join(","))
+        } else {
+            String::new()
+        };
         let _ = write!(
             out,
-            "H{h}:entry={entry},count={count},index={:b} ",
+            "H{h}:entry={entry},count={count}{sum},index={:b} ",
             s.redis.index[h]
         );
     }

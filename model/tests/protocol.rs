@@ -1,7 +1,8 @@
 //! The protocol model checked exhaustively on small configurations, for four variants: the
 //! protocol before issue 10's findings 1 and 2 (`old`), at 669650f when the model first ran
-//! (`unfixed`), today's (`today`), and today's with every fix the model proposed (`fixed`). Each test states which properties have a
-//! counterexample; every reachability (`sometimes`) property must be reached. Run one with
+//! (`unfixed`), today's (`today`), and today's with every fix the model proposed (`fixed`:
+//! today's and the prune after a sum of ids not explained). Each test states which properties
+//! have a counterexample; every reachability (`sometimes`) property must be reached. Run one with
 //! `--nocapture` to see the states explored and the time taken; `cargo run -p protocol-model
 //! --release -- ...` prints the traces.
 
@@ -45,6 +46,21 @@ fn kept_and_two() -> ModelConfig {
         time: false,
         restores: 1,
         ..config(vec![LeaseSpec::kept(0), LeaseSpec::new(0), LeaseSpec::new(0)], 0)
+    }
+}
+
+/// One holder, two users' acquires, each in the global pool and its user's own pool; one
+/// failover.
+fn two_users() -> ModelConfig {
+    let user = |pool| LeaseSpec {
+        pools: vec![0, pool],
+        ..LeaseSpec::new(0)
+    };
+    ModelConfig {
+        time: false,
+        restores: 1,
+        capacities: vec![0, 0, 0],
+        ..config(vec![user(1), user(2)], 0)
     }
 }
 
@@ -121,7 +137,7 @@ fn finding_1_a_granted_count_that_only_grew_misses_a_lost_grant() {
         kept_and_two().old(),
         &[COUNTED, SLOT, UNCOUNTED, STRICT],
     );
-    expect("fixed, kept and two", kept_and_two().fixed(), &[SLOT, STRICT]);
+    expect("fixed, kept and two", kept_and_two().fixed(), &[]);
 }
 
 #[test]
@@ -137,7 +153,8 @@ fn model_finding_1_fixed_a_prune_removed_a_grant_made_while_it_was_under_way() {
     // after that, and run by Redis before the prune, lost its member: its stream uncounted until
     // the next keep-alive (and lost then if its slot was taken). A failover that brings back a
     // released lease arms it. Today's two-step prune leaves (b) and (c) strict: a failover that
-    // brings back a released lease and loses a held one swaps them unseen (finding 5).
+    // brings back a released lease and loses a held one has the lease that came back pruned a
+    // round late (model finding 5, below).
     let one_step = ModelConfig {
         prune: Prune::KeepList,
         ..kept_and_two()
@@ -148,6 +165,44 @@ fn model_finding_1_fixed_a_prune_removed_a_grant_made_while_it_was_under_way() {
         &[COUNTED, SLOT, UNCOUNTED, STRICT],
     );
     expect("today, kept and two", kept_and_two(), &[SLOT, STRICT]);
+}
+
+#[test]
+fn model_finding_5_a_failover_that_swaps_a_grant_for_a_release() {
+    // A failover that brings back a released lease and loses a held one of the same size leaves
+    // the holder's count right. Judged by the count alone, neither is ever found: the released
+    // lease's slot stays taken ((b), (c) strict) and, with each lease in a pool of its own user,
+    // the held one's user goes uncounted for good ((a), (c)).
+    for (name, cfg, count_only_finds) in [
+        ("kept and two", kept_and_two(), &[SLOT, STRICT][..]),
+        ("two users", two_users(), &[COUNTED, SLOT, UNCOUNTED, STRICT][..]),
+    ] {
+        let count_only = ModelConfig {
+            sum_of_ids: false,
+            ..cfg.clone()
+        };
+        expect(
+            &format!("today with the count only, {name}"),
+            count_only,
+            count_only_finds,
+        );
+        // The sum of ids finds the missing grant at the next keep-alive, and the check takes it
+        // back: no stream goes uncounted. The lease that came back is found only by the count
+        // after that check, and pruned at the round after: three renewal periods after the
+        // failover, so (b) and (c) strict are still found.
+        expect(&format!("today, {name}"), cfg.clone(), &[SLOT, STRICT]);
+        // Pruned at the round after the sum that was not explained: within two.
+        expect(&format!("fixed, {name}"), cfg.clone().fixed(), &[]);
+        let fixed_count_only = ModelConfig {
+            sum_of_ids: false,
+            ..cfg.fixed()
+        };
+        expect(
+            &format!("fixed with the count only, {name}"),
+            fixed_count_only,
+            count_only_finds,
+        );
+    }
 }
 
 #[test]
