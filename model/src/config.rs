@@ -117,10 +117,10 @@ pub struct ModelConfig {
     /// lease and loses a held one of the same size leaves the count right; `renewal/tally.rs`,
     /// `ids_explained`). Off: the count alone is judged.
     pub sum_of_ids: bool,
-    /// Proposed, not in the code: a count whose sum of ids was not explained is judged at the
-    /// next round as one in excess is (its members not held nor in flight pruned): the leases
+    /// A count whose sum of ids was not explained is judged at the next round as one in excess
+    /// is (its members neither held nor in flight pruned; `Tallies::take_excess`): the leases
     /// that came back in place of those missing are strays, and the count alone, right by
-    /// number, never shows them until the check has taken the missing ones back.
+    /// number, shows them only after the check has taken the missing ones back, a round later.
     pub prune_unexplained: bool,
     /// Model finding 4, fixed at 0826417: `reclaim.lua` ends by counting the holder's members
     /// again (before, only the second keep-alive did; `hold` drops the count of a holder found
@@ -158,7 +158,7 @@ impl ModelConfig {
             late_grants_lost: true,
             check_on_excess: true,
             sum_of_ids: true,
-            prune_unexplained: false,
+            prune_unexplained: true,
             reclaim_recounts: true,
             lazy_index: true,
         }
@@ -191,8 +191,8 @@ impl ModelConfig {
         }
     }
 
-    /// Today's protocol with every fix the model proposed, whether or not the code has it (it
-    /// has them all but `prune_unexplained`).
+    /// Today's protocol with every fix the model proposed, whether or not the code has it (today
+    /// it has them all; the variant stays for fixes to come).
     pub fn fixed(self) -> Self {
         ModelConfig {
             count: Count::Exact,
