@@ -8,6 +8,7 @@
 //! on one connection, which Redis serves in order, so the batches are decided in the order
 //! their requests came.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -46,7 +47,7 @@ struct Queue<B: Batches> {
     /// Tasks sending calls (each one call at a time); requests that come while there are
     /// `IN_FLIGHT` wait for the next call of one of them.
     senders: usize,
-    waiting: Vec<Waiting<B>>,
+    waiting: VecDeque<Waiting<B>>,
 }
 
 /// Calls in flight at once per kind of request (see the module's comment).
@@ -84,7 +85,7 @@ impl<B: Batches> GroupCommit<B> {
             batches,
             queue: Mutex::new(Queue {
                 senders: 0,
-                waiting: Vec::new(),
+                waiting: VecDeque::new(),
             }),
         }
     }
@@ -99,7 +100,7 @@ impl<B: Batches> GroupCommit<B> {
         };
         let another_sender = {
             let mut queue = lock(&self.queue);
-            queue.waiting.push(Waiting { request, answer });
+            queue.waiting.push_back(Waiting { request, answer });
             let another = queue.senders < IN_FLIGHT;
             queue.senders += usize::from(another);
             another
@@ -121,21 +122,30 @@ impl<B: Batches> GroupCommit<B> {
         loop {
             let batch: Vec<Waiting<B>> = {
                 let mut queue = lock(&self.queue);
-                let mut waiting = std::mem::take(&mut queue.waiting)
-                    .into_iter()
+                // Taken from the front, and no further than a full batch: a long queue is not
+                // walked once per call. Requests whose callers went away are dropped unsent.
+                let mut waiting = std::iter::from_fn(|| queue.waiting.pop_front())
                     .filter(|w| !w.answer.is_closed());
                 let Some(first) = waiting.next() else {
                     queue.senders -= 1;
                     return;
                 };
                 let mut batch = vec![first];
-                for w in waiting {
-                    if batch.len() < B::MOST_PER_CALL && self.batches.together(&batch[0].request, &w.request)
-                    {
+                // Requests that may not share this call keep their places.
+                let mut passed = Vec::new();
+                for w in waiting.by_ref() {
+                    if self.batches.together(&batch[0].request, &w.request) {
                         batch.push(w);
+                        if batch.len() == B::MOST_PER_CALL {
+                            break;
+                        }
                     } else {
-                        queue.waiting.push(w);
+                        passed.push(w);
                     }
+                }
+                drop(waiting);
+                for w in passed.into_iter().rev() {
+                    queue.waiting.push_front(w);
                 }
                 batch
             };

@@ -408,6 +408,30 @@ mod tests {
         );
     }
 
+    /// A call during which more than `MOST_CHANGES_JUDGED` leases changed has its sum of ids
+    /// left unjudged (the count still is); one with that many is judged.
+    #[test]
+    fn a_sum_is_judged_when_at_most_twelve_leases_changed_during_the_call() {
+        let tag = "{t}:holders";
+        let judged = |changes: usize| {
+            let (held, released) = (lease(1), lease(1));
+            let mut tallies = Tallies::default();
+            tallies.flight_start(&held, false);
+            tallies.hold(&held, true);
+            tallies.flight_end(&held, true);
+            tallies.open_windows();
+            for _ in 0..changes {
+                let refused = lease(1);
+                tallies.flight_start(&refused, false);
+                tallies.flight_end(&refused, false);
+            }
+            tallies.close_window(tag, Counted::of(&[&released]))
+        };
+        assert_eq!(MOST_CHANGES_JUDGED, 12, "the number docs/guide/failures.md gives");
+        assert!(judged(MOST_CHANGES_JUDGED), "a grant swapped for a release, found");
+        assert!(!judged(MOST_CHANGES_JUDGED + 1), "left to a later call");
+    }
+
     impl Counted {
         /// What Redis counts for these leases' members.
         pub fn of(leases: &[&LeaseRecord]) -> Self {
