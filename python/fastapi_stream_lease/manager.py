@@ -479,14 +479,18 @@ class StreamLeaseManager:
         close_source: bool = True,
         acquire_timeout: float | None = None,
         include_lease_headers: bool | None = None,
+        timeout: float | None = None,
         **response_options: Any,
     ) -> ProtectedStreamingResponse:
         """The 0.6 API's one line: ``return await manager.stream(user_id, events())``
-        acquires a lease (waiting up to ``acquire_timeout`` seconds, default
-        ``LeaseConfig.wait_timeout``) and returns :meth:`Lease.as_streaming_response` over
-        ``stream`` (its arguments are that method's). A refusal raises as :meth:`acquire`
-        does; a response that cannot be built releases the lease."""
-        lease = await self.acquire(user_id, wait_timeout=acquire_timeout)
+        acquires a lease (waiting up to ``acquire_timeout`` seconds, or ``timeout``, its other
+        0.6 name; default ``LeaseConfig.wait_timeout``) and returns
+        :meth:`Lease.as_streaming_response` over ``stream`` (its arguments are that method's).
+        A refusal raises as :meth:`acquire` does; a response that cannot be built releases the
+        lease."""
+        if timeout is not None and acquire_timeout is not None:
+            raise TypeError("pass acquire_timeout or its other name timeout, not both")
+        lease = await self.acquire(user_id, wait_timeout=acquire_timeout, timeout=timeout)
         try:
             return lease.as_streaming_response(
                 stream,
