@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import prometheus_client
@@ -436,6 +437,28 @@ async def test_close_source_false_leaves_the_callers_stream_open(make_manager):
         lease = await manager.acquire("u1")
         assert [item async for item in lease.wrap(source, close_source=close_source)] == []
         assert source.closed is close_source and lease.released
+
+
+async def test_close_source_closes_a_sync_generator_left_early(make_manager):
+    """Only an async source's ``aclose()`` was looked for: a sync generator the client left
+    early was never closed, its ``finally`` never ran."""
+    manager = make_manager()
+    for close_source in (True, False):
+        closed: list[bool] = []
+
+        def numbers() -> Iterator[int]:
+            try:
+                yield from range(100)
+            finally:
+                closed.append(True)
+
+        source = numbers()
+        lease = await manager.acquire("u1")
+        items = lease.wrap(source, close_source=close_source)
+        assert await anext(items) == 0
+        await items.aclose()
+        assert closed == ([True] if close_source else []) and lease.released
+        source.close()
 
 
 def test_the_0_6_names_are_these_classes():

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from starlette.requests import HTTPConnection, Request
 
-from .errors import LeaseLost
 from .lease import Lease
 from .stream_end import guard_of
 
@@ -50,18 +49,8 @@ def lease_dependency(
         # A request's client that leaves while it waits in line leaves the line.
         request = connection if isinstance(connection, Request) else None
         lease = await manager.acquire(user_id, request=request, **options)
-        ended = "cancelled"  # unless the response got further
-        try:
+        async with lease._released_at_end():
             guard.watch(lease)
             yield lease
-            ended = "completed"
-        except LeaseLost:
-            ended = "lost"
-            raise
-        except Exception:
-            ended = "error"
-            raise
-        finally:
-            await lease._release_quietly(ended)
 
     return stream_lease
