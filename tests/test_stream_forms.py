@@ -327,6 +327,22 @@ def test_the_dependency_without_the_middleware_says_which_line_is_missing():
         manager.stream_lease(user="alice")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("version", ["0.117.1", "0.99.0"])
+def test_the_dependency_refuses_a_fastapi_that_exits_it_before_the_body_streams(
+    monkeypatch, version
+):
+    """Before FastAPI 0.118 a ``yield`` dependency's exit ran before the body streamed: the
+    lease was released and the stream ran unprotected, silently."""
+    import fastapi
+
+    manager = StreamLeaseManager(url="memory://")
+    monkeypatch.setattr(fastapi, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"needs FastAPI 0\.118 or later, found {version}"):
+        manager.stream_lease(user=lambda: "alice")
+    monkeypatch.setattr(fastapi, "__version__", "0.118.0")
+    assert callable(manager.stream_lease(user=lambda: "alice"))
+
+
 def test_a_lease_revoked_before_the_response_starts_is_answered_with_its_503():
     manager = StreamLeaseManager(url="memory://", config=LeaseConfig(identity_secret=SECRET))
     app = FastAPI()

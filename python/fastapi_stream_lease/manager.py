@@ -455,9 +455,11 @@ class StreamLeaseManager:
         that used the budget up: the client gets a final event (see
         :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware`).
 
-        ``Depends(manager.stream_lease(...), scope="function")`` releases the lease when the
-        endpoint function returns, before the response is sent: an admission check only (the
-        caps and ``rate_limits`` are checked and counted, the stream holds no slot)."""
+        ``Depends(manager.stream_lease(...), scope="function")`` (FastAPI 0.121 and later)
+        releases the lease when the endpoint function returns, before the response is sent: an
+        admission check only (the caps and ``rate_limits`` are checked and counted, the stream
+        holds no slot). Raises ``RuntimeError`` on a FastAPI older than 0.118, which ran a
+        ``yield`` dependency's exit before the body streamed."""
         from .lease_dependency import lease_dependency
 
         options = {
