@@ -413,6 +413,18 @@ def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
 
 
 @pytest.mark.parametrize(
+    ("status", "code"), [(429, 1008), (403, 1008), (503, 1013), (500, 1011), (502, 1011)]
+)
+def test_a_websocket_closes_with_1008_for_a_4xx_1013_for_a_503_and_1011_for_another_5xx(
+    status, code
+):
+    """Every status but 503 closed with 1008 (Policy Violation), a server's 500 included."""
+    from fastapi_stream_lease.stream_end import ws_close_code
+
+    assert ws_close_code(status) == code
+
+
+@pytest.mark.parametrize(
     ("media_type", "last"),
     [
         ("application/x-ndjson", '{"error":{"type":"' + REDUCED_CAPACITY + '"'),
