@@ -502,6 +502,15 @@ async def test_acquire_timeout_waits_for_the_users_own_cap_too(make_manager):
     await (await waiting).release()
 
 
+def test_acquire_timeout_sets_wait_for_own_quota_only_with_the_global_pool():
+    """As configuration.md and migrating.md say: the users' own lines need the global pool."""
+    config = LeaseConfig(acquire_timeout=0.5)
+    assert config.wait_for_own_quota and config.wait_timeout == 0.5
+    config = LeaseConfig(acquire_timeout=0.5, global_pool=False)
+    assert not config.wait_for_own_quota and config.wait_timeout == 0.5
+    assert not LeaseConfig(acquire_timeout=0).wait_for_own_quota
+
+
 async def test_a_fakeredis_client_is_served_by_the_embedded_store():
     from fakeredis.aioredis import FakeRedis
 
