@@ -243,7 +243,7 @@ async def test_hook_events_past_hook_queue_size_are_dropped_with_a_warning(make_
     await eventually(started.is_set, what="the first hook to run")  # and block
     leases += [await manager.acquire(f"u{i}") for i in (1, 2)]
     # The second waits in the queue, the third finds it full.
-    assert "lifecycle hook queue full (hook_queue_size=1)" in caplog.text
+    assert "lifecycle hook queue full (hook_queue_size=1): 1 event(s) dropped" in caplog.text
     gate.set()
     await eventually(lambda: heard == ["acquired", "acquired"], what="the two queued hooks")
     for lease in leases:
