@@ -37,6 +37,7 @@ def ws_close_code(status: int) -> int:
         return WS_TRY_AGAIN_LATER
     return WS_INTERNAL_ERROR if status >= 500 else WS_POLICY_VIOLATION
 
+
 #: Media types of JSON Lines bodies, which end with an error line.
 JSON_LINES = frozenset(
     {"application/jsonl", "application/x-ndjson", "application/ndjson", "application/jsonlines"}
