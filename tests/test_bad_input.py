@@ -64,9 +64,18 @@ DISAGREE = "disagree on what to do when Redis is down: pass one of them"
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"fail_open": True, "failure_mode": "closed"}, f"failure_mode='closed' and fail_open=True {DISAGREE}"),
-        ({"fail_open": False, "failure_mode": "open"}, f"failure_mode='open' and fail_open=False {DISAGREE}"),
-        ({"fail_open": True, "failure_policy": BackendFailurePolicy()}, f"fail_open=True and failure_policy {DISAGREE}"),
+        (
+            {"fail_open": True, "failure_mode": "closed"},
+            f"failure_mode='closed' and fail_open=True {DISAGREE}",
+        ),
+        (
+            {"fail_open": False, "failure_mode": "open"},
+            f"failure_mode='open' and fail_open=False {DISAGREE}",
+        ),
+        (
+            {"fail_open": True, "failure_policy": BackendFailurePolicy()},
+            f"fail_open=True and failure_policy {DISAGREE}",
+        ),
         (
             {"failure_mode": "open", "failure_policy": BackendFailurePolicy()},
             f"failure_mode='open' and failure_policy {DISAGREE}",
@@ -80,7 +89,7 @@ DISAGREE = "disagree on what to do when Redis is down: pass one of them"
             "wait_timeout and acquire_timeout are one setting .*: pass one of them",
         ),
     ],
-)  # fmt: skip
+)
 def test_a_0_6_setting_given_with_ours_must_agree_or_be_left_out(kwargs, message):
     """configuration.md: ``fail_open`` must agree with ``failure_mode`` and ``failure_policy``;
     of ``retry_after``/``retry_after_seconds`` and ``wait_timeout``/``acquire_timeout``, pass

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -446,7 +446,7 @@ async def test_close_source_closes_a_sync_generator_left_early(make_manager):
     for close_source in (True, False):
         closed: list[bool] = []
 
-        def numbers() -> Iterator[int]:
+        def numbers(closed: list[bool] = closed) -> Iterator[int]:
             try:
                 yield from range(100)
             finally:
