@@ -10,6 +10,7 @@ import pytest
 from starlette.requests import Request
 
 from fastapi_stream_lease import (
+    BackendFailurePolicy,
     BackendUnavailable,
     LeaseConfig,
     Resource,
@@ -55,6 +56,48 @@ from support.ports import free_port
 def test_bad_config_is_refused_at_construction(kwargs, error, message):
     with pytest.raises(error, match=message):
         LeaseConfig(**kwargs)
+
+
+DISAGREE = "disagree on what to do when Redis is down: pass one of them"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"fail_open": True, "failure_mode": "closed"},
+            f"failure_mode='closed' and fail_open=True {DISAGREE}",
+        ),
+        (
+            {"fail_open": False, "failure_mode": "open"},
+            f"failure_mode='open' and fail_open=False {DISAGREE}",
+        ),
+        (
+            {"fail_open": True, "failure_policy": BackendFailurePolicy()},
+            f"fail_open=True and failure_policy {DISAGREE}",
+        ),
+        (
+            {"failure_mode": "open", "failure_policy": BackendFailurePolicy()},
+            f"failure_mode='open' and failure_policy {DISAGREE}",
+        ),
+        (
+            {"retry_after": 5, "retry_after_seconds": 5},
+            "retry_after and retry_after_seconds are one setting .*: pass one of them",
+        ),
+        (
+            {"wait_timeout": 1, "acquire_timeout": 1},
+            "wait_timeout and acquire_timeout are one setting .*: pass one of them",
+        ),
+    ],
+)
+def test_a_0_6_setting_given_with_ours_must_agree_or_be_left_out(kwargs, message):
+    """configuration.md: ``fail_open`` must agree with ``failure_mode`` and ``failure_policy``;
+    of ``retry_after``/``retry_after_seconds`` and ``wait_timeout``/``acquire_timeout``, pass
+    one of the two."""
+    with pytest.raises(ValueError, match=message):
+        LeaseConfig(**kwargs)
+    agreeing = LeaseConfig(fail_open=True, failure_mode="open")
+    assert agreeing.failure_mode == "open"
 
 
 @pytest.mark.parametrize(

@@ -240,3 +240,30 @@ def test_changelog_has_the_version():
 
     changelog = (Path(__file__).resolve().parent.parent / "CHANGELOG.md").read_text()
     assert f"\n## {fastapi_stream_lease.__version__} " in changelog
+
+
+@pytest.mark.parametrize(
+    ("secret", "complaint"),
+    [("short", "is 5 bytes long"), ("\udcff-not-utf-8-but-long-enough", "is not valid UTF-8")],
+    ids=["short", "not-utf-8"],
+)
+async def test_a_bad_secret_in_the_environment_breaks_only_the_commands_that_hash(
+    secret, complaint
+):
+    """Building the parser read ``STREAM_LEASE_IDENTITY_SECRET`` (for the default key prefix),
+    so a bad value raised a traceback for every command, ``--help`` included."""
+    env = {**os.environ, "STREAM_LEASE_IDENTITY_SECRET": secret}
+    code, out, err = await cli("redis://127.0.0.1:1/0", "--help", env=env)
+    assert code == 0 and "revoke" in out, err
+    code, _, err = await cli("redis://127.0.0.1:1/0", "inspect", env=env)
+    assert code == 3 and "cannot reach Redis" in err and "Traceback" not in err
+    for command in (("revoke", USER), ("reset", USER, "per_minute")):
+        code, _, err = await cli("redis://127.0.0.1:1/0", *command, env=env)
+        assert code == 2 and "Traceback" not in err, err
+        assert complaint in err and "STREAM_LEASE_IDENTITY_SECRET" in err
+
+
+def test_the_default_key_prefix_is_the_configs():
+    from fastapi_stream_lease.cli import DEFAULT_KEY_PREFIX
+
+    assert DEFAULT_KEY_PREFIX == LeaseConfig(identity_secret=SECRET).key_prefix

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from fastapi_stream_lease import (
     LeaseConfig,
     LeaseRevoked,
     ProtectedStreamingResponse,
+    RateLimit,
+    Resource,
     StreamLeaseManager,
     StreamLeaseUnavailable,
 )
@@ -240,7 +243,7 @@ async def test_hook_events_past_hook_queue_size_are_dropped_with_a_warning(make_
     await eventually(started.is_set, what="the first hook to run")  # and block
     leases += [await manager.acquire(f"u{i}") for i in (1, 2)]
     # The second waits in the queue, the third finds it full.
-    assert "lifecycle hook queue full (hook_queue_size=1)" in caplog.text
+    assert "lifecycle hook queue full (hook_queue_size=1): 1 event(s) dropped" in caplog.text
     gate.set()
     await eventually(lambda: heard == ["acquired", "acquired"], what="the two queued hooks")
     for lease in leases:
@@ -351,6 +354,82 @@ class OwnedStream:
         self.closed = True
 
 
+async def test_stream_takes_0_6s_timeout_as_its_acquire_timeout(make_manager):
+    """The 0.6 README's ``manager.stream(..., timeout=...)`` fell into the response's options
+    and failed building the ``StreamingResponse``."""
+    manager = make_manager(max_per_user=0, max_global=1)
+    held = await manager.acquire("u1")
+    waiting = asyncio.ensure_future(manager.stream("u2", iter(["a"]), timeout=30))
+    await eventually(lambda: manager.stats()["waiting"] == 1, what="the stream to wait")
+    await held.release()
+    response = await waiting
+    assert isinstance(response, ProtectedStreamingResponse)
+    assert response.lease is not None and not response.lease.released
+    await response.lease.release()
+    with pytest.raises(TypeError, match="acquire_timeout or its other name timeout"):
+        await manager.stream("u2", iter(["a"]), timeout=1, acquire_timeout=1)
+
+
+def rejection_reasons_in_migrating_md() -> set[str]:
+    """The ``on_rejected`` reasons docs/recipes/migrating.md names: 0.6's two, then ours."""
+    page = (ROOT / "docs" / "recipes" / "migrating.md").read_text()
+    hooks = page.split("**Hooks.**", 1)[1].split("on_backend_error", 1)[0]
+    return {"user_limit", "global_limit", *re.findall(r'`"(\w+)"`', hooks)}
+
+
+REJECTIONS = ["user_limit", "global_limit", "resource_limit", "line_full", "rate_limit",
+              "banned", "closing"]  # fmt: skip
+
+
+def test_every_rejection_reason_the_migration_page_names_is_produced_below():
+    """The page listed ``"budget_exhausted"``, which ``acquire()`` never raises."""
+    assert set(REJECTIONS) == rejection_reasons_in_migrating_md()
+
+
+@pytest.mark.parametrize("reason", REJECTIONS)
+async def test_on_rejected_hears_each_refusal_by_its_reason(make_manager, key_prefix, reason):
+    heard: list[tuple[str | None, str]] = []
+    manager = make_manager(
+        max_per_user=1, max_global=2, max_waiting=1,
+        on_rejected=lambda user_id, why: heard.append((user_id, why)),
+    )  # fmt: skip
+    user = f"{key_prefix}-u1"
+    held = [await manager.acquire(user)]
+    waiting: asyncio.Future[Any] | None = None
+    with pytest.raises(fastapi_stream_lease.StreamLeaseRejected) as refused:
+        if reason == "user_limit":
+            await manager.acquire(user)
+        elif reason == "global_limit":
+            held.append(await manager.acquire(f"{key_prefix}-u2"))
+            await manager.acquire(f"{key_prefix}-u3")
+        elif reason == "resource_limit":
+            held.append(await manager.acquire(None, resources=[Resource(1, "db")]))
+            await manager.acquire(None, resources=[Resource(1, "db")])
+        elif reason == "line_full":
+            held.append(await manager.acquire(f"{key_prefix}-u2"))
+            waiting = asyncio.ensure_future(manager.acquire(f"{key_prefix}-u3", wait_timeout=30))
+            await eventually(lambda: manager.stats()["waiting"] == 1, what="one in line")
+            await manager.acquire(f"{key_prefix}-u4", wait_timeout=30)
+        elif reason == "rate_limit":
+            once = RateLimit("once", 1, per=60)
+            await held.pop().release()
+            held.append(await manager.acquire(user, rate_limits=[once]))
+            await held.pop().release()
+            await manager.acquire(user, rate_limits=[once])
+        elif reason == "banned":
+            await manager.revoke(user, ban_seconds=60)
+            await manager.acquire(user)
+        else:
+            await manager.drain(timeout=0)
+            await manager.acquire(user)
+    await eventually(lambda: [why for _, why in heard] == [reason], what=f"on_rejected {reason}")
+    assert refused.value.reason == reason
+    if waiting is not None:
+        waiting.cancel()
+    for lease in held:
+        await lease.release()
+
+
 async def test_close_source_false_leaves_the_callers_stream_open(make_manager):
     manager = make_manager()
     for close_source in (True, False):
@@ -358,6 +437,28 @@ async def test_close_source_false_leaves_the_callers_stream_open(make_manager):
         lease = await manager.acquire("u1")
         assert [item async for item in lease.wrap(source, close_source=close_source)] == []
         assert source.closed is close_source and lease.released
+
+
+async def test_close_source_closes_a_sync_generator_left_early(make_manager):
+    """Only an async source's ``aclose()`` was looked for: a sync generator the client left
+    early was never closed, its ``finally`` never ran."""
+    manager = make_manager()
+    for close_source in (True, False):
+        closed: list[bool] = []
+
+        def numbers(closed: list[bool] = closed) -> Iterator[int]:
+            try:
+                yield from range(100)
+            finally:
+                closed.append(True)
+
+        source = numbers()
+        lease = await manager.acquire("u1")
+        items = lease.wrap(source, close_source=close_source)
+        assert await anext(items) == 0
+        await items.aclose()
+        assert closed == ([True] if close_source else []) and lease.released
+        source.close()
 
 
 def test_the_0_6_names_are_these_classes():
@@ -399,6 +500,15 @@ async def test_acquire_timeout_waits_for_the_users_own_cap_too(make_manager):
     await eventually(lambda: manager.stats()["waiting"] == 1, what="the second to wait")
     await held.release()
     await (await waiting).release()
+
+
+def test_acquire_timeout_sets_wait_for_own_quota_only_with_the_global_pool():
+    """As configuration.md and migrating.md say: the users' own lines need the global pool."""
+    config = LeaseConfig(acquire_timeout=0.5)
+    assert config.wait_for_own_quota and config.wait_timeout == 0.5
+    config = LeaseConfig(acquire_timeout=0.5, global_pool=False)
+    assert not config.wait_for_own_quota and config.wait_timeout == 0.5
+    assert not LeaseConfig(acquire_timeout=0).wait_for_own_quota
 
 
 async def test_a_fakeredis_client_is_served_by_the_embedded_store():

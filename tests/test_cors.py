@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
@@ -83,3 +84,26 @@ async def test_a_browser_over_its_stream_cap_sees_the_429_and_its_headers(
     assert refused.headers["access-control-allow-origin"] == ORIGIN
     assert exposed(refused) >= EXPOSED
     assert "retry-after" in refused.headers and "ratelimit-policy" in refused.headers
+
+
+def test_with_the_middleware_in_the_other_order_the_429_leaves_without_cors_headers(
+    monkeypatch,
+):
+    """The recipe's warning: ``CORSMiddleware`` added before the limiter sits inside it, so the
+    limiter's 429 reaches the browser without CORS headers (its page sees a network error)."""
+    (code,) = re.findall(r"```python\n(.*?)```", RECIPE.read_text(), re.S)
+    limiter, cors = re.findall(r"\n(?:#[^\n]*\n)*app\.add_middleware\(\n.*?\n\)\n", code, re.S)
+    assert "RateLimitMiddleware" in limiter and "CORSMiddleware" in cors
+    reversed_order = code.replace(limiter, "\n").replace(cors, cors + limiter)
+    added = [reversed_order.index(f"(\n    {name}Middleware,") for name in ("CORS", "RateLimit")]
+    assert added == sorted(added), "CORSMiddleware is added first now"
+    monkeypatch.setenv("REDIS_URL", "memory://")
+    names: dict[str, object] = {}
+    exec(compile(reversed_order, "cors_recipe_reversed", "exec"), names)
+    headers = {"Origin": ORIGIN, "X-User": "rate-user"}
+    with TestClient(names["app"]) as client:
+        admitted = [client.get("/api/chat/stream", headers=headers) for _ in range(10)]
+        refused = client.get("/api/chat/stream", headers=headers)
+    assert all(answer.headers["access-control-allow-origin"] == ORIGIN for answer in admitted)
+    assert refused.status_code == 429 and "retry-after" in refused.headers
+    assert "access-control-allow-origin" not in refused.headers

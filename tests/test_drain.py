@@ -185,6 +185,8 @@ async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(
 ):
     async with make_manager(global_pool=global_pool).lifespan(check_backend=True):
         pass  # a store that answers: started
+    # 0.6's startup check makes the same read.
+    assert await make_manager(global_pool=global_pool).verify_cluster_config(strict=True)
     manager = StreamLeaseManager(
         url=f"redis://127.0.0.1:{free_port()}/0",
         config=LeaseConfig(key_prefix=key_prefix, redis_timeout=0.2, global_pool=global_pool),
@@ -192,6 +194,8 @@ async def test_the_startup_check_fails_fast_when_the_store_is_unreachable(
     with pytest.raises(BackendUnavailable):
         async with manager.lifespan(check_backend=True):
             pytest.fail("started without its store")
+    with pytest.raises(BackendUnavailable):
+        await manager.verify_cluster_config(strict=True, retry_attempts=1)
     async with manager.lifespan():  # unchecked, it starts (and refuses streams with 503)
         with pytest.raises(BackendUnavailable):
             await manager.acquire("alice")

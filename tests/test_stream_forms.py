@@ -33,7 +33,7 @@ from fastapi_stream_lease import (
 
 from support.apps import APPS_DIR
 from support.uvicorn_server import Uvicorn
-from support.waiting import eventually
+from support.waiting import eventually, wait_until
 
 PREFIX = f"forms{uuid.uuid4().hex[:8]}"
 SECRET = "stream-forms-secret-0123456789"
@@ -327,6 +327,22 @@ def test_the_dependency_without_the_middleware_says_which_line_is_missing():
         manager.stream_lease(user="alice")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("version", ["0.117.1", "0.99.0"])
+def test_the_dependency_refuses_a_fastapi_that_exits_it_before_the_body_streams(
+    monkeypatch, version
+):
+    """Before FastAPI 0.118 a ``yield`` dependency's exit ran before the body streamed: the
+    lease was released and the stream ran unprotected, silently."""
+    import fastapi
+
+    manager = StreamLeaseManager(url="memory://")
+    monkeypatch.setattr(fastapi, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"needs FastAPI 0\.118 or later, found {version}"):
+        manager.stream_lease(user=lambda: "alice")
+    monkeypatch.setattr(fastapi, "__version__", "0.118.0")
+    assert callable(manager.stream_lease(user=lambda: "alice"))
+
+
 def test_a_lease_revoked_before_the_response_starts_is_answered_with_its_503():
     manager = StreamLeaseManager(url="memory://", config=LeaseConfig(identity_secret=SECRET))
     app = FastAPI()
@@ -343,6 +359,35 @@ def test_a_lease_revoked_before_the_response_starts_is_answered_with_its_503():
         answer = client.get("/slow")
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
     assert answer.json()["title"] == "Stream lease revoked"
+
+
+def test_a_revoked_lease_of_the_dependency_is_released_as_lost_after_on_lost():
+    """The dependency told ``on_released`` "cancelled" for a lease whose loss ended the
+    request (the loss ends it by cancelling its task); the migration guide promises
+    ``on_lost(lease, reason)`` then ``on_released(lease, "lost")``."""
+    heard: list[tuple[str, str]] = []
+    config = LeaseConfig(
+        identity_secret=SECRET,
+        on_lost=lambda lease, reason: heard.append(("on_lost", reason)),
+        on_released=lambda lease, reason: heard.append(("on_released", reason)),
+    )
+    manager = StreamLeaseManager(url="memory://", config=config)
+    app = FastAPI()
+    install_exception_handler(app)
+    leased = Depends(manager.stream_lease(user=lambda: "alice"))
+
+    @app.get("/sse", response_class=EventSourceResponse)
+    async def sse(lease: Lease = leased) -> AsyncIterator[dict[str, int]]:
+        yield {"tick": 1}
+        await manager.revoke("alice")
+        await asyncio.sleep(3600)  # ended by the revoke
+        yield {"tick": 2}
+
+    with TestClient(app) as client:
+        body = client.get("/sse").text
+    assert "event: error" in body and '"tick":2' not in body
+    expected = [("on_lost", "revoked"), ("on_released", "lost")]
+    wait_until(lambda: heard == expected, what="on_lost, then on_released")
 
 
 def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
@@ -365,6 +410,18 @@ def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
             while True:
                 assert websocket.receive_text() == "tokens"
     assert (closed.value.code, closed.value.reason) == (1008, "Token budget exhausted")
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(429, 1008), (403, 1008), (503, 1013), (500, 1011), (502, 1011)]
+)
+def test_a_websocket_closes_with_1008_for_a_4xx_1013_for_a_503_and_1011_for_another_5xx(
+    status, code
+):
+    """Every status but 503 closed with 1008 (Policy Violation), a server's 500 included."""
+    from fastapi_stream_lease.stream_end import ws_close_code
+
+    assert ws_close_code(status) == code
 
 
 @pytest.mark.parametrize(

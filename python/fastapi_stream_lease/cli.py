@@ -27,6 +27,10 @@ from .errors import BackendError
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
 
+#: ``LeaseConfig().key_prefix``, named here: building a ``LeaseConfig`` reads
+#: ``STREAM_LEASE_IDENTITY_SECRET``, whose faults only the commands that hash ids report.
+DEFAULT_KEY_PREFIX = "stream_lease"
+
 
 class CliError(Exception):
     """A message for the operator and the exit code that goes with it."""
@@ -275,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         place.add_argument(
             "--key-prefix",
-            default=argparse.SUPPRESS if given_after else LeaseConfig().key_prefix,
+            default=argparse.SUPPRESS if given_after else DEFAULT_KEY_PREFIX,
             help="the app's LeaseConfig.key_prefix",
         )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import StreamingResponse
@@ -207,54 +207,68 @@ class Lease:
         the next item; one whose budget ran out (``on_budget="cut"``) ends with
         :class:`BudgetExhausted` there, after the item that used it up.
 
-        The stream (``aclose()``) is closed at the end too, unless ``close_source=False`` (the
-        caller owns it).
+        The stream is closed at the end too (an async one's ``aclose()``; a sync one's
+        ``close()``, in a worker thread, as a generator has), unless ``close_source=False``
+        (the caller owns it).
 
         Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
         away, so its ``finally`` is the one place release must happen.
         """
+        iterator = None if isinstance(stream, AsyncIterable) else iter(stream)
         source: AsyncIterable[T] = (
-            stream if isinstance(stream, AsyncIterable) else iterate_in_threadpool(iter(stream))
+            cast("AsyncIterable[T]", stream)
+            if iterator is None
+            else iterate_in_threadpool(iterator)
         )
         items = aiter(source)
-        watch = LostWatch(self)
-        ended = "cancelled"  # unless it gets further: closed early, or cancelled
         try:
-            while True:
-                with watch:
-                    if tokens is not None:
-                        await self.wait_budget()
-                    try:
-                        item = await anext(items)
-                    except StopAsyncIteration:
-                        ended = "completed"
-                        return
-                if tokens is not None:
-                    self.consume(tokens(item))
-                yield item
-        except LeaseLost:
-            ended = "lost"
-            raise
-        except Exception:
-            ended = "error"
-            raise
+            async with self._released_at_end():
+                watch = LostWatch(self)
+                try:
+                    while True:
+                        with watch:
+                            if tokens is not None:
+                                await self.wait_budget()
+                            try:
+                                item = await anext(items)
+                            except StopAsyncIteration:
+                                return
+                        if tokens is not None:
+                            self.consume(tokens(item))
+                        yield item
+                finally:
+                    watch.close()
         finally:
-            watch.close()
-            try:
-                await self._release_quietly(ended)
-            finally:
-                close = getattr(source, "aclose", None)
-                if close is not None and (close_source or source is not stream):
-                    await close()
+            close = getattr(source, "aclose", None)
+            if close is not None and (close_source or source is not stream):
+                await close()
+            # A sync iterator's own close() (a generator's runs its finally), off the loop
+            # thread as its iteration was; the thread pool has finished its last step by now.
+            close_sync = getattr(iterator, "close", None)
+            if close_sync is not None and (close_source or iterator is not stream):
+                await asyncio.to_thread(close_sync)
 
     @asynccontextmanager
     async def _held(self) -> AsyncIterator[Lease]:
         """Holds the lease for an ``async with`` block (``StreamLeaseManager.lease()``)."""
-        watch = LostWatch(self)
+        async with self._released_at_end():
+            watch = LostWatch(self)
+            try:
+                with watch:
+                    yield self
+            finally:
+                watch.close()
+
+    @asynccontextmanager
+    async def _released_at_end(self) -> AsyncIterator[None]:
+        """Releases the lease when the block ends, telling the 0.6 ``on_released`` hook how:
+        ``"completed"`` (it ran to its end), ``"lost"`` (:class:`LeaseLost` or
+        :class:`LeaseRevoked`, or any other end of a lease found lost: a loss that ends work
+        does so by cancelling the task), ``"error"`` (an exception) or ``"cancelled"`` (a
+        cancellation, a generator closed early)."""
         ended = "cancelled"
         try:
-            with watch:
-                yield self
+            yield
             ended = "completed"
         except LeaseLost:
             ended = "lost"
@@ -263,7 +277,8 @@ class Lease:
             ended = "error"
             raise
         finally:
-            watch.close()
+            if ended != "completed" and self._handle.lost:
+                ended = "lost"
             await self._release_quietly(ended)
 
     def as_streaming_response(

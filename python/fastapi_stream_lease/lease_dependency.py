@@ -1,27 +1,33 @@
 """A lease as a FastAPI dependency (:meth:`StreamLeaseManager.stream_lease`).
 
-FastAPI (0.118 and later) runs the exit of a ``yield`` dependency of the request's scope after
-the response is sent, whatever the endpoint is: one that ``yield``s Server-Sent Events
+FastAPI 0.118 and later runs the exit of a ``yield`` dependency of the request's scope after
+the response is sent (before 0.118 it ran before the body streamed, which would leave the
+stream without its lease: :func:`lease_dependency` refuses older versions), whatever the
+endpoint is: one that ``yield``s Server-Sent Events
 (``response_class=EventSourceResponse``) or JSON Lines, one that returns a
 ``StreamingResponse``, a WebSocket route. So the dependency acquires before the endpoint runs,
 yields the :class:`Lease`, and releases it when the response ended or the client left; in
 between :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware` watches the lease and
-ends the response cleanly if it is lost or revoked.
+ends the response cleanly if it is lost or revoked. ``Depends(..., scope="function")`` needs
+FastAPI 0.121, native Server-Sent Events (``fastapi.sse``) 0.135.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the dependency's parameters from
 # its annotations, and ``Depends(user)`` there names a local.
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from starlette.requests import HTTPConnection, Request
 
-from .errors import LeaseLost
 from .lease import Lease
 from .stream_end import guard_of
 
 if TYPE_CHECKING:
     from .manager import StreamLeaseManager
+
+#: The first FastAPI whose ``yield`` dependencies exit after the response is sent.
+NEEDS_FASTAPI = (0, 118)
 
 #: What a request without the middleware is told.
 NEEDS_MIDDLEWARE = (
@@ -34,8 +40,17 @@ def lease_dependency(
     manager: "StreamLeaseManager", user: Callable[..., Any], options: dict[str, Any]
 ) -> Callable[..., AsyncIterator[Lease]]:
     """See :meth:`StreamLeaseManager.stream_lease`."""
+    import fastapi
     from fastapi import Depends
 
+    found = fastapi.__version__
+    if tuple(int(part) for part in re.findall(r"\d+", found)[:2]) < NEEDS_FASTAPI:
+        needed = ".".join(map(str, NEEDS_FASTAPI))
+        raise RuntimeError(
+            f"manager.stream_lease() needs FastAPI {needed} or later, found {found}: before "
+            f"{needed} a yield dependency's exit ran before the response was sent, so the "
+            f"stream would run without its lease; upgrade with pip install 'fastapi>={needed}'"
+        )
     if not callable(user):
         raise TypeError(
             f"user must be a dependency that returns the user id (a function), got {user!r}"
@@ -50,18 +65,8 @@ def lease_dependency(
         # A request's client that leaves while it waits in line leaves the line.
         request = connection if isinstance(connection, Request) else None
         lease = await manager.acquire(user_id, request=request, **options)
-        ended = "cancelled"  # unless the response got further
-        try:
+        async with lease._released_at_end():
             guard.watch(lease)
             yield lease
-            ended = "completed"
-        except LeaseLost:
-            ended = "lost"
-            raise
-        except Exception:
-            ended = "error"
-            raise
-        finally:
-            await lease._release_quietly(ended)
 
     return stream_lease

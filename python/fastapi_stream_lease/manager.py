@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import signal
-import threading
 import time
 import weakref
 from collections.abc import (
@@ -14,18 +12,18 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from types import FrameType, TracebackType
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from ._server_workers import warn_if_several_workers
+from ._stop_signals import calling_on_stop_signals
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
@@ -55,44 +53,6 @@ DRAIN_CHECK_SECONDS = 0.05
 
 # Whose pool the startup check reads when the manager keeps no global pool.
 STARTUP_CHECK_IDENTITY = "stream-lease-startup-check"
-
-# The signals that stop a server gracefully (uvicorn's and gunicorn's workers handle both).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-@contextmanager
-def calling_on_stop_signals(
-    loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
-) -> Iterator[None]:
-    """While the block runs, each of :data:`STOP_SIGNALS` that the server handles in Python
-    also schedules ``callback`` on ``loop``, besides running the server's own handler. Nothing
-    changes off the main thread (where signals cannot be handled) or for a signal left to its
-    default action."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    chained: dict[signal.Signals, tuple[Any, Any]] = {}
-    for stop_signal in STOP_SIGNALS:
-        server_handler = signal.getsignal(stop_signal)
-        if not callable(server_handler) or server_handler is signal.default_int_handler:
-            continue
-
-        def handler(
-            number: int, frame: FrameType | None, server_handler: Any = server_handler
-        ) -> None:
-            if not loop.is_closed():  # a server that never ran the lifespan's shutdown
-                loop.call_soon_threadsafe(callback)
-            server_handler(number, frame)
-
-        signal.signal(stop_signal, handler)
-        chained[stop_signal] = (server_handler, handler)
-    try:
-        yield
-    finally:
-        for stop_signal, (server_handler, handler) in chained.items():
-            if signal.getsignal(stop_signal) is handler:  # else another chained after: leave it
-                signal.signal(stop_signal, server_handler)
-
 
 #: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
 OnBudget: TypeAlias = Literal["cut", "finish"]
@@ -455,9 +415,11 @@ class StreamLeaseManager:
         that used the budget up: the client gets a final event (see
         :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware`).
 
-        ``Depends(manager.stream_lease(...), scope="function")`` releases the lease when the
-        endpoint function returns, before the response is sent: an admission check only (the
-        caps and ``rate_limits`` are checked and counted, the stream holds no slot)."""
+        ``Depends(manager.stream_lease(...), scope="function")`` (FastAPI 0.121 and later)
+        releases the lease when the endpoint function returns, before the response is sent: an
+        admission check only (the caps and ``rate_limits`` are checked and counted, the stream
+        holds no slot). Raises ``RuntimeError`` on a FastAPI older than 0.118, which ran a
+        ``yield`` dependency's exit before the body streamed."""
         from .lease_dependency import lease_dependency
 
         options = {
@@ -479,14 +441,18 @@ class StreamLeaseManager:
         close_source: bool = True,
         acquire_timeout: float | None = None,
         include_lease_headers: bool | None = None,
+        timeout: float | None = None,
         **response_options: Any,
     ) -> ProtectedStreamingResponse:
         """The 0.6 API's one line: ``return await manager.stream(user_id, events())``
-        acquires a lease (waiting up to ``acquire_timeout`` seconds, default
-        ``LeaseConfig.wait_timeout``) and returns :meth:`Lease.as_streaming_response` over
-        ``stream`` (its arguments are that method's). A refusal raises as :meth:`acquire`
-        does; a response that cannot be built releases the lease."""
-        lease = await self.acquire(user_id, wait_timeout=acquire_timeout)
+        acquires a lease (waiting up to ``acquire_timeout`` seconds, or ``timeout``, its other
+        0.6 name; default ``LeaseConfig.wait_timeout``) and returns
+        :meth:`Lease.as_streaming_response` over ``stream`` (its arguments are that method's).
+        A refusal raises as :meth:`acquire` does; a response that cannot be built releases the
+        lease."""
+        if timeout is not None and acquire_timeout is not None:
+            raise TypeError("pass acquire_timeout or its other name timeout, not both")
+        lease = await self.acquire(user_id, wait_timeout=acquire_timeout, timeout=timeout)
         try:
             return lease.as_streaming_response(
                 stream,
@@ -635,10 +601,9 @@ class StreamLeaseManager:
             raise ValueError(f"retry_attempts must be at least 1, got {retry_attempts!r}")
         if retry_delay < 0:
             raise ValueError(f"retry_delay must be 0 or more seconds, got {retry_delay!r}")
-        probe = None if self.config.global_pool else "verify_cluster_config"
         for attempt in range(retry_attempts):
             try:
-                await self._core.count(probe)
+                await self._probe_store()
                 return True
             except BackendError as error:
                 if attempt + 1 < retry_attempts:
@@ -650,6 +615,11 @@ class StreamLeaseManager:
                     raise
                 log.warning("the store did not answer the startup check: %s", error)
         return False
+
+    async def _probe_store(self) -> None:
+        """The startup check's one read: the global pool's count or, without a global pool, the
+        count of one user's pool under a name of the check's own."""
+        await self._core.count(None if self.config.global_pool else STARTUP_CHECK_IDENTITY)
 
     def stats(self) -> ManagerStats:
         """This process's counters, for monitoring:
@@ -749,8 +719,7 @@ class StreamLeaseManager:
         wait for by then), and the manager is closed (docs/recipes/deployment.md has the whole
         sequence)."""
         if check_backend:
-            # Without a global pool, one user's pool (a name of the check's own): a read only.
-            await self._core.count(None if self.config.global_pool else STARTUP_CHECK_IDENTITY)
+            await self._probe_store()
         loop = asyncio.get_running_loop()
         drains: list[asyncio.Task[None]] = []
 

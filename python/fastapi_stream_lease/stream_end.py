@@ -24,8 +24,19 @@ log = logging.getLogger("fastapi_stream_lease")
 
 #: RFC 6455's close code for a temporary condition on the server's side (try again later).
 WS_TRY_AGAIN_LATER = 1013
-#: RFC 6455's close code for a policy violation: the client's own limits.
+#: RFC 6455's close code for a policy violation: the client's own limits (a 4xx).
 WS_POLICY_VIOLATION = 1008
+#: RFC 6455's close code for a server fault (a 5xx other than 503).
+WS_INTERNAL_ERROR = 1011
+
+
+def ws_close_code(status: int) -> int:
+    """The WebSocket close code that stands for an HTTP ``status``: 1013 for 503, 1011 for any
+    other 5xx, 1008 for a 4xx (the client's own limits)."""
+    if status == 503:
+        return WS_TRY_AGAIN_LATER
+    return WS_INTERNAL_ERROR if status >= 500 else WS_POLICY_VIOLATION
+
 
 #: Media types of JSON Lines bodies, which end with an error line.
 JSON_LINES = frozenset(
@@ -104,9 +115,10 @@ class StreamEndMiddleware:
     * JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
       ``{"error": <the problem JSON>}``;
     * any other body: nothing more;
-    * a WebSocket: a close with :data:`WS_TRY_AGAIN_LATER` (1013) for a 503 (a lost or revoked
-      lease, a drain) or :data:`WS_POLICY_VIOLATION` (1008) for the client's own limits (a
-      budget cut), the problem's title as the reason;
+    * a WebSocket: a close with 1013 (Try Again Later) for a 503 (a lost or revoked lease, a
+      drain), 1011 (Internal Error) for another 5xx, or 1008 (Policy Violation) for a 4xx, the
+      client's own limits (a budget cut), the problem's title as the reason
+      (:func:`ws_close_code`);
     * a response not started yet: the error's own answer (:meth:`StreamLeaseError.as_response`).
 
     It logs one line saying how the stream ended and why (INFO for a revoke or a drain, WARNING
@@ -188,7 +200,7 @@ class _ResponseState:
         if self.closed:
             how = "after its response ended"
         elif scope["type"] == "websocket":
-            code = WS_TRY_AGAIN_LATER if error.status_code == 503 else WS_POLICY_VIOLATION
+            code = ws_close_code(error.status_code)
             how = f"closed with {code}"
             await self._send({"type": "websocket.close", "code": code, "reason": error.title})
         elif not self.started:

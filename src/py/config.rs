@@ -341,7 +341,8 @@ impl LeaseConfig {
         self.python_side.include_lease_headers
     }
 
-    /// Hook events queued at most; more are dropped (and counted) rather than slow anything.
+    /// Hook events queued at most; more are dropped rather than slow anything, with a warning
+    /// in the log that counts them (at the first and every 1,000th).
     #[getter]
     fn hook_queue_size(&self) -> u64 {
         self.python_side.hook_queue_size
