@@ -124,8 +124,8 @@ impl<B: Batches> GroupCommit<B> {
                 let mut queue = lock(&self.queue);
                 // Taken from the front, and no further than a full batch: a long queue is not
                 // walked once per call. Requests whose callers went away are dropped unsent.
-                let mut waiting = std::iter::from_fn(|| queue.waiting.pop_front())
-                    .filter(|w| !w.answer.is_closed());
+                let mut waiting =
+                    std::iter::from_fn(|| queue.waiting.pop_front()).filter(|w| !w.answer.is_closed());
                 let Some(first) = waiting.next() else {
                     queue.senders -= 1;
                     return;

@@ -428,7 +428,10 @@ mod tests {
             tallies.close_window(tag, Counted::of(&[&released]))
         };
         assert_eq!(MOST_CHANGES_JUDGED, 12, "the number docs/guide/failures.md gives");
-        assert!(judged(MOST_CHANGES_JUDGED), "a grant swapped for a release, found");
+        assert!(
+            judged(MOST_CHANGES_JUDGED),
+            "a grant swapped for a release, found"
+        );
         assert!(!judged(MOST_CHANGES_JUDGED + 1), "left to a later call");
     }
 
