@@ -6,6 +6,7 @@ leaked and no lease is silently dropped."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -580,22 +581,17 @@ async def test_a_process_keeps_no_state_for_users_it_no_longer_serves(make_redis
     )
 
 
-async def test_a_burst_of_acquires_that_outlasts_a_lease_loses_none(make_redis_manager):
-    """20,000 streams at once, each started twice, with one-second leases: grants come back more
-    than a lease after they were asked for. Their deadlines were counted from when each acquire
-    was queued, and a grant was held only once the busy event loop took it, so thousands were
-    held past their deadlines and reported lost though Redis kept them. A grant's deadline counts
-    from when its call left, and it is held as soon as it arrives."""
-    manager = make_redis_manager(max_per_user=0, max_global=0, lease_seconds=1)
-    lost = 0
-
-    async def stream(user: str) -> None:
-        nonlocal lost
-        for _ in range(2):
-            lease = await manager.acquire(user)
-            await asyncio.sleep(0.2)
-            lost += lease.lost
-            await lease.release()
-
-    await asyncio.gather(*(stream(f"user{i % 100}") for i in range(20_000)))
-    assert (lost, manager.stats()["lost"]) == (0, 0)
+async def test_grants_arriving_while_the_event_loop_is_busy_past_a_lease_are_not_lost(
+        make_redis_manager):
+    """The event loop blocked longer than a lease while grants come back. A grant held only
+    once the loop takes it is held past its deadline, and reported lost though Redis keeps it:
+    under a burst of thousands of acquires a busy loop lost thousands of grants so. A grant is
+    held on the core's runtime as soon as it arrives, and renewed there like the others."""
+    manager = make_redis_manager(max_per_user=0, max_global=0, lease_seconds=1, renew_every=0.2)
+    acquiring = [asyncio.create_task(manager.acquire(f"user{i}")) for i in range(100)]
+    await asyncio.sleep(0)  # each task sends its acquire to the core
+    time.sleep(1.5)  # noqa: ASYNC251 - the busy event loop under test
+    leases = await asyncio.gather(*acquiring)
+    assert not any(lease.lost for lease in leases) and manager.stats()["lost"] == 0
+    assert await manager.get_active_count() == 100, "every grant still counted in Redis"
+    await asyncio.gather(*(lease.release() for lease in leases))
