@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import StreamingResponse
@@ -24,11 +24,19 @@ from ._core import LeaseHandle
 from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 
 if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
     from .rates import RateDecision
 
 T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
+
+
+class LeaseEvents(Protocol):
+    """Who hears how a lease ended (the manager's 0.6 hooks, ``lifecycle.Lifecycle``)."""
+
+    def lost(self, lease: Lease, reason: str) -> None: ...
+
+    def released(self, lease: Lease, reason: str) -> None: ...
+
 
 #: A model's reported usage more than this factor above what the stream expected (its count,
 #: or its estimate at admission; for short streams, more than ``USAGE_SLACK`` tokens above) is
@@ -64,7 +72,7 @@ class Lease:
         *,
         cancel_on_lost: bool,
         on_release: Callable[[Lease], None] | None = None,
-        lifecycle: Lifecycle | None = None,
+        lifecycle: LeaseEvents | None = None,
         lease_headers: bool = False,
     ) -> None:
         self._handle = handle

@@ -15,16 +15,13 @@ FastAPI 0.121, native Server-Sent Events (``fastapi.sse``) 0.135.
 # No ``from __future__ import annotations``: FastAPI reads the dependency's parameters from
 # its annotations, and ``Depends(user)`` there names a local.
 import re
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
 
 from starlette.requests import HTTPConnection, Request
 
 from .lease import Lease
 from .stream_end import guard_of
-
-if TYPE_CHECKING:
-    from .manager import StreamLeaseManager
 
 #: The first FastAPI whose ``yield`` dependencies exit after the response is sent.
 NEEDS_FASTAPI = (0, 118)
@@ -37,9 +34,9 @@ NEEDS_MIDDLEWARE = (
 
 
 def lease_dependency(
-    manager: "StreamLeaseManager", user: Callable[..., Any], options: dict[str, Any]
+    acquire: Callable[..., Awaitable[Lease]], user: Callable[..., Any], options: dict[str, Any]
 ) -> Callable[..., AsyncIterator[Lease]]:
-    """See :meth:`StreamLeaseManager.stream_lease`."""
+    """See :meth:`StreamLeaseManager.stream_lease`; ``acquire`` is the manager's."""
     import fastapi
     from fastapi import Depends
 
@@ -64,7 +61,7 @@ def lease_dependency(
             raise RuntimeError(NEEDS_MIDDLEWARE)
         # A request's client that leaves while it waits in line leaves the line.
         request = connection if isinstance(connection, Request) else None
-        lease = await manager.acquire(user_id, request=request, **options)
+        lease = await acquire(user_id, request=request, **options)
         async with lease._released_at_end():
             guard.watch(lease)
             yield lease

@@ -427,7 +427,7 @@ class StreamLeaseManager:
             "resources": resources, "rate_limits": rate_limits, "budgets": budgets,
             "reserve": reserve, "on_budget": on_budget, "priority": priority,
         }  # fmt: skip
-        return lease_dependency(self, user, options)
+        return lease_dependency(self.acquire, user, options)
 
     async def stream(
         self,
