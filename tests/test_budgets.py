@@ -625,6 +625,26 @@ async def test_an_answer_streamed_over_a_window_keeps_the_next_one_waiting(make_
     assert worst <= bound(10_000, streams), f"{worst} tokens in the 4 s from {at}"
 
 
+async def test_a_stream_opened_after_its_process_had_none_open_is_still_counted_as_it_streams(
+    make_manager,
+):
+    """The top-up loop, finding no stream open in its process, slept until a stream needed a
+    top-up; a stream opened then that streamed within its reservation was never moved nor
+    rolled by a round, so its reservation's bucket left the window while it streamed and
+    another answer was admitted over its tokens (12,800 in one second of a 10,000 budget)."""
+    manager = make_manager(max_per_user=0)
+    budget = RateLimit("tokens_per_second", 10_000, per=1, unit="tokens")
+    async with manager.lease("alice", budgets=[budget], reserve=10) as lease:
+        lease.consume(10)
+    await asyncio.sleep(1.5)  # the reservation leaves the window; the loop finds nothing open
+    lease = await manager.acquire("alice", budgets=[budget], reserve=7_000)
+    first = asyncio.create_task(stream_timed(lease, [200] * 30, 0.05))
+    late = await the_next_answer(manager, budget)
+    streams = [await first, await stream_timed(late, [100] * 90, 0)]
+    worst, at = worst_interval(events_of(streams), budget.per)
+    assert worst <= bound(10_000, streams), f"{worst} tokens in the second from {at}"
+
+
 async def test_a_reservation_carried_into_the_next_fixed_window_is_taken_again_there(
     make_manager,
 ):

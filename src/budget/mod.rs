@@ -78,7 +78,8 @@ pub struct Budgets {
     failure_mode: FailureMode,
     /// Open meters by lease id (settled ones leave).
     meters: Mutex<HashMap<LeaseId, Arc<Meter>>>,
-    /// Woken by a meter that needs a top-up.
+    /// Wakes the top-up loop: a meter that needs a top-up, the first meter to open, a failed
+    /// settlement.
     due: Arc<Notify>,
     /// Settlements whose call failed, retried every round.
     unsettled: Mutex<Vec<(Store, Settlement)>>,
@@ -122,7 +123,14 @@ impl Budgets {
     ) -> Arc<Meter> {
         let due = Arc::clone(&self.due);
         let meter = Arc::new(Meter::new(record.store, accounts, request, room, due));
-        lock(&self.meters).insert(record.id, Arc::clone(&meter));
+        let first = {
+            let mut meters = lock(&self.meters);
+            meters.insert(record.id, Arc::clone(&meter));
+            meters.len() == 1
+        };
+        if first {
+            self.due.notify_one(); // the loop sleeps while no stream is open: its rounds resume
+        }
         let mut round_loop = lock(&self.round_loop);
         if round_loop.is_none() && !self.stop.is_cancelled() {
             *round_loop = Some(round::start(self));

@@ -1,5 +1,5 @@
-//! The top-up loop, one per manager: woken by a meter that needs more, and every
-//! `TOP_UP_EVERY` while streams are open, it runs a round at most that often, sending the
+//! The top-up loop, one per manager: every `TOP_UP_EVERY` while streams are open (and woken
+//! from its sleep by a meter that opens while none was), it runs a round, sending the
 //! top-ups of every stream that streamed or needs more together (one call per store, per hash
 //! tag on a cluster), and retries settlements that failed.
 
@@ -27,15 +27,18 @@ pub(super) fn start(budgets: &Arc<Budgets>) -> JoinHandle<()> {
     let (due, stop) = (Arc::clone(&budgets.due), budgets.stop.clone());
     runtime::handle().spawn(async move {
         loop {
-            // While streams are open a round also runs every period without a wake-up: their
-            // reservations may need a roll (see `Meter::take_due`).
+            // While streams are open a round runs every period, wanted or not: it moves what
+            // they streamed into the current bucket and rolls reservations about to leave their
+            // window (see `Meter::take_due`). With none open, the loop sleeps until a meter
+            // opens or a settlement waits for another try.
             let open = weak
                 .upgrade()
                 .is_some_and(|budgets| !lock(&budgets.meters).is_empty());
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = due.notified() => {}
-                _ = tokio::time::sleep(TOP_UP_EVERY), if open => {}
+            if !open {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = due.notified() => {}
+                }
             }
             let Some(budgets) = weak.upgrade() else { break };
             budgets.round().await;
