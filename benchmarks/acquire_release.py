@@ -45,13 +45,11 @@ import hmac
 import math
 import re
 import statistics
-import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import hiredis
 import redis
@@ -72,10 +70,14 @@ from common import (
     Child,
     Implementation,
     RunResult,
+    Sweep,
+    in_turns,
     machine_info,
     print_table,
+    redis_benchmark,
     redis_py_client,
     scenario_name,
+    script_sha,
     timed_run,
     write_json,
 )
@@ -85,11 +87,9 @@ DEFAULT_OUTPUT = RESULTS_DIR / "acquire_release.json"
 KEY_PREFIX = "bench"
 PROBE_USER = "bench-probe"
 DEFAULT_CONCURRENCY = (1, 4, 16, 64, 256)
-HEADLINE = (1, 64)
 REDIS_PY = f"redis-py {redis.__version__}, same scripts"
 CEILING_CLIENTS = 50
 CEILING_REQUESTS = 200_000
-SUBPROCESS_TIMEOUT_S = 120.0
 
 Runner = Callable[[int, int], Awaitable[RunResult]]
 
@@ -234,13 +234,12 @@ class Summary:
     redis_us_per_cycle: float | None  # Redis time in script calls per cycle
 
 
-async def compare(
-    url: str, levels: Sequence[int], repeats: Callable[[int], int], warmup_s: float, window_s: float
-) -> tuple[list[RunResult], str, dict[str, Any]]:
-    """Every level, ``repeats(level)`` times, the implementations taking turns going first.
+async def compare(url: str, sweep: Sweep) -> tuple[list[RunResult], str, dict[str, Any]]:
+    """Every level of the sweep, the implementations taking turns going first.
 
     Returns the runs, the server's version and the peer's versions.
     """
+    warmup_s, window_s = sweep.warmup_s, sweep.window_s
     config = LeaseConfig(max_per_user=0, max_global=0, key_prefix=KEY_PREFIX)
     manager = StreamLeaseManager(url=url, config=config)
     client = redis_py_client(url)
@@ -281,10 +280,9 @@ async def compare(
         ]
         runs: list[RunResult] = []
         failed: set[str] = set()
-        for coroutines in levels:
-            for repeat in range(1, repeats(coroutines) + 1):
-                turn = (repeat - 1) % len(runners)
-                for name, runner in runners[turn:] + runners[:turn]:
+        for coroutines in sweep.levels:
+            for repeat in range(1, sweep.repeats(coroutines) + 1):
+                for name, runner in in_turns(runners, repeat):
                     if name in failed:
                         continue
                     try:
@@ -345,41 +343,9 @@ def summarize(runs: Sequence[RunResult]) -> list[Summary]:
 
 def ceiling(url: str) -> dict[str, Any]:
     """redis-benchmark EVALSHA of a trivial script: the server-side limit on script calls."""
-    parts = urlsplit(url)
-    target = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
-    sha = subprocess.run(
-        ["redis-cli", *target, "SCRIPT", "LOAD", "return 1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    ).stdout.strip()
-    command = [
-        "redis-benchmark",
-        *target,
-        "-c",
-        str(CEILING_CLIENTS),
-        "-n",
-        str(CEILING_REQUESTS),
-        "-q",
-        "EVALSHA",
-        sha,
-        "0",
-    ]
-    output = subprocess.run(
-        command, capture_output=True, text=True, check=True, timeout=SUBPROCESS_TIMEOUT_S
-    ).stdout
-    found = re.findall(r"([\d.]+) requests per second(?:, p50=([\d.]+) msec)?", output)
-    if not found:
-        raise RuntimeError(f"cannot read redis-benchmark's output: {output!r}")
-    requests_per_s, p50 = found[-1]
-    return {
-        "command": " ".join(command),
-        "requests_per_s": float(requests_per_s),
-        "cycles_per_s_ceiling": float(requests_per_s) / 2,
-        "p50_ms": float(p50) if p50 else None,
-        "output": output.splitlines()[-1] if output else "",
-    }
+    sha = script_sha(url, "return 1")
+    top = redis_benchmark(url, CEILING_CLIENTS, CEILING_REQUESTS, ["EVALSHA", sha, "0"])
+    return {**top, "cycles_per_s_ceiling": top["requests_per_s"] / 2}
 
 
 def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
@@ -422,46 +388,19 @@ def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
     )
 
 
-def levels_list(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("give coroutine counts >= 1, e.g. 1,4,16,64,256")
-    return levels
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Acquire+release cycles/s and acquire latency: project vs. peer vs. redis-py."
     )
     parser.add_argument("--url", required=True, help="Redis URL, e.g. redis://127.0.0.1:6380/0")
-    parser.add_argument(
-        "--concurrency",
-        type=levels_list,
-        default=list(DEFAULT_CONCURRENCY),
-        help="comma-separated coroutine counts (default 1,4,16,64,256)",
-    )
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each window")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds of each window")
-    parser.add_argument("--repeats", type=int, default=3, help="runs at 1 and 64 coroutines")
-    parser.add_argument("--sweep-repeats", type=int, default=1, help="runs at other levels")
+    Sweep.add_arguments(parser, DEFAULT_CONCURRENCY, warmup_s=0.5, window_s=3.0)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args()
-    if args.duration <= 0 or args.warmup < 0 or min(args.repeats, args.sweep_repeats) < 1:
-        parser.error("--duration must be > 0, --warmup >= 0 and the repeats >= 1")
+    sweep = Sweep.from_arguments(parser, args)
     if not PEER_PYTHON.exists():
         parser.error(f"{PEER_PYTHON} is missing: run bash benchmarks/setup_bench_env.sh")
-
-    def repeats(coroutines: int) -> int:
-        return int(args.repeats if coroutines in HEADLINE else args.sweep_repeats)
-
-    print(
-        f"acquire+release against {args.url}: {args.warmup} s warm-up + {args.duration} s window;"
-        f" {args.repeats} runs at {' and '.join(map(str, HEADLINE))} coroutines,"
-        f" {args.sweep_repeats} at the other levels"
-    )
-    runs, server_version, peer_versions = asyncio.run(
-        compare(args.url, args.concurrency, repeats, args.warmup, args.duration)
-    )
+    print(f"acquire+release against {args.url}: {sweep.describe()}")
+    runs, server_version, peer_versions = asyncio.run(compare(args.url, sweep))
     summaries = summarize(runs)
     print(f"  ceiling: redis-benchmark -c {CEILING_CLIENTS} -n {CEILING_REQUESTS} ...", flush=True)
     top = ceiling(args.url)
@@ -492,10 +431,7 @@ def main() -> None:
             },
             "settings": {
                 "url": without_password(args.url),
-                "concurrency": args.concurrency,
-                "warmup_s": args.warmup,
-                "window_s": args.duration,
-                "repeats_at": {str(level): repeats(level) for level in args.concurrency},
+                **sweep.settings(),
                 "key_prefix": KEY_PREFIX,
                 "redis_py_max_connections": REDIS_PY_POOL_SIZE,
             },

@@ -6,8 +6,8 @@ of a manager shares the ``{key_prefix}`` hash tag, so one shard serves every acq
 
 Starts its own 3-master cluster on free loopback ports (``support.redis_servers.RedisCluster``,
 as the tests do), runs the same acquire + release cycles for 300 users under each layout, and
-prints the keys held and the commands run on each shard (``INFO commandstats``). Then wake-ups
-(issue 14): a waiter in one manager, a release in another, 20 hand-overs, on the cluster
+prints the keys held and the commands run on each shard (``INFO commandstats``). Then wake-ups:
+a waiter in one manager, a release in another, 20 hand-overs, on the cluster
 (sharded ``SPUBLISH``/``SSUBSCRIBE``) and, as the baseline in the same run, on a standalone
 server (``PUBLISH``/``SUBSCRIBE``): release-to-admission p50 and max.
 Run it with ``bash benchmarks/run.sh``, or alone:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts.
+"""What the benchmark scripts share.
 
 This module imports only the standard library and redis-py, because it also runs inside the
 peer's virtualenv (``benchmarks/.venv-peer``, PyPI ``fastapi-stream-lease==0.6.3``), whose
@@ -7,22 +7,29 @@ that the benchmarks import the tests' ``support`` package (free ports, redis-ser
 URL redaction) rather than copies of it. It holds:
 
 * the timed acquire+release loop (:func:`timed_run`) that every implementation goes through;
-* the JSON-lines protocol between a benchmark and its helper subprocesses (:class:`Child` on
+* concurrency sweeps: the levels, how many runs at each, implementations taking turns
+  (:class:`Sweep`, :func:`in_turns`), and the server's own ceiling (:func:`redis_benchmark`);
+* the JSON-lines protocol between a benchmark and its child processes (:class:`Child` on
   the parent's side, :func:`reply` and :func:`requests` on the child's);
+* a server process of a benchmark's own on a free port (:class:`ServerProcess`);
 * the lease-holding child (:func:`serve_holder`) that ``holding.py`` drives for both libraries;
 * readers of the Redis server's counters (``INFO commandstats``, ``INFO cpu``) and the clean-up
   of a run's keys;
-* readers of a process's CPU time and resident memory (``/proc``), and the report helpers.
+* readers of a process's CPU time and resident memory (``/proc``), and the reports.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import json
 import math
 import os
 import platform
+import re
+import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -30,12 +37,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 
 BENCH_DIR = Path(__file__).resolve().parent
 # After the script's own folder: tests/support is imported as `support`, as the tests do.
 sys.path.insert(1, str(BENCH_DIR.parent / "tests"))
+from support.ports import free_port  # noqa: E402  (after the path it is found on)
+
 RESULTS_DIR = BENCH_DIR / "results"
 PEER_PYTHON = BENCH_DIR / ".venv-peer" / "bin" / "python"
 PEER = "peer fastapi-stream-lease 0.6.3"
@@ -47,7 +57,7 @@ PROJECT = "fastapi_stream_lease"
 # Every redis-py client here (the same-scripts baseline and the peer's) has this many
 # connections; a caller beyond it waits for a free one instead of failing.
 REDIS_PY_POOL_SIZE = 64
-# How long a helper process may stay silent before the benchmark gives up on it.
+# How long a child process may stay silent before the benchmark gives up on it.
 CHILD_TIMEOUT_S = 120.0
 LUA_DIR = BENCH_DIR.parent / "src" / "lua"
 
@@ -251,11 +261,124 @@ def redis_py_client(url: str) -> aioredis.Redis:
 
 
 # ---------------------------------------------------------------------------------------------
-# Helper subprocesses: one JSON object per line, requests on stdin, replies on stdout
+# Concurrency sweeps
+
+# The levels a sweep reports first: one caller at a time, and the loaded figure.
+HEADLINE = (1, 64)
+
+
+def concurrency_list(text: str) -> list[int]:
+    """``--concurrency``'s value: comma-separated coroutine counts."""
+    levels = [int(part) for part in text.split(",") if part.strip()]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("give coroutine counts >= 1, e.g. 1,16,64,256")
+    return levels
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Every level of ``--concurrency``, ``--repeats`` runs at the headline levels and
+    ``--sweep-repeats`` at the others, each a warm-up then a timed window."""
+
+    levels: list[int]
+    warmup_s: float
+    window_s: float
+    headline_repeats: int
+    sweep_repeats: int
+
+    @staticmethod
+    def add_arguments(
+        parser: argparse.ArgumentParser, levels: Sequence[int], warmup_s: float, window_s: float
+    ) -> None:
+        parser.add_argument(
+            "--concurrency",
+            type=concurrency_list,
+            default=list(levels),
+            help=f"comma-separated coroutine counts (default {','.join(map(str, levels))})",
+        )
+        parser.add_argument("--warmup", type=float, default=warmup_s, help="warm-up seconds")
+        parser.add_argument("--duration", type=float, default=window_s, help="window seconds")
+        parser.add_argument("--repeats", type=int, default=3, help="runs at 1 and 64 coroutines")
+        parser.add_argument("--sweep-repeats", type=int, default=1, help="runs at other levels")
+
+    @classmethod
+    def from_arguments(cls, parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sweep:
+        if args.duration <= 0 or args.warmup < 0 or min(args.repeats, args.sweep_repeats) < 1:
+            parser.error("--duration must be > 0, --warmup >= 0 and the repeats >= 1")
+        return cls(args.concurrency, args.warmup, args.duration, args.repeats, args.sweep_repeats)
+
+    def repeats(self, coroutines: int) -> int:
+        return self.headline_repeats if coroutines in HEADLINE else self.sweep_repeats
+
+    def describe(self) -> str:
+        return (
+            f"{self.warmup_s} s warm-up + {self.window_s} s window; {self.headline_repeats} runs"
+            f" at {' and '.join(map(str, HEADLINE))} coroutines, {self.sweep_repeats} at the"
+            " other levels"
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """The sweep as the JSON results record it."""
+        return {
+            "concurrency": self.levels,
+            "warmup_s": self.warmup_s,
+            "window_s": self.window_s,
+            "repeats_at": {str(level): self.repeats(level) for level in self.levels},
+        }
+
+
+T = TypeVar("T")
+
+
+def in_turns(items: Sequence[T], repeat: int, step: int = 1) -> list[T]:
+    """``items`` rotated for run ``repeat`` (from 1), so that each goes first in turn and the
+    machine's noise hits all of them alike."""
+    turn = (repeat - 1) * step % len(items)
+    return [*items[turn:], *items[:turn]]
+
+
+def redis_benchmark(
+    url: str, clients: int, requests: int, command: Sequence[str]
+) -> dict[str, Any]:
+    """``redis-benchmark -c clients -n requests -q <command>`` against ``url``'s server: the
+    rate it serves with next to no client cost. Returns the command, requests/s and p50."""
+    parts = urlsplit(url)
+    target = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+    argv = ["redis-benchmark", *target, "-c", str(clients), "-n", str(requests), "-q", *command]
+    output = subprocess.run(
+        argv, capture_output=True, text=True, check=True, timeout=CHILD_TIMEOUT_S
+    ).stdout
+    found = re.findall(r"([\d.]+) requests per second(?:, p50=([\d.]+) msec)?", output)
+    if not found:
+        raise RuntimeError(f"cannot read redis-benchmark's output: {output!r}")
+    requests_per_s, p50 = found[-1]
+    return {
+        "command": " ".join(argv),
+        "requests_per_s": float(requests_per_s),
+        "p50_ms": float(p50) if p50 else None,
+        "output": output.splitlines()[-1] if output else "",
+    }
+
+
+def script_sha(url: str, script: str) -> str:
+    """Loads ``script`` with ``redis-cli SCRIPT LOAD`` and returns its SHA."""
+    parts = urlsplit(url)
+    target = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+    return subprocess.run(
+        ["redis-cli", *target, "SCRIPT", "LOAD", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=CHILD_TIMEOUT_S,
+    ).stdout.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Child processes: one JSON object per line, requests on stdin, replies on stdout
 
 
 class Child:
-    """The parent's side of a helper subprocess (its stderr goes to the parent's stderr)."""
+    """The parent's side of a child process (its stderr goes to the parent's stderr)."""
 
     def __init__(self, process: asyncio.subprocess.Process, label: str) -> None:
         self._process = process
@@ -443,6 +566,28 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+class ServerProcess:
+    """A benchmark's server in a process of its own, on a free loopback port (``--port``)."""
+
+    def __init__(self, name: str, argv: Sequence[str]) -> None:
+        self.name = name
+        self.port = free_port()
+        self.process = subprocess.Popen([*argv, "--port", str(self.port)], stdin=subprocess.DEVNULL)
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15.0)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 # ---------------------------------------------------------------------------------------------

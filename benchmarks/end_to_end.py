@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import sys
 import time
@@ -55,8 +54,10 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
 from common import (
+    PEER_PYTHON,
     RESULTS_DIR,
     Child,
+    ServerProcess,
     cpu_seconds,
     machine_info,
     percentile_ms,
@@ -65,7 +66,6 @@ from common import (
     requests,
     write_json,
 )
-from support.ports import free_port
 from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
@@ -73,7 +73,6 @@ DEFAULT_OUTPUT = RESULTS_DIR / "end_to_end.json"
 VARIANTS = ("lease", "peer", "none")
 # The peer's quickstart runs this very file in the peer's virtualenv, where fastapi_stream_lease
 # is the peer.
-PEER_PYTHON = SCRIPT.parent / ".venv-peer" / "bin" / "python"
 CLIENT_LEVELS = (1, 32)
 EVENTS = ("Hello", "world", "this", "is", "streamed!")
 KEY_PREFIX = "e2e"
@@ -294,23 +293,17 @@ class E2ERun:
     load_cpu_pct: float
 
 
-class Server:
+class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
-    def __init__(self, variant: str, process: asyncio.subprocess.Process, port: int) -> None:
+    def __init__(self, variant: str, url: str) -> None:
+        python = PEER_PYTHON if variant == "peer" else sys.executable
+        super().__init__(variant, [str(python), str(SCRIPT), "--serve", variant, "--url", url])
         self.variant = variant
-        self.process = process
-        self.port = port
 
     @classmethod
     async def start(cls, variant: str, url: str) -> Server:
-        port = free_port()
-        python = PEER_PYTHON if variant == "peer" else sys.executable
-        argv = [str(python), str(SCRIPT), "--serve", variant]
-        process = await asyncio.create_subprocess_exec(
-            *argv, "--url", url, "--port", str(port), stdin=asyncio.subprocess.DEVNULL
-        )
-        server = cls(variant, process, port)
+        server = cls(variant, url)
         await server.wait_ready()
         return server
 
@@ -318,7 +311,7 @@ class Server:
         """Bounded: 100 tries over about 20 s, each a real stream."""
         request = f"GET /api/chat/stream HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n".encode()
         for _try in range(100):
-            if self.process.returncode is not None:
+            if not self.running():
                 break
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -335,15 +328,6 @@ class Server:
                 return
             raise RuntimeError(f"the {self.variant} server answered its first stream wrongly")
         raise RuntimeError(f"the {self.variant} server did not come up on port {self.port}")
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 15.0)
-            except asyncio.TimeoutError:
-                self.process.kill()
-                await self.process.wait()
 
 
 async def measure(
@@ -386,7 +370,7 @@ async def measure(
     finally:
         await load.stop()
         for server in servers:
-            await server.stop()
+            await asyncio.to_thread(server.stop)
         await client.aclose()
     return runs, left
 

@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -61,7 +59,6 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -81,9 +78,12 @@ from common import (
     PROJECT,
     REDIS_PY_POOL_SIZE,
     RESULTS_DIR,
+    Sweep,
+    in_turns,
     machine_info,
     percentile_ms,
     print_table,
+    redis_benchmark,
     redis_counters,
     redis_py_client,
     scenario_name,
@@ -93,7 +93,6 @@ from support.urls import without_password
 
 DEFAULT_OUTPUT = RESULTS_DIR / "rate_hits.json"
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
-HEADLINE = (1, 64)
 IDENTITIES = 16
 KEY_PREFIX = "ratebench"
 # Far above what any run reaches: a minute of hits at 100,000/s, a day at a billion.
@@ -101,7 +100,6 @@ PER_MINUTE = 10**8
 PER_DAY = 10**11
 CEILING_CLIENTS = 50
 CEILING_REQUESTS = 200_000
-SUBPROCESS_TIMEOUT_S = 120.0
 
 # The floor's script: a fixed-window counter in one round trip.
 FLOOR_SCRIPT = """
@@ -322,12 +320,11 @@ async def timed_run(
     )
 
 
-async def compare(
-    url: str, levels: Sequence[int], repeats: Callable[[int], int], warmup_s: float, window_s: float
-) -> tuple[list[Run], list[Hitter], str, str]:
-    """Every level, ``repeats(level)`` times, the implementations taking turns going first.
+async def compare(url: str, sweep: Sweep) -> tuple[list[Run], list[Hitter], str, str]:
+    """Every level of the sweep, the implementations taking turns going first.
 
     Returns the runs, the implementations, the server's version and the floor script's SHA."""
+    warmup_s, window_s = sweep.warmup_s, sweep.window_s
     async with AsyncExitStack() as stack:
         config = LeaseConfig(
             max_per_user=0,
@@ -365,10 +362,9 @@ async def compare(
                     raise RuntimeError(f"{hitter.name} refused a first hit")
         runs: list[Run] = []
         serial = 0
-        for coroutines in levels:
-            for repeat in range(1, repeats(coroutines) + 1):
-                turn = (repeat - 1) * 3 % len(hitters)
-                for hitter in hitters[turn:] + hitters[:turn]:
+        for coroutines in sweep.levels:
+            for repeat in range(1, sweep.repeats(coroutines) + 1):
+                for hitter in in_turns(hitters, repeat, step=3):
                     serial += 1
                     run = await timed_run(
                         hitter, coroutines, repeat, f"r{serial}", warmup_s, window_s, counters
@@ -451,37 +447,10 @@ def summarize(runs: Sequence[Run]) -> list[Summary]:
 
 def ceiling(url: str, sha: str) -> dict[str, Any]:
     """redis-benchmark running the floor's script on 16 keys: the server's own limit."""
-    parts = urlsplit(url)
-    target = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
-    command = [
-        "redis-benchmark",
-        *target,
-        "-c",
-        str(CEILING_CLIENTS),
-        "-n",
-        str(CEILING_REQUESTS),
-        "-r",
-        str(IDENTITIES),
-        "-q",
-        "EVALSHA",
-        sha,
-        "1",
-        f"{KEY_PREFIX}:ceiling:__rand_int__",
-        "1",
-        "60000",
-    ]
-    output = subprocess.run(
-        command, capture_output=True, text=True, check=True, timeout=SUBPROCESS_TIMEOUT_S
-    ).stdout
-    found = re.findall(r"([\d.]+) requests per second(?:, p50=([\d.]+) msec)?", output)
-    if not found:
-        raise RuntimeError(f"cannot read redis-benchmark's output: {output!r}")
-    requests_per_s, p50 = found[-1]
-    return {
-        "command": " ".join(command),
-        "hits_per_s": float(requests_per_s),
-        "p50_ms": float(p50) if p50 else None,
-    }
+    key = f"{KEY_PREFIX}:ceiling:__rand_int__"
+    command = ["-r", str(IDENTITIES), "EVALSHA", sha, "1", key, "1", "60000"]
+    top = redis_benchmark(url, CEILING_CLIENTS, CEILING_REQUESTS, command)
+    return {**top, "hits_per_s": top["requests_per_s"]}
 
 
 def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
@@ -533,42 +502,15 @@ def print_results(summaries: Sequence[Summary], top: dict[str, Any]) -> None:
     )
 
 
-def levels_list(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("give coroutine counts >= 1, e.g. 1,16,64,256")
-    return levels
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Rate-limit hits/s: project vs. limits & co.")
     parser.add_argument("--url", required=True, help="Redis URL, e.g. redis://127.0.0.1:6380/0")
-    parser.add_argument(
-        "--concurrency",
-        type=levels_list,
-        default=list(DEFAULT_CONCURRENCY),
-        help="comma-separated coroutine counts (default 1,16,64,256)",
-    )
-    parser.add_argument("--warmup", type=float, default=0.25, help="seconds before each window")
-    parser.add_argument("--duration", type=float, default=1.0, help="seconds of each window")
-    parser.add_argument("--repeats", type=int, default=3, help="runs at 1 and 64 coroutines")
-    parser.add_argument("--sweep-repeats", type=int, default=1, help="runs at other levels")
+    Sweep.add_arguments(parser, DEFAULT_CONCURRENCY, warmup_s=0.25, window_s=1.0)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args()
-    if args.duration <= 0 or args.warmup < 0 or min(args.repeats, args.sweep_repeats) < 1:
-        parser.error("--duration must be > 0, --warmup >= 0 and the repeats >= 1")
-
-    def repeats(coroutines: int) -> int:
-        return int(args.repeats if coroutines in HEADLINE else args.sweep_repeats)
-
-    print(
-        f"rate-limit hits against {args.url}: {args.warmup} s warm-up + {args.duration} s window;"
-        f" {args.repeats} runs at {' and '.join(map(str, HEADLINE))} coroutines,"
-        f" {args.sweep_repeats} at the other levels; {IDENTITIES} identities"
-    )
-    runs, hitters, server_version, sha = asyncio.run(
-        compare(args.url, args.concurrency, repeats, args.warmup, args.duration)
-    )
+    sweep = Sweep.from_arguments(parser, args)
+    print(f"rate-limit hits against {args.url}: {sweep.describe()}; {IDENTITIES} identities")
+    runs, hitters, server_version, sha = asyncio.run(compare(args.url, sweep))
     summaries = summarize(runs)
     print(f"  ceiling: redis-benchmark -c {CEILING_CLIENTS} -n {CEILING_REQUESTS} ...", flush=True)
     top = ceiling(args.url, sha)
@@ -594,10 +536,7 @@ def main() -> None:
             },
             "settings": {
                 "url": without_password(args.url),
-                "concurrency": args.concurrency,
-                "warmup_s": args.warmup,
-                "window_s": args.duration,
-                "repeats_at": {str(level): repeats(level) for level in args.concurrency},
+                **sweep.settings(),
                 "identities": IDENTITIES,
                 "per_minute_limit": PER_MINUTE,
                 "per_day_limit": PER_DAY,

@@ -47,7 +47,6 @@ import asyncio
 import http.client
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -77,8 +76,15 @@ from fastapi_stream_lease import (
     install_exception_handler,
 )
 
-from common import PROJECT, RESULTS_DIR, cpu_seconds, machine_info, print_table, write_json
-from support.ports import free_port
+from common import (
+    PROJECT,
+    RESULTS_DIR,
+    ServerProcess,
+    cpu_seconds,
+    machine_info,
+    print_table,
+    write_json,
+)
 from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
@@ -226,22 +232,19 @@ class HttpRun:
     server_cpu_us_per_request: float
 
 
-class Server:
+class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
     def __init__(self, variant: str, url: str, prefix: str) -> None:
+        argv = [sys.executable, str(SCRIPT), "--serve", variant, "--url", url, "--prefix", prefix]
+        super().__init__(variant, argv)
         self.variant = variant
-        self.port = free_port()
-        argv = [sys.executable, str(SCRIPT), "--serve", variant, "--url", url]
-        self.process = subprocess.Popen(
-            [*argv, "--port", str(self.port), "--prefix", prefix], stdin=subprocess.DEVNULL
-        )
         self.headers: dict[str, str] = {}
 
     def wait_ready(self) -> None:
         """Bounded: 100 tries over about 20 s; keeps the first answer's headers."""
         for _try in range(100):
-            if self.process.poll() is not None:
+            if not self.running():
                 break
             connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10.0)
             try:
@@ -258,15 +261,6 @@ class Server:
             self.headers = {k.lower(): v for k, v in answer.getheaders()}
             return
         raise RuntimeError(f"the {self.variant} server did not come up on port {self.port}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15.0)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def wrk(port: int, connections: int, seconds: float, script: Path) -> dict[str, Any]:

@@ -1,10 +1,10 @@
-"""What OpenTelemetry costs (issue 13): acquire + release cycles per second at 64 concurrent
+"""What OpenTelemetry costs: acquire + release cycles per second at 64 concurrent
 coroutines with metrics and tracing off, and on (the SDK's MeterProvider with a periodic reader
 at its default interval that exports nowhere, plus one collection at the end of each run so
 every value recorded is aggregated within it; a TracerProvider whose batch processor drops the
 spans), in alternating runs of one
 process against one Redis; also the client process's CPU time per cycle (every thread: the
-event loop, the core's runtime, the SDK). Target: under 5 % cost.
+event loop, the core's runtime, the SDK).
 
 Usage: benchmarks/.venv/bin/python benchmarks/telemetry_cost.py --url redis://127.0.0.1:PORT/0
 """

@@ -1,4 +1,4 @@
-"""Token budgets (issue 12): what counting a stream's tokens costs Redis, and how far a budget
+"""Token budgets: what counting a stream's tokens costs Redis, and how far a budget
 overshoots against the gateways' charge-after-the-end counter, against one Redis server.
 
 **Redis calls.** 1,000 concurrent streams in one process, one user each, with two token budgets
@@ -15,7 +15,7 @@ splits a run into three phases read from ``INFO commandstats`` (script calls: ``
 * admission: the acquires, whose script reserves the tokens with the slot;
 * streaming: the top-ups, all due streams of the process in one script call per round (500 per
   call at most), and the keep-alive (every ``lease_seconds / 3`` = 10 s): the Redis calls per
-  second per process while 1,000 streams run, the figure issue 12 sets a target for;
+  second per process while 1,000 streams run, the figure that says whether counting scales;
 * end: the releases and the settlements (one settle call per stream; one more, a refund, for
   each stream released while a top-up of its was in flight).
 

@@ -12,7 +12,7 @@ Measured: Redis commands per second while the 200 wait and nobody releases (``IN
 commandstats`` deltas over a fixed window), then the delay from a ``release()`` to the next
 waiter's admission, over a chain of hand-overs (p50 and p99).
 
-Then fair shares (issue 14): 200 waiters across 10 users and 3 resources of capacity 1, user 0
+Then fair shares: 200 waiters across 10 users and 3 resources of capacity 1, user 0
 arriving first with 100 of them; each admitted waiter gives its slot back at once. Measured for
 the default fair order and for ``line_order="arrival"`` in the same run: commands/s while all
 wait, release-to-admission p50/p99, and the fairness figure, the most served user's share of

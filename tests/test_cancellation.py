@@ -38,7 +38,7 @@ async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):
 async def test_waiters_cancelled_mid_call_strand_nobody(make_manager):
     """A waiting acquire is aborted when cancelled, also while its call is in flight, and calls
     go in batches: a cancelled caller must not take the others' answers (or the queue) along.
-    The chaos run found the stop of a worker hanging on an acquire that never answered."""
+    Otherwise a worker's stop could hang on an acquire that never answered."""
     manager = make_manager(max_per_user=0, max_global=0)
     rng = random.Random(15)
     kept = []

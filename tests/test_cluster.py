@@ -82,8 +82,8 @@ async def test_a_cluster_node_restart_is_survived(key_prefix, tmp_path):
 
 
 async def test_a_dead_shard_is_unavailable_not_an_error(key_prefix):
-    # Found by the chaos run: the first call after the shard died got MOVED back to it (and
-    # later ones CLUSTERDOWN), raised as BackendError, so failure_mode="open" refused them.
+    # The first call after the shard dies gets MOVED back to it (and later ones CLUSTERDOWN):
+    # taken for an error of the server, failure_mode="open" would refuse them.
     cluster = RedisCluster().start()  # its own: this test kills a node
     try:
         config = LeaseConfig(key_prefix=key_prefix, max_per_user=0, lease_seconds=2,

@@ -1,5 +1,6 @@
 """The interpreter exits cleanly while Rust futures finish around it: no Rust thread ever takes the
-GIL, so nothing can race the interpreter's finalization (the stock bridge crashed here)."""
+GIL, so nothing can race the interpreter's finalization (the stock pyo3-async-runtimes bridge
+can crash here)."""
 
 from __future__ import annotations
 

@@ -453,7 +453,7 @@ def step_server_clock(redis_client, key_prefix: str, seconds: int) -> None:
     """Makes every holder's expiry (and each tag's last clock reading) look as if the Redis
     server's clock had just stepped by ``seconds``."""
     times = [holders(key_prefix)]
-    if redis_client.exists(f"{holders(key_prefix)}:clock"):  # absent before the clock guard
+    if redis_client.exists(f"{holders(key_prefix)}:clock"):  # absent until a script reads the clock
         times.append(f"{holders(key_prefix)}:clock")
     redis_client.eval(STEP_CLOCK, len(times), *times, seconds * 1000)
 
@@ -493,8 +493,8 @@ async def test_a_backward_step_of_the_redis_clock_keeps_no_dead_holder(make_redi
 async def test_a_release_lost_in_a_failover_frees_its_slot_while_others_wait(
     own_redis, make_own_redis_manager
 ):
-    # Found by the chaos run (seed 3): while this process had waiters in line, their acquires
-    # counted as in flight all along, which hid the extra members from the keep-alive's count.
+    # Counted as in flight for their whole wait, this process's waiters would hide the extra
+    # members from the keep-alive's count for as long as they wait.
     manager = make_own_redis_manager(**OUTLIVES_A_RESTORE, max_per_user=0, max_global=3)
     kept = [await manager.acquire("alice"), await manager.acquire("bob")]
     gone = await manager.acquire("carol")

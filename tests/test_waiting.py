@@ -241,9 +241,9 @@ async def waiting(manager, user: str, **kwargs) -> asyncio.Task:
 
 
 async def test_a_waiter_for_one_pool_delays_no_one_elses(make_manager):
-    """The review's case: one request waiting for a full Resource(1, "db") made every acquire
-    that did not wait fail with 503 "global stream limit reached (0 of 1000 in use)", and a
-    waiter for "fs" wait behind the one for "db"."""
+    """One request waiting for a full Resource(1, "db") made every acquire that did not wait
+    fail with 503 "global stream limit reached (0 of 1000 in use)", and a waiter for "fs" wait
+    behind the one for "db"."""
     manager = make_manager(max_per_user=0, max_global=1000)
     db, fs = Resource(capacity=1, name="db"), Resource(capacity=1, name="fs")
     holder = await manager.acquire("alice", resources=[db])

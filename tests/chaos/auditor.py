@@ -81,8 +81,8 @@ class Bounds:
         more released members than it lost), and the reclaim checks its leases in the same
         round. A grant still in flight during a keep-alive can hide a missing one until the
         next: a round. Each call takes at most ``timeout``: ``3 x renew + 4 x timeout``, for
-        either kind. (A snapshot that brings back exactly as many members as it lost is not
-        found: the protocol model's finding 5, docs/design.md.)"""
+        either kind. (A snapshot that brings back exactly as many members as it lost is found
+        by the sum of ids kept beside the count: docs/design.md, section 9.2.)"""
         return 3 * self.renew + 4 * self.timeout
 
     @property

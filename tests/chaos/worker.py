@@ -87,7 +87,7 @@ class Worker:
         self.rng = random.Random(seed)
         self.stop = asyncio.Event()
         self.streams = 0
-        # Streams whose start was told (a cancellation no longer counts as one of an acquire).
+        # Streams whose start was told (a cancelled acquire's is not one).
         self._started: set[str] = set()
         self.manager = StreamLeaseManager(
             url=url,
