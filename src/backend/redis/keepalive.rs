@@ -81,6 +81,26 @@ fn decode_keepalive(groups: &[String], reply: &[String]) -> CoreResult<Vec<(Kept
         .collect()
 }
 
+/// strays.lua's call, the first step of a prune (it changes nothing): lists the leases the
+/// holder has members of in a tag that are none of `keep`, each with the highest unit found,
+/// at most `STRAYS_PER_CALL`.
+pub fn strays_invocation(holders: &str, keep: &[String], holder: u64) -> Invocation {
+    let mut invocation = scripts::STRAYS.prepare_invoke();
+    invocation.key(holders).arg(holder).arg(STRAYS_PER_CALL).arg(keep);
+    invocation
+}
+
+/// prune.lua's call, the second step: removes the members of `strays` (lease ids and weights)
+/// the holder has in a tag, then counts its members again. Replies with how many it removed.
+pub fn prune_invocation(holders: &str, strays: &[(String, u32)], holder: u64) -> Invocation {
+    let mut invocation = scripts::PRUNE.prepare_invoke();
+    invocation.key(holders).arg(holder);
+    for (id, weight) in strays {
+        invocation.arg(id).arg(*weight);
+    }
+    invocation
+}
+
 /// depart.lua's call: the holder leaves the tags of `holders_keys` where it holds nothing.
 /// Replies with how many.
 pub fn depart_invocation(holders_keys: &[String], holder: u64) -> Invocation {
@@ -113,7 +133,7 @@ impl RedisBackend {
         // Futures built first, then streamed: a closure inside the stream would not be `Send`.
         let calls: Vec<_> = groups
             .chunks(per_call)
-            .map(|chunk| self.keepalive(chunk, resync, ttl_ms, period_ms))
+            .map(|chunk| self.keepalive_call(chunk, resync, ttl_ms, period_ms))
             .collect();
         let outcomes = a_few_at_a_time(calls, RENEW_CALLS_IN_FLIGHT).await;
         let mut kept = Vec::with_capacity(groups.len());
@@ -130,7 +150,7 @@ impl RedisBackend {
     }
 
     /// Extends this holder's entry in each group's tag where it is live, and reads its count.
-    async fn keepalive(
+    async fn keepalive_call(
         &self,
         groups: &[String],
         resync: bool,
@@ -161,32 +181,9 @@ impl RedisBackend {
             .collect())
     }
 
-    /// Lists the leases this holder has members of in a tag that are none of `keep`, with the
-    /// highest unit of each found (the first step of a prune; changes nothing).
-    pub(super) async fn strays(&self, holders: &str, keep: &[String]) -> CoreResult<Vec<(String, u32)>> {
-        let mut invocation = scripts::STRAYS.prepare_invoke();
-        invocation
-            .key(holders)
-            .arg(self.holder)
-            .arg(STRAYS_PER_CALL)
-            .arg(keep);
-        self.link.run(&invocation).await
-    }
-
-    /// Removes the members of `strays` (lease ids and weights) this holder has in a tag, then
-    /// counts its members again (the second step of a prune).
-    pub(super) async fn prune(&self, holders: &str, strays: &[(String, u32)]) -> CoreResult<u64> {
-        let mut invocation = scripts::PRUNE.prepare_invoke();
-        invocation.key(holders).arg(self.holder);
-        for (id, weight) in strays {
-            invocation.arg(id).arg(*weight);
-        }
-        self.link.run(&invocation).await
-    }
-
     /// Checks leases one by one, in batches of one slot each (the leases come group by group,
     /// so in runs of one tag); returns the holders keys whose check failed.
-    pub(super) async fn reclaim(
+    pub(super) async fn reclaim_batches(
         &self,
         leases: &[Arc<LeaseRecord>],
         ttl_ms: u64,
@@ -261,6 +258,18 @@ mod tests {
         let mut garbled = reply.clone();
         garbled[1] = "many".into();
         assert!(decode_keepalive(&groups, &garbled).is_err());
+    }
+
+    #[test]
+    fn a_prune_lists_then_removes_what_no_lease_holds() {
+        let keep = ["held".to_owned()];
+        let strays = strays_invocation("{a}:holders", &keep, 7);
+        assert_eq!(
+            (read::keys(&strays), read::args(&strays)),
+            (vec!["{a}:holders"], vec!["7", "1000", "held"])
+        );
+        let prune = prune_invocation("{a}:holders", &[("gone".into(), 2)], 7);
+        assert_eq!(read::args(&prune), ["7", "gone", "2"]);
     }
 
     #[test]

@@ -163,11 +163,17 @@ impl Backend for RedisBackend {
         holders: &'a str,
         keep: &'a [String],
     ) -> BoxFuture<'a, CoreResult<Vec<(String, u32)>>> {
-        Box::pin(RedisBackend::strays(self, holders, keep))
+        Box::pin(async move {
+            let invocation = keepalive::strays_invocation(holders, keep, self.holder);
+            self.link.run(&invocation).await
+        })
     }
 
     fn prune<'a>(&'a self, holders: &'a str, strays: &'a [(String, u32)]) -> BoxFuture<'a, CoreResult<u64>> {
-        Box::pin(RedisBackend::prune(self, holders, strays))
+        Box::pin(async move {
+            let invocation = keepalive::prune_invocation(holders, strays, self.holder);
+            self.link.run(&invocation).await
+        })
     }
 
     fn reclaim<'a>(
@@ -176,7 +182,7 @@ impl Backend for RedisBackend {
         ttl_ms: u64,
         report: &'a mut RoundReport,
     ) -> BoxFuture<'a, HashSet<String>> {
-        Box::pin(RedisBackend::reclaim(self, leases, ttl_ms, report))
+        Box::pin(self.reclaim_batches(leases, ttl_ms, report))
     }
 
     fn release<'a>(
