@@ -203,6 +203,7 @@ impl Undo {
 mod tests {
     use super::super::hit::tests::policy;
     use super::super::layout::read;
+    use super::super::line::tests::line;
     use super::*;
     use crate::backend::Waiter;
     use crate::config::LineOrder;
@@ -215,15 +216,6 @@ mod tests {
             Pool::new("global", "{t}:global".into(), 10, PoolRole::Shared),
         ];
         Arc::new(LeaseRecord::new(pools, 3, Store::Main))
-    }
-
-    fn line() -> LineKeys {
-        LineKeys {
-            line: "{t}:line".into(),
-            alive: "{t}:line:alive".into(),
-            tickets: "{t}:line:tickets".into(),
-            channel: "{t}:line:wake".into(),
-        }
     }
 
     fn rates() -> RateCheck {

@@ -38,23 +38,24 @@ pub fn heartbeat_invocation(line: &LineKeys, waiter_ids: &[String], ttl_ms: u64,
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::super::layout::read;
     use super::*;
 
-    fn line() -> LineKeys {
+    /// The line of the tag `t`.
+    pub fn line() -> LineKeys {
         LineKeys {
-            line: "{p}:line".into(),
-            alive: "{p}:line:alive".into(),
-            tickets: "{p}:line:tickets".into(),
-            channel: "{p}:line:wake".into(),
+            line: "{t}:line".into(),
+            alive: "{t}:line:alive".into(),
+            tickets: "{t}:line:tickets".into(),
+            channel: "{t}:line:wake".into(),
         }
     }
 
     #[test]
     fn the_line_calls_name_the_line_then_the_liveness() {
         let leave = leave_invocation(&line(), "w1", 7);
-        assert_eq!(read::keys(&leave), ["{p}:line", "{p}:line:alive"]);
+        assert_eq!(read::keys(&leave), ["{t}:line", "{t}:line:alive"]);
         assert_eq!(read::args(&leave), ["w1", "7"]);
         let ids = ["w1".to_owned(), "w2".to_owned()];
         let heartbeat = heartbeat_invocation(&line(), &ids, 3000, 7);
@@ -63,7 +64,7 @@ mod tests {
 
     #[test]
     fn a_cluster_wakes_on_a_sharded_channel() {
-        assert_eq!(wake_channel(&line(), false), "{p}:line:wake");
-        assert_eq!(wake_channel(&line(), true), "!{p}:line:wake");
+        assert_eq!(wake_channel(&line(), false), "{t}:line:wake");
+        assert_eq!(wake_channel(&line(), true), "!{t}:line:wake");
     }
 }

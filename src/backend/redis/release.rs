@@ -90,6 +90,7 @@ pub fn reclaim_invocation(leases: &[Arc<LeaseRecord>], holder: u64, ttl_ms: u64)
 #[cfg(test)]
 mod tests {
     use super::super::layout::read;
+    use super::super::line::tests::line;
     use super::*;
     use crate::keys::{Pool, PoolRole};
     use crate::lease::Store;
@@ -105,12 +106,7 @@ mod tests {
     #[test]
     fn leases_name_each_key_once_and_point_at_it() {
         let leases = [lease_in(&["{t}:a", "{t}:b"], 2), lease_in(&["{t}:b"], 1)];
-        let line = LineKeys {
-            line: "{t}:line".into(),
-            alive: "{t}:line:alive".into(),
-            tickets: "{t}:line:tickets".into(),
-            channel: "{t}:line:wake".into(),
-        };
+        let line = line();
         let release = release_invocation(&leases, Some((&line, "{t}:line:wake".into())), 7);
         assert_eq!(
             read::keys(&release),
