@@ -1,7 +1,8 @@
 //! The embedded store for one process (`memory://`, and the local floor while Redis is down):
-//! the same admission decisions as `lua/acquire.lua`, under one mutex. Its leases live as long
-//! as their holder, this process: a lease dropped without a release releases itself, so nothing
-//! here expires or is renewed. Nothing in it ever waits.
+//! the same decisions as the scripts, under one mutex (admission in `acquire.rs`, the waiting
+//! lines in `line.rs`, rate counters in `rate.rs`). Its leases live as long as their holder,
+//! this process: a lease dropped without a release releases itself, so nothing here expires or
+//! is renewed. Nothing in it ever waits.
 
 mod acquire;
 mod line;
@@ -47,7 +48,7 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Locked after the state where both are, as everywhere: both decide together.
+    /// The rate counters; where the state is locked too, it is locked first.
     fn rates(&self) -> MutexGuard<'_, RateCounters> {
         self.rates.lock().unwrap_or_else(PoisonError::into_inner)
     }
