@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseError, StreamLeaseRejected
+from fastapi_stream_lease import StreamLeaseError, StreamLeaseRejected, _core
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
@@ -250,50 +250,35 @@ def core_script(redis_client, name: str):
     )
 
 
-def shape(*numbers: int) -> str:
-    """A request's numbers in one argument (the prelude's shape_of)."""
-    return " ".join(map(str, numbers))
-
-
-def batched_acquire(redis_client, tag: str):
-    """acquire.lua deciding a batch for holder 777 in `tag` (the holders key), without a line:
-    called with [(keys, args), ...] (each request's), answers each in order."""
+def batched_acquire(redis_client):
+    """acquire.lua deciding a batch for holder 777, leases of 30 s, without a line: called with
+    [(lease id, weight, [(pool key, capacity), ...]), ...], laid out as the core sends it
+    (`_core._acquire_call`), answers each in order."""
     script = core_script(redis_client, "acquire")
-    # The head the requests share: the tag's holders; lease of 30 s, no line, no channel,
-    # holder 777, fair order, no waiting for one's own quota.
-    head_keys, head_args = [tag], [30_000, 0, "", 777, "fair", 0]
 
-    def decide(requests):
-        counts = [count for keys, args in requests for count in (len(keys), len(args))]
-        return script(
-            keys=[*head_keys, *(key for keys, _ in requests for key in keys)],
-            args=[
-                len(requests), len(head_keys), len(head_args), *head_args, *counts,
-                *(arg for _, args in requests for arg in args),
-            ],
-        )
+    def decide(leases):
+        keys, args = _core._acquire_call(777, 30_000, leases)
+        return script(keys=keys, args=args)
 
     return decide
 
 
-def one_acquire(redis_client, tag: str):
-    """acquire.lua called with one request, as the core sends a lone acquire."""
-    decide = batched_acquire(redis_client, tag)
-    return lambda keys, args: decide([(keys, args)])[0]
+def one_acquire(redis_client):
+    """acquire.lua called with one lease, as the core sends a lone acquire."""
+    decide = batched_acquire(redis_client)
+    return lambda lease, weight, pools: decide([(lease, weight, pools)])[0]
 
 
 def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(redis_client,
                                                                             key_prefix):
     pool, tag = global_pool(key_prefix), holders(key_prefix)
-    decide = batched_acquire(redis_client, tag)
+    decide = batched_acquire(redis_client)
     wrong = f"{{{key_prefix}}}:wrong"
     redis_client.set(wrong, "a string, not a pool")
 
     def request(lease: str, *pools: str):
-        # lease, no waiter; weight 1, liveness 0, own pools 0, n pools, priority 0, each of
-        # capacity 1, no max_waiting
-        n = len(pools)
-        return (list(pools), [lease, "", shape(1, 0, 0, n, 0, *[1] * n, *[0] * n)])
+        # weight 1, each pool of capacity 1
+        return (lease, 1, [(pool, 1) for pool in pools])
 
     replies = decide([request("first", pool), request("broken", wrong), request("second", pool)])
     assert replies[0] == [1, 0, 1], "granted; the holder was new"
@@ -308,16 +293,13 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     # The script as src/backend/redis/scripts.rs builds it, run twice with the same lease id
     # (what a client does when it resends a call whose reply was lost), against a pool of
     # capacity 1.
-    tag = holders(key_prefix)
-    acquire = one_acquire(redis_client, tag)
-    keys = [global_pool(key_prefix)]
-    # lease, no waiter; weight 1, liveness 0, own pools 0, 1 pool, priority 0, of capacity 1,
-    # no max_waiting; no rate policy
-    args = ["lease-1", "", shape(1, 0, 0, 1, 0, 1, 0)]
-    assert acquire(keys=keys, args=args) == [1, 0, 1]  # granted; the holder was new
-    assert acquire(keys=keys, args=args) == [1, 1, 1], "granted again, not refused its own slot"
-    assert acquire(keys=keys, args=["lease-2", *args[1:]])[0] == 0, "others are refused"
-    redis_client.delete(*keys, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
+    tag, pool = holders(key_prefix), global_pool(key_prefix)
+    acquire = one_acquire(redis_client)
+    pools = [(pool, 1)]  # of capacity 1
+    assert acquire("lease-1", 1, pools) == [1, 0, 1]  # granted; the holder was new
+    assert acquire("lease-1", 1, pools) == [1, 1, 1], "granted again, not refused its own slot"
+    assert acquire("lease-2", 1, pools)[0] == 0, "others are refused"
+    redis_client.delete(pool, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
 
 
 def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):
@@ -325,15 +307,12 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
     # the protocol model found: the prune's list is asked for, an acquire sent after the ids to
     # keep were taken is run by Redis, then the removal runs (and runs again, late).
     pool, tag = global_pool(key_prefix), holders(key_prefix)
-    acquire = one_acquire(redis_client, tag)
+    acquire = one_acquire(redis_client)
     strays, prune = core_script(redis_client, "strays"), core_script(redis_client, "prune")
     members = f"{tag}:777:members"
 
     def grant(lease: str, weight: int) -> None:
-        # lease, no waiter; weight, liveness 0, own pools 0, 1 pool, priority 0, unlimited, no
-        # max_waiting; no rate policy
-        args = [lease, "", shape(weight, 0, 0, 1, 0, 0, 0)]
-        assert acquire(keys=[pool], args=args)[0] == 1
+        assert acquire(lease, weight, [(pool, 0)])[0] == 1  # in the unlimited pool
 
     grant("held", 1)
     grant("released", 2)  # its release lost in a failover: in Redis, neither held nor in flight

@@ -15,6 +15,7 @@ __all__ = [
     "ProxyRule",
     "RateLimit",
     "__version__",
+    "_acquire_call",
     "check_rate_limits",
     "redact_url",
 ]
@@ -234,3 +235,11 @@ def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
 
 def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""
+
+def _acquire_call(
+    holder: int, ttl_ms: int, leases: list[tuple[str, int, list[tuple[str, int]]]]
+) -> tuple[list[bytes], list[bytes]]:
+    """The keys and arguments of the ``acquire`` script's call that decides ``leases`` in order,
+    as the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
+    line or rate limits. Each lease is ``(lease id, weight, [(pool key, capacity), ...])``
+    (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the keys."""

@@ -557,7 +557,7 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Backend;
+    use crate::backend::MemoryBackend;
     use crate::config::{Config, LineOrder, OnLost};
 
     fn manager() -> Arc<Manager> {
@@ -581,7 +581,7 @@ mod tests {
             disclose_usage: true,
             proxy_rule: Default::default(),
         };
-        Arc::new(Manager::new(Backend::Memory(Box::default()), config))
+        Arc::new(Manager::new(Box::new(MemoryBackend::default()), config))
     }
 
     /// Every acquire in flight keeps its future in a task of its own, so its size is memory per

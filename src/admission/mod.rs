@@ -120,7 +120,7 @@ impl Drop for Manager {
 
 impl Manager {
     /// A manager on `backend`; nothing is connected or started until first use.
-    pub fn new(backend: Backend, config: Config) -> Self {
+    pub fn new(backend: Box<dyn Backend>, config: Config) -> Self {
         let keys = KeySpace::new(&config);
         let line = keys.line();
         let stores = Arc::new(Stores::new(backend));

@@ -231,7 +231,7 @@ impl LocalLine {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = stores.main().listen(&line, || leases.wake()) => {}
+                    _ = stores.main().listen(&line, Box::new(|| leases.wake())) => {}
                 }
                 // The subscription broke (Redis restarted, a failover): subscribe again soon.
                 tokio::time::sleep(RECHECK_WAITING).await;

@@ -16,7 +16,7 @@ use super::errors::error_class;
 use super::lease::LeaseHandle;
 use super::{budget, rate};
 use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
-use crate::backend::{Backend, MAX_PRIORITY};
+use crate::backend::{self, MAX_PRIORITY};
 use crate::rate::MAX_LIMIT;
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
@@ -59,7 +59,7 @@ impl Manager {
                 })
             })
             .transpose()?;
-        let backend = Backend::open(url, config.redis_timeout(), ca_pem)?;
+        let backend = backend::open(url, config.redis_timeout(), ca_pem)?;
         if config.identity_secret.is_empty() && !backend.is_embedded() {
             // Level 2: the line that built the StreamLeaseManager, past its __init__.
             PyErr::warn(

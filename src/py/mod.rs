@@ -1,6 +1,7 @@
 //! The Python binding: the only code that touches PyO3. It checks arguments, calls the core and
 //! turns what the core returns into Python objects and awaitables.
 
+mod acquire_call;
 mod args;
 mod bridge;
 mod budget;
@@ -21,6 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client_address::ProxyRule>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", python_version(env!("CARGO_PKG_VERSION")))?;
     m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;

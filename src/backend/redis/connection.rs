@@ -15,6 +15,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult,
 use tokio::sync::Mutex;
 
 use super::scripts::{Invocation, LIBRARY};
+use super::subscription::Subscription;
 use crate::backend::CallStats;
 use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
@@ -32,36 +33,6 @@ pub struct ClusterEndpoint {
     pub client: ClusterClient,
     pub subscriber: ClusterClient,
     pub pushes: tokio::sync::broadcast::Sender<redis::PushInfo>,
-}
-
-/// What a subscription delivers: a standalone server's messages, or a cluster's sharded ones
-/// (kept alive by the connection held here).
-pub enum Subscription {
-    Standalone(redis::aio::PubSub),
-    Cluster {
-        /// Held so the subscription lives; its messages come through `pushes`.
-        _connection: ClusterConnection,
-        pushes: tokio::sync::broadcast::Receiver<redis::PushInfo>,
-    },
-}
-
-impl Subscription {
-    /// Resolves at the next message; None once the subscription is gone.
-    pub async fn next(&mut self) -> Option<()> {
-        use futures_util::StreamExt;
-        match self {
-            Subscription::Standalone(pubsub) => pubsub.on_message().next().await.map(drop),
-            Subscription::Cluster { pushes, .. } => loop {
-                match pushes.recv().await {
-                    Ok(push) if push.kind == redis::PushKind::SMessage => return Some(()),
-                    Ok(_) => {}
-                    // Missed some: one wake-up stands for all of them.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some(()),
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            },
-        }
-    }
 }
 
 /// A cheap, clonable, multiplexed handle to either kind of deployment.
@@ -175,8 +146,8 @@ impl Link {
     }
 
     /// A multiplexed connection that reconnects by itself. Calls are bounded by `deadlines`,
-    /// not by a response timeout of redis-rs (a timer per call; it ended a call the way ours
-    /// does, without a reconnect).
+    /// not by a response timeout of redis-rs (that would add a timer per call, and end a call
+    /// the way ours does, without a reconnect).
     async fn manage(&self, client: redis::Client) -> redis::RedisResult<Connection> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.deadlines.limit()))

@@ -1,0 +1,237 @@
+//! Scripts that decide a batch of requests in one call (acquire.lua, hit.lua: the prelude's
+//! `decide_each`): the layout of such a call, the reply to each request, and the group commit
+//! (`crate::group_commit`) that gathers the requests that come while calls are in flight.
+
+use std::sync::Arc;
+
+use redis::{FromRedisValue, Value};
+
+use super::acquire::Undo;
+use super::connection::Link;
+use super::layout::unexpected_reply;
+use super::scripts::{Invocation, LuaScript};
+use crate::errors::CoreResult;
+use crate::group_commit::{Batches, GroupCommit};
+use crate::keys;
+use crate::lease::monotonic_ms;
+
+/// Requests one batched call decides at most: bounds how long one call blocks Redis.
+const REQUESTS_PER_CALL: usize = 64;
+
+/// One request's decision failed (in a batch: the others were decided).
+const FAILED: i64 = 6;
+
+/// One request of a batched call: its keys and arguments, and the hash tag they are in.
+pub struct OneCall {
+    pub tag: String,
+    /// The keys and arguments it shares with the others of its batch, sent once per call
+    /// (acquire.lua's head: its tag's holders and line, the lease duration, the holder...): two
+    /// requests go in one call only when their heads are the same.
+    pub head_keys: Vec<Vec<u8>>,
+    pub head_args: Vec<Vec<u8>>,
+    pub keys: Vec<Vec<u8>>,
+    pub args: Vec<Vec<u8>>,
+    /// For an acquire: what to give back if its caller goes away while its call is in flight.
+    pub undo: Option<Undo>,
+}
+
+impl OneCall {
+    /// The request `invocation` built, with what it shares with its batch (`head`), its keys in
+    /// the hash tag of `key`.
+    pub fn of(invocation: Invocation, head: Option<Invocation>, key: &str, undo: Option<Undo>) -> Self {
+        let (head_keys, head_args) = head.map_or_else(Default::default, |head| (head.keys, head.args));
+        OneCall {
+            tag: keys::hash_tag(key).to_owned(),
+            head_keys,
+            head_args,
+            keys: invocation.keys,
+            args: invocation.args,
+            undo,
+        }
+    }
+}
+
+/// The call that decides `requests` (at least one, all with the first one's head): after the
+/// count of requests, the head (its counts of keys and of arguments, then its arguments; its
+/// keys come first), each one's count of keys and of arguments, then all of their arguments and
+/// keys in order.
+pub fn batch_call(script: &'static LuaScript, requests: &[OneCall]) -> Invocation {
+    let mut invocation = script.prepare_invoke();
+    let head = &requests[0];
+    invocation
+        .arg(requests.len())
+        .arg(head.head_keys.len())
+        .arg(head.head_args.len())
+        .arg(&head.head_args)
+        .key(&head.head_keys);
+    for request in requests {
+        invocation.arg(request.keys.len()).arg(request.args.len());
+    }
+    for request in requests {
+        invocation.key(&request.keys).arg(&request.args);
+    }
+    invocation
+}
+
+/// One request's reply: its numbers, or (`Err`) the text of the error its decision met; None
+/// for a reply of neither shape.
+pub fn decode_one(reply: &Value) -> Option<Result<Vec<u64>, String>> {
+    if let Value::Array(items) = reply {
+        if let [Value::Int(FAILED), message] = items.as_slice() {
+            return Some(Err(String::from_redis_value_ref(message).unwrap_or_default()));
+        }
+    }
+    Vec::<u64>::from_redis_value_ref(reply).ok().map(Ok)
+}
+
+/// Sends the requests of a script that decides batches; it answers each.
+pub struct BatchedCalls {
+    link: Arc<Link>,
+    script: &'static LuaScript,
+    /// The manager's holder id, for what undoes an acquire.
+    holder: u64,
+}
+
+/// A request's reply, as the script gives it, and when its call left this process (Redis ran
+/// the script later: a grant's deadline counted from then is never late).
+pub struct Replied {
+    pub sent_at_ms: u64,
+    pub reply: Vec<u64>,
+}
+
+impl BatchedCalls {
+    pub fn of(script: &'static LuaScript, link: &Arc<Link>, holder: u64) -> Arc<GroupCommit<Self>> {
+        Arc::new(GroupCommit::new(BatchedCalls {
+            link: Arc::clone(link),
+            script,
+            holder,
+        }))
+    }
+
+    fn name(&self) -> &str {
+        self.script.function.rsplit('_').next().unwrap_or("batched")
+    }
+}
+
+impl Batches for BatchedCalls {
+    type Request = OneCall;
+    type Answer = Replied;
+    const MOST_PER_CALL: usize = REQUESTS_PER_CALL;
+
+    fn together(&self, first: &OneCall, other: &OneCall) -> bool {
+        first.tag == other.tag && first.head_keys == other.head_keys && first.head_args == other.head_args
+    }
+
+    async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Replied>> {
+        let invocation = batch_call(self.script, requests);
+        let sent_at_ms = monotonic_ms();
+        match self.link.run::<Vec<Value>>(&invocation).await {
+            Ok(replies) if replies.len() == requests.len() => replies
+                .iter()
+                .map(|reply| match decode_one(reply) {
+                    Some(Ok(reply)) => Ok(Replied { sent_at_ms, reply }),
+                    // As Redis would have answered it for a call of its own.
+                    Some(Err(message)) => Err(self.link.error_text(&message)),
+                    None => Err(unexpected_reply(self.name(), reply)),
+                })
+                .collect(),
+            Ok(replies) => requests
+                .iter()
+                .map(|_| Err(unexpected_reply(self.name(), &replies)))
+                .collect(),
+            Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+        }
+    }
+
+    /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter)
+    /// gives back what it took (see `Undo`). A failed call leaves an over-count, never an
+    /// under-count. A hit that counted stays counted.
+    async fn unanswered(&self, request: OneCall, Replied { reply, .. }: Replied) {
+        let Some(undo) = request.undo else {
+            return;
+        };
+        for invocation in undo.invocations(&reply, self.holder) {
+            let _ = self.link.run::<Value>(&invocation).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::read;
+    use super::super::scripts::HIT;
+    use super::*;
+
+    fn request(head: &[&str], keys: &[&str], args: &[&str]) -> OneCall {
+        let mut invocation = HIT.prepare_invoke();
+        invocation.key(keys).arg(args);
+        let mut shared = HIT.prepare_invoke();
+        shared.key(&head[..1]).arg(&head[1..]);
+        OneCall::of(invocation, Some(shared), "{t}:k", None)
+    }
+
+    /// Keys and arguments, as text.
+    type Part<'a> = (Vec<&'a str>, Vec<&'a str>);
+
+    /// The requests of a call, read back as the prelude's `decide_each` reads them: the head's
+    /// keys and arguments, then each request's.
+    fn decide_each(call: &Invocation) -> (Part<'_>, Vec<Part<'_>>) {
+        let (keys, args) = (read::keys(call), read::args(call));
+        let number = |i: usize| args[i].parse::<usize>().expect("a count");
+        let (requests, head_keys, head_args) = (number(0), number(1), number(2));
+        let counts = 3 + head_args;
+        let (mut key_base, mut arg_base) = (head_keys, counts + 2 * requests);
+        let mut each = Vec::new();
+        for r in 0..requests {
+            let (key_count, arg_count) = (number(counts + 2 * r), number(counts + 2 * r + 1));
+            each.push((
+                keys[key_base..key_base + key_count].to_vec(),
+                args[arg_base..arg_base + arg_count].to_vec(),
+            ));
+            (key_base, arg_base) = (key_base + key_count, arg_base + arg_count);
+        }
+        assert_eq!(
+            (key_base, arg_base),
+            (keys.len(), args.len()),
+            "nothing left over"
+        );
+        ((keys[..head_keys].to_vec(), args[3..counts].to_vec()), each)
+    }
+
+    #[test]
+    fn a_batch_reads_back_as_its_head_and_its_requests_in_order() {
+        let head = ["{t}:holders", "30000", "fair"];
+        let requests = [
+            request(&head, &["{t}:a"], &["one", "1 2"]),
+            request(&head, &["{t}:a", "{t}:b"], &["two"]),
+            request(&head, &[], &[]),
+        ];
+        let call = batch_call(&HIT, &requests);
+        let ((head_keys, head_args), each) = decide_each(&call);
+        assert_eq!(head_keys, ["{t}:holders"]);
+        assert_eq!(head_args, ["30000", "fair"]);
+        assert_eq!(
+            each,
+            [
+                (vec!["{t}:a"], vec!["one", "1 2"]),
+                (vec!["{t}:a", "{t}:b"], vec!["two"]),
+                (vec![], vec![]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_answers_its_numbers_or_its_own_error() {
+        let numbers = Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(3)]);
+        assert_eq!(decode_one(&numbers), Some(Ok(vec![1, 0, 3])));
+        let failed = Value::Array(vec![
+            Value::Int(FAILED),
+            Value::BulkString(b"WRONGTYPE Operation against a key".to_vec()),
+        ]);
+        assert_eq!(
+            decode_one(&failed),
+            Some(Err("WRONGTYPE Operation against a key".into()))
+        );
+        assert_eq!(decode_one(&Value::SimpleString("OK".into())), None);
+    }
+}

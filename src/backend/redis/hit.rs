@@ -1,0 +1,103 @@
+//! Request rates: `lua/hit.lua` (one hit against every policy, decided in batches) and
+//! `lua/forget.lua` (counters forgotten), and each policy's part of a call and of its reply, as
+//! acquire.lua takes and gives them too.
+
+use super::batched::OneCall;
+use super::layout::unexpected_reply;
+use super::scripts::{self, Invocation};
+use crate::errors::CoreResult;
+use crate::rate::{Bucket, Decision, HitOutcome, RatePolicy};
+
+/// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost.
+pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
+    for (policy, cost) in policies.iter().zip(costs) {
+        invocation
+            .arg(policy.algorithm.code())
+            .arg(policy.limit)
+            .arg(policy.window_ms)
+            .arg(cost);
+    }
+}
+
+/// The policies' decisions from a reply's (used, reset_ms, bucket, epoch) quadruples.
+pub fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
+    policies
+        .iter()
+        .zip(answers.chunks(4))
+        .map(|(policy, a)| Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3])))
+        .collect()
+}
+
+/// hit.lua's request: the counters (`keys[i]` counts `policies[i]`), whether it counts or only
+/// looks, each policy with `cost`. None without a policy.
+pub fn hit_request(keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> Option<OneCall> {
+    let first_key = keys.first()?;
+    let mut invocation = scripts::HIT.prepare_invoke();
+    invocation.key(keys).arg(u8::from(consume));
+    rate_args(&mut invocation, policies, &vec![cost; policies.len()]);
+    Some(OneCall::of(invocation, None, first_key, None))
+}
+
+/// hit.lua's reply to one request: the 1-based index of the policy that refused (0: none) and
+/// when the cost fits again, then each policy's quadruple.
+pub fn decode_hit(reply: &[u64], policies: &[RatePolicy]) -> CoreResult<HitOutcome> {
+    let [refused, retry_ms, per_policy @ ..] = reply else {
+        return Err(unexpected_reply("hit", &reply));
+    };
+    if per_policy.len() != 4 * policies.len() || *refused as usize > policies.len() {
+        return Err(unexpected_reply("hit", &reply));
+    }
+    Ok(HitOutcome {
+        decisions: decisions(policies, per_policy),
+        refused: (*refused > 0).then(|| (*refused as usize - 1, *retry_ms)),
+    })
+}
+
+/// forget.lua's call: the counters to forget. Replies with a number.
+pub fn forget_invocation(keys: &[String]) -> Invocation {
+    let mut invocation = scripts::FORGET.prepare_invoke();
+    invocation.key(keys);
+    invocation
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::super::layout::read;
+    use super::*;
+    use crate::rate::{Algorithm, Unit};
+
+    pub fn policy(name: &str, limit: u64) -> RatePolicy {
+        RatePolicy::new(name, limit, 60_000, Algorithm::FixedWindow, Unit::Requests).expect("a policy")
+    }
+
+    #[test]
+    fn a_hit_sends_each_policy_with_its_cost() {
+        let keys = ["{u}:a".to_owned(), "{u}:b".to_owned()];
+        let policies = [policy("a", 10), policy("b", 20)];
+        let request = hit_request(&keys, &policies, 3, true).expect("a request");
+        assert_eq!(request.tag, "u");
+        let args: Vec<&str> = request.args.iter().map(|arg| read::text(arg)).collect();
+        assert_eq!(args, ["1", "f", "10", "60000", "3", "f", "20", "60000", "3"]);
+        assert!(hit_request(&[], &[], 1, true).is_none());
+    }
+
+    #[test]
+    fn a_hit_reply_says_which_policy_refused_and_each_decision() {
+        let policies = [policy("a", 10), policy("b", 20)];
+        let allowed = decode_hit(&[0, 0, 4, 100, 7, 1, 20, 500, 0, 0], &policies).expect("decoded");
+        assert_eq!(allowed.refused, None);
+        assert_eq!(allowed.decisions[0].remaining, 6);
+        assert_eq!(allowed.decisions[0].bucket, Bucket::of(7, 1));
+        assert_eq!(allowed.decisions[1].bucket, None, "slot 0: nothing taken");
+        let refused = decode_hit(&[2, 900, 4, 100, 7, 1, 20, 500, 0, 0], &policies).expect("decoded");
+        assert_eq!(refused.refused, Some((1, 900)));
+    }
+
+    #[test]
+    fn a_hit_reply_of_another_shape_is_an_error() {
+        let policies = [policy("a", 10)];
+        for reply in [&[][..], &[0, 0, 1, 2, 3], &[2, 0, 1, 2, 3, 4]] {
+            assert!(decode_hit(reply, &policies).is_err(), "{reply:?}");
+        }
+    }
+}
