@@ -6,6 +6,8 @@
 //! settled when its lease is released: what it holds and did not stream is given back to the
 //! buckets it was taken from, and what it streamed since the last round is charged then.
 
+mod account;
+mod ledger;
 mod meter;
 mod round;
 
@@ -19,7 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use self::meter::{Account, Charge, Meter};
+pub use self::account::{Account, Charge};
+pub use self::meter::Meter;
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
@@ -29,7 +32,7 @@ use crate::sync::lock;
 
 /// Tokens a top-up reserves ahead of what a stream has streamed; a stream asks for one when
 /// less than half of this is left, and may run this far past its reservation while the top-up
-/// is on its way (see `meter.rs`).
+/// is on its way (see `ledger.rs`).
 pub const TOP_UP: u64 = 256;
 
 /// Top-up rounds at most this often: a few Redis calls per second per process, whatever the
