@@ -39,10 +39,11 @@ pub const TOP_UP: u64 = 256;
 /// number of streams, tokens or chunks.
 pub const TOP_UP_EVERY: Duration = Duration::from_millis(250);
 
-/// Settlements kept for another try at most. Beyond it, one that only gives back is dropped
-/// first (the reservation stays charged, which never admits too much); one that charges is
-/// dropped only when nothing else can go, and counted (`Stats::settlements_dropped`).
-const MAX_UNSETTLED: usize = 10_000;
+/// Failed calls (settlements and give-backs) kept for another try at most. Beyond it, one that
+/// only gives back is dropped first (the tokens stay charged, which never admits too much); one
+/// that charges is dropped only when nothing else can go, and counted
+/// (`Stats::settlements_dropped`).
+const MAX_RETRIES: usize = 10_000;
 
 /// What a stream that runs out of budget mid-stream does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +84,13 @@ pub struct Budgets {
     meters: Mutex<HashMap<LeaseId, Arc<Meter>>>,
     /// Woken by a meter that needs a top-up.
     due: Arc<Notify>,
-    /// Settlements whose call failed, retried every round.
-    unsettled: Mutex<Vec<(Store, Settlement)>>,
+    /// Adjustments whose call failed (settlements and give-backs), tried again every round.
+    retries: Mutex<Vec<(Store, Settlement)>>,
     dropped: AtomicU64,
-    /// Budget calls under way that settle ended streams: settlements (first tries and a round's
-    /// retries) and top-ups (a stream may end while one is in flight).
-    settles: TaskTracker,
+    /// Budget calls under way that an ended stream's accounts wait for: settlements and
+    /// give-backs (first tries and a round's retries), and top-ups (a stream may end while one
+    /// is in flight; its answer is then given back).
+    calls: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
 }
@@ -106,9 +108,9 @@ impl Budgets {
             failure_mode,
             meters: Mutex::new(HashMap::new()),
             due: Arc::new(Notify::new()),
-            unsettled: Mutex::new(Vec::new()),
+            retries: Mutex::new(Vec::new()),
             dropped: AtomicU64::new(0),
-            settles: TaskTracker::new(),
+            calls: TaskTracker::new(),
             stop: CancellationToken::new(),
             round_loop: Mutex::new(None),
         }
@@ -147,15 +149,16 @@ impl Budgets {
     }
 
     /// Gives back what a grant nobody took charged its request-rate policies (`refunds`; its
-    /// budgets' reservation comes back with its release's settlement), the way a settlement goes.
+    /// budgets' reservation comes back with its release's settlement), applied at most once
+    /// like a settlement.
     pub fn give_back(self: &Arc<Self>, record: &LeaseRecord, refunds: Vec<Adjustment>) {
         if !refunds.is_empty() {
             drop(self.apply(record.store, Settlement::untaken(record.id.as_str(), refunds)));
         }
     }
 
-    /// Applies a settlement: on the embedded store at once, on Redis in a task of the runtime
-    /// (returned; a failed call is retried later).
+    /// Applies adjustments (a settlement or a give-back): on the embedded store at once, on
+    /// Redis in a task of the runtime (returned; a failed call is tried again later).
     fn apply(self: &Arc<Self>, store: Store, settlement: Settlement) -> Option<JoinHandle<()>> {
         if self.stores.get(store).is_embedded() {
             let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&settlement));
@@ -163,50 +166,50 @@ impl Budgets {
             return None;
         }
         let budgets = Arc::clone(self);
-        Some(runtime::handle().spawn(self.settles.track_future(async move {
-            budgets.send_settlement(store, settlement).await;
+        Some(runtime::handle().spawn(self.calls.track_future(async move {
+            budgets.send_adjustments(store, settlement).await;
         })))
     }
 
-    async fn send_settlement(&self, store: Store, settlement: Settlement) {
+    async fn send_adjustments(&self, store: Store, settlement: Settlement) {
         let sent = self
             .stores
             .call(store, |backend| backend.settle(&settlement))
             .await;
         if sent.is_err() {
-            let mut unsettled = lock(&self.unsettled);
-            if unsettled.len() >= MAX_UNSETTLED {
+            let mut retries = lock(&self.retries);
+            if retries.len() >= MAX_RETRIES {
                 let refund_only =
                     |(_, s): &(Store, Settlement)| s.adjustments.iter().all(|a| a.refund_from.is_some());
-                match unsettled.iter().position(refund_only) {
-                    Some(at) => drop(unsettled.swap_remove(at)),
+                match retries.iter().position(refund_only) {
+                    Some(at) => drop(retries.swap_remove(at)),
                     None if refund_only(&(store, settlement.clone())) => return,
                     None => {
-                        unsettled.swap_remove(0);
+                        retries.swap_remove(0);
                         self.dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
-            unsettled.push((store, settlement));
+            retries.push((store, settlement));
             self.due.notify_one(); // the next round tries it again
         }
     }
 
-    /// Stops the loop and waits (up to `wait`) for the settlements under way.
+    /// Stops the loop and waits (up to `wait`) for the budget calls under way.
     pub async fn close(&self, wait: Duration) {
         self.stop.cancel();
         let round_loop = lock(&self.round_loop).take();
         if let Some(round_loop) = round_loop {
             let _ = round_loop.await;
         }
-        self.settles.close();
-        let _ = tokio::time::timeout(wait, self.settles.wait()).await;
+        self.calls.close();
+        let _ = tokio::time::timeout(wait, self.calls.wait()).await;
         // The last try: what still fails is lost with this process, and counted.
-        let retries = std::mem::take(&mut *lock(&self.unsettled));
+        let retries = std::mem::take(&mut *lock(&self.retries));
         for (store, settlement) in retries {
-            let _ = tokio::time::timeout(wait, self.send_settlement(store, settlement)).await;
+            let _ = tokio::time::timeout(wait, self.send_adjustments(store, settlement)).await;
         }
-        let lost = std::mem::take(&mut *lock(&self.unsettled));
+        let lost = std::mem::take(&mut *lock(&self.retries));
         self.dropped.fetch_add(lost.len() as u64, Ordering::Relaxed);
     }
 
@@ -217,7 +220,7 @@ impl Budgets {
     pub fn counts(&self) -> (usize, usize, u64) {
         (
             lock(&self.meters).len(),
-            lock(&self.unsettled).len() + self.settles.len(),
+            lock(&self.retries).len() + self.calls.len(),
             self.dropped.load(Ordering::Relaxed),
         )
     }

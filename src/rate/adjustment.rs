@@ -30,7 +30,7 @@ pub struct ToppedUp {
     pub buckets: Vec<Option<(Bucket, u64)>>,
 }
 
-/// One change to a budget's counter when a stream is settled.
+/// One change to a budget's counter: a charge now, or a refund to the bucket the tokens went to.
 #[derive(Debug, Clone)]
 pub struct Adjustment {
     pub key: String,
@@ -41,8 +41,9 @@ pub struct Adjustment {
     pub refund_from: Option<Bucket>,
 }
 
-/// The changes that settle one stream (or give back late top-ups), applied at most once: a
-/// call whose answer was lost is sent again, and the store recognises `id` (see `settle.lua`).
+/// Adjustments applied at most once: a stream's settlement, or the give-back of a grant nobody
+/// took or of a top-up answered after the settlement. A call whose answer was lost is sent
+/// again, and the store recognises `id` (see `settle.lua`).
 #[derive(Debug, Clone)]
 pub struct Settlement {
     pub id: String,
