@@ -85,7 +85,7 @@ pub struct Budgets {
     /// Woken by a meter that needs a top-up.
     due: Arc<Notify>,
     /// Adjustments whose call failed (settlements and give-backs), tried again every round.
-    retries: Mutex<Vec<(Store, Settlement)>>,
+    retries: Mutex<Vec<Retry>>,
     dropped: AtomicU64,
     /// Budget calls under way that an ended stream's accounts wait for: settlements and
     /// give-backs (first tries and a round's retries), and top-ups (a stream may end while one
@@ -177,20 +177,10 @@ impl Budgets {
             .call(store, |backend| backend.settle(&settlement))
             .await;
         if sent.is_err() {
-            let mut retries = lock(&self.retries);
-            if retries.len() >= MAX_RETRIES {
-                let refund_only =
-                    |(_, s): &(Store, Settlement)| s.adjustments.iter().all(|a| a.refund_from.is_some());
-                match retries.iter().position(refund_only) {
-                    Some(at) => drop(retries.swap_remove(at)),
-                    None if refund_only(&(store, settlement.clone())) => return,
-                    None => {
-                        retries.swap_remove(0);
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+            let dropped = queue_retry(&mut lock(&self.retries), (store, settlement), MAX_RETRIES);
+            if dropped.is_some_and(|(_, dropped)| !gives_back_only(&dropped)) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
             }
-            retries.push((store, settlement));
             self.due.notify_one(); // the next round tries it again
         }
     }
@@ -223,5 +213,87 @@ impl Budgets {
             lock(&self.retries).len() + self.calls.len(),
             self.dropped.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Adjustments whose call failed, and the store they are for.
+type Retry = (Store, Settlement);
+
+/// Whether the adjustments only give back (none charges).
+fn gives_back_only(settlement: &Settlement) -> bool {
+    settlement.adjustments.iter().all(|a| a.refund_from.is_some())
+}
+
+/// Queues `retry` for another try, keeping at most `max`: beyond, one that only gives back is
+/// dropped first (`retry` itself if nothing queued only gives back), one that charges only when
+/// nothing else can go. Returns the one dropped.
+fn queue_retry(retries: &mut Vec<Retry>, retry: Retry, max: usize) -> Option<Retry> {
+    if retries.len() < max {
+        retries.push(retry);
+        return None;
+    }
+    let dropped = match retries.iter().position(|(_, queued)| gives_back_only(queued)) {
+        Some(at) => retries.swap_remove(at),
+        None if gives_back_only(&retry.1) => return Some(retry),
+        None => retries.swap_remove(0),
+    };
+    retries.push(retry);
+    Some(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::{Algorithm, Bucket, Unit};
+
+    /// Adjustments named `id` that give back, or charge.
+    fn retry(id: &str, gives_back: bool) -> Retry {
+        let policy =
+            RatePolicy::new("budget", 1_000, 60_000, Algorithm::SlidingWindow, Unit::Tokens).unwrap();
+        let adjustment = Adjustment {
+            key: "key".into(),
+            policy,
+            tokens: 5,
+            refund_from: gives_back.then_some(Bucket { slot: 1, epoch: 1 }),
+        };
+        let settlement = Settlement {
+            id: id.into(),
+            adjustments: vec![adjustment],
+        };
+        (Store::Main, settlement)
+    }
+
+    fn ids(retries: &[Retry]) -> Vec<&str> {
+        let mut ids: Vec<&str> = retries.iter().map(|(_, s)| s.id.as_str()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn failed_calls_are_kept_for_another_try_up_to_the_bound() {
+        let mut retries = Vec::new();
+        assert!(queue_retry(&mut retries, retry("a", false), 2).is_none());
+        assert!(queue_retry(&mut retries, retry("b", true), 2).is_none());
+        assert_eq!(ids(&retries), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_a_give_back_before_a_charge() {
+        let mut retries = vec![retry("charge", false), retry("give back", true)];
+        let dropped = queue_retry(&mut retries, retry("new charge", false), 2).unwrap();
+        assert_eq!(dropped.1.id, "give back");
+        assert_eq!(ids(&retries), ["charge", "new charge"]);
+        let dropped = queue_retry(&mut retries, retry("new give back", true), 2).unwrap();
+        assert_eq!(dropped.1.id, "new give back", "nothing queued only gives back");
+        assert_eq!(ids(&retries), ["charge", "new charge"]);
+    }
+
+    #[test]
+    fn a_full_queue_of_charges_drops_a_charge_only_for_another() {
+        let mut retries = vec![retry("a", false), retry("b", false)];
+        let dropped = queue_retry(&mut retries, retry("c", false), 2).unwrap();
+        assert!(!gives_back_only(&dropped.1), "counted as a settlement dropped");
+        assert_eq!(retries.len(), 2);
+        assert!(ids(&retries).contains(&"c"));
     }
 }
