@@ -75,6 +75,7 @@ impl Meter {
         lock(&self.ledger).is_exhausted()
     }
 
+    /// See `Ledger::exhausted_error`.
     pub fn exhausted_error(&self) -> CoreError {
         lock(&self.ledger).exhausted_error()
     }
