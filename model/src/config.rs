@@ -1,4 +1,5 @@
-//! The sizes of a model run and the protocol variant it checks.
+//! The sizes of a model run and the protocol variant it checks: which count of a holder's
+//! members Redis keeps, how members in excess are pruned, and a switch for each safeguard.
 
 /// Holders (processes) a configuration may have at most.
 pub const MAX_HOLDERS: usize = 3;
@@ -44,27 +45,29 @@ impl LeaseSpec {
 /// Which count of a holder's members Redis keeps and the process compares with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Count {
-    /// Today's: `T:holders:<id>:members` is exact (scripts count up and down what they add and
-    /// remove, a check or a prune recounts), the keep-alive returns it, the process compares it
-    /// with its tallies both ways (`renewal/tally.rs`).
+    /// The code's: `T:holders:<id>:members` is exact (scripts count up and down what they add
+    /// and remove, a check or a prune recounts), the keep-alive returns it, the process compares
+    /// it with its tallies both ways (`renewal/tally.rs`).
     Exact,
-    /// The old protocol (finding 1): `T:holders:<id>:granted` only grew (every member
-    /// added counted, none removed); the keep-alive said "not alive" when it was below the
-    /// members the process knew were granted to the group (`granted_units`, which also only grew
-    /// while the group lived), and the resync after a check raised it to that figure.
+    /// `T:holders:<id>:granted` only grows (every member added counted, none removed); the
+    /// keep-alive says "not alive" when it is below the members the process knows were granted
+    /// to the group (`granted_units`, which also only grows while the group lives), and the
+    /// resync after a check raises it to that figure. A grant lost in a failover stays
+    /// uncounted for good, and a release lost in one stays counted.
     GrantedOnlyGrows,
 }
 
 /// How members in excess are pruned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Prune {
-    /// Before 8db04e2 (finding 2): never.
+    /// Never: members in excess stay until their holder's entry expires and a script reaps them.
     Never,
-    /// `prune.lua` at 0826417: one call removes the holder's members whose lease is not in the
-    /// list of leases held or in flight, taken when the call is sent.
+    /// In one call: removes the holder's members whose lease is not in the list of leases held
+    /// or in flight, taken when the call is sent (so a grant made while the call is under way
+    /// can be removed).
     KeepList,
-    /// Today's: `strays.lua` only lists the holder's leases with members not in that list; the
-    /// process then removes (`prune.lua`), by id, those that are still neither held nor in
+    /// The code's: `strays.lua` only lists the holder's leases with members not in that list;
+    /// the process then removes (`prune.lua`), by id, those that are still neither held nor in
     /// flight (a lease id that is neither is never used again, so no grant made meanwhile can be
     /// among them).
     TwoStep,
@@ -94,51 +97,51 @@ pub struct ModelConfig {
     pub failures: u8,
     /// Another client's `get_active_count()` (count.lua: reap, then walk the pools).
     pub observer: bool,
-    /// The count Redis keeps (today's exact one, or the old one that only grew).
+    /// The count Redis keeps (exact, or one that only grows).
     pub count: Count,
-    /// How members in excess are pruned (`prune.lua`, added with the exact count: finding 2).
+    /// How members in excess are pruned (`prune.lua`).
     pub prune: Prune,
-    /// Model finding 2, fixed at 0826417: a tally whose keep-alive window is open is kept even
-    /// when it holds nothing (before, it was dropped as empty, and the keep-alive's answer met a
-    /// new tally with no window: a count of members just released looked like an excess).
+    /// A tally whose keep-alive window is open is kept even when it holds nothing (off: it is
+    /// dropped as empty, and the keep-alive's answer meets a new tally with no window, so a
+    /// count of members just released looks like an excess).
     pub windows_survive: bool,
-    /// Model finding 3, fixed at 0826417: a grant held after its own deadline (`sent_at + lease
-    /// duration`) is lost on arrival, as the sweep would have found it (before, it joined a live
-    /// group, though its holder's entry may have expired, and its members been reaped, since its
-    /// script ran).
+    /// A grant held after its own deadline (`sent_at + lease duration`) is lost on arrival, as
+    /// the sweep would have found it (off: it joins a live group, though its holder's entry may
+    /// have expired, and its members been reaped, since its script ran).
     pub late_grants_lost: bool,
-    /// Model finding 5, in part: a keep-alive count above the window's highest figure also has
-    /// the tag's leases checked one by one in the same round (members in excess may hide missing
-    /// ones: a restore that brings back a released lease and loses a held one).
+    /// A keep-alive count above the window's highest figure also has the tag's leases checked
+    /// one by one in the same round (members in excess may hide missing ones: a restore that
+    /// brings back a released lease and loses a held one).
     pub check_on_excess: bool,
-    /// Model finding 5: Redis also keeps each holder's sum of member ids in the tag, the
-    /// keep-alive returns it, and a sum that no choice of the leases changed during the call
-    /// explains has the tag's leases checked one by one (a restore that brings back a released
-    /// lease and loses a held one of the same size leaves the count right; `renewal/tally.rs`,
-    /// `ids_explained`). Off: the count alone is judged.
+    /// Redis also keeps each holder's sum of member ids in the tag, the keep-alive returns it,
+    /// and a sum that no choice of the leases changed during the call explains has the tag's
+    /// leases checked one by one (a restore that brings back a released lease and loses a held
+    /// one of the same size leaves the count right; `renewal/tally.rs`, `ids_explained`). Off:
+    /// the count alone is judged.
     pub sum_of_ids: bool,
     /// A count whose sum of ids was not explained is judged at the next round as one in excess
     /// is (its members neither held nor in flight pruned; `Tallies::take_excess`): the leases
     /// that came back in place of those missing are strays, and the count alone, right by
     /// number, shows them only after the check has taken the missing ones back, a round later.
     pub prune_unexplained: bool,
-    /// Model finding 4, fixed at 0826417: `reclaim.lua` ends by counting the holder's members
-    /// again (before, only the second keep-alive did; `hold` drops the count of a holder found
-    /// expired but not yet reaped, so a check whose recount never came, one answered late or
-    /// lost, left the count below the members, and members in excess unseen).
+    /// `reclaim.lua` ends by counting the holder's members again (off: only the second
+    /// keep-alive does; `hold` drops the count of a holder found expired but not yet reaped, so
+    /// a check whose recount never comes, one answered late or lost, leaves the count below the
+    /// members, and members in excess unseen).
     pub reclaim_recounts: bool,
     /// `release.lua` leaves the holder's index and entry as they are, and the keep-alive drops
-    /// from the index the pools where the holder has no member left Before, the
-    /// release dropped such pools itself, and a holder whose index it emptied left the tag.
+    /// from the index the pools where the holder has no member left (off: the release drops
+    /// such pools itself, and a holder whose index it empties leaves the tag).
     pub lazy_index: bool,
 }
 
 impl ModelConfig {
     /// Two holders, one global pool of capacity 2, three leases of weight 1 (two for the first
-    /// holder, one for the second), one failover, one call that times out: today's protocol
-    /// (the fixes of 0826417 in: tallies keep their open window, late grants are lost, the
-    /// reclaim recounts; and the two-step prune, a count in excess checked one by one, and the
-    /// sum of ids judged beside the count).
+    /// holder, one for the second), one failover, one call that times out, and the protocol as
+    /// the code runs it: the exact count, the two-step prune, and every safeguard on (tallies
+    /// keep their open window, late grants are lost, the reclaim recounts, a count in excess is
+    /// checked one by one, the sum of ids is judged beside the count, and a sum not explained
+    /// is pruned at the next round).
     pub fn small() -> Self {
         let lease = |holder| LeaseSpec::new(holder);
         ModelConfig {
@@ -164,9 +167,8 @@ impl ModelConfig {
         }
     }
 
-    /// The protocol at 669650f, when this model first ran: today's count and one-call prune,
-    /// none of the fixes the model led to.
-    pub fn unfixed(self) -> Self {
+    /// The exact count and the one-step prune, with every safeguard off.
+    pub fn without_safeguards(self) -> Self {
         ModelConfig {
             count: Count::Exact,
             prune: Prune::KeepList,
@@ -181,30 +183,12 @@ impl ModelConfig {
         }
     }
 
-    /// The protocol before the fixes of findings 1 and 2: a count of granted members that only
-    /// grew, and no prune (nor any later fix).
-    pub fn old(self) -> Self {
+    /// A count of granted members that only grows, no prune, every safeguard off.
+    pub fn growing_count(self) -> Self {
         ModelConfig {
             count: Count::GrantedOnlyGrows,
             prune: Prune::Never,
-            ..self.unfixed()
-        }
-    }
-
-    /// Today's protocol with every fix the model proposed, whether or not the code has it (today
-    /// it has them all; the variant stays for fixes to come).
-    pub fn fixed(self) -> Self {
-        ModelConfig {
-            count: Count::Exact,
-            prune: Prune::TwoStep,
-            windows_survive: true,
-            late_grants_lost: true,
-            check_on_excess: true,
-            sum_of_ids: true,
-            prune_unexplained: true,
-            reclaim_recounts: true,
-            lazy_index: true,
-            ..self
+            ..self.without_safeguards()
         }
     }
 

@@ -1,13 +1,14 @@
 //! Checks one configuration of the protocol model and prints what it found, each
-//! counterexample as a trace: `cargo run -p protocol-model --release -- [old|unfixed|fixed]
-//! [key=value ...]` (today's protocol by default; `unfixed`: at 669650f, before the fixes the
-//! model led to; `old`: before the fixes of findings 1 and 2).
+//! counterexample as a trace: `cargo run -p protocol-model --release -- [variant]
+//! [key=value ...]`. The variant is the protocol the code runs (the default),
+//! `without_safeguards` (the exact count and the one-step prune, every safeguard off) or
+//! `growing_count` (a count of granted members that only grows, no prune, every safeguard off).
 //! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
 //! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
-//! symmetry reduction: every trace is a shortest one); then one fix on or off, whatever the
-//! variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`, `check_on_excess=0/1`,
-//! `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`.
+//! symmetry reduction: every trace is a shortest one); then one safeguard on or off, whatever
+//! the variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`,
+//! `check_on_excess=0/1`, `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
@@ -15,22 +16,21 @@ use protocol_model::{LeaseSpec, ModelConfig};
 
 fn main() {
     let mut cfg = ModelConfig::small();
-    let mut variant = "";
+    let mut variant: fn(ModelConfig) -> ModelConfig = |cfg| cfg;
     let mut switches: Vec<(String, bool)> = Vec::new();
     let mut shortest = false;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for arg in std::env::args().skip(1) {
-        if ["old", "unfixed", "fixed"].contains(&arg.as_str()) {
-            variant = if arg == "old" {
-                "old"
-            } else if arg == "unfixed" {
-                "unfixed"
-            } else {
-                "fixed"
+        let Some((key, value)) = arg.split_once('=') else {
+            variant = match arg.as_str() {
+                "growing_count" => ModelConfig::growing_count,
+                "without_safeguards" => ModelConfig::without_safeguards,
+                other => panic!(
+                    "unknown variant {other}: use growing_count or without_safeguards (the default is the code's protocol), or key=value"
+                ),
             };
             continue;
-        }
-        let (key, value) = arg.split_once('=').expect("key=value");
+        };
         let list = || value.split(',').map(|v| v.parse::<usize>().expect("a number"));
         let n = || value.parse::<u8>().expect("a number");
         match key {
@@ -62,14 +62,9 @@ fn main() {
             other => panic!("unknown key {other}"),
         }
     }
-    cfg = match variant {
-        "old" => cfg.old(),
-        "unfixed" => cfg.unfixed(),
-        "fixed" => cfg.fixed(),
-        _ => cfg,
-    };
-    for (fix, on) in switches {
-        match fix.as_str() {
+    cfg = variant(cfg);
+    for (safeguard, on) in switches {
+        match safeguard.as_str() {
             "two_step" => cfg.prune = if on { Prune::TwoStep } else { Prune::KeepList },
             "windows_survive" => cfg.windows_survive = on,
             "late_grants_lost" => cfg.late_grants_lost = on,

@@ -235,7 +235,8 @@ pub fn take_excess(cfg: &ModelConfig, tally: &mut Option<Tally>) -> bool {
 pub enum Round {
     #[default]
     Idle,
-    /// The keep-alive of the tag (step 2); `known`: before, the group's granted members.
+    /// The keep-alive of the tag (step 2); `known`: under `Count::GrantedOnlyGrows`, the
+    /// group's granted members.
     Keepalive {
         excess: bool,
         known: u8,
@@ -288,9 +289,9 @@ pub struct Holder {
     pub stalled: bool,
     /// Its group's deadline as ticks left (0 while it holds nothing).
     pub deadline: u8,
-    /// Today's protocol: what Redis should count.
+    /// `Count::Exact`: what Redis should count.
     pub tally: Option<Tally>,
-    /// Before: the group's `granted_units` (0 while it holds nothing).
+    /// `Count::GrantedOnlyGrows`: the group's `granted_units` (0 while it holds nothing).
     pub granted: u8,
     pub round: Round,
     /// The round's `sent_at + lease duration` as ticks left (0 while no round runs).

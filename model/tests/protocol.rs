@@ -1,10 +1,10 @@
-//! The protocol model checked exhaustively on small configurations, for four variants: the
-//! protocol before issue 10's findings 1 and 2 (`old`), at 669650f when the model first ran
-//! (`unfixed`), today's (`today`), and today's with every fix the model proposed (`fixed`:
-//! today's and the prune after a sum of ids not explained). Each test states which properties
-//! have a counterexample; every reachability (`sometimes`) property must be reached. Run one with
-//! `--nocapture` to see the states explored and the time taken; `cargo run -p protocol-model
-//! --release -- ...` prints the traces.
+//! The protocol model checked exhaustively on small configurations: the protocol the code runs
+//! (`ModelConfig::small()` and the configurations below), the same with one safeguard off, the
+//! exact count with the one-step prune and every safeguard off (`without_safeguards`), and a
+//! count of granted members that only grows, with no prune (`growing_count`). Each test states
+//! which properties have a counterexample; every reachability (`sometimes`) property must be
+//! reached. Run one with `--nocapture` to see the states explored and the time taken;
+//! `cargo run -p protocol-model --release -- ...` prints the traces.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::{check, explore, Outcome};
@@ -128,45 +128,48 @@ fn expect(name: &str, cfg: ModelConfig, expected: &[&str]) -> Outcome {
 }
 
 #[test]
-fn finding_1_a_granted_count_that_only_grew_misses_a_lost_grant() {
-    // A grant dropped by its caller still counted in Redis' granted count; a failover loses a
+fn a_count_that_only_grows_misses_a_grant_lost_in_a_failover() {
+    // A grant dropped by its caller still counts in Redis' granted count; a failover loses a
     // later grant; the count still covers what the process knows: the stream goes uncounted
     // for good, and a release lost in the same failover is never pruned.
     expect(
-        "old, kept and two",
-        kept_and_two().old(),
+        "growing count, kept and two",
+        kept_and_two().growing_count(),
         &[COUNTED, SLOT, UNCOUNTED, STRICT],
     );
-    expect("fixed, kept and two", kept_and_two().fixed(), &[]);
+    expect("kept and two", kept_and_two(), &[]);
 }
 
 #[test]
-fn finding_2_a_release_lost_in_a_failover_is_pruned_today() {
-    expect("old, kept and one", kept_and_one().old(), &[SLOT, STRICT]);
-    expect("today, kept and one", kept_and_one(), &[]);
-    expect("fixed, kept and one", kept_and_one().fixed(), &[]);
+fn a_release_lost_in_a_failover_stays_counted_without_a_prune() {
+    expect(
+        "growing count, kept and one",
+        kept_and_one().growing_count(),
+        &[SLOT, STRICT],
+    );
+    expect("kept and one", kept_and_one(), &[]);
 }
 
 #[test]
-fn model_finding_1_fixed_a_prune_removed_a_grant_made_while_it_was_under_way() {
-    // The one-step prune's list of leases to keep was taken when it was sent; an acquire sent
-    // after that, and run by Redis before the prune, lost its member: its stream uncounted until
-    // the next keep-alive (and lost then if its slot was taken). A failover that brings back a
-    // released lease arms it. Today's two-step prune finds none.
+fn a_one_step_prune_removes_a_grant_made_while_it_is_under_way() {
+    // The one-step prune's list of leases to keep is taken when it is sent; an acquire sent
+    // after that, and run by Redis before the prune, loses its member: its stream uncounted
+    // until the next keep-alive (and lost then if its slot was taken). A failover that brings
+    // back a released lease arms it. The two-step prune finds none.
     let one_step = ModelConfig {
         prune: Prune::KeepList,
         ..kept_and_two()
     };
     expect(
-        "today with the one-step prune, kept and two",
+        "one-step prune, kept and two",
         one_step,
         &[COUNTED, UNCOUNTED, STRICT],
     );
-    expect("today, kept and two", kept_and_two(), &[]);
+    expect("kept and two", kept_and_two(), &[]);
 }
 
 #[test]
-fn model_finding_5_a_failover_that_swaps_a_grant_for_a_release() {
+fn a_failover_that_swaps_a_grant_for_a_release_is_found_by_the_sum_of_ids_and_pruned() {
     // A failover that brings back a released lease and loses a held one of the same size leaves
     // the holder's count right. Judged by the count alone, neither is ever found: the released
     // lease's slot stays taken ((b), (c) strict) and, with each lease in a pool of its own user,
@@ -180,80 +183,72 @@ fn model_finding_5_a_failover_that_swaps_a_grant_for_a_release() {
             prune_unexplained: false,
             ..cfg.clone()
         };
-        expect(
-            &format!("today with the count only, {name}"),
-            count_only,
-            count_only_finds,
-        );
+        expect(&format!("count only, {name}"), count_only, count_only_finds);
         // The sum of ids finds the missing grant at the next keep-alive, and the check takes it
         // back: no stream goes uncounted. Without the prune at the round after, the lease that
         // came back is found only by the count after that check, and pruned a round later:
         // three renewal periods after the failover, so (b) and (c) strict are still found.
-        let without_prune = ModelConfig {
+        let count_and_sum = ModelConfig {
             prune_unexplained: false,
             ..cfg.clone()
         };
-        expect(
-            &format!("today without the prune of a sum not explained, {name}"),
-            without_prune,
-            &[SLOT, STRICT],
-        );
+        expect(&format!("count and sum, {name}"), count_and_sum, &[SLOT, STRICT]);
         // Pruned at the round after the sum that was not explained: within two.
-        expect(&format!("today, {name}"), cfg, &[]);
+        expect(&format!("count, sum and prune, {name}"), cfg, &[]);
     }
 }
 
 #[test]
-fn model_findings_2_and_3_fixed_a_tally_dropped_with_its_window_and_a_late_grant() {
-    // At 669650f, with no fault: a grant delivered after its own deadline joined the group a
-    // later grant made, though its holder's entry expired (and its member was reaped) in
-    // between; and the prune race above, armed by a tally dropped while its window was open.
+fn without_safeguards_a_late_grant_and_a_tally_dropped_with_its_window_leave_streams_uncounted() {
+    // With no fault: a grant delivered after its own deadline joins the group a later grant
+    // made, though its holder's entry expired (and its member was reaped) in between; and the
+    // prune race above, armed by a tally dropped while its window was open.
     expect(
-        "unfixed, one holder in time",
-        one_holder_in_time().unfixed(),
+        "without safeguards, one holder in time",
+        one_holder_in_time().without_safeguards(),
         &[COUNTED, ENTRY, UNCOUNTED, STRICT],
     );
     expect(
-        "old, one holder in time",
-        one_holder_in_time().old(),
+        "growing count, one holder in time",
+        one_holder_in_time().growing_count(),
         &[COUNTED, ENTRY, UNCOUNTED, STRICT],
     );
-    expect("today, one holder in time", one_holder_in_time(), &[]);
+    expect("one holder in time", one_holder_in_time(), &[]);
 }
 
 #[test]
-fn model_finding_4_fixed_a_check_whose_recount_never_comes() {
-    // reclaim.lua registered a holder found expired but not yet reaped (its count goes) and
-    // counted only what it added; the recount that followed put it right, but a check answered
-    // late (or whose recount failed) left the count below the members, and members in excess
-    // unseen: here a failover brings back a released lease's member under a live holder, and
-    // it was never pruned. reclaim.lua now ends with a recount.
+fn a_check_whose_recount_never_comes_leaves_members_in_excess_unseen() {
+    // Without its own recount, reclaim.lua registers a holder found expired but not yet reaped
+    // (its count goes) and counts only what it adds; the recount that follows puts it right,
+    // but a check answered late (or whose recount failed) leaves the count below the members,
+    // and members in excess unseen: here a failover brings back a released lease's member
+    // under a live holder, and it is never pruned.
     let cfg = a_timeout_and_a_failover();
     expect(
-        "unfixed, a timeout and a failover",
-        cfg.clone().unfixed(),
+        "without safeguards, a timeout and a failover",
+        cfg.clone().without_safeguards(),
         &[COUNTED, ENTRY, SLOT, STRICT],
     );
-    let without_that_fix = ModelConfig {
+    let without_the_recount = ModelConfig {
         reclaim_recounts: false,
-        ..cfg.clone().fixed()
+        ..cfg.clone()
     };
     expect(
-        "fixed but the reclaim's recount",
-        without_that_fix,
+        "without the reclaim's recount, a timeout and a failover",
+        without_the_recount,
         &[SLOT, STRICT],
     );
-    expect("today, a timeout and a failover", cfg, &[]);
+    expect("a timeout and a failover", cfg, &[]);
 }
 
 #[test]
 fn two_holders_through_a_failover_keep_the_cap() {
-    expect("today, two holders, failover", two_holders_failover(), &[]);
+    expect("two holders, failover", two_holders_failover(), &[]);
 }
 
 #[test]
 fn two_holders_through_a_stall_and_a_restart_keep_the_cap() {
-    expect("today, stall and restart", stall_and_restart(), &[]);
+    expect("stall and restart", stall_and_restart(), &[]);
 }
 
 /// Larger: two holders contending for a pool of capacity 2, three leases, no fault (about a
@@ -266,11 +261,11 @@ fn contention_of_two_holders() {
         ..config(vec![LeaseSpec::new(0), LeaseSpec::new(0), LeaseSpec::new(1)], 2)
     };
     expect(
-        "unfixed, contention",
-        contention.clone().unfixed(),
+        "without safeguards, contention",
+        contention.clone().without_safeguards(),
         &[CAP, COUNTED, ENTRY],
     );
-    expect("today, contention", contention, &[]);
+    expect("contention", contention, &[]);
 }
 
 #[test]
@@ -278,10 +273,9 @@ fn symmetry_reduction_finds_what_a_plain_search_finds() {
     // The runs above take leases of one class as interchangeable; a breadth-first search of
     // every state (no reduction) must find the same counterexamples.
     for cfg in [
-        kept_and_two().old(),
-        kept_and_two().unfixed(),
+        kept_and_two().growing_count(),
+        kept_and_two().without_safeguards(),
         kept_and_two(),
-        kept_and_two().fixed(),
     ] {
         let reduced = check(cfg.clone(), THREADS);
         let plain = explore(cfg.clone(), THREADS, true);

@@ -6,6 +6,8 @@
 //! settled when its lease is released: what it holds and did not stream is given back to the
 //! buckets it was taken from, and what it streamed since the last round is charged then.
 
+mod account;
+mod ledger;
 mod meter;
 mod round;
 
@@ -19,7 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use self::meter::{Account, Charge, Meter};
+pub use self::account::{Account, Charge};
+pub use self::meter::Meter;
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
@@ -29,17 +32,18 @@ use crate::sync::lock;
 
 /// Tokens a top-up reserves ahead of what a stream has streamed; a stream asks for one when
 /// less than half of this is left, and may run this far past its reservation while the top-up
-/// is on its way (see `meter.rs`).
+/// is on its way (see `ledger.rs`).
 pub const TOP_UP: u64 = 256;
 
 /// Top-up rounds at most this often: a few Redis calls per second per process, whatever the
 /// number of streams, tokens or chunks.
 pub const TOP_UP_EVERY: Duration = Duration::from_millis(250);
 
-/// Settlements kept for another try at most. Beyond it, one that only gives back is dropped
-/// first (the reservation stays charged, which never admits too much); one that charges is
-/// dropped only when nothing else can go, and counted (`Stats::settlements_dropped`).
-const MAX_UNSETTLED: usize = 10_000;
+/// Failed calls (settlements and give-backs) kept for another try at most. Beyond it, one that
+/// only gives back is dropped first (the tokens stay charged, which never admits too much); one
+/// that charges is dropped only when nothing else can go, and counted
+/// (`Stats::settlements_dropped`).
+const MAX_RETRIES: usize = 10_000;
 
 /// What a stream that runs out of budget mid-stream does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,12 +85,13 @@ pub struct Budgets {
     /// Wakes the top-up loop: a meter that needs a top-up, the first meter to open, a failed
     /// settlement.
     due: Arc<Notify>,
-    /// Settlements whose call failed, retried every round.
-    unsettled: Mutex<Vec<(Store, Settlement)>>,
+    /// Adjustments whose call failed (settlements and give-backs), tried again every round.
+    retries: Mutex<Vec<Retry>>,
     dropped: AtomicU64,
-    /// Budget calls under way that settle ended streams: settlements (first tries and a round's
-    /// retries) and top-ups (a stream may end while one is in flight).
-    settles: TaskTracker,
+    /// Budget calls under way that an ended stream's accounts wait for: settlements and
+    /// give-backs (first tries and a round's retries), and top-ups (a stream may end while one
+    /// is in flight; its answer is then given back).
+    calls: TaskTracker,
     stop: CancellationToken,
     round_loop: Mutex<Option<JoinHandle<()>>>,
 }
@@ -104,9 +109,9 @@ impl Budgets {
             failure_mode,
             meters: Mutex::new(HashMap::new()),
             due: Arc::new(Notify::new()),
-            unsettled: Mutex::new(Vec::new()),
+            retries: Mutex::new(Vec::new()),
             dropped: AtomicU64::new(0),
-            settles: TaskTracker::new(),
+            calls: TaskTracker::new(),
             stop: CancellationToken::new(),
             round_loop: Mutex::new(None),
         }
@@ -152,15 +157,16 @@ impl Budgets {
     }
 
     /// Gives back what a grant nobody took charged its request-rate policies (`refunds`; its
-    /// budgets' reservation comes back with its release's settlement), the way a settlement goes.
+    /// budgets' reservation comes back with its release's settlement), applied at most once
+    /// like a settlement.
     pub fn give_back(self: &Arc<Self>, record: &LeaseRecord, refunds: Vec<Adjustment>) {
         if !refunds.is_empty() {
             drop(self.apply(record.store, Settlement::untaken(record.id.as_str(), refunds)));
         }
     }
 
-    /// Applies a settlement: on the embedded store at once, on Redis in a task of the runtime
-    /// (returned; a failed call is retried later).
+    /// Applies adjustments (a settlement or a give-back): on the embedded store at once, on
+    /// Redis in a task of the runtime (returned; a failed call is tried again later).
     fn apply(self: &Arc<Self>, store: Store, settlement: Settlement) -> Option<JoinHandle<()>> {
         if self.stores.get(store).is_embedded() {
             let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&settlement));
@@ -168,50 +174,40 @@ impl Budgets {
             return None;
         }
         let budgets = Arc::clone(self);
-        Some(runtime::handle().spawn(self.settles.track_future(async move {
-            budgets.send_settlement(store, settlement).await;
+        Some(runtime::handle().spawn(self.calls.track_future(async move {
+            budgets.send_adjustments(store, settlement).await;
         })))
     }
 
-    async fn send_settlement(&self, store: Store, settlement: Settlement) {
+    async fn send_adjustments(&self, store: Store, settlement: Settlement) {
         let sent = self
             .stores
             .call(store, |backend| backend.settle(&settlement))
             .await;
         if sent.is_err() {
-            let mut unsettled = lock(&self.unsettled);
-            if unsettled.len() >= MAX_UNSETTLED {
-                let refund_only =
-                    |(_, s): &(Store, Settlement)| s.adjustments.iter().all(|a| a.refund_from.is_some());
-                match unsettled.iter().position(refund_only) {
-                    Some(at) => drop(unsettled.swap_remove(at)),
-                    None if refund_only(&(store, settlement.clone())) => return,
-                    None => {
-                        unsettled.swap_remove(0);
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+            let dropped = queue_retry(&mut lock(&self.retries), (store, settlement), MAX_RETRIES);
+            if dropped.is_some_and(|(_, dropped)| !gives_back_only(&dropped)) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
             }
-            unsettled.push((store, settlement));
             self.due.notify_one(); // the next round tries it again
         }
     }
 
-    /// Stops the loop and waits (up to `wait`) for the settlements under way.
+    /// Stops the loop and waits (up to `wait`) for the budget calls under way.
     pub async fn close(&self, wait: Duration) {
         self.stop.cancel();
         let round_loop = lock(&self.round_loop).take();
         if let Some(round_loop) = round_loop {
             let _ = round_loop.await;
         }
-        self.settles.close();
-        let _ = tokio::time::timeout(wait, self.settles.wait()).await;
+        self.calls.close();
+        let _ = tokio::time::timeout(wait, self.calls.wait()).await;
         // The last try: what still fails is lost with this process, and counted.
-        let retries = std::mem::take(&mut *lock(&self.unsettled));
+        let retries = std::mem::take(&mut *lock(&self.retries));
         for (store, settlement) in retries {
-            let _ = tokio::time::timeout(wait, self.send_settlement(store, settlement)).await;
+            let _ = tokio::time::timeout(wait, self.send_adjustments(store, settlement)).await;
         }
-        let lost = std::mem::take(&mut *lock(&self.unsettled));
+        let lost = std::mem::take(&mut *lock(&self.retries));
         self.dropped.fetch_add(lost.len() as u64, Ordering::Relaxed);
     }
 
@@ -222,8 +218,90 @@ impl Budgets {
     pub fn counts(&self) -> (usize, usize, u64) {
         (
             lock(&self.meters).len(),
-            lock(&self.unsettled).len() + self.settles.len(),
+            lock(&self.retries).len() + self.calls.len(),
             self.dropped.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Adjustments whose call failed, and the store they are for.
+type Retry = (Store, Settlement);
+
+/// Whether the adjustments only give back (none charges).
+fn gives_back_only(settlement: &Settlement) -> bool {
+    settlement.adjustments.iter().all(|a| a.refund_from.is_some())
+}
+
+/// Queues `retry` for another try, keeping at most `max`: beyond, one that only gives back is
+/// dropped first (`retry` itself if nothing queued only gives back), one that charges only when
+/// nothing else can go. Returns the one dropped.
+fn queue_retry(retries: &mut Vec<Retry>, retry: Retry, max: usize) -> Option<Retry> {
+    if retries.len() < max {
+        retries.push(retry);
+        return None;
+    }
+    let dropped = match retries.iter().position(|(_, queued)| gives_back_only(queued)) {
+        Some(at) => retries.swap_remove(at),
+        None if gives_back_only(&retry.1) => return Some(retry),
+        None => retries.swap_remove(0),
+    };
+    retries.push(retry);
+    Some(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::{Algorithm, Bucket, Unit};
+
+    /// Adjustments named `id` that give back, or charge.
+    fn retry(id: &str, gives_back: bool) -> Retry {
+        let policy =
+            RatePolicy::new("budget", 1_000, 60_000, Algorithm::SlidingWindow, Unit::Tokens).unwrap();
+        let adjustment = Adjustment {
+            key: "key".into(),
+            policy,
+            tokens: 5,
+            refund_from: gives_back.then_some(Bucket { slot: 1, epoch: 1 }),
+        };
+        let settlement = Settlement {
+            id: id.into(),
+            adjustments: vec![adjustment],
+        };
+        (Store::Main, settlement)
+    }
+
+    fn ids(retries: &[Retry]) -> Vec<&str> {
+        let mut ids: Vec<&str> = retries.iter().map(|(_, s)| s.id.as_str()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn failed_calls_are_kept_for_another_try_up_to_the_bound() {
+        let mut retries = Vec::new();
+        assert!(queue_retry(&mut retries, retry("a", false), 2).is_none());
+        assert!(queue_retry(&mut retries, retry("b", true), 2).is_none());
+        assert_eq!(ids(&retries), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_a_give_back_before_a_charge() {
+        let mut retries = vec![retry("charge", false), retry("give back", true)];
+        let dropped = queue_retry(&mut retries, retry("new charge", false), 2).unwrap();
+        assert_eq!(dropped.1.id, "give back");
+        assert_eq!(ids(&retries), ["charge", "new charge"]);
+        let dropped = queue_retry(&mut retries, retry("new give back", true), 2).unwrap();
+        assert_eq!(dropped.1.id, "new give back", "nothing queued only gives back");
+        assert_eq!(ids(&retries), ["charge", "new charge"]);
+    }
+
+    #[test]
+    fn a_full_queue_of_charges_drops_a_charge_only_for_another() {
+        let mut retries = vec![retry("a", false), retry("b", false)];
+        let dropped = queue_retry(&mut retries, retry("c", false), 2).unwrap();
+        assert!(!gives_back_only(&dropped.1), "counted as a settlement dropped");
+        assert_eq!(retries.len(), 2);
+        assert!(ids(&retries).contains(&"c"));
     }
 }

@@ -1,7 +1,7 @@
 //! The top-up loop, one per manager: every `TOP_UP_EVERY` while streams are open (and woken
 //! from its sleep by a meter that opens while none was), it runs a round, sending the
 //! top-ups of every stream that streamed or needs more together (one call per store, per hash
-//! tag on a cluster), and retries settlements that failed.
+//! tag on a cluster), and tries again the settlements and give-backs whose call failed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -75,21 +75,21 @@ impl Budgets {
                 .map(move |chunk| self.send_top_ups(store, chunk))
         });
         futures_util::future::join_all(sends).await;
-        // Under way from before the queue is emptied, so the settlements taken out of it count
+        // Under way from before the queue is emptied, so the adjustments taken out of it count
         // as not applied (`counts`) until their calls return.
-        let _under_way = self.settles.token();
-        let retries = std::mem::take(&mut *lock(&self.unsettled));
+        let _under_way = self.calls.token();
+        let retries = std::mem::take(&mut *lock(&self.retries));
         for (store, settlement) in retries {
-            self.send_settlement(store, settlement).await;
+            self.send_adjustments(store, settlement).await;
         }
     }
 
     /// One call's top-ups, and their answers to the meters (a call that failed: granted here
     /// under `failure_mode="open"`, else tried again next round).
     async fn send_top_ups(&self, store: Store, chunk: Vec<&Due>) {
-        // Under way too: a stream that ends while its top-up is in flight is settled when the
-        // answer comes back (the refund below).
-        let _under_way = self.settles.token();
+        // Under way too: a stream that ends while its top-up is in flight has the top-up given
+        // back when the answer comes (the refunds below).
+        let _under_way = self.calls.token();
         let top_ups: Vec<&TopUp> = chunk.iter().map(|(_, top_up)| top_up).collect();
         let sent_at = monotonic_ms();
         let answers = self.stores.call(store, |backend| backend.top_up(&top_ups)).await;
@@ -112,7 +112,7 @@ impl Budgets {
                 id,
                 adjustments: refunds,
             };
-            self.send_settlement(store, settlement).await;
+            self.send_adjustments(store, settlement).await;
         }
     }
 }

@@ -1,7 +1,6 @@
-//! Request-rate policies: at most `limit` units per window, counted per identity, every policy
-//! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory.rs`).
+//! What a rate policy is (a name, a limit per window, an algorithm, what it counts) and the
+//! checks of the policies a call names.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 /// Largest limit: counts stay exact as Lua numbers (doubles) far beyond it.
@@ -48,7 +47,7 @@ impl Algorithm {
 }
 
 /// What a policy counts: requests (hits, stream starts), or an LLM's tokens (a budget, see
-/// `budget.rs`): all of them, or only the prompt's or only the answer's.
+/// `budget/`): all of them, or only the prompt's or only the answer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
     Requests,
@@ -79,7 +78,7 @@ impl Unit {
         }
     }
 
-    /// Its code in keys (none for requests, the first unit keys had).
+    /// Its code in keys (none for requests: a request rate's key carries no unit code).
     pub fn code(self) -> &'static str {
         match self {
             Unit::Requests => "",
@@ -186,150 +185,16 @@ pub fn check_costs(policies: &[RatePolicy], costs: &[u64], what: &str) -> Result
     Ok(())
 }
 
-/// The rate policies a stream's start counts against, with the caller's counters (`keys[i]`
-/// counts `policies[i]`, which takes `costs[i]`); empty for an acquire without rate limits.
-#[derive(Debug, Clone, Default)]
-pub struct RateCheck {
-    pub keys: Vec<String>,
-    pub policies: Vec<RatePolicy>,
-    /// Units the start takes from each policy: 1 per request rate, the reservation per budget.
-    pub costs: Vec<u64>,
-}
-
-impl RateCheck {
-    /// Refunds of what a grant took from the policies in `policies` (indexes; `decisions`: the
-    /// grant's, in the same order), to the buckets it went to: what a grant nobody takes gives
-    /// back. A policy that took nothing (a resent call's grant) has nothing to give back.
-    pub fn refunds(&self, decisions: &[Decision], policies: Range<usize>) -> Vec<Adjustment> {
-        policies
-            .filter_map(|i| {
-                let bucket = decisions.get(i)?.bucket?;
-                (self.costs[i] > 0).then(|| Adjustment {
-                    key: self.keys[i].clone(),
-                    policy: self.policies[i].clone(),
-                    tokens: self.costs[i],
-                    refund_from: Some(bucket),
-                })
-            })
-            .collect()
-    }
-}
-
-/// One stream's top-up of its token budgets (`budget/`), sent every round while it streams:
-/// first, what `give_back[i]` lists is given back to `policies[i]` (`keys[i]` counts it): the
-/// reservation of the tokens streamed since the last round, and a roll's; then the `moved`
-/// tokens (streamed since the last round) are taken in the current bucket whatever the room,
-/// so each token counts in the window of the time it streamed; then `want` more, as many as
-/// every policy has room for, or all of them if `forced`.
-pub struct TopUp {
-    pub keys: Vec<String>,
-    pub policies: Vec<RatePolicy>,
-    pub give_back: Vec<Vec<(Bucket, u64)>>,
-    pub moved: u64,
-    pub want: u64,
-    pub forced: bool,
-}
-
-/// Where taken units went, so a budget's refund finds them: the `slot` (a sliding window's
-/// slice, a fixed window's end in ms) in the counter of that `epoch` (when a sliding counter was
-/// made; 0 for a fixed window, whose end tells it), so a refund never lands in a counter rebuilt
-/// since (a reset, a restart).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bucket {
-    pub slot: u64,
-    pub epoch: u64,
-}
-
-impl Bucket {
-    /// From a script's (slot, epoch); None when nothing was taken (slot 0).
-    pub fn of(slot: u64, epoch: u64) -> Option<Self> {
-        (slot != 0).then_some(Bucket { slot, epoch })
-    }
-}
-
-/// What a top-up got: `granted` tokens (beyond the `moved` ones), the `room` its budgets have
-/// left after it (the least of them), and per policy (in order; None when nothing was taken)
-/// the bucket its share went to and for how many more ms, on the server's clock, that bucket
-/// counts in the window.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToppedUp {
-    pub granted: u64,
-    pub room: u64,
-    pub buckets: Vec<Option<(Bucket, u64)>>,
-}
-
-/// One change to a budget's counter when a stream is settled.
-#[derive(Debug, Clone)]
-pub struct Adjustment {
-    pub key: String,
-    pub policy: RatePolicy,
-    pub tokens: u64,
-    /// None: charge `tokens` now; else give back up to `tokens` from this bucket, while it
-    /// still counts.
-    pub refund_from: Option<Bucket>,
-}
-
-/// The changes that settle one stream (or give back late top-ups), applied at most once: a
-/// call whose answer was lost is sent again, and the store recognises `id` (see `settle.lua`).
-#[derive(Debug, Clone)]
-pub struct Settlement {
-    pub id: String,
-    pub adjustments: Vec<Adjustment>,
-}
-
-impl Settlement {
-    /// The refunds of a grant nobody took (`lease_id`'s), applied at most once like a
-    /// settlement, under an id of their own: the lease's own settlement gives back its budgets'
-    /// reservation, these its request-rate units or, for a grant never answered to its caller,
-    /// everything.
-    pub fn untaken(lease_id: &str, refunds: Vec<Adjustment>) -> Self {
-        Settlement {
-            id: format!("{lease_id}:untaken"),
-            adjustments: refunds,
-        }
-    }
-}
-
-/// What one policy said about a hit.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    pub policy: RatePolicy,
-    /// Units in use in the window after the hit (before it, when refused or only looked at).
-    pub used: u64,
-    /// Units left: the limit less `used`, or 0.
-    pub remaining: u64,
-    /// When the next units free up, in ms (0: nothing in use).
-    pub reset_ms: u64,
-    /// Where the hit's units went (None when nothing was taken).
-    pub bucket: Option<Bucket>,
-}
-
-impl Decision {
-    pub fn new(policy: RatePolicy, used: u64, reset_ms: u64, bucket: Option<Bucket>) -> Self {
-        Decision {
-            remaining: policy.limit.saturating_sub(used),
-            policy,
-            used,
-            reset_ms,
-            bucket,
-        }
-    }
-}
-
-/// The answer to one hit: every policy's decision, and the first that refused, if any.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HitOutcome {
-    pub decisions: Vec<Decision>,
-    /// Index (into `decisions`) of the first policy that refused, and when the cost fits again.
-    pub refused: Option<(usize, u64)>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn policy(name: &str, limit: u64) -> RatePolicy {
         RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow, Unit::Requests).unwrap()
+    }
+
+    fn budget(name: &str, limit: u64, unit: Unit) -> RatePolicy {
+        RatePolicy::new(name, limit, 60_000, Algorithm::FixedWindow, unit).unwrap()
     }
 
     #[test]
@@ -352,5 +217,72 @@ mod tests {
             .contains("never be allowed"));
         assert!(check_hit(&[], 1).is_err());
         assert!(check_hit(&[policy("m", 5), policy("d", 100)], 5).is_ok());
+    }
+
+    #[test]
+    fn limits_and_windows_are_accepted_exactly_within_their_bounds() {
+        let sliding = |limit, window_ms| {
+            RatePolicy::new("p", limit, window_ms, Algorithm::SlidingWindow, Unit::Requests)
+        };
+        assert!(sliding(1, MIN_WINDOW_MS).is_ok());
+        assert!(sliding(MAX_LIMIT, MAX_WINDOW_MS).is_ok());
+        assert!(sliding(MAX_LIMIT + 1, 60_000)
+            .unwrap_err()
+            .contains("use 1 to 1000000000000"));
+        assert!(sliding(1, MIN_WINDOW_MS - 1)
+            .unwrap_err()
+            .contains("use 0.01 s to one year (31622400 s)"));
+        assert!(sliding(1, MAX_WINDOW_MS + 1).is_err());
+    }
+
+    #[test]
+    fn a_name_is_one_to_64_letters_digits_underscores_dashes_or_dots() {
+        assert!(check_name("tokens_per_day-v2.1").is_ok());
+        assert!(check_name(&"n".repeat(64)).is_ok());
+        for bad in ["", &"n".repeat(65), "a:b", "a/b", "é", "{tag}"] {
+            assert!(
+                check_name(bad).unwrap_err().contains("use 1 to 64 letters"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_and_codes_of_algorithms_and_units_parse_back() {
+        for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+            assert_eq!(Algorithm::parse(algorithm.name()), Ok(algorithm));
+        }
+        let units = [
+            Unit::Requests,
+            Unit::Tokens,
+            Unit::InputTokens,
+            Unit::OutputTokens,
+        ];
+        for unit in units {
+            assert_eq!(Unit::parse(unit.name()), Ok(unit));
+        }
+        // Codes tell counters apart in keys: no two alike.
+        let codes: Vec<&str> = units.iter().map(|u| u.code()).collect();
+        assert_eq!(codes, ["", "t", "i", "o"]);
+        assert_ne!(Algorithm::SlidingWindow.code(), Algorithm::FixedWindow.code());
+    }
+
+    #[test]
+    fn a_unit_counts_its_share_of_a_streams_tokens() {
+        assert_eq!(Unit::Requests.of(100, 20), 0);
+        assert_eq!(Unit::Tokens.of(100, 20), 120);
+        assert_eq!(Unit::InputTokens.of(100, 20), 100);
+        assert_eq!(Unit::OutputTokens.of(100, 20), 20);
+    }
+
+    #[test]
+    fn a_reservation_is_checked_against_each_budget_and_named_in_the_error() {
+        let policies = [policy("rpm", 10), budget("tpm", 1_000, Unit::Tokens)];
+        assert!(check_costs(&policies, &[1, 1_000], "reserve").is_ok());
+        let error = check_costs(&policies, &[1, 1_001], "reserve").unwrap_err();
+        assert_eq!(
+            error,
+            "reserve=1001 is more than the limit of \"tpm\" (1000): it could never be allowed"
+        );
     }
 }

@@ -1,0 +1,64 @@
+//! The changes a token budget makes to its counters (`budget/`): a stream's top-up each round,
+//! its answer, and the adjustments, applied at most once, that settle a stream or give back
+//! what nobody used.
+
+use super::{Bucket, RatePolicy};
+
+/// One stream's top-up of its token budgets (`budget/`), sent every round while it streams:
+/// first, what `give_back[i]` lists is given back to `policies[i]` (`keys[i]` counts it): the
+/// reservation of the tokens streamed since the last round, and a roll's; then the `moved`
+/// tokens (streamed since the last round) are taken in the current bucket whatever the room,
+/// so each token counts in the window of the time it streamed; then `want` more, as many as
+/// every policy has room for, or all of them if `forced`.
+pub struct TopUp {
+    pub keys: Vec<String>,
+    pub policies: Vec<RatePolicy>,
+    pub give_back: Vec<Vec<(Bucket, u64)>>,
+    pub moved: u64,
+    pub want: u64,
+    pub forced: bool,
+}
+
+/// What a top-up got: `granted` tokens (beyond the `moved` ones), the `room` its budgets have
+/// left after it (the least of them), and per policy (in order; None when nothing was taken)
+/// the bucket its share went to and for how many more ms, on the server's clock, that bucket
+/// counts in the window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToppedUp {
+    pub granted: u64,
+    pub room: u64,
+    pub buckets: Vec<Option<(Bucket, u64)>>,
+}
+
+/// One change to a budget's counter: a charge now, or a refund to the bucket the tokens went to.
+#[derive(Debug, Clone)]
+pub struct Adjustment {
+    pub key: String,
+    pub policy: RatePolicy,
+    pub tokens: u64,
+    /// None: charge `tokens` now; else give back up to `tokens` from this bucket, while it
+    /// still counts.
+    pub refund_from: Option<Bucket>,
+}
+
+/// Adjustments applied at most once: a stream's settlement, or the give-back of a grant nobody
+/// took or of a top-up answered after the settlement. A call whose answer was lost is sent
+/// again, and the store recognises `id` (see `settle.lua`).
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub id: String,
+    pub adjustments: Vec<Adjustment>,
+}
+
+impl Settlement {
+    /// The refunds of a grant nobody took (`lease_id`'s), applied at most once like a
+    /// settlement, under an id of their own: the lease's own settlement gives back its budgets'
+    /// reservation, these its request-rate units or, for a grant never answered to its caller,
+    /// everything.
+    pub fn untaken(lease_id: &str, refunds: Vec<Adjustment>) -> Self {
+        Settlement {
+            id: format!("{lease_id}:untaken"),
+            adjustments: refunds,
+        }
+    }
+}

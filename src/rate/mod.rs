@@ -1,0 +1,15 @@
+//! Request-rate policies: at most `limit` units per window, counted per identity, every policy
+//! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory/rate.rs`).
+//!
+//! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
+//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`.
+
+mod adjustment;
+mod decision;
+mod policy;
+
+pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
+pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
+pub use self::policy::{
+    check_costs, check_hit, Algorithm, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
+};
