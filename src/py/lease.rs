@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
-use crate::admission::PoolUsage;
 use crate::budget::Meter;
+use crate::manager::PoolUsage;
 use crate::rate::Decision;
 use crate::renewal::{LeaseHandle as CoreHandle, Releasing};
 

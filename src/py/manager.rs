@@ -15,8 +15,8 @@ use super::config::{LeaseConfig, PythonSide, SECRET_VARIABLE};
 use super::errors::error_class;
 use super::lease::LeaseHandle;
 use super::{budget, rate};
-use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
 use crate::backend::{Backend, MAX_PRIORITY};
+use crate::manager::{self, AcquireRequest, MAX_WEIGHT};
 use crate::rate::MAX_LIMIT;
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
@@ -33,7 +33,7 @@ fn unkeyed_identities() -> CString {
 
 #[pyclass(frozen, weakref, module = "fastapi_stream_lease._core")]
 pub struct Manager {
-    core: Arc<admission::Manager>,
+    core: Arc<manager::Manager>,
     /// The config's options the core never reads, handed back by `config`.
     python_side: Arc<PythonSide>,
 }
@@ -70,7 +70,7 @@ impl Manager {
             )?;
         }
         Ok(Manager {
-            core: Arc::new(admission::Manager::new(backend, config)),
+            core: Arc::new(manager::Manager::new(backend, config)),
             python_side,
         })
     }
