@@ -2,8 +2,8 @@
 //! `keeper.rs`, running rounds, `round.rs`), finding those lost (`sweep.rs`) and releasing them.
 //! Nothing here calls back into admission: it learns of slots that free through `subscribe()`.
 
-mod handle;
 mod held;
+mod held_lease;
 mod keeper;
 mod release_calls;
 mod revoke;
@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
-pub use self::handle::LeaseHandle;
 use self::held::{Held, NEVER};
+pub use self::held_lease::HeldLease;
 use self::release_calls::ReleaseCalls;
 use crate::backend::{batches, Stores};
 use crate::budget::Budgets;
@@ -214,7 +214,7 @@ impl Leases {
         record: Arc<LeaseRecord>,
         deadline_ms: u64,
         holder_was_alive: bool,
-    ) -> CoreResult<LeaseHandle> {
+    ) -> CoreResult<HeldLease> {
         let mut held = lock(&self.held);
         // Checked under the lock that close() drains, so no lease slips past a close.
         if self.is_closed() {
@@ -241,7 +241,7 @@ impl Leases {
         for lost in &overdue {
             self.lose(lost, true);
         }
-        Ok(LeaseHandle::new(record, Arc::clone(self)))
+        Ok(HeldLease::new(record, Arc::clone(self)))
     }
 
     pub fn is_closed(&self) -> bool {
