@@ -9,10 +9,9 @@
 //! leases whose removal failed are removed again, and the tags idle for a whole round are left.
 //! A failed call leaves its leases to the next round, and to their deadlines.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::Leases;
+use super::{counters, Leases};
 use crate::backend::RoundReport;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::sync::lock;
@@ -40,14 +39,13 @@ impl Leases {
                     held.extend(store, holders, sent_at + self.ttl_ms);
                 }
             }
-            self.renew_failures
-                .fetch_add(report.failures.len() as u64, Ordering::Relaxed);
-            self.pruned.fetch_add(report.pruned, Ordering::Relaxed);
+            counters::add(&self.counts.renew_failures, report.failures.len() as u64);
+            counters::add(&self.counts.pruned, report.pruned);
             for record in &report.reclaimed {
                 if record.is_released() {
                     released_meanwhile.push(Arc::clone(record));
                 } else {
-                    self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    counters::add(&self.counts.reclaimed, 1);
                 }
             }
             for record in &report.lost {
@@ -57,10 +55,7 @@ impl Leases {
                 self.end_revoked(record);
             }
         }
-        let unremoved: Vec<_> = std::mem::take(&mut *lock(&self.unremoved))
-            .into_values()
-            .collect();
-        released_meanwhile.extend(unremoved);
+        released_meanwhile.extend(self.retries.take_all());
         if !released_meanwhile.is_empty() {
             // What fails is kept for the next round.
             let _ = self.release_all(&released_meanwhile).await;
