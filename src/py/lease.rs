@@ -175,11 +175,11 @@ impl LeaseHandle {
     /// Resolves when the lease is lost (never, if it is released first). Cancelling the
     /// awaitable stops the wait.
     fn wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        // No task waits for it: the renewal loop settles the future when it finds the lease
+        // No task waits for it: the renewal loop resolves the future when it finds the lease
         // lost (a task per stream cost a wake-up of the core's thread, and another to cancel it).
-        let (lost, settler) = bridge::promise(py)?;
+        let (lost, resolver) = bridge::promise(py)?;
         self.held.when_lost(Box::new(move || {
-            settler.settle(Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
+            resolver.resolve(Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
         }));
         Ok(lost)
     }
