@@ -69,7 +69,7 @@ impl Leases {
         let backend = self.stores.get(store);
         let period_ms = self.period.as_millis() as u64;
         let mut report = RoundReport::default();
-        // Counts found in excess last round are judged now that their calls in flight settled.
+        // Counts found in excess last round are judged now that their calls in flight are over.
         let (groups, excess) = {
             let mut held = lock(&self.held);
             let excess = match store {
@@ -113,7 +113,7 @@ impl Leases {
                 keep.extend(held.tallies.in_flight(&holders));
                 keep
             };
-            // Two steps (found by the protocol model): the leases listed are filtered against
+            // Two steps (the protocol model checks them): the leases listed are filtered against
             // what is held and in flight when the list comes back, since an acquire sent after
             // `keep` was taken may have been granted before the list; the rest are removed by id.
             let strays = match backend.strays(&holders, &keep).await {

@@ -1,9 +1,9 @@
 //! What Redis should count for this holder in each tag of the main store: the members of the
-//! leases it holds, give or take those in flight (acquires sent and not settled, releases not
+//! leases it holds, give or take those in flight (acquires sent and not answered, releases not
 //! confirmed), and the sum of their ids (`LeaseRecord::id_value` per member). A keep-alive's
 //! count below the lowest figure seen during its call means members are missing (the leases are
 //! checked one by one, that round); above the highest, members it does not hold (they are
-//! pruned at the next round, once the acquires in flight during the call have settled: a
+//! pruned at the next round, once the acquires in flight during the call are answered: a
 //! refused one never counted), and the leases are checked one by one too, that round, since the
 //! excess may hide members missing. A count within those figures whose sum of ids no choice of
 //! the leases that changed during the call explains means as many members are missing as came
@@ -229,7 +229,7 @@ impl Tallies {
     }
 
     /// The tags whose last count exceeded the most they could have had, now that the calls in
-    /// flight during its window have settled, or whose sum of ids was not explained: members
+    /// flight during its window are answered, or whose sum of ids was not explained: members
     /// this holder does not hold may be there (a released lease a failover brought back, in
     /// place of a grant it lost, which the check one by one took back meanwhile).
     pub fn take_excess(&mut self) -> Vec<String> {

@@ -62,9 +62,9 @@ fn a_count_is_short_or_in_excess_only_beyond_every_figure_of_its_window() {
     assert_eq!(tallies.in_flight(tag), Vec::<String>::new());
 }
 
-/// Found by the protocol model: the last lease of a tag lost (swept) while its keep-alive
-/// was under way, then its release started, used to drop and recreate the tally without the
-/// window's figures, so the answer looked like an excess and a prune followed, no fault.
+/// The last lease of a tag lost (swept) while its keep-alive was under way, then its release
+/// started, must not drop and recreate the tally without the window's figures: the answer
+/// would look like an excess and a prune would follow, with no fault.
 #[test]
 fn a_tally_keeps_its_window_while_its_last_lease_goes() {
     let tag = "{t}:holders";
