@@ -5,9 +5,9 @@
 //! whose count is above what it holds and has in flight is checked so too (the excess may hide
 //! members missing), and has the extra members pruned at the next round, in two steps: the
 //! leases listed (`strays.lua`) that are neither held nor in flight by then are removed by id
-//! (`prune.lua`). Then
-//! leases whose removal failed are removed again, and the tags idle for a whole round are left.
-//! A failed call leaves its leases to the next round, and to their deadlines.
+//! (`prune.lua`). Then leases whose removal failed are removed again, and the tags idle for a
+//! whole round are left. A failed call leaves its leases to the next round, and to their
+//! deadlines.
 
 use std::sync::Arc;
 
@@ -102,6 +102,16 @@ impl Leases {
                 }
             }
         }
+        self.prune_excess(store, excess, &mut report).await;
+        if !short.is_empty() {
+            self.check_short(store, short, &mut report).await;
+        }
+        report
+    }
+
+    /// Prunes the members this holder does not hold from the groups whose count was in excess.
+    async fn prune_excess(&self, store: Store, excess: Vec<String>, report: &mut RoundReport) {
+        let backend = self.stores.get(store);
         for holders in excess {
             let keep = {
                 let held = lock(&self.held);
@@ -131,9 +141,13 @@ impl Leases {
                 Err(e) => report.failures.push(e),
             }
         }
-        if short.is_empty() {
-            return report;
-        }
+    }
+
+    /// Checks the leases of groups short of members one by one (taken back where capacity
+    /// allows, else lost) and counts those groups again.
+    async fn check_short(&self, store: Store, short: Vec<String>, report: &mut RoundReport) {
+        let backend = self.stores.get(store);
+        let period_ms = self.period.as_millis() as u64;
         let check: Vec<Arc<LeaseRecord>> = {
             let held = lock(&self.held);
             short
@@ -142,7 +156,7 @@ impl Leases {
                 .filter(|lease| !lease.is_released())
                 .collect()
         };
-        let failed = backend.reclaim(&check, self.ttl_ms, &mut report).await;
+        let failed = backend.reclaim(&check, self.ttl_ms, report).await;
         // A group left unchecked keeps its shortfall, so the next round checks it again.
         let checked: Vec<String> = short
             .into_iter()
@@ -159,6 +173,5 @@ impl Leases {
         }
         report.failures.append(&mut recounted.failures);
         report.answered |= recounted.answered;
-        report
     }
 }
