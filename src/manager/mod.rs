@@ -1,8 +1,9 @@
-//! The manager's core: admits leases (the request, `request.rs`; admitting it, `admit.rs`, on
-//! the local floor while Redis is down, `local_floor.rs`; its end, `grant.rs`), counts pools,
-//! revokes, reports its counters and closes. It owns the backend (shared with renewal), the circuit breaker, this process's side of
-//! the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain Rust: the binding
-//! (`py/manager.rs`) calls it and turns what it returns into Python objects.
+//! The manager: admits leases (the request, `request.rs`; admitting it, `admit.rs`, on the
+//! local floor while Redis is down, `local_floor.rs`; its end, `grant.rs`; undone if cancelled,
+//! `cancel_guard.rs`), decides request rates (`rate.rs`), counts pools, revokes, reports its
+//! counters and closes. It owns the backend (shared with renewal), the circuit breaker, this
+//! process's side of the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain
+//! Rust: the binding (`py/manager.rs`) calls it and turns what it returns into Python objects.
 
 mod admit;
 mod cancel_guard;
