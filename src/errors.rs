@@ -45,7 +45,7 @@ pub enum CoreError {
     Closed,
     /// The API was used in a way that cannot work (a manager used across a fork).
     Misuse(String),
-    /// A bug: a Rust panic caught at the bridge so the Python future still settles.
+    /// A bug: a Rust panic caught at the bridge so the Python future is still resolved.
     Panic(String),
 }
 

@@ -16,6 +16,7 @@ from fastapi_stream_lease import (
     Resource,
     StreamLeaseError,
     StreamLeaseManager,
+    _core,
     stream_lease_exception_handler,
 )
 
@@ -169,6 +170,19 @@ async def test_bad_weights_are_refused(make_manager, weight, error):
     manager = make_manager()
     with pytest.raises(error, match="weight"):
         await manager.acquire("alice", weight=weight)
+
+
+def test_the_core_acquire_takes_one_checked_value_not_loose_positional_arguments():
+    """Ten positional arguments across the binding let the Python side and the core drift
+    apart in order unnoticed: the core's acquire takes one AcquireArgs, built by keyword and
+    checked when built, and refuses anything else."""
+    with pytest.raises(TypeError, match="user_id must be a str"):
+        _core.AcquireArgs(user_id=5)
+    with pytest.raises(TypeError):
+        _core.AcquireArgs("alice")  # type: ignore[misc]
+    manager = _core.Manager("memory://", LeaseConfig())
+    with pytest.raises(TypeError, match="AcquireArgs"):
+        manager.acquire("alice")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import asyncio
 import random
 import threading
 
-from fastapi_stream_lease import RateLimit
+from fastapi_stream_lease import RateLimit, _core
 
 from support.waiting import count_is, eventually
 
@@ -110,7 +110,7 @@ async def test_a_grant_for_a_loop_that_went_away_is_released(own_redis, make_own
 
     def acquire_then_close_the_loop() -> None:
         async def start() -> None:
-            manager._core.acquire("alice")  # its future is abandoned with its loop
+            manager._core.acquire(_core.AcquireArgs(user_id="alice"))  # abandoned with its loop
 
         # A loop of its own (in a thread, as asyncio.run needs), closed before Redis answers.
         threading.Thread(target=asyncio.run, args=(start(),)).start()

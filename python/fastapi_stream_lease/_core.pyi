@@ -8,6 +8,7 @@ from .rates import RateDecision
 
 __all__ = [
     "TOP_UP_INCREMENT",
+    "AcquireArgs",
     "LeaseConfig",
     "LeaseHandle",
     "LoopBridge",
@@ -21,6 +22,25 @@ __all__ = [
 ]
 __version__: str
 TOP_UP_INCREMENT: int
+
+@final
+class AcquireArgs:
+    """The arguments of one acquire, checked; the wait is the manager's default unless given."""
+
+    def __new__(
+        cls,
+        *,
+        user_id: str | None = None,
+        weight: int | None = None,
+        max_per_user: int | None = None,
+        wait_timeout: float | None = None,
+        resources: list[tuple[str, int, int | None]] | None = None,
+        rate_limits: Iterable[RateLimit] | None = None,
+        budgets: Iterable[RateLimit] | None = None,
+        reserve: int | tuple[int, int] | None = None,
+        on_budget: str | None = None,
+        priority: int | None = None,
+    ) -> AcquireArgs: ...
 
 @final
 class LeaseConfig:
@@ -159,19 +179,7 @@ class Manager:
     def config(self) -> LeaseConfig: ...
     @property
     def backend(self) -> str: ...
-    def acquire(
-        self,
-        user_id: str | None,
-        weight: int | None = None,
-        max_per_user: int | None = None,
-        wait_timeout: float | None = None,
-        resources: list[tuple[str, int, int | None]] | None = None,
-        rate_limits: Iterable[RateLimit] | None = None,
-        budgets: Iterable[RateLimit] | None = None,
-        reserve: int | tuple[int, int] | None = None,
-        on_budget: str | None = None,
-        priority: int | None = None,
-    ) -> Awaitable[LeaseHandle]: ...
+    def acquire(self, arguments: AcquireArgs) -> Awaitable[LeaseHandle]: ...
     def hit(
         self,
         user_id: str,

@@ -319,18 +319,19 @@ class StreamLeaseManager:
         """Starts an acquire in the core (arguments it refuses raise here); resolves to the
         granted handle."""
         pools = [(r.name, r.capacity, r.max_waiting) for r in resources] or None
-        acquired = self._core.acquire(
-            user_id,
-            weight,
-            max_per_user,
-            wait_timeout,
-            pools,
-            rate_limits or None,
-            budgets or None,
-            reserve,
-            on_budget if budgets or reserve is not None or on_budget != "cut" else None,
-            priority or None,
+        arguments = _core.AcquireArgs(
+            user_id=user_id,
+            weight=weight,
+            max_per_user=max_per_user,
+            wait_timeout=wait_timeout,
+            resources=pools,
+            rate_limits=rate_limits or None,
+            budgets=budgets or None,
+            reserve=reserve,
+            on_budget=on_budget if budgets or reserve is not None or on_budget != "cut" else None,
+            priority=priority or None,
         )
+        acquired = self._core.acquire(arguments)
         if request is None:
             return acquired
         return self._acquire_for(request, acquired)

@@ -7,15 +7,15 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
-use crate::admission::PoolUsage;
 use crate::budget::Meter;
+use crate::manager::PoolUsage;
 use crate::rate::Decision;
-use crate::renewal::{LeaseHandle as CoreHandle, Releasing};
+use crate::renewal::{HeldLease, Releasing};
 
 /// A slot held in every pool of one acquire, renewed by the manager until released.
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
 pub struct LeaseHandle {
-    handle: CoreHandle,
+    held: HeldLease,
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
@@ -26,13 +26,13 @@ pub struct LeaseHandle {
 
 impl LeaseHandle {
     pub fn new(
-        handle: CoreHandle,
+        held: HeldLease,
         rates: Vec<Decision>,
         usage: Vec<PoolUsage>,
         meter: Option<Arc<Meter>>,
     ) -> Self {
         LeaseHandle {
-            handle,
+            held,
             rates,
             meter,
             usage,
@@ -55,13 +55,13 @@ impl LeaseHandle {
     /// Random id of this lease (the member stored in each pool).
     #[getter]
     fn lease_id(&self) -> &str {
-        &self.handle.record().id
+        &self.held.record().id
     }
 
     /// Slots this lease takes in each pool.
     #[getter]
     fn weight(&self) -> u32 {
-        self.handle.record().weight
+        self.held.record().weight
     }
 
     /// What each rate policy of the acquire said (`RateDecision`s), the start counted.
@@ -83,19 +83,19 @@ impl LeaseHandle {
     /// True once renewal found the lease gone from the store.
     #[getter]
     fn lost(&self) -> bool {
-        self.handle.record().is_lost()
+        self.held.record().is_lost()
     }
 
     /// True once the lease was revoked (a drain or an operator ended its stream).
     #[getter]
     fn revoked(&self) -> bool {
-        self.handle.record().is_revoked()
+        self.held.record().is_revoked()
     }
 
     /// True once `release()` ran (or the manager was closed).
     #[getter]
     fn released(&self) -> bool {
-        self.handle.record().is_released()
+        self.held.record().is_released()
     }
 
     /// Releases the lease now; the awaitable resolves to True if the store still had it.
@@ -103,7 +103,7 @@ impl LeaseHandle {
         fn deliver(removed: bool) -> bridge::Delivery {
             Box::new(move |py: Python<'_>| Ok(PyBool::new(py, removed).to_owned().into_any().unbind()))
         }
-        match self.handle.release() {
+        match self.held.release() {
             Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
             Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
         }
@@ -111,7 +111,7 @@ impl LeaseHandle {
 
     /// Starts the release without waiting for it; True if this call released the lease.
     fn release_nowait(&self) -> bool {
-        self.handle.release_nowait()
+        self.held.release_nowait()
     }
 
     /// Counts `tokens` of the answer streamed (no I/O). Raises `BudgetExhausted` once the
@@ -175,11 +175,11 @@ impl LeaseHandle {
     /// Resolves when the lease is lost (never, if it is released first). Cancelling the
     /// awaitable stops the wait.
     fn wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        // No task waits for it: the renewal loop settles the future when it finds the lease
+        // No task waits for it: the renewal loop resolves the future when it finds the lease
         // lost (a task per stream cost a wake-up of the core's thread, and another to cancel it).
-        let (lost, settler) = bridge::promise(py)?;
-        self.handle.when_lost(Box::new(move || {
-            settler.settle(Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
+        let (lost, resolver) = bridge::promise(py)?;
+        self.held.when_lost(Box::new(move || {
+            resolver.resolve(Ok(Box::new(|py: Python<'_>| Ok(py.None()))));
         }));
         Ok(lost)
     }

@@ -9,14 +9,15 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::acquire_args::AcquireArgs;
 use super::args;
 use super::bridge;
 use super::config::{LeaseConfig, PythonSide, SECRET_VARIABLE};
-use super::errors::error_class;
+use super::errors::ErrorClasses;
 use super::lease::LeaseHandle;
-use super::{budget, rate};
-use crate::admission::{self, AcquireRequest, MAX_WEIGHT};
-use crate::backend::{self, MAX_PRIORITY};
+use super::rate;
+use crate::backend;
+use crate::manager;
 use crate::rate::MAX_LIMIT;
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
@@ -33,7 +34,7 @@ fn unkeyed_identities() -> CString {
 
 #[pyclass(frozen, weakref, module = "fastapi_stream_lease._core")]
 pub struct Manager {
-    core: Arc<admission::Manager>,
+    core: Arc<manager::Manager>,
     /// The config's options the core never reads, handed back by `config`.
     python_side: Arc<PythonSide>,
 }
@@ -64,13 +65,13 @@ impl Manager {
             // Level 2: the line that built the StreamLeaseManager, past its __init__.
             PyErr::warn(
                 py,
-                error_class(py, "StreamLeaseWarning")?.as_any(),
+                ErrorClasses::get(py)?.warning.bind(py),
                 &unkeyed_identities(),
                 2,
             )?;
         }
         Ok(Manager {
-            core: Arc::new(admission::Manager::new(backend, config)),
+            core: Arc::new(manager::Manager::new(backend, config)),
             python_side,
         })
     }
@@ -89,48 +90,15 @@ impl Manager {
         self.core.describe()
     }
 
-    #[pyo3(signature = (user_id, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Starts an acquire (`AcquireArgs` holds its checked arguments); resolves to the held
+    /// lease.
     fn acquire<'py>(
         &self,
         py: Python<'py>,
-        user_id: Option<&Bound<'py, PyAny>>,
-        weight: Option<&Bound<'py, PyAny>>,
-        max_per_user: Option<&Bound<'py, PyAny>>,
-        wait_timeout: Option<&Bound<'py, PyAny>>,
-        resources: Option<&Bound<'py, PyAny>>,
-        rate_limits: Option<&Bound<'py, PyAny>>,
-        budgets: Option<&Bound<'py, PyAny>>,
-        reserve: Option<&Bound<'py, PyAny>>,
-        on_budget: Option<&Bound<'py, PyAny>>,
-        priority: Option<&Bound<'py, PyAny>>,
+        arguments: PyRef<'py, AcquireArgs>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (resources, resource_lines) = args::resources(resources)?
-            .into_iter()
-            .map(|(name, capacity, max_waiting)| ((name, capacity), max_waiting))
-            .unzip();
-        let request = AcquireRequest {
-            identity: args::identity(user_id)?,
-            resources,
-            resource_lines,
-            weight: args::weight(weight, MAX_WEIGHT)?,
-            max_per_user: args::optional_capacity("max_per_user", max_per_user)?,
-            wait: Duration::from_secs_f64(args::wait_seconds(wait_timeout, self.core.config().wait_timeout)?),
-            rate_limits: args::given(rate_limits)
-                .map(rate::policies_of)
-                .transpose()?
-                .unwrap_or_default(),
-            budget: budget::request(budgets, reserve, on_budget)?,
-            priority: args::given(priority)
-                .map(|p| args::int_in("priority", p, 0..=u64::from(MAX_PRIORITY)))
-                .transpose()?
-                .unwrap_or(0) as u8,
-        };
-        if request.identity.is_none() && request.resources.is_empty() {
-            return Err(PyTypeError::new_err(
-                "pass a user_id (a stream) or resources (shared capacity), or both",
-            ));
-        }
+        let default_wait = Duration::from_secs_f64(self.core.config().wait_timeout);
+        let request = arguments.request(default_wait);
         let waits = !request.wait.is_zero();
         let acquired = self.core.acquire(request)?;
         let embedded = self.core.is_embedded();

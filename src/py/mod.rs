@@ -1,6 +1,7 @@
 //! The Python binding: the only code that touches PyO3. It checks arguments, calls the core and
 //! turns what the core returns into Python objects and awaitables.
 
+mod acquire_args;
 mod acquire_call;
 mod args;
 mod bridge;
@@ -15,6 +16,7 @@ mod rate;
 use pyo3::prelude::*;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<acquire_args::AcquireArgs>()?;
     m.add_class::<config::LeaseConfig>()?;
     m.add_class::<lease::LeaseHandle>()?;
     m.add_class::<manager::Manager>()?;

@@ -53,7 +53,7 @@ impl Held {
     /// deadline passed before `now_ms`, its leases are taken out and returned (the caller marks
     /// them lost, as the sweep would) and the newcomer starts a group of its own. A grant that
     /// arrives after its own deadline is returned too, not held: the holder's entry may have
-    /// expired since its script ran, and its members been reaped (found by the protocol model).
+    /// expired since its script ran, and its members been reaped (the protocol model checks it).
     pub fn insert(
         &mut self,
         record: Arc<LeaseRecord>,
@@ -304,13 +304,13 @@ mod tests {
         held.tallies.open_windows();
         assert!(
             !held.tallies.close_window("{t}:holders", Counted::of(&[&new])),
-            "the lost one no longer counts"
+            "the lost one does not count"
         );
         assert!(held.tallies.take_excess().is_empty());
     }
 
-    /// Found by the protocol model: a grant delivered after its own deadline (an event loop
-    /// blocked longer than a lease) must not join a group a later grant revived, since the
+    /// A grant delivered after its own deadline (an event loop blocked longer than a lease)
+    /// must not join a group a later grant revived, since the
     /// holder's entry may have expired, and its members been reaped, since its script ran.
     #[test]
     fn a_grant_arriving_after_its_deadline_is_not_held() {
@@ -323,9 +323,10 @@ mod tests {
         assert_eq!((held.len(), held.slots_in("{t}:global")), (1, 1));
     }
 
-    /// Found by the protocol model: a prune's list of leases to keep was taken before its call,
-    /// so an acquire sent meanwhile, and run by Redis first, lost its member. The strays are
-    /// now filtered when the list comes back: a grant made meanwhile is held or in flight.
+    /// A prune's list of leases to keep is taken before its call, so an acquire sent
+    /// meanwhile, and run by Redis first, would lose its member were the list trusted: the
+    /// strays are filtered when the list comes back, since a grant made meanwhile is held or in
+    /// flight.
     #[test]
     fn a_prune_removes_only_leases_neither_held_nor_in_flight() {
         let mut held = Held::default();

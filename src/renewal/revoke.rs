@@ -3,10 +3,9 @@
 //! their keep-alive finds a tag's revocation stamp changed and lists the revoked ids.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::Leases;
+use super::{counters, Leases};
 use crate::backend::{Kept, RoundReport};
 use crate::lease::{LeaseRecord, Store};
 use crate::sync::lock;
@@ -45,7 +44,7 @@ impl Leases {
         if !record.mark_revoked() {
             return false;
         }
-        self.revoked.fetch_add(1, Ordering::Relaxed);
+        counters::add(&self.counts.revoked, 1);
         self.release_in_background(record);
         true
     }

@@ -5,14 +5,13 @@
 //! whose count is above what it holds and has in flight is checked so too (the excess may hide
 //! members missing), and has the extra members pruned at the next round, in two steps: the
 //! leases listed (`strays.lua`) that are neither held nor in flight by then are removed by id
-//! (`prune.lua`). Then
-//! leases whose removal failed are removed again, and the tags idle for a whole round are left.
-//! A failed call leaves its leases to the next round, and to their deadlines.
+//! (`prune.lua`). Then leases whose removal failed are removed again, and the tags idle for a
+//! whole round are left. A failed call leaves its leases to the next round, and to their
+//! deadlines.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::Leases;
+use super::{counters, Leases};
 use crate::backend::RoundReport;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::sync::lock;
@@ -40,14 +39,13 @@ impl Leases {
                     held.extend(store, holders, sent_at + self.ttl_ms);
                 }
             }
-            self.renew_failures
-                .fetch_add(report.failures.len() as u64, Ordering::Relaxed);
-            self.pruned.fetch_add(report.pruned, Ordering::Relaxed);
+            counters::add(&self.counts.renew_failures, report.failures.len() as u64);
+            counters::add(&self.counts.pruned, report.pruned);
             for record in &report.reclaimed {
                 if record.is_released() {
                     released_meanwhile.push(Arc::clone(record));
                 } else {
-                    self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    counters::add(&self.counts.reclaimed, 1);
                 }
             }
             for record in &report.lost {
@@ -57,10 +55,7 @@ impl Leases {
                 self.end_revoked(record);
             }
         }
-        let unremoved: Vec<_> = std::mem::take(&mut *lock(&self.unremoved))
-            .into_values()
-            .collect();
-        released_meanwhile.extend(unremoved);
+        released_meanwhile.extend(self.retries.take_all());
         if !released_meanwhile.is_empty() {
             // What fails is kept for the next round.
             let _ = self.release_all(&released_meanwhile).await;
@@ -74,7 +69,7 @@ impl Leases {
         let backend = self.stores.get(store);
         let period_ms = self.period.as_millis() as u64;
         let mut report = RoundReport::default();
-        // Counts found in excess last round are judged now that their calls in flight settled.
+        // Counts found in excess last round are judged now that their calls in flight are over.
         let (groups, excess) = {
             let mut held = lock(&self.held);
             let excess = match store {
@@ -107,6 +102,16 @@ impl Leases {
                 }
             }
         }
+        self.prune_excess(store, excess, &mut report).await;
+        if !short.is_empty() {
+            self.check_short(store, short, &mut report).await;
+        }
+        report
+    }
+
+    /// Prunes the members this holder does not hold from the groups whose count was in excess.
+    async fn prune_excess(&self, store: Store, excess: Vec<String>, report: &mut RoundReport) {
+        let backend = self.stores.get(store);
         for holders in excess {
             let keep = {
                 let held = lock(&self.held);
@@ -118,7 +123,7 @@ impl Leases {
                 keep.extend(held.tallies.in_flight(&holders));
                 keep
             };
-            // Two steps (found by the protocol model): the leases listed are filtered against
+            // Two steps (the protocol model checks them): the leases listed are filtered against
             // what is held and in flight when the list comes back, since an acquire sent after
             // `keep` was taken may have been granted before the list; the rest are removed by id.
             let strays = match backend.strays(&holders, &keep).await {
@@ -136,9 +141,13 @@ impl Leases {
                 Err(e) => report.failures.push(e),
             }
         }
-        if short.is_empty() {
-            return report;
-        }
+    }
+
+    /// Checks the leases of groups short of members one by one (taken back where capacity
+    /// allows, else lost) and counts those groups again.
+    async fn check_short(&self, store: Store, short: Vec<String>, report: &mut RoundReport) {
+        let backend = self.stores.get(store);
+        let period_ms = self.period.as_millis() as u64;
         let check: Vec<Arc<LeaseRecord>> = {
             let held = lock(&self.held);
             short
@@ -147,7 +156,7 @@ impl Leases {
                 .filter(|lease| !lease.is_released())
                 .collect()
         };
-        let failed = backend.reclaim(&check, self.ttl_ms, &mut report).await;
+        let failed = backend.reclaim(&check, self.ttl_ms, report).await;
         // A group left unchecked keeps its shortfall, so the next round checks it again.
         let checked: Vec<String> = short
             .into_iter()
@@ -164,6 +173,5 @@ impl Leases {
         }
         report.failures.append(&mut recounted.failures);
         report.answered |= recounted.answered;
-        report
     }
 }

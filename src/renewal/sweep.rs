@@ -1,10 +1,9 @@
 //! The lost sweep: a lease whose group's deadline passed without a successful keep-alive is lost
 //! at that moment (its store has expired it), whatever sockets and retries are still doing.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::Leases;
+use super::{counters, Leases};
 use crate::lease::{monotonic_ms, LeaseRecord};
 use crate::sync::lock;
 
@@ -26,7 +25,7 @@ impl Leases {
             if still_stored {
                 self.retry_later([Arc::clone(record)]);
             }
-            self.lost.fetch_add(1, Ordering::Relaxed);
+            counters::add(&self.counts.lost, 1);
         }
     }
 }

@@ -1,11 +1,20 @@
-//! The manager's core: admits leases (`acquire.rs`), counts pools, reports its counters and
-//! closes. It owns the backend (shared with renewal), the circuit breaker, this process's side of
-//! the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain Rust: the binding
-//! (`py/manager.rs`) calls it and turns what it returns into Python objects.
+//! The manager: admits leases (the request, `request.rs`; admitting it, `admit.rs`, on the
+//! local floor while Redis is down, `local_floor.rs`; its end, `grant.rs`; undone if cancelled,
+//! `cancel_guard.rs`), decides request rates (`rate.rs`), counts pools, revokes, reports its
+//! counters and closes. It owns the backend (shared with renewal), the circuit breaker, this
+//! process's side of the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain
+//! Rust: the binding (`py/manager.rs`) calls it and turns what it returns into Python objects.
 
-mod acquire;
+mod admit;
+mod cancel_guard;
+mod grant;
+mod local_floor;
 mod rate;
+mod request;
 mod waiting;
+
+#[cfg(test)]
+mod task_sizes;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,15 +24,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use self::acquire::{PoolUsage, MAX_WEIGHT};
+pub use self::grant::PoolUsage;
+pub use self::request::{AcquireRequest, MAX_WEIGHT};
 use self::waiting::LocalLine;
 use crate::backend::{Backend, CallStats, Stores};
-use crate::budget::{BudgetRequest, Budgets};
+use crate::budget::Budgets;
 use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
-use crate::rate::RatePolicy;
 use crate::renewal::{Counters, Leases};
 use crate::runtime;
 use crate::sync::lock;
@@ -54,29 +63,6 @@ impl SeenPools {
     fn seen(&self) -> Vec<Pool> {
         lock(&self.0).values().cloned().collect()
     }
-}
-
-/// What one acquire asks for; the binding has checked the types.
-#[derive(Debug, Clone)]
-pub struct AcquireRequest {
-    /// The user whose stream this is (None: resources only).
-    pub identity: Option<String>,
-    /// Named shared capacity: (name, capacity).
-    pub resources: Vec<(String, u64)>,
-    /// The waiters each resource's line holds at most (None: `Config::max_waiting`).
-    pub resource_lines: Vec<Option<u64>>,
-    /// Slots taken in each pool.
-    pub weight: u32,
-    /// This call's cap on the user's own pool, in place of the configured one.
-    pub max_per_user: Option<u64>,
-    /// How long to wait in line for shared capacity.
-    pub wait: Duration,
-    /// Place in the lines: 0 to `MAX_PRIORITY`, higher first.
-    pub priority: u8,
-    /// Request-rate policies of the user that the start counts against, in the same step.
-    pub rate_limits: Vec<RatePolicy>,
-    /// Token budgets of the user the stream reserves from, in the same step.
-    pub budget: Option<BudgetRequest>,
 }
 
 /// Counters for monitoring.

@@ -1,18 +1,24 @@
-//! `LeaseConfig`: every knob, checked once at construction with errors that say how to fix them.
+//! `LeaseConfig`: every knob, checked once at construction with errors that say how to fix them
+//! (`fields.rs`, the identity secret in `secret.rs`); the options only the Python layer reads
+//! are its `PythonSide` (`python_side.rs`).
+
+mod fields;
+mod python_side;
+mod secret;
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyString};
+use pyo3::types::PyString;
 
-use super::args::{self, type_name};
+use self::fields::{choice_field, failure_mode_field, one_of_two_names, prefix_field, Timings};
+pub use self::python_side::PythonSide;
+use self::secret::secret_field;
+pub use self::secret::SECRET_VARIABLE;
+use super::args;
 use super::client_address::proxy_rule;
 use crate::config::{Config, FailureMode, LineOrder, OnLost};
-
-const MIN_LEASE_SECONDS: f64 = 1.0;
-const MAX_LEASE_SECONDS: f64 = 86_400.0;
-const MAX_PREFIX_LEN: usize = 128;
 
 /// Limits and timings of a `StreamLeaseManager`. Immutable; validated when built.
 #[pyclass(frozen, eq, module = "fastapi_stream_lease")]
@@ -22,56 +28,6 @@ pub struct LeaseConfig {
     /// What only the Python layer reads (the 0.6 API's options); shared, never changed.
     pub python_side: Arc<PythonSide>,
 }
-
-/// The options of the 0.6 API that the core never reads: its response headers and its
-/// lifecycle hooks (run by the Python layer, off the hot path), and the failure policy object
-/// given (its fallback mode became `failure_mode`).
-#[derive(Debug)]
-pub struct PythonSide {
-    include_lease_headers: bool,
-    hook_queue_size: u64,
-    on_acquired: Option<Py<PyAny>>,
-    on_rejected: Option<Py<PyAny>>,
-    on_lost: Option<Py<PyAny>>,
-    on_released: Option<Py<PyAny>>,
-    on_backend_error: Option<Py<PyAny>>,
-    failure_policy: Option<Py<PyAny>>,
-}
-
-impl PythonSide {
-    fn objects(&self) -> [&Option<Py<PyAny>>; 6] {
-        [
-            &self.on_acquired,
-            &self.on_rejected,
-            &self.on_lost,
-            &self.on_released,
-            &self.on_backend_error,
-            &self.failure_policy,
-        ]
-    }
-}
-
-/// Two configs are equal with the same hooks and policy objects (by identity: a callable has
-/// no other equality worth trusting).
-impl PartialEq for PythonSide {
-    fn eq(&self, other: &Self) -> bool {
-        let same = |a: &Option<Py<PyAny>>, b: &Option<Py<PyAny>>| match (a, b) {
-            (None, None) => true,
-            (Some(a), Some(b)) => a.as_ptr() == b.as_ptr(),
-            _ => false,
-        };
-        self.include_lease_headers == other.include_lease_headers
-            && self.hook_queue_size == other.hook_queue_size
-            && self
-                .objects()
-                .iter()
-                .zip(other.objects())
-                .all(|(a, b)| same(a, b))
-    }
-}
-
-/// The events a hook queue holds by default before it drops new ones (0.6's default).
-const HOOK_QUEUE_SIZE: u64 = 1024;
 
 #[pymethods]
 impl LeaseConfig {
@@ -140,35 +96,13 @@ impl LeaseConfig {
         on_backend_error: Option<&Bound<'_, PyAny>>,
         hook_queue_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let lease_seconds = args::seconds("lease_seconds", lease_seconds, 30.0)?;
-        if !(MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&lease_seconds) {
-            return Err(PyValueError::new_err(format!(
-                "lease_seconds={lease_seconds} is out of range: use {MIN_LEASE_SECONDS} to {MAX_LEASE_SECONDS} seconds (a lease is how long a slot survives a dead holder; 10 to 60 is typical)"
-            )));
-        }
-        let renew_every = args::seconds("renew_every", renew_every, lease_seconds / 3.0)?;
-        if !(renew_every > 0.0 && renew_every <= lease_seconds / 2.0) {
-            return Err(PyValueError::new_err(format!(
-                "renew_every={renew_every} must be above 0 and at most lease_seconds / 2 = {} so a lease is renewed at least twice before it expires; leave it unset for lease_seconds / 3",
-                lease_seconds / 2.0
-            )));
-        }
-        let redis_timeout = args::seconds("redis_timeout", redis_timeout, 1.0)?;
-        if !(0.001..=60.0).contains(&redis_timeout) {
-            return Err(PyValueError::new_err(format!(
-                "redis_timeout={redis_timeout} is out of range: use 0.001 to 60 seconds (it bounds every Redis call)"
-            )));
-        }
-        let (retry_after_name, retry_after) = one_of_two_names(
-            ("retry_after", retry_after),
-            ("retry_after_seconds", retry_after_seconds),
+        let timings = Timings::of(
+            lease_seconds,
+            renew_every,
+            redis_timeout,
+            retry_after,
+            retry_after_seconds,
         )?;
-        let retry_after = args::seconds(retry_after_name, retry_after, 5.0)?;
-        if !(1.0..=3600.0).contains(&retry_after) {
-            return Err(PyValueError::new_err(format!(
-                "retry_after={retry_after} is out of range: use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
-            )));
-        }
         // 0.6's acquire_timeout waits for a slot whichever cap is full, the user's own included.
         let (wait_name, wait) = one_of_two_names(
             ("wait_timeout", wait_timeout),
@@ -182,27 +116,15 @@ impl LeaseConfig {
                 "wait_for_own_quota needs the global pool (the lines live in its hash tag): drop global_pool=False, or wait_for_own_quota",
             ));
         }
-        let lost_hook = args::given(on_lost)
-            .filter(|hook| !hook.is_instance_of::<PyString>())
-            .map(|hook| hook_field("on_lost", Some(hook)))
-            .transpose()?
-            .flatten();
-        let lost_hook_given = lost_hook.is_some();
-        let python_side = PythonSide {
+        let python_side = PythonSide::of(
             include_lease_headers,
-            hook_queue_size: match args::capacity("hook_queue_size", hook_queue_size, HOOK_QUEUE_SIZE)? {
-                0 => return Err(PyValueError::new_err("hook_queue_size must be at least 1")),
-                n => n,
-            },
-            on_acquired: hook_field("on_acquired", on_acquired)?,
-            on_rejected: hook_field("on_rejected", on_rejected)?,
-            on_lost: lost_hook,
-            on_released: hook_field("on_released", on_released)?,
-            on_backend_error: hook_field("on_backend_error", on_backend_error)?,
-            failure_policy: args::given(failure_policy).map(|policy| policy.clone().unbind()),
-        };
+            hook_queue_size,
+            [on_acquired, on_rejected, on_lost, on_released, on_backend_error],
+            failure_policy,
+        )?;
+        let lost_hook_given = python_side.has_lost_hook();
         let config = Config {
-            lease_seconds,
+            lease_seconds: timings.lease_seconds,
             max_per_user: args::capacity("max_per_user", max_per_user, 3)?,
             max_global: match (global_pool, args::capacity("max_global", max_global, 1000)?) {
                 (true, limit) => limit,
@@ -216,8 +138,8 @@ impl LeaseConfig {
             },
             global_pool,
             key_prefix: prefix_field(key_prefix)?,
-            renew_every,
-            redis_timeout,
+            renew_every: timings.renew_every,
+            redis_timeout: timings.redis_timeout,
             wait_timeout,
             line_order: choice_field(
                 "line_order",
@@ -226,7 +148,7 @@ impl LeaseConfig {
             )?,
             max_waiting: args::capacity("max_waiting", max_waiting, 0)?,
             wait_for_own_quota,
-            retry_after,
+            retry_after: timings.retry_after,
             // A 0.6 on_lost hook goes with 0.6's behaviour: a lost lease ends its stream.
             on_lost: match lost_hook_given {
                 true => OnLost::Cancel,
@@ -468,192 +390,4 @@ impl LeaseConfig {
             OnLost::Continue => "continue",
         }
     }
-}
-
-fn prefix_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
-    let Some(value) = args::given(value) else {
-        return Ok("stream_lease".into());
-    };
-    let Ok(prefix) = value.cast::<PyString>() else {
-        return Err(PyTypeError::new_err(format!(
-            "key_prefix must be a str, got {} {}",
-            type_name(value),
-            value.repr()?
-        )));
-    };
-    let prefix = args::utf8("key_prefix", prefix)?;
-    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
-        return Err(PyValueError::new_err(format!(
-            "key_prefix must be 1 to {MAX_PREFIX_LEN} bytes long, got {} bytes",
-            prefix.len()
-        )));
-    }
-    if let Some(bad) = prefix
-        .chars()
-        .find(|c| matches!(c, '{' | '}') || c.is_whitespace() || c.is_control())
-    {
-        return Err(PyValueError::new_err(format!(
-            "key_prefix {prefix:?} contains {bad:?}: braces are added by the library (Redis Cluster hash tags) and whitespace is not allowed; use letters, digits, ':', '_', '-' or '.'"
-        )));
-    }
-    Ok(prefix)
-}
-
-/// A value that has two names (this package's and the 0.6 API's): whichever was given, with
-/// its name; refused when both were.
-type Named<'a, 'py> = (&'static str, Option<&'a Bound<'py, PyAny>>);
-
-fn one_of_two_names<'a, 'py>(ours: Named<'a, 'py>, theirs: Named<'a, 'py>) -> PyResult<Named<'a, 'py>> {
-    match (args::given(ours.1), args::given(theirs.1)) {
-        (Some(_), Some(_)) => Err(PyValueError::new_err(format!(
-            "{} and {} are one setting ({} is its 0.6 name): pass one of them",
-            ours.0, theirs.0, theirs.0
-        ))),
-        (None, Some(value)) => Ok((theirs.0, Some(value))),
-        _ => Ok(ours),
-    }
-}
-
-/// `failure_mode`, or 0.6's `fail_open` or `failure_policy.fallback_mode`: those given must
-/// agree.
-fn failure_mode_field(
-    failure_mode: Option<&Bound<'_, PyAny>>,
-    fail_open: Option<&Bound<'_, PyAny>>,
-    failure_policy: Option<&Bound<'_, PyAny>>,
-) -> PyResult<FailureMode> {
-    let choices = [("closed", FailureMode::Closed), ("open", FailureMode::Open)];
-    let mut given: Vec<(String, FailureMode)> = Vec::new();
-    if let Some(mode) = args::given(failure_mode) {
-        let chosen = choice_field("failure_mode", Some(mode), &choices)?;
-        given.push((format!("failure_mode={}", mode.repr()?), chosen));
-    }
-    if let Some(open) = args::given(fail_open) {
-        if !open.is_instance_of::<PyBool>() {
-            return Err(PyTypeError::new_err(format!(
-                "fail_open must be a bool, got {} {}",
-                type_name(open),
-                open.repr()?
-            )));
-        }
-        let mode = if open.is_truthy()? {
-            FailureMode::Open
-        } else {
-            FailureMode::Closed
-        };
-        given.push((format!("fail_open={}", open.repr()?), mode));
-    }
-    if let Some(policy) = args::given(failure_policy) {
-        let fallback = match policy.cast::<PyDict>() {
-            Ok(dict) => dict.get_item("fallback_mode")?,
-            Err(_) => policy.getattr("fallback_mode").ok(),
-        };
-        let Some(fallback) = fallback else {
-            return Err(PyTypeError::new_err(format!(
-                "failure_policy must be a BackendFailurePolicy (or a dict with fallback_mode), got {}",
-                type_name(policy)
-            )));
-        };
-        let mode = match fallback.extract::<String>().as_deref() {
-            Ok("fail_open") => FailureMode::Open,
-            Ok("fail_closed") => FailureMode::Closed,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "failure_policy.fallback_mode must be FallbackMode.FAIL_OPEN or FallbackMode.FAIL_CLOSED, got {}",
-                    fallback.repr()?
-                )))
-            }
-        };
-        given.push(("failure_policy".into(), mode));
-    }
-    let Some((first_name, first)) = given.first() else {
-        return Ok(FailureMode::Closed);
-    };
-    match given.iter().find(|(_, mode)| mode != first) {
-        None => Ok(*first),
-        Some((other, _)) => Err(PyValueError::new_err(format!(
-            "{first_name} and {other} disagree on what to do when Redis is down: pass one of them"
-        ))),
-    }
-}
-
-/// A lifecycle hook: a callable (sync or async), or None.
-fn hook_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Py<PyAny>>> {
-    match args::given(value) {
-        None => Ok(None),
-        Some(hook) if hook.is_callable() => Ok(Some(hook.clone().unbind())),
-        Some(other) => Err(PyTypeError::new_err(format!(
-            "{name} must be a callable (a function or a coroutine function), got {} {}",
-            type_name(other),
-            other.repr()?
-        ))),
-    }
-}
-
-/// One of `choices`, by name; the first is the default.
-fn choice_field<T: Copy>(name: &str, value: Option<&Bound<'_, PyAny>>, choices: &[(&str, T)]) -> PyResult<T> {
-    let Some(value) = args::given(value) else {
-        return Ok(choices[0].1);
-    };
-    let given = value.cast::<PyString>().ok().map(|s| s.to_string());
-    match choices
-        .iter()
-        .find(|(choice, _)| given.as_deref() == Some(*choice))
-    {
-        Some((_, chosen)) => Ok(*chosen),
-        None => {
-            let names: Vec<&str> = choices.iter().map(|(choice, _)| *choice).collect();
-            Err(PyValueError::new_err(format!(
-                "{name} must be one of {names:?}, got {}",
-                value.repr()?
-            )))
-        }
-    }
-}
-
-/// The shortest HMAC key accepted: 128 bits, so guessing the key is out of reach.
-const MIN_SECRET_BYTES: usize = 16;
-
-/// Where the identity secret comes from when `identity_secret` is not given: one variable that
-/// a deployment sets for every worker and for the CLI.
-pub const SECRET_VARIABLE: &str = "STREAM_LEASE_IDENTITY_SECRET";
-
-fn secret_field(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u8>> {
-    let Some(value) = args::given(value) else {
-        return secret_from_environment();
-    };
-    let secret = if let Ok(s) = value.cast::<PyString>() {
-        args::utf8("identity_secret", s)?.into_bytes()
-    } else if let Ok(b) = value.cast::<PyBytes>() {
-        b.as_bytes().to_vec()
-    } else {
-        return Err(PyTypeError::new_err(format!(
-            "identity_secret must be str or bytes, got {}",
-            type_name(value)
-        )));
-    };
-    long_enough("identity_secret", secret)
-}
-
-/// The secret in `SECRET_VARIABLE`; none when it is unset or empty.
-fn secret_from_environment() -> PyResult<Vec<u8>> {
-    match std::env::var(SECRET_VARIABLE) {
-        Ok(secret) if !secret.is_empty() => long_enough(SECRET_VARIABLE, secret.into_bytes()),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
-        Err(std::env::VarError::NotUnicode(_)) => Err(PyValueError::new_err(format!(
-            "{SECRET_VARIABLE} is not valid UTF-8: set it to 16 or more random bytes written as text (e.g. secrets.token_hex(16))"
-        ))),
-    }
-}
-
-fn long_enough(source: &str, secret: Vec<u8>) -> PyResult<Vec<u8>> {
-    if secret.len() < MIN_SECRET_BYTES {
-        return Err(PyValueError::new_err(format!(
-            "{source} is {} bytes long: use at least {MIN_SECRET_BYTES} random bytes \
-             (e.g. secrets.token_hex(16)) from a secret store (for none, leave identity_secret \
-             None and {SECRET_VARIABLE} unset); a short key lets whoever reads Redis test \
-             guessed user ids against the keys",
-            secret.len()
-        )));
-    }
-    Ok(secret)
 }

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::acquire::local_share;
+use super::local_floor::local_share;
 use super::Manager;
 use crate::budget::BudgetRequest;
 use crate::config::FailureMode;

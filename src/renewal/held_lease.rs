@@ -8,14 +8,14 @@ use super::{Leases, Releasing};
 use crate::errors::CoreResult;
 use crate::lease::{LeaseRecord, LostWatcher};
 
-pub struct LeaseHandle {
+pub struct HeldLease {
     record: Arc<LeaseRecord>,
     leases: Arc<Leases>,
 }
 
-impl LeaseHandle {
+impl HeldLease {
     pub(super) fn new(record: Arc<LeaseRecord>, leases: Arc<Leases>) -> Self {
-        LeaseHandle { record, leases }
+        HeldLease { record, leases }
     }
 
     pub fn record(&self) -> &LeaseRecord {
@@ -41,7 +41,7 @@ impl LeaseHandle {
     }
 }
 
-impl Drop for LeaseHandle {
+impl Drop for HeldLease {
     fn drop(&mut self) {
         self.leases.release_in_background(&self.record);
     }

@@ -1,0 +1,126 @@
+//! What one acquire asks for, checked before anything is sent: the pools it takes (its own quota
+//! first, the resources last), the rate and budget policies its start counts against, and each
+//! pool's line limit. `Manager::acquire` hands the checked request to `admit.rs`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use super::grant::Granted;
+use super::Manager;
+use crate::budget::BudgetRequest;
+use crate::errors::{CoreError, CoreResult};
+use crate::keys::{check_identity, check_resource, Pool};
+use crate::lease::{LeaseRecord, Store};
+use crate::rate::RatePolicy;
+
+/// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
+pub const MAX_WEIGHT: u32 = 100;
+
+/// What one acquire asks for; the binding has checked the types.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The user whose stream this is (None: resources only).
+    pub identity: Option<String>,
+    /// Named shared capacity: (name, capacity).
+    pub resources: Vec<(String, u64)>,
+    /// The waiters each resource's line holds at most (None: `Config::max_waiting`).
+    pub resource_lines: Vec<Option<u64>>,
+    /// Slots taken in each pool.
+    pub weight: u32,
+    /// This call's cap on the user's own pool, in place of the configured one.
+    pub max_per_user: Option<u64>,
+    /// How long to wait in line for shared capacity.
+    pub wait: Duration,
+    /// Place in the lines: 0 to `MAX_PRIORITY`, higher first.
+    pub priority: u8,
+    /// Request-rate policies of the user that the start counts against, in the same step.
+    pub rate_limits: Vec<RatePolicy>,
+    /// Token budgets of the user the stream reserves from, in the same step.
+    pub budget: Option<BudgetRequest>,
+}
+
+impl Manager {
+    /// Checks the request and returns the admission to await (cancelling it never leaves a slot
+    /// taken nor a place in line).
+    pub fn acquire(
+        self: &Arc<Self>,
+        request: AcquireRequest,
+    ) -> CoreResult<impl Future<Output = CoreResult<Granted>> + Send + 'static> {
+        let record = Arc::new(LeaseRecord::new(
+            self.pools_for(&request)?,
+            request.weight,
+            Store::Main,
+        ));
+        let rates = self.rate_check(
+            request.identity.as_deref(),
+            request.rate_limits,
+            request.budget.as_ref(),
+        )?;
+        if self.leases.is_closed() {
+            return Err(CoreError::Closed);
+        }
+        self.start_here()?;
+        let line_limits = self.line_limits(&record, &request.resource_lines);
+        let admitted = Arc::clone(self).admit(
+            record,
+            rates,
+            request.budget,
+            request.wait,
+            request.priority,
+            line_limits,
+        );
+        let disclose = self.config.disclose_usage;
+        // A combinator, not an async block that awaits `admitted`: see `bridge::delivering`.
+        Ok(admitted
+            .map(move |granted| granted.map_err(|e| if disclose { e } else { e.without_shared_usage() })))
+    }
+
+    /// The pools a request takes, its own quota first; refuses what could never be granted.
+    fn pools_for(&self, request: &AcquireRequest) -> CoreResult<Vec<Pool>> {
+        let invalid = |message: String| CoreError::InvalidInput(message);
+        if let Some(identity) = &request.identity {
+            check_identity(identity).map_err(invalid)?;
+        }
+        for (name, capacity) in &request.resources {
+            check_resource(name, *capacity).map_err(invalid)?;
+        }
+        if request.identity.is_some() && !request.resources.is_empty() && !self.config.global_pool {
+            return Err(invalid(
+                "resources and a user_id in one acquire need the global pool's shared hash tag: drop global_pool=False".into(),
+            ));
+        }
+        let weight = request.weight;
+        let mut pools = self
+            .keys
+            .pools_for(request.identity.as_deref(), &request.resources);
+        // The resources come last.
+        self.shared_pools
+            .note(&pools[pools.len() - request.resources.len()..]);
+        if let (Some(cap), Some(_)) = (request.max_per_user, &request.identity) {
+            // A per-call cap (a paid tier, say): the user's pool is the same, only its limit moves.
+            pools[0].capacity = cap;
+        }
+        if let Some(pool) = pools
+            .iter()
+            .find(|p| p.capacity > 0 && u64::from(weight) > p.capacity)
+        {
+            return Err(invalid(format!(
+                "weight={weight} is more than the {} capacity of {}: such a lease could never be granted",
+                pool.name, pool.capacity
+            )));
+        }
+        Ok(pools)
+    }
+
+    /// Each pool's line limit: the configured one, or a resource's own (the resources come
+    /// last).
+    fn line_limits(&self, record: &LeaseRecord, resource_lines: &[Option<u64>]) -> Vec<u64> {
+        let default = self.config.max_waiting;
+        let mut limits = vec![default; record.pools.len() - resource_lines.len()];
+        limits.extend(resource_lines.iter().map(|limit| limit.unwrap_or(default)));
+        limits
+    }
+}

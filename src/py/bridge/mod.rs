@@ -1,0 +1,165 @@
+//! Rust futures to asyncio futures, without a Rust thread ever attaching to the interpreter.
+//!
+//! Each event loop gets a `LoopBridge` (`loops.rs`): a queue of finished results (`inbox.rs`)
+//! and a socketpair whose read end the loop watches with `add_reader`. A tokio task pushes its
+//! result and writes one byte (only if no wake-up is pending); the loop thread then drains the
+//! queue and resolves many futures per wake-up. Panics resolve the future with an error. A
+//! result nobody can receive is dropped, and what it owns (a granted lease) releases itself: its
+//! future was cancelled, or dropped (futures are held weakly, so an abandoned one does not keep
+//! its loop alive), or its loop closed and went away (the loop's weakref callback closes the
+//! inbox).
+
+mod inbox;
+mod loops;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyWeakrefReference;
+use tokio::task::AbortHandle;
+
+use self::inbox::Inbox;
+pub use self::loops::LoopBridge;
+use self::loops::{bridge_for, resolve, running_loop};
+use crate::errors::CoreError;
+use crate::runtime;
+use crate::sync::lock;
+
+/// Turns a finished result into a Python object on the loop thread.
+pub type Delivery = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+pub type Completion = Result<Delivery, CoreError>;
+
+/// Cancels the Rust task behind an abortable future when the Python future is cancelled (its
+/// resolver, dropped with the task, has the loop forget the future).
+#[pyclass(frozen)]
+struct AbortOnCancel {
+    task: AbortHandle,
+}
+
+#[pymethods]
+impl AbortOnCancel {
+    fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
+            self.task.abort();
+        }
+        Ok(())
+    }
+}
+
+/// Resolves an asyncio future from any thread: with a task's result (`spawn`), or on an event with
+/// no task behind it (a lease lost). Dropped unused (its task aborted, its lease released
+/// first), it has the loop forget the future.
+pub struct Resolver {
+    inbox: Arc<Inbox>,
+    id: u64,
+    used: bool,
+}
+
+impl Resolver {
+    pub fn resolve(mut self, completion: Completion) {
+        self.used = true;
+        self.inbox.deliver(self.id, completion);
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        if !self.used {
+            self.inbox.forget(self.id);
+        }
+    }
+}
+
+/// An asyncio future of the running loop and what resolves it.
+pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver)> {
+    let event_loop = running_loop(py)?;
+    let bridge = bridge_for(&event_loop)?;
+    let future = event_loop.call_method0(intern!(py, "create_future"))?;
+    let shared = bridge.get();
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
+    let inbox = Arc::clone(&shared.inbox);
+    Ok((
+        future,
+        Resolver {
+            inbox,
+            id,
+            used: false,
+        },
+    ))
+}
+
+/// Runs `op` on the core's runtime and returns an asyncio future for its result.
+/// An `abortable` op is cancelled with its Python future; the others run to their end, even
+/// when no future can be made for them (outside a running loop): an acquire must finish so it
+/// can give back what it took, and a release once started must reach the store.
+pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    let (future, resolver) = match promise(py) {
+        Ok(made) => made,
+        Err(error) => {
+            if !abortable {
+                runtime::handle().spawn(op);
+            }
+            return Err(error);
+        }
+    };
+    let task = runtime::handle().spawn(AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
+        resolver
+            .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
+    }));
+    if abortable {
+        let on_cancel = AbortOnCancel {
+            task: task.abort_handle(),
+        };
+        future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
+    }
+    Ok(future)
+}
+
+/// The op that resolves with `deliver(value)` once `result` resolves.
+///
+/// A combinator, not an `async move { result.await }` block: such a block stores the future it
+/// captured twice (the captured copy stays beside the one being polled), so every wrapping layer
+/// would double the task, memory that every acquire in flight keeps (`manager/task_sizes.rs`).
+pub fn delivering<T>(
+    result: impl Future<Output = Result<T, CoreError>> + Send + 'static,
+    deliver: impl FnOnce(T) -> Delivery + Send + 'static,
+) -> impl Future<Output = Completion> + Send + 'static {
+    result.map(|outcome| outcome.map(deliver))
+}
+
+/// Runs `op` and hands its result to Python as an awaitable. Work on the embedded store never
+/// waits, so it finishes right here instead of taking a trip through the runtime.
+pub fn submit<'py, F>(py: Python<'py>, op: F, embedded: bool, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    if embedded {
+        ready(py, op.now_or_never().expect("the embedded store never waits"))
+    } else {
+        spawn(py, op, abortable)
+    }
+}
+
+/// An asyncio future already resolved with `completion` (for work that never waits).
+pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
+    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
+    resolve(&future, completion);
+    Ok(future)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
