@@ -4,7 +4,8 @@
 //! every call (that rebuild was about half of a script call's time), or, where the server has no
 //! functions (Redis 6) or the user may not load them, each as a script of its own (EVALSHA).
 //! Either is reloaded when the server lost it (FUNCTION FLUSH or SCRIPT FLUSH, a restart, a
-//! failover); see `connection.rs`.
+//! failover); see `connection.rs`. The tests and benchmarks that call a script alone get its
+//! code from here too, through the binding (`_core._script_source`).
 
 use std::sync::LazyLock;
 
@@ -45,6 +46,18 @@ const SOURCES: [(&str, &str); 16] = [
     ("depart", include_str!("../../lua/depart.lua")),
 ];
 
+/// The names of the scripts, as `script_source` knows them.
+pub fn script_names() -> impl Iterator<Item = &'static str> {
+    SOURCES.iter().map(|(name, _)| *name)
+}
+
+/// The code of the script `name` as a script of its own: the prelude, the start of a call
+/// (`begin_call`), the script. None for a name not in `SOURCES`.
+pub fn script_source(name: &str) -> Option<String> {
+    let (_, body) = SOURCES.iter().find(|(script, _)| *script == name)?;
+    Some(format!("{PRELUDE}begin_call()\n{body}"))
+}
+
 /// The library's name: `fastapi_stream_lease_` and the first 12 hex digits of the SHA-1 of
 /// the scripts' code.
 static LIBRARY_NAME: LazyLock<String> = LazyLock::new(|| {
@@ -75,13 +88,9 @@ pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 });
 
 fn script(name: &str) -> LuaScript {
-    let (_, body) = SOURCES
-        .iter()
-        .find(|(script, _)| *script == name)
-        .expect("a script of SOURCES");
     LuaScript {
         function: format!("{}_{name}", *LIBRARY_NAME),
-        script: Script::new(&format!("{PRELUDE}begin_call()\n{body}")),
+        script: Script::new(&script_source(name).expect("a script of SOURCES")),
     }
 }
 
@@ -178,5 +187,13 @@ mod tests {
         assert!(LIBRARY
             .code
             .contains(&format!("{definitions}\nredis.register_function(")));
+    }
+
+    #[test]
+    fn a_script_alone_is_the_prelude_the_start_of_a_call_and_its_code() {
+        let release = script_source("release").expect("a script");
+        assert_eq!(release, format!("{PRELUDE}begin_call()\n{}", SOURCES[4].1));
+        assert_eq!(script_source("prelude"), None);
+        assert_eq!(script_names().count(), SOURCES.len());
     }
 }
