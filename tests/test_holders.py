@@ -24,7 +24,7 @@ from fastapi_stream_lease import (
 from support.apps import app_command
 from support.waiting import count_is, eventually
 
-# Members of dead holders one script call removes at most (REAP_BUDGET in src/lua/prelude.lua).
+# Members of dead holders one script call removes at most (REAP_BUDGET, src/lua/prelude/calls.lua).
 REAP_BUDGET = 1000
 
 
