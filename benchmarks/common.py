@@ -59,16 +59,6 @@ PROJECT = "fastapi_stream_lease"
 REDIS_PY_POOL_SIZE = 64
 # How long a child process may stay silent before the benchmark gives up on it.
 CHILD_TIMEOUT_S = 120.0
-LUA_DIR = BENCH_DIR.parent / "src" / "lua"
-
-
-def core_script(name: str) -> bytes:
-    """The text of one of the core's Lua scripts as src/backend/redis/scripts.rs builds it: the
-    prelude (lua/prelude.lua) in front of each, then the start of a call."""
-    return (
-        (LUA_DIR / "prelude.lua").read_bytes() + b"begin_call()\n"
-        + (LUA_DIR / f"{name}.lua").read_bytes()
-    )
 
 H = TypeVar("H")
 

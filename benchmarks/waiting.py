@@ -33,11 +33,11 @@ import uuid
 import redis.asyncio as aioredis
 
 from fastapi_stream_lease import LeaseConfig, Resource, StreamLeaseManager
+from fastapi_stream_lease._core import _script_source
 
 from common import (
     RESULTS_DIR,
     command_calls,
-    core_script,
     machine_info,
     percentile_ms,
     print_table,
@@ -91,8 +91,8 @@ async def project(url: str, client: aioredis.Redis, window_s: float) -> dict[str
 
 async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str, float]:
     """The same acquire and release scripts, retried every 50 ms by each waiter."""
-    acquire = client.register_script(core_script("acquire"))
-    release = client.register_script(core_script("release"))
+    acquire = client.register_script(_script_source("acquire"))
+    release = client.register_script(_script_source("release"))
     tag = f"{{poll-{uuid.uuid4().hex[:8]}}}"
     keys = [f"{tag}:global", f"{tag}:holders"]
     holder_id = 12345  # this process's, as the core picks one per manager

@@ -29,7 +29,8 @@ pub enum PoolRole {
     Shared,
 }
 
-/// One capacity-limited pool: a sorted set of lease ids scored by their holder (`lua/prelude.lua`).
+/// One capacity-limited pool: a sorted set of lease ids scored by their holder
+/// (`lua/prelude/holders.lua`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pool {
     /// Name shown to users when this pool refuses: `"per_user"`, `"global"` or a resource's.

@@ -6,17 +6,25 @@ leaked and no lease is silently dropped."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 import time
-from pathlib import Path
 
 import pytest
+import redis as redis_py
 
-from fastapi_stream_lease import StreamLeaseError, StreamLeaseRejected, _core
+from fastapi_stream_lease import (
+    LeaseConfig,
+    StreamLeaseError,
+    StreamLeaseManager,
+    StreamLeaseRejected,
+    _core,
+)
 
 from support.apps import app_command
 from support.waiting import count_is, eventually
 
-# Members of dead holders one script call removes at most (REAP_BUDGET in src/lua/prelude.lua).
+# Members of dead holders one script call removes at most (REAP_BUDGET, src/lua/prelude/calls.lua).
 REAP_BUDGET = 1000
 
 
@@ -239,15 +247,32 @@ async def test_a_walk_removes_a_bounded_number_of_unknown_members_per_call(make_
     assert len([n for n in removed_per_call if n]) >= 3
 
 
-LUA = Path(__file__).resolve().parent.parent / "src" / "lua"
-
-
 def core_script(redis_client, name: str):
-    """One of the core's scripts as a script of its own (scripts.rs: the prelude in front,
-    then the start of a call)."""
-    return redis_client.register_script(
-        (LUA / "prelude.lua").read_text() + "begin_call()\n" + (LUA / f"{name}.lua").read_text()
-    )
+    """One of the core's scripts as a script of its own, as the core sends it."""
+    return redis_client.register_script(_core._script_source(name))
+
+
+async def test_a_script_called_alone_is_to_the_byte_the_one_the_core_runs(own_redis, key_prefix):
+    """Copies of the scripts' assembly in the tests and benchmarks could drift from the core's
+    unseen: the code they call alone is the code the core sends as a script of its own (to a
+    user without functions), every script of the core compiles alone, and a wrong name is told
+    which names there are."""
+    own_redis.cli("ACL", "SETUSER", "scripts", "on", ">pw", "~*", "&*", "+@all", "-function")
+    url = f"redis://scripts:pw@127.0.0.1:{own_redis.port}/0"
+    manager = StreamLeaseManager(url=url, config=LeaseConfig(key_prefix=key_prefix))
+    try:
+        assert await (await manager.acquire("alice")).release() is True
+    finally:
+        await manager.aclose()
+    source = _core._script_source
+    ran = [hashlib.sha1(source(s).encode()).hexdigest() for s in ("acquire", "release")]
+    told = re.escape("""no script named "aquire": the core's scripts are acquire, """)
+    with redis_py.Redis(port=own_redis.port) as client:
+        assert client.script_exists(*ran) == [True, True]
+        with pytest.raises(ValueError, match=told) as wrong:
+            source("aquire")
+        for name in str(wrong.value).split(" are ")[1].split(", "):
+            client.script_load(source(name))
 
 
 def batched_acquire(redis_client):

@@ -17,6 +17,7 @@ __all__ = [
     "RateLimit",
     "__version__",
     "_acquire_call",
+    "_script_source",
     "check_rate_limits",
     "redact_url",
 ]
@@ -251,3 +252,9 @@ def _acquire_call(
     as the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
     line or rate limits. Each lease is ``(lease id, weight, [(pool key, capacity), ...])``
     (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the keys."""
+
+def _script_source(name: str) -> str:
+    """The code of the core's Lua script ``name`` (``"acquire"``, ``"release"``...) as a script
+    of its own, to the byte as the core sends it to a server without functions: the prelude, the
+    start of a call, the script. For tests and benchmarks that call a script alone. Raises
+    ValueError for a name that is not one of the core's scripts."""

@@ -22,7 +22,9 @@ use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp
 
 pub use self::acquire::{AcquireOutcome, InLine, Placed, Waiter, MAX_PRIORITY};
 pub use self::memory::MemoryBackend;
-pub use self::redis::{acquire_call, redact, KeysAndArgs, RedisBackend, HOLDER_IDS};
+pub use self::redis::{
+    acquire_call, redact, script_names, script_source, KeysAndArgs, RedisBackend, HOLDER_IDS,
+};
 pub use self::renewal::{batches, Counted, Kept, RoundReport};
 pub use self::stores::Stores;
 

@@ -1,5 +1,6 @@
--- Count the slots in use in pools of one tag, by live holders (see the prelude): expired holders
--- are reaped first; members of unknown holders are dropped by the walk, at most once a second.
+-- Count the slots in use in pools of one tag, by live holders (see prelude/reaping.lua): expired
+-- holders are reaped first; members of unknown holders are dropped by the walk, at most once a
+-- second.
 -- KEYS[1..n]: the pools; KEYS[n+1]: their tag's holders. ARGV[1]: the lease duration in ms (for
 -- `steady_clock`).
 -- Returns the number of members of each pool (a lease of weight w counts w).

@@ -1,6 +1,6 @@
 -- Check leases one by one after their holder's entry expired or vanished, or grants went missing
--- (a stall, an outage, a restart, a failover; see the prelude): a lease still present in every
--- pool is kept; one gone anywhere is cleared, then taken back if every pool has room, and
+-- (a stall, an outage, a restart, a failover; see prelude/holders.lua): a lease still present in
+-- every pool is kept; one gone anywhere is cleared, then taken back if every pool has room, and
 -- reported lost otherwise: never re-added past a capacity.
 -- KEYS: every pool and the holders key of every tag named by the leases below, in any order
 -- (one hash slot in a cluster).
@@ -86,8 +86,8 @@ end
 -- A holder left with no pool in a tag (every lease lost) leaves it. Else its count is taken
 -- again from its pools: `hold` dropped the count of an entry found expired, and this call
 -- counted only what it added, so the count is exact whatever happens to the next keep-alive
--- (found by the protocol model: a check whose resync never came left the count short, and a
--- member a failover brought back was never pruned).
+-- (the protocol model checks it: without the recount, a check whose resync never came would
+-- leave the count short, and a member a failover brought back would never be pruned).
 for holders in pairs(tags) do
   if call('EXISTS', holders .. ':' .. holder) == 0 then
     leave_tag(holders, holder)

@@ -12,6 +12,7 @@ mod errors;
 mod lease;
 mod manager;
 mod rate;
+mod scripts;
 
 use pyo3::prelude::*;
 
@@ -25,6 +26,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
+    m.add_function(wrap_pyfunction!(scripts::source, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", python_version(env!("CARGO_PKG_VERSION")))?;
     m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;

@@ -40,6 +40,7 @@ use crate::lease::LeaseRecord;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::acquire::{acquire_call, KeysAndArgs};
+pub use self::scripts::{script_names, script_source};
 pub use self::url::redact;
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.

@@ -1,0 +1,56 @@
+-- acquire.lua, first part: the call's head and the request being decided, read from KEYS and
+-- ARGV as acquire.lua's header lays them out, and what the batch does once.
+-- (src/backend/redis/scripts.rs puts acquire/requests.lua, acquire/line.lua and acquire.lua in
+-- this order after the prelude: each uses what the parts before it define.)
+
+-- What the call's head says (see load_head).
+local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits
+-- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
+-- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
+local keys, kb, key_count, args, ab
+local id, waiter, shape, weight, liveness, own, pools, priority, user
+local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
+
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..9].
+local function load_head(call_keys, call_args)
+  ttl = num(call_args[4])
+  queued = call_args[5] == '1'
+  holders = call_keys[1]
+  line, alive, tickets = nil, nil, nil
+  if queued then
+    line, alive, tickets = call_keys[2], call_keys[3], call_keys[4]
+  end
+  channel = call_args[6]
+  holder = call_args[7] -- the core's decimal text, as stored (holder_name: scores read back)
+  fair = call_args[8] == 'fair'
+  own_waits = call_args[9] == '1'
+end
+
+-- Reads one request, where the prelude's decide_each finds its keys and args.
+local function load_request(call_keys, key_base, keys_of_request, call_args, arg_base)
+  keys, kb, key_count, args, ab = call_keys, key_base, keys_of_request, call_args, arg_base
+  id = args[ab + 1]
+  waiter = args[ab + 2]
+  shape = shape_of(args[ab + 3])
+  weight, liveness, own, pools, priority = shape[1], shape[2], shape[3], shape[4], shape[5]
+  -- Who takes turns with others in fair order: the user (its own pool), else the waiter alone.
+  user = own > 0 and keys[kb + 1] or waiter
+end
+
+-- The capacity of the request's pool i (0 = unlimited).
+local function capacity_of(i)
+  return shape[CAPS + i]
+end
+
+-- The request's rate policies, from look_rates.
+local function request_rates(scale)
+  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + 4, scale)
+end
+
+-- What the batch did once already: the holder's entry extended (nil: not yet; else whether it
+-- was live before; the first grant's ZADD serves the others, same clock and lease), the members
+-- it was granted (counted once, at the end), the pools in its index, the dead waiters dropped,
+-- the slots in use in each pool it looked at (kept up to date by its grants and walks, the only
+-- changes to a pool during the call, so a shared pool is counted once per batch).
+-- Made anew by each call.
+local batch

@@ -1,0 +1,135 @@
+-- Prelude: holders, and the members of their leases in pools.
+-- A holder is one manager in one process. It keeps every lease it holds in a hash tag alive
+-- with one entry in <tag>:holders (sorted set: holder id -> expiry in ms, server clock), so
+-- renewal costs one write per process, not one per lease. Pool members are scored by their
+-- holder's id; <tag>:holders:<id> (set) lists every pool where that holder has members (and
+-- may list pools it left: release.lua leaves them, keepalive.lua drops them), so the
+-- leases of a holder that stopped renewing are removed pool by pool ("reaped", reaping.lua), and
+-- <tag>:holders:<id>:members (hash) counts the members the holder has in the tag ('n') and sums
+-- their ids ('s', see `id_value`), kept exact by every script that adds or removes one, so the
+-- holder can tell, both ways, when what Redis holds for it differs from what it holds (a
+-- failover that lost the last writes, a reap, a lost release), even when as many members came
+-- back as went missing.
+
+-- A holder id as stored in <tag>:holders (scores come back as text in any float format).
+local function holder_name(text)
+  return string.format('%d', tonumber(text))
+end
+
+-- The members of a lease of weight w: id, id#2, ..., id#w (so ZCARD counts slots).
+local function member(id, unit)
+  return unit == 1 and id or id .. '#' .. unit
+end
+
+local function members(id, weight)
+  local list = {}
+  for unit = 1, weight do
+    list[unit] = member(id, unit)
+  end
+  return list
+end
+
+local function is_alive(holders, holder)
+  local expiry = call('ZSCORE', holders, holder)
+  return expiry and tonumber(expiry) > now
+end
+
+local function members_key(holders, holder)
+  return holders .. ':' .. holder .. ':members'
+end
+
+-- A holder with no pool left in a tag leaves it (the last one takes the tag's clock along).
+local function leave_tag(holders, holder)
+  call('ZREM', holders, holder)
+  call('DEL', members_key(holders, holder))
+  if call('EXISTS', holders) == 0 then
+    call('DEL', holders .. ':clock')
+  end
+end
+
+-- Keeps a holder's keys from idling out (the keep-alive does it every round).
+local function refresh(holders, holder)
+  call('PEXPIRE', holders, IDLE_MS_TEXT)
+  call('PEXPIRE', holders .. ':' .. holder, IDLE_MS_TEXT)
+  call('PEXPIRE', members_key(holders, holder), IDLE_MS_TEXT)
+end
+
+-- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
+-- entry found expired or gone may have been reaped in part: its count goes (from 0 again), so
+-- its next keep-alive finds members missing, checks its leases one by one and recounts.
+local function hold(holders, holder, ttl)
+  local alive = is_alive(holders, holder)
+  if not alive then
+    call('DEL', members_key(holders, holder))
+  end
+  call('ZADD', holders, integer(now + ttl), holder)
+  return alive
+end
+
+-- Adds a lease's members to a pool for a holder (the caller counts them, once per lease: see
+-- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
+-- pools).
+local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
+  if weight == 1 then
+    call('ZADD', pool, holder, id)
+  else
+    local args = {}
+    for unit = 1, weight do
+      args[2 * unit - 1] = holder
+      args[2 * unit] = member(id, unit)
+    end
+    call('ZADD', pool, unpack(args))
+  end
+  if new_pool then
+    call('PEXPIRE', pool, IDLE_MS_TEXT)
+  end
+  -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile).
+  if not (indexed and indexed[pool]) then
+    call('SADD', holders .. ':' .. holder, pool)
+    if indexed then
+      indexed[pool] = true
+    end
+  end
+end
+
+-- Removes a lease's members from a pool; returns how many were there (the caller counts them
+-- down, once per tag or lease: see `count_members`).
+local function remove_members(pool, id, weight)
+  if weight == 1 then
+    return call('ZREM', pool, id)
+  end
+  return call('ZREM', pool, unpack(members(id, weight)))
+end
+
+-- What one member of a lease adds to its holder's sum of ids: the first 32 bits of the lease
+-- id (random hex; the core computes the same, `LeaseRecord::id_value`). Exact in a Lua number
+-- up to 2^21 members per holder in a tag.
+local function id_value(member)
+  return tonumber(string.sub(member, 1, 8), 16) or 0
+end
+
+-- Moves a holder's count of members in a tag by `change`, and its sum of ids by `ids`.
+local function count_members(holders, holder, change, ids)
+  if change ~= 0 or ids ~= 0 then
+    local key = members_key(holders, holder)
+    call('HINCRBY', key, 'n', integer(change))
+    call('HINCRBY', key, 's', integer(ids))
+  end
+end
+
+-- Counts a holder's members in its pools of one tag again, and sums their ids, from the pools
+-- themselves.
+local function recount(holders, holder)
+  local count, ids = 0, 0
+  for _, pool in ipairs(call('SMEMBERS', holders .. ':' .. holder)) do
+    for _, found in ipairs(call('ZRANGEBYSCORE', pool, holder, holder)) do
+      count = count + 1
+      ids = ids + id_value(found)
+    end
+  end
+  local key = members_key(holders, holder)
+  call('DEL', key)
+  call('HSET', key, 'n', integer(count), 's', integer(ids))
+  call('PEXPIRE', key, IDLE_MS_TEXT)
+  return count
+end

@@ -1,0 +1,172 @@
+-- Prelude: rate policies, their counters and what a call takes from them and gives back
+-- (hit.lua, acquire.lua, settle.lua, topup.lua; docs/design.md, "Rate limits").
+
+-- A sliding window has SLICES slices, each counted whole while it overlaps the last window.
+local SLICES = 10
+
+-- A sliding window's slices in use, oldest first, as {start, units}; stale ones are dropped.
+-- Also the counter's epoch (field 'e', see `take`; nil when it has none yet).
+local function slices_in_use(key, slice, window)
+  local oldest = math.floor((now - window) / slice)
+  local fields = call('HGETALL', key)
+  local live, stale, epoch = {}, {}, nil
+  for i = 1, #fields, 2 do
+    local at = tonumber(fields[i])
+    if not at then
+      epoch = tonumber(fields[i + 1])
+    elseif at < oldest then
+      stale[#stale + 1] = fields[i]
+    else
+      live[#live + 1] = {at, tonumber(fields[i + 1])}
+    end
+  end
+  if #stale > 0 then
+    call('HDEL', key, unpack(stale))
+  end
+  table.sort(live, function(a, b) return a[1] < b[1] end)
+  return live, epoch
+end
+
+-- ms from now until `units` of the slices in use have left the window.
+local function freed_after(live, units, slice, window)
+  local freed = 0
+  for _, entry in ipairs(live) do
+    freed = freed + entry[2]
+    if freed >= units then
+      return (entry[1] + 1) * slice + window - now
+    end
+  end
+  return 0
+end
+
+-- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
+-- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
+-- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
+-- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua), tell
+-- for how many more ms units taken now count in the window (`counts`, on this server's clock) or
+-- repair a missing expiry (see hit.lua for the two algorithms). Every counter can be given
+-- back to: a token budget's unused reservation, and the units of a grant nobody took (an
+-- acquire cancelled while its call was in flight). The epoch comes with the slices, so keeping
+-- it costs a write only when a counter is made.
+local function look_rate(key, algorithm, window)
+  if algorithm == 's' then
+    local slice = math.floor(window / SLICES)
+    local live, epoch = slices_in_use(key, slice, window)
+    local used = 0
+    for _, entry in ipairs(live) do
+      used = used + entry[2]
+    end
+    return {
+      used = used,
+      wait = function(excess) return freed_after(live, excess, slice, window) end,
+      reset = function(units)
+        if units == 0 then return 0 end
+        if #live == 0 then return slice + window - (now - math.floor(now / slice) * slice) end
+        return freed_after(live, 1, slice, window)
+      end,
+      take = function(cost)
+        local bucket = math.floor(now / slice)
+        if not epoch then
+          epoch = now
+          call('HSET', key, 'e', epoch)
+        end
+        call('HINCRBY', key, bucket, cost)
+        call('PEXPIRE', key, window + slice)
+        return bucket, epoch
+      end,
+      -- slices_in_use keeps a slice while its index is at least floor((now - window) / slice)
+      counts = function() return (math.floor(now / slice) + 1) * slice + window - now end,
+      repair = function()
+        if call('PTTL', key) == -1 then call('PEXPIRE', key, window + slice) end
+      end,
+    }
+  end
+  local used = tonumber(call('GET', key) or 0)
+  local left = call('PTTL', key)
+  if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
+    call('PEXPIRE', key, window)
+    left = window
+  end
+  return {
+    used = used,
+    wait = function() return left > 0 and left or window end,
+    reset = function(units)
+      if units == 0 then return 0 end
+      return left > 0 and left or window
+    end,
+    take = function(cost)
+      call('INCRBY', key, cost)
+      if left <= 0 then
+        call('PEXPIRE', key, window)
+        left = window
+      end
+      return now + left, 0
+    end,
+    counts = function() return left end,
+    repair = function() end,
+  }
+end
+
+-- Gives back up to `tokens` taken from a counter into bucket `slot` of counter `epoch` (see
+-- look_rate), while that bucket still counts (a slice still in the hash of the same epoch; the
+-- same fixed window, to the ms the clocks allow); returns how many.
+local function give_back(key, algorithm, slot, epoch, tokens)
+  local held
+  if algorithm == 's' then
+    held = tonumber(call('HGET', key, slot))
+    if held and tonumber(call('HGET', key, 'e')) == epoch then
+      local back = math.min(held, tokens)
+      call('HINCRBY', key, slot, -back)
+      return back
+    end
+    return 0
+  end
+  local left = call('PTTL', key)
+  held = tonumber(call('GET', key))
+  if held and left > 0 and math.abs(now + left - slot) <= 2 then
+    local back = math.min(held, tokens)
+    call('DECRBY', key, back)
+    return back
+  end
+  return 0
+end
+
+-- Looks at the policies whose counters are keys[k0..k1] and whose (algorithm, limit, window,
+-- cost) are args[a0..]: their states, the 1-based index of
+-- the first that cannot take its cost more (0: none) and when it could. `scale` multiplies
+-- every cost (0: only looking).
+local function look_rates(keys, k0, k1, args, a0, scale)
+  if k0 > k1 then
+    return NONE, 0, 0
+  end
+  local states, refused, retry = {}, 0, 0
+  for i = k0, k1 do
+    local at = a0 + (i - k0) * 4
+    local state = look_rate(keys[i], args[at], num(args[at + 2]))
+    state.limit = num(args[at + 1])
+    state.cost = num(args[at + 3]) * scale
+    states[#states + 1] = state
+    if refused == 0 and state.used + state.cost > state.limit then
+      refused, retry = #states, state.wait(state.used + state.cost - state.limit)
+    end
+  end
+  return states, refused, retry
+end
+
+-- Takes each policy's cost (when `take`) and appends each one's units in use, reset (ms), and
+-- the bucket and epoch the cost went to (0, 0: none taken) to `reply`.
+local function answer_rates(reply, states, take)
+  for _, state in ipairs(states) do
+    local used, bucket, epoch = state.used, 0, 0
+    if take and state.cost > 0 then
+      bucket, epoch = state.take(state.cost)
+      used = used + state.cost
+    else
+      state.repair()
+    end
+    reply[#reply + 1] = used
+    reply[#reply + 1] = state.reset(used)
+    reply[#reply + 1] = bucket
+    reply[#reply + 1] = epoch
+  end
+end
