@@ -328,8 +328,8 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
 
 
 def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):
-    # The scripts as src/backend/redis/scripts.rs builds them, called in the order of the race
-    # the protocol model found: the prune's list is asked for, an acquire sent after the ids to
+    # The scripts as src/backend/redis/scripts.rs builds them, called in the order of a race
+    # the protocol model checks: the prune's list is asked for, an acquire sent after the ids to
     # keep were taken is run by Redis, then the removal runs (and runs again, late).
     pool, tag = global_pool(key_prefix), holders(key_prefix)
     acquire = one_acquire(redis_client)

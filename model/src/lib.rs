@@ -7,7 +7,7 @@
 //! answer late; a process may stall.
 //!
 //! Each action is one atomic step: a Lua script run by Redis (`src/lua/`, in [`redis`]), or a
-//! step of a process between two awaits (`src/renewal/`, `src/admission/acquire.rs`, in
+//! step of a process between two awaits (`src/renewal/`, `src/manager/admit.rs`, in
 //! [`protocol`]), or a tick, or a fault. The properties are in [`properties`]; [`checked`] makes
 //! the stateright model of the two. docs/design.md
 //! ("The protocol model") says what is left out and what a run covers.

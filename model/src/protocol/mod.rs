@@ -86,7 +86,7 @@ pub enum Failure {
 /// One step.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Action {
-    /// A process sends the acquire of a lease (`admission/acquire.rs`).
+    /// A process sends the acquire of a lease (`manager/admit.rs`).
     Acquire(usize),
     /// Redis runs it.
     RunAcquire(usize),

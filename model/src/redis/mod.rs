@@ -1,5 +1,5 @@
 //! The Redis side: the keys of one hash tag, and the scripts of `src/lua/` (in `scripts.rs`),
-//! each one atomic step, built of the steps of `prelude.lua` (here).
+//! each one atomic step, built of the steps of `src/lua/prelude/` (here).
 //!
 //! A lease's members are all scored by its holder (the process that acquired it); with a
 //! weight w a lease has w members per pool, added and removed together by every script, so a

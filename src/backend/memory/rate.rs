@@ -141,7 +141,7 @@ impl RateCounters {
     }
 
     /// For how many more ms units taken into `bucket` now count in the window (`counts` of
-    /// `lua/prelude.lua`'s look_rate).
+    /// `lua/prelude/rates.lua`'s look_rate).
     fn counts_for(bucket: Bucket, policy: &RatePolicy, now: u64) -> u64 {
         match policy.algorithm {
             Algorithm::SlidingWindow => {
@@ -165,7 +165,7 @@ impl RateCounters {
     }
 
     /// Gives back up to `tokens` taken into `bucket`, while it still counts (`give_back` of
-    /// `lua/prelude.lua`).
+    /// `lua/prelude/rates.lua`).
     fn give_back(&mut self, key: &str, bucket: Bucket, tokens: u64, now: u64) {
         let held = match self.counters.get_mut(key) {
             Some((Counter::Sliding(slices, epoch), _)) if *epoch == bucket.epoch => {
@@ -239,7 +239,7 @@ impl RateCounters {
         }
     }
 
-    /// Takes `cost` units; returns where they went (as `lua/prelude.lua`'s look_rate).
+    /// Takes `cost` units; returns where they went (as `lua/prelude/rates.lua`'s look_rate).
     fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) -> Bucket {
         let window = policy.window_ms;
         self.epochs += 1;

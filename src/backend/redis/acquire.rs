@@ -17,7 +17,7 @@ use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement};
 
-/// The script's reply codes (named in `lua/prelude.lua`).
+/// The script's reply codes (named in `lua/prelude/batches.lua`).
 const REFUSED: u64 = 0;
 const GRANTED: u64 = 1;
 const WAIT: u64 = 2;
