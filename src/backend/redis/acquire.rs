@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::batched::{batch_call, OneCall};
+use super::batched::{batch_call, OneCall, Undo};
 use super::budget::settle_invocation;
 use super::hit::{decisions, rate_args};
 use super::layout::{unexpected_reply, Shape};
@@ -170,17 +170,17 @@ pub fn decode_acquire(
 
 /// An acquire's lease, the line and id of its waiter, and what its grant takes from rate
 /// policies: what gives back its outcome if its caller goes away while its call is in flight.
-pub struct Undo {
+pub struct AcquireUndo {
     pub lease: Arc<LeaseRecord>,
     pub waiter: Option<(LineKeys, String)>,
     pub rates: RateCheck,
 }
 
-impl Undo {
+impl Undo for AcquireUndo {
     /// The calls, in order, that give back what the reply took: a grant's rate units (as a
     /// settlement of their own) and slots (released without a wake-up: waiters look again
     /// within a second), or a waiter's place in line.
-    pub fn invocations(self, reply: &[u64], holder: u64) -> Vec<Invocation> {
+    fn invocations(self: Box<Self>, reply: &[u64], holder: u64) -> Vec<Invocation> {
         match (reply.first(), &self.waiter) {
             (Some(&GRANTED), _) => {
                 let taken = reply.get(2 + self.lease.pools.len()..).unwrap_or_default();
@@ -364,10 +364,12 @@ mod tests {
 
     #[test]
     fn a_grant_nobody_takes_is_released_and_a_place_nobody_takes_is_left() {
-        let undo = |waiter| Undo {
-            lease: lease(),
-            waiter,
-            rates: RateCheck::default(),
+        let undo = |waiter| {
+            Box::new(AcquireUndo {
+                lease: lease(),
+                waiter,
+                rates: RateCheck::default(),
+            })
         };
         let names = |calls: Vec<Invocation>| -> Vec<String> {
             calls

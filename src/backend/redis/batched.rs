@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use redis::{FromRedisValue, Value};
 
-use super::acquire::Undo;
 use super::connection::Link;
 use super::layout::unexpected_reply;
 use super::scripts::{Invocation, LuaScript};
@@ -21,6 +20,13 @@ const REQUESTS_PER_CALL: usize = 64;
 /// One request's decision failed (in a batch: the others were decided).
 const FAILED: i64 = 6;
 
+/// What a request whose caller went away while its call was in flight gives back, from the
+/// reply it got (an acquire's grant or place in line: `acquire::AcquireUndo`).
+pub trait Undo: Send + Sync {
+    /// The calls, in order, that give back what `reply` took, for the manager's `holder`.
+    fn invocations(self: Box<Self>, reply: &[u64], holder: u64) -> Vec<Invocation>;
+}
+
 /// One request of a batched call: its keys and arguments, and the hash tag they are in.
 pub struct OneCall {
     pub tag: String,
@@ -32,13 +38,18 @@ pub struct OneCall {
     pub keys: Vec<Vec<u8>>,
     pub args: Vec<Vec<u8>>,
     /// For an acquire: what to give back if its caller goes away while its call is in flight.
-    pub undo: Option<Undo>,
+    pub undo: Option<Box<dyn Undo>>,
 }
 
 impl OneCall {
     /// The request `invocation` built, with what it shares with its batch (`head`), its keys in
     /// the hash tag of `key`.
-    pub fn of(invocation: Invocation, head: Option<Invocation>, key: &str, undo: Option<Undo>) -> Self {
+    pub fn of(
+        invocation: Invocation,
+        head: Option<Invocation>,
+        key: &str,
+        undo: Option<Box<dyn Undo>>,
+    ) -> Self {
         let (head_keys, head_args) = head.map_or_else(Default::default, |head| (head.keys, head.args));
         OneCall {
             tag: keys::hash_tag(key).to_owned(),
@@ -144,7 +155,7 @@ impl Batches for BatchedCalls {
     }
 
     /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter)
-    /// gives back what it took (see `Undo`). A failed call leaves an over-count, never an
+    /// gives back what it took (its `Undo`). A failed call leaves an over-count, never an
     /// under-count. A hit that counted stays counted.
     async fn unanswered(&self, request: OneCall, Replied { reply, .. }: Replied) {
         let Some(undo) = request.undo else {

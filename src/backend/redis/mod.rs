@@ -27,7 +27,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use redis::Value;
 
-use self::acquire::{acquire_request, decode_acquire, Asked, Undo};
+use self::acquire::{acquire_request, decode_acquire, AcquireUndo, Asked};
 use self::batched::{BatchedCalls, Replied};
 use self::connection::Link;
 use self::layout::unexpected_reply;
@@ -104,11 +104,11 @@ impl Backend for RedisBackend {
                 holder: self.holder,
             };
             let mut request = acquire_request(lease.id.as_str(), lease, &asked);
-            request.undo = Some(Undo {
+            request.undo = Some(Box::new(AcquireUndo {
                 lease: Arc::clone(lease),
                 waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
                 rates: rates.clone(),
-            });
+            }));
             let Replied { sent_at_ms, reply } = self.acquires.submit(request).await?;
             decode_acquire(&reply, lease, in_line, &rates.policies, sent_at_ms)
         })
