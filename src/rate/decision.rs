@@ -87,16 +87,9 @@ pub struct HitOutcome {
 
 #[cfg(test)]
 mod tests {
+    use super::super::policy::tests::{budget, policy};
     use super::*;
-    use crate::rate::{Algorithm, Settlement, Unit};
-
-    fn policy(name: &str, limit: u64) -> RatePolicy {
-        RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow, Unit::Requests).unwrap()
-    }
-
-    fn budget(name: &str, limit: u64, unit: Unit) -> RatePolicy {
-        RatePolicy::new(name, limit, 60_000, Algorithm::FixedWindow, unit).unwrap()
-    }
+    use crate::rate::{Settlement, Unit};
 
     #[test]
     fn a_decision_says_what_is_left_and_never_less_than_nothing() {

@@ -186,14 +186,16 @@ pub fn check_costs(policies: &[RatePolicy], costs: &[u64], what: &str) -> Result
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn policy(name: &str, limit: u64) -> RatePolicy {
+    /// A sliding minute of requests.
+    pub fn policy(name: &str, limit: u64) -> RatePolicy {
         RatePolicy::new(name, limit, 60_000, Algorithm::SlidingWindow, Unit::Requests).unwrap()
     }
 
-    fn budget(name: &str, limit: u64, unit: Unit) -> RatePolicy {
+    /// A fixed minute of `unit`.
+    pub fn budget(name: &str, limit: u64, unit: Unit) -> RatePolicy {
         RatePolicy::new(name, limit, 60_000, Algorithm::FixedWindow, unit).unwrap()
     }
 
