@@ -5,14 +5,15 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::local_floor::local_share;
 use super::Manager;
 use crate::budget::BudgetRequest;
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, hash_tag};
 use crate::lease::Store;
-use crate::rate::{check_costs, check_hit, Decision, HitOutcome, RateCheck, RatePolicy, Unit};
+use crate::rate::{
+    check_hit, local_shares, start_costs, HitOutcome, RateCheck, RatePolicy, Reservation, Unit,
+};
 
 impl Manager {
     /// Checks the hit and returns the call to await: `cost` units from every policy if all of
@@ -103,40 +104,20 @@ impl Manager {
         rate_limits: Vec<RatePolicy>,
         budget: Option<&BudgetRequest>,
     ) -> CoreResult<RateCheck> {
-        let invalid = |message: String| Err(CoreError::InvalidInput(message));
-        if let Some(policy) = rate_limits.iter().find(|p| p.unit != Unit::Requests) {
-            return invalid(format!(
-                "rate limit {:?} counts {}: pass it in budgets=, where a stream reserves and is charged its tokens",
-                &*policy.name,
-                policy.unit.name()
-            ));
-        }
-        let budgets = budget.map_or(&[][..], |b| &b.policies[..]);
-        if let Some(policy) = budgets.iter().find(|p| p.unit == Unit::Requests) {
-            return invalid(format!(
-                "budget {:?} counts requests: a budget counts tokens, RateLimit({:?}, {}, per=..., unit=\"tokens\") (or \"input_tokens\", \"output_tokens\"); pass request rates in rate_limits=",
-                &*policy.name, &*policy.name, policy.limit
-            ));
-        }
-        if budget.is_some_and(|b| b.policies.is_empty()) {
-            return invalid(
-                "reserve= and on_budget= need budgets=[RateLimit(..., unit=\"tokens\"), ...]".into(),
-            );
-        }
-        if rate_limits.is_empty() && budgets.is_empty() {
+        let reservation = budget.map(|b| Reservation {
+            budgets: &b.policies,
+            input: b.input,
+            output: b.output,
+        });
+        let (policies, costs) = start_costs(rate_limits, reservation).map_err(CoreError::InvalidInput)?;
+        if policies.is_empty() {
             return Ok(RateCheck::default());
         }
         let Some(identity) = identity else {
-            return invalid(
+            return Err(CoreError::InvalidInput(
                 "rate_limits and budgets count a user's streams: pass a user_id with them".into(),
-            );
+            ));
         };
-        let mut costs = vec![1; rate_limits.len()];
-        if let Some(budget) = budget {
-            costs.extend(budgets.iter().map(|p| p.unit.of(budget.input, budget.output)));
-        }
-        let policies: Vec<RatePolicy> = rate_limits.into_iter().chain(budgets.iter().cloned()).collect();
-        check_costs(&policies, &costs, "reserve").map_err(CoreError::InvalidInput)?;
         Ok(RateCheck {
             keys: self.rate_keys(identity, &policies),
             costs,
@@ -144,31 +125,16 @@ impl Manager {
         })
     }
 
-    /// While Redis is down (`failure_mode="open"`): this process's share of each policy
-    /// (rounded down, so the shares add up to at most the limit); a share too small for its
-    /// cost (`costs[i]` of `policies[i]`) refuses (a share of 0 allows nothing).
+    /// While Redis is down (`failure_mode="open"`): this process's share of each policy, or
+    /// the refusal of a share too small for its cost (see `rate::local_shares`).
     pub(super) fn rate_shares(&self, policies: &[RatePolicy], costs: &[u64]) -> CoreResult<Vec<RatePolicy>> {
-        let shares: Vec<RatePolicy> = policies
-            .iter()
-            .map(|policy| RatePolicy {
-                limit: local_share(policy.limit, self.config.fallback_workers),
-                ..policy.clone()
-            })
-            .collect();
-        match shares
-            .iter()
-            .zip(costs)
-            .position(|(share, cost)| share.limit < (*cost).max(1))
-        {
-            None => Ok(shares),
-            Some(empty) => Err(CoreError::RateLimited(HitOutcome {
-                decisions: shares
-                    .into_iter()
-                    .map(|policy| Decision::new(policy, 0, 0, None))
-                    .collect(),
-                refused: Some((empty, self.config.retry_after_ms())),
-            })),
-        }
+        local_shares(
+            policies,
+            costs,
+            self.config.fallback_workers,
+            self.config.retry_after_ms(),
+        )
+        .map_err(CoreError::RateLimited)
     }
 
     /// While Redis is down (`failure_mode="open"`): the same hit in this process, against its

@@ -2,14 +2,17 @@
 //! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory/rate.rs`).
 //!
 //! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
-//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`.
+//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, and what a
+//! stream's start is checked against in `start.rs`.
 
 mod adjustment;
 mod decision;
 mod policy;
+mod start;
 
 pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
+pub use self::start::{local_shares, start_costs, Reservation};
