@@ -227,6 +227,32 @@ def test_a_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_pre
         server.stop()
 
 
+def test_a_websocket_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_prefix):
+    """A WebSocket waiting in line before its handshake stayed in line when its client went
+    away, until its wait ran out (the waiting code watched only HTTP requests)."""
+    server = start_slow_app(backend_url, key_prefix, max_global=1)
+    try:
+        holder = open_stream(server.port, "holder")
+        quitter = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        quitter.sendall(
+            b"GET /ws?user_id=quitter HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+
+        def waiting() -> int:
+            return httpx.get(server.base_url + "/stats").json()["waiting"]
+
+        wait_until(lambda: waiting() == 1, what="the websocket to wait in line")
+        quitter.close()  # gone before its handshake was answered
+        wait_until(lambda: waiting() == 0, what="the departed websocket to leave the line")
+        holder.close()  # frees the slot: a websocket that comes now is admitted
+        with connect(f"ws://127.0.0.1:{server.port}/ws?user_id=patient", open_timeout=10) as ws:
+            assert ws.recv(timeout=10) == "tick 0"
+    finally:
+        server.stop()
+
+
 def test_a_client_that_leaves_mid_upload_leaves_the_line(backend_url, key_prefix):
     """A client still sending its body when it goes away leaves the line at once, not at the
     end of its wait (the waiting code was reading the body when the disconnect came)."""

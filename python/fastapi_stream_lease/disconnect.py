@@ -1,11 +1,13 @@
 """Watching a waiting request's client without taking its body away from the app.
 
 ASGI tells an app that its client went away only through ``receive()``, and a client still
-uploading has body messages queued before that ``http.disconnect``. So while a request waits in
-line, the watch receives for it: a disconnect ends the wait at once; a body message is held,
-untouched, and handed back to the app first when it reads the body after admission. The watch
-never parses, joins or caches the body (Starlette's ``request.body()`` would buffer all of it,
-and a waiter is exactly the request that has not been admitted to cost memory). It holds at most
+uploading has body messages queued before that ``http.disconnect``. So while a request (or a
+WebSocket before its handshake: ``websocket.connect``, then ``websocket.disconnect`` when the
+client leaves) waits in line, the watch receives for it: a disconnect ends the wait at once; a
+message is held, untouched, and handed back to the app first when it reads the body (or accepts
+the WebSocket) after admission. The watch never parses, joins or caches the body
+(Starlette's ``request.body()`` would buffer all of it, and a waiter is exactly the request that
+has not been admitted to cost memory). It holds at most
 ``HELD_BODY_LIMIT`` bytes, then stops receiving: the server stops reading the socket and TCP
 slows the client down; such a client that goes away is noticed when its wait ends.
 """
@@ -22,6 +24,7 @@ from .errors import ClientDisconnected
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import Message, Receive
+    from starlette.websockets import WebSocket
 
 #: The most body a waiting request's watch holds for the app (one read of a typical server:
 #: uvicorn pauses a connection at 64 KiB it was not asked for).
@@ -29,8 +32,11 @@ HELD_BODY_LIMIT = 64 * 1024
 
 T = TypeVar("T")
 
+#: What a server sends when the client of a request or of a WebSocket went away.
+DISCONNECTS = ("http.disconnect", "websocket.disconnect")
 
-async def unless_disconnected(request: Request, acquired: Awaitable[T]) -> T:
+
+async def unless_disconnected(request: Request | WebSocket, acquired: Awaitable[T]) -> T:
     """Awaits ``acquired`` while the client is there; cancels it (leaving the line) and raises
     :class:`ClientDisconnected` as soon as the client goes away, also while it is still
     sending its body, and cancels it if this call is cancelled."""
@@ -60,7 +66,7 @@ async def _disconnect_of(receive: Receive, held: deque[Message]) -> bool:
     while size < HELD_BODY_LIMIT:
         message = await receive()
         held.append(message)
-        if message["type"] == "http.disconnect":
+        if message["type"] in DISCONNECTS:
             return True
         size += len(message.get("body", b""))
     return False

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from starlette.requests import HTTPConnection, Request
+from starlette.websockets import WebSocket
 
 from .lease import Lease
 from .stream_end import guard_of
@@ -59,8 +60,9 @@ def lease_dependency(
         guard = guard_of(connection.scope)
         if guard is None:
             raise RuntimeError(NEEDS_MIDDLEWARE)
-        # A request's client that leaves while it waits in line leaves the line.
-        request = connection if isinstance(connection, Request) else None
+        # A client that leaves while it waits in line leaves the line (a WebSocket's before its
+        # handshake too).
+        request = connection if isinstance(connection, Request | WebSocket) else None
         lease = await acquire(user_id, request=request, **options)
         async with lease._released_at_end():
             guard.watch(lease)

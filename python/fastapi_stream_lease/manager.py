@@ -196,7 +196,7 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
-        request: Request | None = None,
+        request: Request | WebSocket | None = None,
         rate_limits: Sequence[RateLimit] = (),
         budgets: Sequence[RateLimit] = (),
         reserve: int | tuple[int, int] | None = None,
@@ -214,8 +214,9 @@ class StreamLeaseManager:
         already waiting, is refused at once. Each
         pool's line serves higher ``priority`` first (0 to 9), then users in turn (round robin,
         first come first served within a user; ``LeaseConfig(line_order="arrival")`` for first
-        come, first served). Pass the ``request`` so that a client that goes away while waiting
-        leaves the line at once (:class:`ClientDisconnected`).
+        come, first served). Pass the ``request`` (or the ``WebSocket``, before ``accept()``) so
+        that a client that goes away while waiting leaves the line at once
+        (:class:`ClientDisconnected`).
 
         ``rate_limits`` count the start against the user's request-rate policies in the same
         atomic step: a stream refused a slot consumes no rate, and a start refused for rate
@@ -309,7 +310,7 @@ class StreamLeaseManager:
         max_per_user: int | None,
         wait_timeout: float | None,
         resources: Sequence[Resource],
-        request: Request | None,
+        request: Request | WebSocket | None,
         rate_limits: Sequence[RateLimit],
         budgets: Sequence[RateLimit],
         reserve: int | tuple[int, int] | None,
@@ -338,9 +339,9 @@ class StreamLeaseManager:
 
     @staticmethod
     async def _acquire_for(
-        request: Request, acquired: Awaitable[_core.LeaseHandle]
+        request: Request | WebSocket, acquired: Awaitable[_core.LeaseHandle]
     ) -> _core.LeaseHandle:
-        """An acquire for an HTTP request: given up if the client goes away while it waits;
+        """An acquire for a request or a WebSocket: given up if the client goes away while it waits;
         its decisions kept for the ``RateLimit`` headers."""
         try:
             handle = await unless_disconnected(request, acquired)
@@ -359,7 +360,7 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
-        request: Request | None = None,
+        request: Request | WebSocket | None = None,
         rate_limits: Sequence[RateLimit] = (),
         budgets: Sequence[RateLimit] = (),
         reserve: int | tuple[int, int] | None = None,

@@ -3,11 +3,17 @@
 import asyncio
 import hashlib
 import os
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_exception_handler
+from fastapi_stream_lease import (
+    Lease,
+    LeaseConfig,
+    StreamLeaseManager,
+    install_exception_handler,
+)
 
 app = FastAPI()
 manager = StreamLeaseManager(
@@ -33,6 +39,27 @@ async def stream(request: Request, user_id: str, wait: float = 0):
             await asyncio.sleep(0.05)
 
     return StreamingResponse(lease.wrap(ticks()), media_type="text/event-stream")
+
+
+def user_of(user_id: str) -> str:
+    return user_id
+
+
+@app.websocket("/ws")
+async def websocket_ticks(
+    websocket: WebSocket,
+    lease: Annotated[Lease, Depends(manager.stream_lease(user=user_of, wait_timeout=30))],
+) -> None:
+    """Waits in line (up to 30 s) before the handshake, then ticks until the client leaves."""
+    await websocket.accept()
+    try:
+        n = 0
+        while True:
+            await websocket.send_text(f"tick {n}")
+            n += 1
+            await asyncio.sleep(0.05)
+    except WebSocketDisconnect:
+        pass
 
 
 @app.post("/upload")
