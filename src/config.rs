@@ -72,6 +72,8 @@ pub struct Config {
     /// Whether a refusal by a shared pool (global, a resource) tells the client its capacity and
     /// usage (the body, the RateLimit headers). The user's own quota is always told.
     pub disclose_usage: bool,
+    /// False: every request-rate policy is a dry run (`RatePolicy::enforce`); budgets still refuse.
+    pub enforce_rate_limits: bool,
     /// The reverse proxies, and the header they write, that a client's address is read from.
     pub proxy_rule: ProxyRule,
 }

@@ -272,3 +272,21 @@ def test_bad_forms_fail_at_start_up():
     with pytest.raises(ValueError, match="trusted proxy 'nope' is not a network"):
         client_ip(Request({"type": "http", "client": ("1.2.3.4", 1), "headers": []}), ["nope"])
     assert issubclass(RateLimited, Exception)
+
+
+async def test_a_dry_run_over_its_limit_answers_with_its_headers_and_never_refuses(make_manager):
+    manager = make_manager()
+    new_rule = RateLimit("new_rule", 1, per=60, enforce=False)
+    app = FastAPI()
+    install_exception_handler(app)
+
+    @app.get("/chat", dependencies=[Depends(manager.rate_limit(new_rule, key=by_user))])
+    async def chat() -> dict[str, bool]:
+        return {"ok": True}
+
+    async with client(app) as http:
+        answers = [await http.get("/chat", headers={"x-user": "alice"}) for _ in range(3)]
+    assert [response.status_code for response in answers] == [200, 200, 200]
+    assert all(policies(r) == [("new_rule", {"q": 1, "w": 60})] for r in answers)
+    assert [states(r)["new_rule"]["r"] for r in answers] == [0, 0, 0]
+    assert (await manager.peek("alice", new_rule)).used == 3

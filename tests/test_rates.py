@@ -217,6 +217,12 @@ async def test_a_paused_redis_answers_within_the_timeout_under_each_mode(
         (("a", 5), {"per": 60, "algorithm": "leaky"}, ValueError, "unknown algorithm"),
         (("a b", 5), {"per": 60}, ValueError, "name 'a b' is not valid|\"a b\" is not valid"),
         ((7, 5), {"per": 60}, TypeError, "name must be a str"),
+        (
+            ("tpm", 5),
+            {"per": 60, "unit": "tokens", "enforce": False},
+            ValueError,
+            "enforce=False is for request rates only",
+        ),
     ],
 )
 def test_bad_policies_are_refused_at_construction(args, kwargs, error, message):
@@ -249,6 +255,70 @@ def test_policies_are_values():
     assert RateLimit("a", 5, per=60) == RateLimit("a", 5, per=60.0, algorithm="sliding_window")
     assert len({RateLimit("a", 5, per=60), RateLimit("a", 5, per=60)}) == 1
     assert repr(PER_DAY) == "RateLimit('chat_per_day', 3, per=86400.0, algorithm='fixed_window')"
+    dry = RateLimit("a", 5, per=60, enforce=False)
+    assert (dry.enforce, RateLimit("a", 5, per=60).enforce) == (False, True)
+    assert dry != RateLimit("a", 5, per=60)
+    assert repr(dry) == "RateLimit('a', 5, per=60.0, algorithm='sliding_window', enforce=False)"
+
+
+#: A new rule rolled out as a dry run, beside the rule in force.
+NEW_RULE = RateLimit("new_rule", 2, per=60, enforce=False)
+OLD_RULE = RateLimit("old_rule", 4, per=60)
+
+
+async def test_a_dry_run_over_its_limit_counts_every_hit_and_never_refuses(make_manager):
+    """A dry-run policy past its limit lets hits through and says it would have refused;
+    the enforced policy beside it still refuses, and a refused hit takes nothing from either."""
+    manager = make_manager()
+    seen = []
+    for _ in range(4):
+        new, old = await manager.hit("alice", NEW_RULE, OLD_RULE)
+        assert not old.would_refuse
+        seen.append((new.used, new.remaining, new.would_refuse))
+    assert seen == [(1, 1, False), (2, 0, False), (3, 0, True), (4, 0, True)]
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", NEW_RULE, OLD_RULE)
+    assert refused.value.policy == "old_rule"
+    assert [d.would_refuse for d in refused.value.decisions] == [True, True]
+    assert (await manager.peek("alice", NEW_RULE)).used == 4, "the refused hit took nothing"
+
+
+async def test_a_dry_run_over_its_limit_never_refuses_a_stream_start(make_manager):
+    manager = make_manager(max_per_user=10)
+    leases = [await manager.acquire("alice", rate_limits=[NEW_RULE, OLD_RULE]) for _ in range(4)]
+    assert [lease.rate_decisions[0].would_refuse for lease in leases] == [False, False, True, True]
+    assert leases[-1].rate_decisions[0].used == 4
+    with pytest.raises(RateLimited) as refused:
+        await manager.acquire("alice", rate_limits=[NEW_RULE, OLD_RULE])
+    assert refused.value.policy == "old_rule"
+    assert await manager.get_active_count("alice") == 4
+    assert (await manager.peek("alice", NEW_RULE)).used == 4, "the refused start took nothing"
+    for lease in leases:
+        await lease.release()
+
+
+async def test_enforce_rate_limits_false_makes_every_request_rate_a_dry_run(make_manager):
+    """The manager-wide switch: every request rate of hits and starts counts and reports but
+    never refuses; a token budget still refuses."""
+    manager = make_manager(enforce_rate_limits=False)
+    assert not manager.config.enforce_rate_limits
+    assert "enforce_rate_limits=False" in repr(manager.config)
+    one = RateLimit("one_per_minute", 1, per=60)
+    decisions = [(await manager.hit("alice", one))[0] for _ in range(3)]
+    assert [(d.used, d.would_refuse, d.policy.enforce) for d in decisions] == [
+        (1, False, False),
+        (2, True, False),
+        (3, True, False),
+    ]
+    lease = await manager.acquire("alice", rate_limits=[one])
+    assert lease.rate_decisions[0].would_refuse
+    tokens = RateLimit("tokens_per_minute", 100, per=60, unit="tokens")
+    held = await manager.acquire("bob", budgets=[tokens], reserve=60)
+    with pytest.raises(RateLimited) as refused:
+        await manager.acquire("bob", budgets=[tokens], reserve=60)
+    assert refused.value.policy == "tokens_per_minute"
+    await held.release()
+    await lease.release()
 
 
 async def test_a_stream_refused_a_slot_consumes_no_rate(make_manager):

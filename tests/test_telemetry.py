@@ -220,6 +220,33 @@ async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key
     await manager.aclose()
 
 
+async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_on_the_span(
+    backend_url, key_prefix, telemetry
+):
+    meters, tracers, reader, exporter = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix, max_per_user=5),
+        meter_provider=meters,
+        tracer_provider=tracers,
+    )
+    new_rule = RateLimit("new_rule", 1, per=60, enforce=False)
+    old_rule = RateLimit("old_rule", 10, per=60)
+    for _ in range(3):
+        await manager.hit(ALICE, new_rule, old_rule)  # the second and third would be refused
+    with tracers.get_tracer("test").start_as_current_span("request"):
+        lease = await manager.acquire(ALICE, rate_limits=[new_rule, old_rule])
+    await lease.release()
+    counted = {
+        p.attributes["policy"]: p.value for p in points(reader, f"{NAME}.rate.would_refuse")
+    }
+    assert counted == {"new_rule": 3}
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == f"{NAME}.acquire"]
+    assert span.attributes[f"{NAME}.would_refuse"] == ("new_rule",)
+    assert [p.value for p in points(reader, f"{NAME}.requests")] == [1], "it was acquired"
+    await manager.aclose()
+
+
 async def test_shared_pools_are_read_across_workers_once_per_collection(
     backend_url, key_prefix, telemetry
 ):

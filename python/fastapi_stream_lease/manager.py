@@ -480,8 +480,13 @@ class StreamLeaseManager:
         step: ``hit(ip, per_ip, (per_user_and_ip, f"{username}|{ip}"))`` (on a Redis Cluster
         this needs ``global_pool=True``, the default). Returns each policy's decision, in the
         order given; raises :class:`RateLimited` (429, ``Retry-After``) when one refuses.
-        ``cost`` is how many units the request takes (1 by default)."""
-        return await self._core.hit(identity, policies, cost, True)
+        ``cost`` is how many units the request takes (1 by default). A dry-run policy
+        (``RateLimit(enforce=False)``) never refuses: its decision says ``would_refuse``."""
+        decisions: list[RateDecision] = await self._core.hit(identity, policies, cost, True)
+        telemetry = self._instruments()
+        if telemetry is not None:
+            telemetry.rated(decisions)
+        return decisions
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
         """What ``policy`` has left for ``identity``, without consuming anything."""

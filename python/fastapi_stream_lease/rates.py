@@ -17,14 +17,17 @@ class RateDecision:
     """What one policy said about a hit: its ``limit`` (the policy's, or this process's share
     of it while Redis is down under ``failure_mode="open"``), ``remaining`` units in its window
     after the hit (before it, when refused or only looked at), ``reset``, seconds until its
-    next units free up (0 when nothing is in use), and ``used``, the units in its window (above
-    the limit when a token budget's stream finished past it)."""
+    next units free up (0 when nothing is in use), ``used``, the units in its window (above
+    the limit when a token budget's stream finished past it, or a dry run counted past it), and
+    ``would_refuse``: the policy had no room for the hit's cost, so it refused, or, a dry run
+    (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have."""
 
     policy: RateLimit
     limit: int
     remaining: int
     reset: float
     used: int
+    would_refuse: bool = False
 
 
 def _seconds(value: float) -> int:

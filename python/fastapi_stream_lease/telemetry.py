@@ -32,6 +32,7 @@ from .errors import (
 if TYPE_CHECKING:
     from ._core import LeaseHandle, Manager, RateLimit
     from .lease import Lease
+    from .rates import RateDecision
     from .resources import Resource
 
 NAME = "fastapi_stream_lease"
@@ -325,6 +326,21 @@ class Telemetry:
         self.tokens = meter.create_counter(
             f"{NAME}.tokens", unit="{token}", description="Tokens charged to budgets, by direction."
         )
+        self.dry_run_refusals = meter.create_counter(
+            f"{NAME}.rate.would_refuse",
+            unit="{request}",
+            description="Hits and stream starts that a dry-run rate policy (enforce=False) let "
+            "through without room for them, by policy.",
+        )
+
+    def rated(self, decisions: Sequence[RateDecision]) -> list[str]:
+        """Counts the dry-run policies among ``decisions`` that would have refused (nothing
+        to do for the others: a refusal is an acquire's or a hit's result); returns their
+        names."""
+        names = [d.policy.name for d in decisions if d.would_refuse and not d.policy.enforce]
+        for name in names:
+            self.dry_run_refusals.add(1, {"policy": name})
+        return names
 
     async def admit(
         self,
@@ -345,7 +361,12 @@ class Telemetry:
             span = self._span(user_id, resources, policies)
         error: BaseException | None = None
         try:
-            return await acquiring
+            handle = await acquiring
+            if policies:
+                would_refuse = self.rated(handle.rate_decisions)
+                if span is not None and would_refuse:
+                    span.set_attribute(f"{NAME}.would_refuse", would_refuse)
+            return handle
         except BaseException as raised:
             error = raised
             raise

@@ -42,13 +42,14 @@
 -- quota (0 or 1); 4: n, the number of pools; 5: priority (0 to 9, higher first); 5 + i:
 -- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
--- takes from it (1 for a request rate, the reservation for a token budget), as in hit.lua.
--- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
--- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
+-- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
+-- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
+-- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch,
+-- over} (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
 -- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
 -- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
--- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
+-- retry_ms, then per rate policy used, reset_ms, bucket, epoch, over} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
 -- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
 -- retry_ms} when the line of pool i holds max_waiting waiters already and has no place to give

@@ -5,18 +5,20 @@
 -- KEYS[i]: the counter of policy i (same hash tag).
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
 -- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
--- takes from it).
+-- takes from it), enforce ('1'; '0': a dry run, which never refuses and, when the hit is
+-- counted, takes its cost whatever its room).
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
 -- units) and its epoch ('e', see the prelude's look_rate); every slice that overlaps the last
 -- window counts in full, so no window of that length ever holds more than the limit (a hit may
 -- be refused up to one slice early).
 -- Fixed window (the article's): a string counter whose expiry ends the window, started by the
 -- first hit; a counter found without expiry gets one (repaired), so no key is left forever.
--- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch}:
--- refused is the 1-based index of the first policy that refused (0: allowed), retry_ms when
--- that policy has room for its cost again; used counts units in use after this hit (before it
+-- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch, over}:
+-- refused is the 1-based index of the first enforced policy that refused (0: allowed), retry_ms
+-- when that policy has room for its cost again; used counts units in use after this hit (before it
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
--- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken).
+-- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken),
+-- over 1 when the policy had no room for the cost (it refused, or would have if enforced).
 read_clock()
 return decide_each(KEYS, ARGV, function(keys, kb, kn, args, ab)
   local states, refused, retry = look_rates(keys, kb + 1, kb + kn, args, ab + 2, 1)

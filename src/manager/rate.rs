@@ -28,6 +28,7 @@ impl Manager {
         consume: bool,
     ) -> CoreResult<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static> {
         let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
+        let policies = self.as_configured(policies);
         check_hit(&policies, cost).map_err(CoreError::InvalidInput)?;
         if let Some(budget) = policies.iter().find(|p| consume && p.unit != Unit::Requests) {
             return Err(CoreError::InvalidInput(format!(
@@ -89,6 +90,21 @@ impl Manager {
         })
     }
 
+    /// The policies as this manager applies them: every request rate a dry run under
+    /// `enforce_rate_limits=false` (budgets keep refusing).
+    fn as_configured(&self, policies: Vec<RatePolicy>) -> Vec<RatePolicy> {
+        if self.config.enforce_rate_limits {
+            return policies;
+        }
+        policies
+            .into_iter()
+            .map(|policy| RatePolicy {
+                enforce: policy.unit != Unit::Requests,
+                ..policy
+            })
+            .collect()
+    }
+
     fn rate_keys(&self, identity: &str, policies: &[RatePolicy]) -> Vec<String> {
         policies
             .iter()
@@ -109,7 +125,8 @@ impl Manager {
             input: b.input,
             output: b.output,
         });
-        let (policies, costs) = start_costs(rate_limits, reservation).map_err(CoreError::InvalidInput)?;
+        let (policies, costs) =
+            start_costs(self.as_configured(rate_limits), reservation).map_err(CoreError::InvalidInput)?;
         if policies.is_empty() {
             return Ok(RateCheck::default());
         }

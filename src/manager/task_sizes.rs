@@ -30,6 +30,7 @@ fn manager() -> Arc<Manager> {
         fallback_workers: 1,
         identity_secret: Vec::new(),
         disclose_usage: true,
+        enforce_rate_limits: true,
         proxy_rule: Default::default(),
     };
     Arc::new(Manager::new(Box::new(MemoryBackend::default()), config))

@@ -16,6 +16,8 @@ use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, Unit, MAX_LIMIT};
 /// seconds later, then starts again. ``unit="requests"`` (the default) counts hits and stream
 /// starts; ``"tokens"`` makes the policy a token budget for LLM streams (``acquire(budgets=...)``),
 /// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens.
+/// ``enforce=False`` makes a request rate a dry run: counted and reported (headers,
+/// ``RateDecision.would_refuse``, metrics) but never refusing, to roll a new limit out safely.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
@@ -25,13 +27,14 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None))]
+    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None, *, enforce = true))]
     fn py_new(
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
         per: &Bound<'_, PyAny>,
         algorithm: Option<&Bound<'_, PyAny>>,
         unit: Option<&Bound<'_, PyAny>>,
+        enforce: bool,
     ) -> PyResult<Self> {
         let Ok(name) = name.cast::<PyString>() else {
             return Err(PyTypeError::new_err(format!(
@@ -52,6 +55,7 @@ impl RateLimit {
         };
         let window_ms = (per.max(0.0) * 1000.0).round() as u64;
         RatePolicy::new(&name, limit, window_ms, algorithm, unit)
+            .and_then(|policy| policy.enforcing(enforce))
             .map(|policy| RateLimit { policy })
             .map_err(args::invalid)
     }
@@ -84,14 +88,25 @@ impl RateLimit {
         self.policy.unit.name()
     }
 
+    /// False: a dry run, counted and reported but never refusing.
+    #[getter]
+    fn enforce(&self) -> bool {
+        self.policy.enforce
+    }
+
     fn __repr__(&self) -> String {
         let unit = match self.policy.unit {
             Unit::Requests => String::new(),
             other => format!(", unit='{}'", other.name()),
         };
+        let enforce = if self.policy.enforce {
+            ""
+        } else {
+            ", enforce=False"
+        };
         format!(
             // Names are plain ASCII (checked), so quoting them is enough.
-            "RateLimit('{}', {}, per={:?}, algorithm='{}'{unit})",
+            "RateLimit('{}', {}, per={:?}, algorithm='{}'{unit}{enforce})",
             &*self.policy.name,
             self.policy.limit,
             self.per(),
@@ -165,6 +180,7 @@ pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound
                 d.remaining,
                 d.reset_ms as f64 / 1000.0,
                 d.used,
+                d.would_refuse,
             ))
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -63,6 +63,9 @@ pub struct Decision {
     pub reset_ms: u64,
     /// Where the hit's units went (None when nothing was taken).
     pub bucket: Option<Bucket>,
+    /// The policy had no room for the hit's cost: it refused, or would have were it enforced
+    /// (a dry run counts the hit anyway).
+    pub would_refuse: bool,
 }
 
 impl Decision {
@@ -73,7 +76,13 @@ impl Decision {
             used,
             reset_ms,
             bucket,
+            would_refuse: false,
         }
+    }
+
+    /// The same decision, saying whether the policy had no room for the cost.
+    pub fn refusing(self, would_refuse: bool) -> Self {
+        Decision { would_refuse, ..self }
     }
 }
 

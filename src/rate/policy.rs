@@ -99,8 +99,8 @@ impl Unit {
     }
 }
 
-/// One policy: a name (its scope, part of the key), a limit per window, an algorithm, and what
-/// it counts.
+/// One policy: a name (its scope, part of the key), a limit per window, an algorithm, what it
+/// counts, and whether it refuses (`enforce`; a dry run only counts and reports).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RatePolicy {
     pub name: Arc<str>,
@@ -108,6 +108,8 @@ pub struct RatePolicy {
     pub window_ms: u64,
     pub algorithm: Algorithm,
     pub unit: Unit,
+    /// False: a dry run, counted and reported (`Decision::would_refuse`) but never refusing.
+    pub enforce: bool,
 }
 
 impl RatePolicy {
@@ -137,7 +139,21 @@ impl RatePolicy {
             window_ms,
             algorithm,
             unit,
+            enforce: true,
         })
+    }
+
+    /// The same policy as a dry run when `enforce` is false. Only request rates can be dry runs:
+    /// a token budget's reservation, top-ups and cut-off all rest on its refusals.
+    pub fn enforcing(self, enforce: bool) -> Result<Self, String> {
+        if !enforce && self.unit != Unit::Requests {
+            return Err(format!(
+                "rate limit {:?}: enforce=False is for request rates only; a budget of {} always enforces (roll it out with a limit high enough, then lower it)",
+                &*self.name,
+                self.unit.name()
+            ));
+        }
+        Ok(RatePolicy { enforce, ..self })
     }
 }
 
@@ -267,6 +283,19 @@ pub(super) mod tests {
         let codes: Vec<&str> = units.iter().map(|u| u.code()).collect();
         assert_eq!(codes, ["", "t", "i", "o"]);
         assert_ne!(Algorithm::SlidingWindow.code(), Algorithm::FixedWindow.code());
+    }
+
+    #[test]
+    fn only_a_request_rate_can_be_a_dry_run() {
+        let dry = policy("rpm", 5).enforcing(false).unwrap();
+        assert!(!dry.enforce);
+        assert!(policy("rpm", 5).enforce, "enforced unless told");
+        let error = budget("tpm", 1_000, Unit::Tokens).enforcing(false).unwrap_err();
+        assert!(
+            error.contains("enforce=False is for request rates only"),
+            "{error}"
+        );
+        assert!(budget("tpm", 1_000, Unit::Tokens).enforcing(true).is_ok());
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn start_costs(
 /// This process's share of each policy while Redis is down: its limit divided among `workers`,
 /// rounded down (as every share of the local floor), so the shares add up to at most the limit.
 /// A share too small for its cost (`costs[i]` of `policies[i]`; a share of 0 allows nothing)
-/// refuses the whole start, with a retry after `retry_ms`.
+/// refuses the whole start, with a retry after `retry_ms`, unless its policy is a dry run.
 pub fn local_shares(
     policies: &[RatePolicy],
     costs: &[u64],
@@ -69,7 +69,7 @@ pub fn local_shares(
     match shares
         .iter()
         .zip(costs)
-        .position(|(share, cost)| share.limit < (*cost).max(1))
+        .position(|(share, cost)| share.enforce && share.limit < (*cost).max(1))
     {
         None => Ok(shares),
         Some(empty) => Err(HitOutcome {
@@ -149,5 +149,12 @@ mod tests {
         assert_eq!(limits, [2, 250]);
         let empty = local_shares(&[policy("starts", 3)], &[1], 4, 500).unwrap_err();
         assert_eq!(empty.refused, Some((0, 500)), "a share of 0 allows nothing");
+    }
+
+    #[test]
+    fn a_dry_runs_share_too_small_for_its_cost_refuses_nothing() {
+        let dry = policy("starts", 3).enforcing(false).unwrap();
+        let shares = local_shares(&[dry], &[1], 4, 500).expect("a dry run never refuses");
+        assert_eq!((shares[0].limit, shares[0].enforce), (0, false));
     }
 }

@@ -78,24 +78,26 @@ impl RateCounters {
             .zip(policies)
             .map(|(key, policy)| self.look(key, policy, now))
             .collect();
-        let refused = looks
+        let over: Vec<bool> = looks
             .iter()
             .zip(policies.iter().zip(costs))
-            .enumerate()
-            .find(|(_, (look, (policy, cost)))| look.used + *cost > policy.limit)
-            .map(|(i, (look, (policy, cost)))| (i, (look.wait)(look.used + cost - policy.limit)));
+            .map(|(look, (policy, cost))| look.used + cost > policy.limit)
+            .collect();
+        let refused = (0..policies.len())
+            .find(|&i| over[i] && policies[i].enforce)
+            .map(|i| (i, (looks[i].wait)(looks[i].used + costs[i] - policies[i].limit)));
         let taken = consume && refused.is_none();
         let decisions = keys
             .iter()
             .zip(policies.iter().zip(costs))
-            .zip(&looks)
-            .map(|((key, (policy, cost)), look)| {
+            .zip(looks.iter().zip(over))
+            .map(|((key, (policy, cost)), (look, over))| {
                 let (mut used, mut bucket) = (look.used, None);
                 if taken && *cost > 0 {
                     bucket = Some(self.take(key, policy, *cost, now));
                     used += cost;
                 }
-                Decision::new(policy.clone(), used, (look.reset)(used), bucket)
+                Decision::new(policy.clone(), used, (look.reset)(used), bucket).refusing(over)
             })
             .collect();
         HitOutcome { decisions, refused }
@@ -363,6 +365,35 @@ mod tests {
         assert_eq!(
             counters.hit(&keys, &both, &[0, 0], false).decisions[0].remaining,
             5
+        );
+    }
+
+    #[test]
+    fn a_dry_run_counts_past_its_limit_and_never_refuses_while_an_enforced_policy_does() {
+        let mut counters = RateCounters::default();
+        let dry = policy("dry", 2, Algorithm::SlidingWindow)
+            .enforcing(false)
+            .unwrap();
+        let enforced = policy("enforced", 4, Algorithm::FixedWindow);
+        let keys = ["d".to_owned(), "e".to_owned()];
+        let both = [dry, enforced];
+        let over: Vec<(Option<usize>, u64, bool)> = (0..5)
+            .map(|_| {
+                let outcome = counters.hit(&keys, &both, &[1, 1], true);
+                let dry = &outcome.decisions[0];
+                (outcome.refused.map(|(i, _)| i), dry.used, dry.would_refuse)
+            })
+            .collect();
+        assert_eq!(
+            over,
+            [
+                (None, 1, false),
+                (None, 2, false),
+                (None, 3, true),
+                (None, 4, true),
+                (Some(1), 4, true),
+            ],
+            "the dry run counts every allowed hit; only the enforced policy refuses"
         );
     }
 }

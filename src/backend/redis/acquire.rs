@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::batched::{batch_call, OneCall, Undo};
 use super::budget::settle_invocation;
-use super::hit::{decisions, rate_args};
+use super::hit::{decisions, rate_args, RATE_ANSWER_LEN};
 use super::layout::{unexpected_reply, Shape};
 use super::line::{leave_invocation, line_keys};
 use super::release::release_invocation;
@@ -119,7 +119,7 @@ pub fn decode_acquire(
     let pools = &lease.pools;
     let n = pools.len();
     match reply {
-        [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + 4 * policies.len() => {
+        [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + RATE_ANSWER_LEN * policies.len() => {
             Ok(AcquireOutcome::Granted {
                 used: rest[..n].to_vec(),
                 holder_was_alive: *alive == 1,
@@ -128,7 +128,8 @@ pub fn decode_acquire(
             })
         }
         [RATE_LIMITED, index, retry_ms, states @ ..]
-            if states.len() == 4 * policies.len() && (1..=policies.len() as u64).contains(index) =>
+            if states.len() == RATE_ANSWER_LEN * policies.len()
+                && (1..=policies.len() as u64).contains(index) =>
         {
             Ok(AcquireOutcome::RateLimited(HitOutcome {
                 decisions: decisions(policies, states),
@@ -266,7 +267,7 @@ mod tests {
             read::shape(call.args[2].as_slice()),
             [3, 4000, 1, 2, 7, 2, 10, 0, 50]
         );
-        assert_eq!(args[3..], ["f", "5", "60000", "1"]);
+        assert_eq!(args[3..], ["f", "5", "60000", "1", "1"]);
         assert_eq!(call.tag, "t");
     }
 
@@ -310,16 +311,18 @@ mod tests {
             holder_was_alive,
             rates: decisions,
             sent_at_ms,
-        }) = decode(&[GRANTED, 1, 1, 4, 2, 500, 3, 1])
+        }) = decode(&[GRANTED, 1, 1, 4, 2, 500, 3, 1, 0])
         else {
             panic!("granted")
         };
         assert_eq!((used, holder_was_alive, sent_at_ms), (vec![1, 4], true, 9));
         assert_eq!(decisions[0].remaining, 3);
-        let Ok(AcquireOutcome::RateLimited(limited)) = decode(&[RATE_LIMITED, 1, 800, 5, 800, 0, 0]) else {
+        let Ok(AcquireOutcome::RateLimited(limited)) = decode(&[RATE_LIMITED, 1, 800, 5, 800, 0, 0, 1])
+        else {
             panic!("rate limited")
         };
         assert_eq!(limited.refused, Some((0, 800)));
+        assert!(limited.decisions[0].would_refuse);
         assert_eq!(
             decode(&[WAIT, 12, 0, 3]).ok(),
             Some(AcquireOutcome::Wait(Placed {
@@ -351,8 +354,9 @@ mod tests {
         for reply in [
             &[][..],
             &[GRANTED, 1, 1, 4],
-            &[GRANTED, 2, 1, 4, 2, 500, 3, 1],
-            &[RATE_LIMITED, 2, 800, 5, 800, 0, 0],
+            &[GRANTED, 2, 1, 4, 2, 500, 3, 1, 0],
+            &[GRANTED, 1, 1, 4, 2, 500, 3, 1],
+            &[RATE_LIMITED, 2, 800, 5, 800, 0, 0, 1],
             &[WAIT, 12, 0],
             &[REFUSED, 3, 2, 30_000],
             &[REFUSED, 1, 2, 30_000, 1],

@@ -8,23 +8,30 @@ use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
 use crate::rate::{Bucket, Decision, HitOutcome, RatePolicy};
 
-/// Each rate policy as the scripts take it: algorithm, limit, window in ms, its cost.
+/// Each rate policy as the scripts take it (the prelude's RATE_ARGS): algorithm, limit, window
+/// in ms, its cost, enforce (1; 0: a dry run).
 pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
     for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
             .arg(policy.window_ms)
-            .arg(cost);
+            .arg(cost)
+            .arg(u8::from(policy.enforce));
     }
 }
 
-/// The policies' decisions from a reply's (used, reset_ms, bucket, epoch) quadruples.
+/// Numbers per policy in a reply: used, reset_ms, bucket, epoch, over (1: no room for the cost).
+pub const RATE_ANSWER_LEN: usize = 5;
+
+/// The policies' decisions from a reply's answers, `RATE_ANSWER_LEN` numbers each.
 pub fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
     policies
         .iter()
-        .zip(answers.chunks(4))
-        .map(|(policy, a)| Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3])))
+        .zip(answers.chunks(RATE_ANSWER_LEN))
+        .map(|(policy, a)| {
+            Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3])).refusing(a[4] == 1)
+        })
         .collect()
 }
 
@@ -39,12 +46,12 @@ pub fn hit_request(keys: &[String], policies: &[RatePolicy], cost: u64, consume:
 }
 
 /// hit.lua's reply to one request: the 1-based index of the policy that refused (0: none) and
-/// when the cost fits again, then each policy's quadruple.
+/// when the cost fits again, then each policy's answer.
 pub fn decode_hit(reply: &[u64], policies: &[RatePolicy]) -> CoreResult<HitOutcome> {
     let [refused, retry_ms, per_policy @ ..] = reply else {
         return Err(unexpected_reply("hit", &reply));
     };
-    if per_policy.len() != 4 * policies.len() || *refused as usize > policies.len() {
+    if per_policy.len() != RATE_ANSWER_LEN * policies.len() || *refused as usize > policies.len() {
         return Err(unexpected_reply("hit", &reply));
     }
     Ok(HitOutcome {
@@ -71,32 +78,53 @@ pub mod tests {
     }
 
     #[test]
-    fn a_hit_sends_each_policy_with_its_cost() {
+    fn a_hit_sends_each_policy_with_its_cost_and_whether_it_refuses() {
         let keys = ["{u}:a".to_owned(), "{u}:b".to_owned()];
-        let policies = [policy("a", 10), policy("b", 20)];
+        let policies = [
+            policy("a", 10),
+            policy("b", 20).enforcing(false).expect("a dry run"),
+        ];
         let request = hit_request(&keys, &policies, 3, true).expect("a request");
         assert_eq!(request.tag, "u");
         let args: Vec<&str> = request.args.iter().map(|arg| read::text(arg)).collect();
-        assert_eq!(args, ["1", "f", "10", "60000", "3", "f", "20", "60000", "3"]);
+        assert_eq!(
+            args,
+            ["1", "f", "10", "60000", "3", "1", "f", "20", "60000", "3", "0"]
+        );
         assert!(hit_request(&[], &[], 1, true).is_none());
     }
 
     #[test]
     fn a_hit_reply_says_which_policy_refused_and_each_decision() {
         let policies = [policy("a", 10), policy("b", 20)];
-        let allowed = decode_hit(&[0, 0, 4, 100, 7, 1, 20, 500, 0, 0], &policies).expect("decoded");
+        let allowed = decode_hit(&[0, 0, 4, 100, 7, 1, 0, 20, 500, 0, 0, 0], &policies).expect("decoded");
         assert_eq!(allowed.refused, None);
         assert_eq!(allowed.decisions[0].remaining, 6);
         assert_eq!(allowed.decisions[0].bucket, Bucket::of(7, 1));
         assert_eq!(allowed.decisions[1].bucket, None, "slot 0: nothing taken");
-        let refused = decode_hit(&[2, 900, 4, 100, 7, 1, 20, 500, 0, 0], &policies).expect("decoded");
+        assert!(!allowed.decisions[0].would_refuse);
+        let refused = decode_hit(&[2, 900, 4, 100, 7, 1, 0, 20, 500, 0, 0, 1], &policies).expect("decoded");
         assert_eq!(refused.refused, Some((1, 900)));
+        assert!(refused.decisions[1].would_refuse);
+    }
+
+    #[test]
+    fn a_dry_run_over_its_limit_is_reported_in_an_allowed_hit() {
+        let policies = [
+            policy("a", 10),
+            policy("dry", 2).enforcing(false).expect("a dry run"),
+        ];
+        let reply = [0, 0, 4, 100, 7, 1, 0, 3, 500, 7, 1, 1];
+        let allowed = decode_hit(&reply, &policies).expect("decoded");
+        assert_eq!(allowed.refused, None);
+        let dry = &allowed.decisions[1];
+        assert_eq!((dry.used, dry.remaining, dry.would_refuse), (3, 0, true));
     }
 
     #[test]
     fn a_hit_reply_of_another_shape_is_an_error() {
         let policies = [policy("a", 10)];
-        for reply in [&[][..], &[0, 0, 1, 2, 3], &[2, 0, 1, 2, 3, 4]] {
+        for reply in [&[][..], &[0, 0, 1, 2, 3, 4], &[2, 0, 1, 2, 3, 4, 0]] {
             assert!(decode_hit(reply, &policies).is_err(), "{reply:?}");
         }
     }

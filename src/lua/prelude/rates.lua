@@ -131,9 +131,13 @@ local function give_back(key, algorithm, slot, epoch, tokens)
   return 0
 end
 
--- Looks at the policies whose counters are keys[k0..k1] and whose (algorithm, limit, window,
--- cost) are args[a0..]: their states, the 1-based index of
--- the first that cannot take its cost more (0: none) and when it could. `scale` multiplies
+-- Arguments per policy in a call: algorithm, limit, window in ms, cost, enforce ('1'; '0': a dry
+-- run, counted and reported but never refusing).
+local RATE_ARGS = 5
+
+-- Looks at the policies whose counters are keys[k0..k1] and whose RATE_ARGS arguments each are
+-- args[a0..]: their states (`over`: no room for the cost), the 1-based index of the first
+-- enforced one that cannot take its cost more (0: none) and when it could. `scale` multiplies
 -- every cost (0: only looking).
 local function look_rates(keys, k0, k1, args, a0, scale)
   if k0 > k1 then
@@ -141,20 +145,22 @@ local function look_rates(keys, k0, k1, args, a0, scale)
   end
   local states, refused, retry = {}, 0, 0
   for i = k0, k1 do
-    local at = a0 + (i - k0) * 4
+    local at = a0 + (i - k0) * RATE_ARGS
     local state = look_rate(keys[i], args[at], num(args[at + 2]))
     state.limit = num(args[at + 1])
     state.cost = num(args[at + 3]) * scale
+    state.over = state.used + state.cost > state.limit
     states[#states + 1] = state
-    if refused == 0 and state.used + state.cost > state.limit then
+    if refused == 0 and state.over and args[at + 4] == '1' then
       refused, retry = #states, state.wait(state.used + state.cost - state.limit)
     end
   end
   return states, refused, retry
 end
 
--- Takes each policy's cost (when `take`) and appends each one's units in use, reset (ms), and
--- the bucket and epoch the cost went to (0, 0: none taken) to `reply`.
+-- Takes each policy's cost (when `take`, a dry run's whatever its room) and appends each one's
+-- units in use, reset (ms), the bucket and epoch the cost went to (0, 0: none taken), and
+-- whether it had no room for the cost (1, else 0) to `reply`.
 local function answer_rates(reply, states, take)
   for _, state in ipairs(states) do
     local used, bucket, epoch = state.used, 0, 0
@@ -168,5 +174,6 @@ local function answer_rates(reply, states, take)
     reply[#reply + 1] = state.reset(used)
     reply[#reply + 1] = bucket
     reply[#reply + 1] = epoch
+    reply[#reply + 1] = state.over and 1 or 0
   end
 end

@@ -51,6 +51,7 @@ impl LeaseConfig {
         fallback_workers = None,
         identity_secret = None,
         disclose_usage = true,
+        enforce_rate_limits = true,
         trusted_proxies = None,
         proxy_header = None,
         fail_open = None,
@@ -83,6 +84,7 @@ impl LeaseConfig {
         fallback_workers: Option<&Bound<'_, PyAny>>,
         identity_secret: Option<&Bound<'_, PyAny>>,
         disclose_usage: bool,
+        enforce_rate_limits: bool,
         trusted_proxies: Option<&Bound<'_, PyAny>>,
         proxy_header: Option<&Bound<'_, PyAny>>,
         fail_open: Option<&Bound<'_, PyAny>>,
@@ -165,6 +167,7 @@ impl LeaseConfig {
             },
             identity_secret: secret_field(identity_secret)?,
             disclose_usage,
+            enforce_rate_limits,
             proxy_rule: proxy_rule(trusted_proxies, proxy_header)?,
         };
         Ok(LeaseConfig {
@@ -343,6 +346,14 @@ impl LeaseConfig {
         self.config.disclose_usage
     }
 
+    /// False: every request-rate policy is a dry run (``RateLimit(enforce=False)``), counted and
+    /// reported but never refusing: to roll out new limits, or watch them in a staging
+    /// deployment. Token budgets still refuse.
+    #[getter]
+    fn enforce_rate_limits(&self) -> bool {
+        self.config.enforce_rate_limits
+    }
+
     /// The reverse proxies (addresses or CIDR networks) whose `proxy_header` is believed.
     #[getter]
     fn trusted_proxies(&self) -> Vec<String> {
@@ -359,7 +370,7 @@ impl LeaseConfig {
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, trusted_proxies={:?}, proxy_header={:?})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, enforce_rate_limits={}, trusted_proxies={:?}, proxy_header={:?})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
@@ -377,6 +388,7 @@ impl LeaseConfig {
             c.fallback_workers,
             if c.identity_secret.is_empty() { "None" } else { "'***'" },
             if c.disclose_usage { "True" } else { "False" },
+            if c.enforce_rate_limits { "True" } else { "False" },
             c.proxy_rule.proxies(),
             c.proxy_rule.header_name(),
         )
