@@ -43,11 +43,11 @@
 -- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
 -- takes from it (1 for a request rate, the reservation for a token budget), as in hit.lua.
--- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch}
--- (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
--- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
--- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
--- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
+-- Returns {GRANTED, alive, token, used_1, ..., used_n, then per rate policy used, reset_ms,
+-- bucket, epoch} (alive: 1 if the holder's entry was live when the lease was added, so the
+-- holder's other leases in the tag lived on; token: the grant's fencing token, see
+-- fencing_token; used: slots in use after the grant; then each rate policy's answer, as hit.lua
+-- gives it; a retried call that finds the lease already granted answers with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
 -- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
@@ -62,15 +62,32 @@
 -- a batched cycle's instructions.
 local USED = {}
 
+-- A grant's fencing token: above every token given before in the tag, so every two leases that
+-- share a pool (their keys share the tag) are ordered. It is the server's TIME in µs, or the
+-- tag's last token plus 1 when that is not above it (<holders>:fencing, read once per call and
+-- written at its end). The key may expire (an hour after the last grant) or be lost in a
+-- failover or a restart: tokens go on from the clock, above every token given before unless the
+-- server's clock reads earlier than it did then (a step back, or a promoted replica whose clock
+-- runs behind), so no counter has to live forever.
+local function fencing_token()
+  local last = batch.fenced
+  if not last then
+    last = tonumber(call('GET', holders .. ':fencing')) or 0
+  end
+  batch.fenced = math.max(now_us, last + 1)
+  return batch.fenced
+end
+
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
 local function already_granted()
   if not call('ZSCORE', keys[kb + 1], id) then
     return nil
   end
-  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
+  -- A new token: the first reply, with the first one, was lost on the way.
+  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0, fencing_token()}
   for i = 1, pools do
-    granted[i + 2] = call('ZCARD', keys[kb + i])
+    granted[i + 3] = call('ZCARD', keys[kb + i])
   end
   answer_rates(granted, (request_rates(0)), false)
   return granted
@@ -138,13 +155,13 @@ local function grant(used, rates)
   if first then
     batch.holder_was_alive = hold(holders, holder, ttl)
   end
-  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0}
+  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0, fencing_token()}
   for i = 1, pools do
     local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
     batch.used[pool] = used[i] + weight
     add_members(pool, holders, holder, id, weight, used[i] == 0, batch.indexed)
-    granted[i + 2] = used[i] + weight
+    granted[i + 3] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
   batch.granted_ids = batch.granted_ids + weight * pools * id_value(id)
@@ -226,14 +243,18 @@ end
 
 --[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
--- the clock, the reaper and the holder's count of members (and sum of ids) are seen to once.
-batch = {holder_was_alive = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
+-- the clock, the reaper, the holder's count of members (and sum of ids) and the last fencing
+-- token are seen to once.
+batch = {holder_was_alive = nil, fenced = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
 read_clock()
 steady_clock(holders, ttl)
 reap(holders)
 local replies = decide_each(KEYS, ARGV, decide_request)
 count_members(holders, holder, batch.granted_members, batch.granted_ids)
+if batch.fenced then
+  call('SET', holders .. ':fencing', integer(batch.fenced), 'PX', IDLE_MS_TEXT)
+end
 if batch.holder_was_alive == false then
   refresh(holders, holder) -- its keys may be new
 end
