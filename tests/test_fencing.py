@@ -9,6 +9,14 @@ from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager, StreamL
 
 from support.waiting import eventually
 
+# How far a token may lag the Redis server's clock in µs (FENCING_SLACK_US, src/lua/acquire.lua).
+SLACK_US = 1_000_000
+
+
+def server_clock_us(redis_client) -> int:
+    seconds, micros = redis_client.time()
+    return seconds * 1_000_000 + micros
+
 
 async def test_every_grant_takes_a_fencing_token_above_every_earlier_one(make_manager):
     manager = make_manager(max_per_user=0, max_global=0)
@@ -32,12 +40,25 @@ async def test_fencing_tokens_grow_across_managers_sharing_a_pool(make_redis_man
     workers = [make_redis_manager(max_per_user=1, max_global=1) for _ in range(2)]
     tokens = []
     for turn in range(6):
-        seconds, micros = redis_client.time()
+        before = server_clock_us(redis_client)
         lease = await workers[turn % 2].acquire(f"user-{turn}")
+        after = server_clock_us(redis_client)
         tokens.append(lease.fencing_token)
         await lease.release()
-        assert lease.fencing_token >= seconds * 1_000_000 + micros, "the server's clock in µs"
+        assert before - SLACK_US <= lease.fencing_token <= after, "the server's clock in µs"
     assert tokens == sorted(set(tokens)), f"not strictly increasing: {tokens}"
+
+
+async def test_a_replica_copy_older_than_a_second_gives_no_lost_token_again(make_redis_manager,
+                                                                         redis_client,
+                                                                         key_prefix):
+    manager = make_redis_manager()
+    lost = await manager.acquire("alice")  # its token's write is lost with the failover below
+    # What a replica promoted more than a second after it copied the tag's last token holds.
+    copy = server_clock_us(redis_client) - SLACK_US - 1
+    redis_client.set(f"{{{key_prefix}}}:holders:fencing", copy, px=3_600_000)
+    after = await manager.acquire("bob")
+    assert after.fencing_token > lost.fencing_token > copy
 
 
 async def test_the_embedded_store_orders_the_leases_of_every_tag():

@@ -63,19 +63,23 @@
 local USED = {}
 
 -- A grant's fencing token: above every token given before in the tag, so every two leases that
--- share a pool (their keys share the tag) are ordered. It is the server's TIME in µs, or the
--- tag's last token plus 1 when that is not above it (<holders>:fencing, read once per call and
--- written at its end). The key may expire (an hour after the last grant) or be lost in a
--- failover or a restart: tokens go on from the clock, above every token given before unless the
--- server's clock reads earlier than it did then (a step back, or a promoted replica whose clock
--- runs behind), so no counter has to live forever.
+-- share a pool (their keys share the tag) are ordered. One INCR of <holders>:fencing per grant;
+-- when that is missing (gone an hour after it was last set, lost in a restart) or more than
+-- FENCING_SLACK_US behind the server's TIME in µs, the token is that time instead, set in its
+-- place. So tokens only grow while the key lives; never run ahead of the clock (a grant takes
+-- far more than a µs); and a key made again, or a promoted replica's copy older than the slack,
+-- goes on from the clock: above every token given before unless that clock reads earlier than
+-- the old server's did. The set comes about once a second in a busy tag: an INCR per grant is
+-- all the rest costs (a GET and a SET per call cost Redis three times as much).
+local FENCING_SLACK_US = 1000000
 local function fencing_token()
-  local last = batch.fenced
-  if not last then
-    last = tonumber(call('GET', holders .. ':fencing')) or 0
+  local key = holders .. ':fencing'
+  local token = call('INCR', key)
+  if token < now_us - FENCING_SLACK_US then
+    token = now_us
+    call('SET', key, integer(token), 'PX', IDLE_MS_TEXT)
   end
-  batch.fenced = math.max(now_us, last + 1)
-  return batch.fenced
+  return token
 end
 
 -- A client that resent this call after a dropped connection must not be refused its own slot,
@@ -243,18 +247,14 @@ end
 
 --[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
--- the clock, the reaper, the holder's count of members (and sum of ids) and the last fencing
--- token are seen to once.
-batch = {holder_was_alive = nil, fenced = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
+-- the clock, the reaper and the holder's count of members (and sum of ids) are seen to once.
+batch = {holder_was_alive = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
 read_clock()
 steady_clock(holders, ttl)
 reap(holders)
 local replies = decide_each(KEYS, ARGV, decide_request)
 count_members(holders, holder, batch.granted_members, batch.granted_ids)
-if batch.fenced then
-  call('SET', holders .. ':fencing', integer(batch.fenced), 'PX', IDLE_MS_TEXT)
-end
 if batch.holder_was_alive == false then
   refresh(holders, holder) -- its keys may be new
 end

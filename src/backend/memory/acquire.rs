@@ -45,9 +45,10 @@ fn line_full(
     }
 }
 
-/// The next fencing token of the store: as `acquire.lua` makes them, this machine's clock in µs,
-/// or the last token plus 1 when that is not above it. One for the whole store, not one per
-/// tag: it orders every two of its leases all the same, and keeps no entry per tag.
+/// The next fencing token of the store: this machine's clock in µs, or the last token plus 1
+/// when that is not above it (numbers like those of `acquire.lua`, which adds 1 per grant and
+/// takes the clock when it lags). One for the whole store, not one per tag: it orders every two
+/// of its leases all the same, and keeps no entry per tag.
 fn next_fencing_token(last: &mut u64) -> u64 {
     let clock_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -391,7 +391,10 @@ mod tests {
                 .collect()
         };
         let waiting = Some((line(), "w1".to_owned()));
-        assert_eq!(names(undo(None).invocations(&[GRANTED, 1, 7, 1, 4], 7)), ["release"]);
+        assert_eq!(
+            names(undo(None).invocations(&[GRANTED, 1, 7, 1, 4], 7)),
+            ["release"]
+        );
         assert_eq!(
             names(undo(waiting.clone()).invocations(&[WAIT, 12, 0, 3], 7)),
             ["leave"]
