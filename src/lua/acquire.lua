@@ -47,7 +47,8 @@
 -- bucket, epoch} (alive: 1 if the holder's entry was live when the lease was added, so the
 -- holder's other leases in the tag lived on; token: the grant's fencing token, see
 -- fencing_token; used: slots in use after the grant; then each rate policy's answer, as hit.lua
--- gives it; a retried call that finds the lease already granted answers with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
+-- gives it; a retried call that finds the lease already granted answers
+-- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
 -- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
