@@ -87,9 +87,10 @@ async def granted_when_reachable(manager, user_id: str) -> Lease:
 
 async def test_fencing_tokens_grow_past_a_restart_that_lost_every_write(own_redis,
                                                                         make_own_redis_manager):
-    # Renewed often enough to take the held lease back soon after the restart.
+    # Renewed often enough to take the held lease back soon after the restart, and long enough
+    # to outlive a slow restart on a loaded machine.
     manager = make_own_redis_manager(
-        max_global=2, redis_timeout=0.5, lease_seconds=6, renew_every=0.5
+        max_global=2, redis_timeout=0.5, lease_seconds=12, renew_every=1.0
     )
     held = await manager.acquire("alice")
     token_held = held.fencing_token
