@@ -306,12 +306,15 @@ def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(re
         return (lease, 1, [(pool, 1) for pool in pools])
 
     replies = decide([request("first", pool), request("broken", wrong), request("second", pool)])
-    assert replies[0] == [1, 0, 1], "granted; the holder was new"
+    granted, token = replies[0][:2] + replies[0][3:], replies[0][2]
+    assert granted == [1, 0, 1], "granted; the holder was new"
     assert replies[1][0] == 6 and b"WRONGTYPE" in replies[1][1], "its own error, alone"
     assert replies[2] == [0, 1, 1, 30_000], "refused: the first took the only slot"
     assert redis_client.zrange(pool, 0, -1) == [b"first"]
     assert redis_client.hget(f"{tag}:777:members", "n") == b"1", "counted once for the batch"
-    redis_client.delete(pool, wrong, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
+    assert redis_client.get(f"{tag}:fencing") == str(token).encode(), "the tag's last token"
+    redis_client.delete(pool, wrong, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock",
+                        f"{tag}:fencing")
 
 
 def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):
@@ -321,10 +324,14 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     tag, pool = holders(key_prefix), global_pool(key_prefix)
     acquire = one_acquire(redis_client)
     pools = [(pool, 1)]  # of capacity 1
-    assert acquire("lease-1", 1, pools) == [1, 0, 1]  # granted; the holder was new
-    assert acquire("lease-1", 1, pools) == [1, 1, 1], "granted again, not refused its own slot"
+    (code, alive, token, used) = acquire("lease-1", 1, pools)
+    assert (code, alive, used) == (1, 0, 1)  # granted; the holder was new
+    (code, alive, again, used) = acquire("lease-1", 1, pools)
+    assert (code, alive, used) == (1, 1, 1), "granted again, not refused its own slot"
+    assert again > token, "with a token of its own: the first reply never arrived"
     assert acquire("lease-2", 1, pools)[0] == 0, "others are refused"
-    redis_client.delete(pool, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
+    redis_client.delete(pool, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock",
+                        f"{tag}:fencing")
 
 
 def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):
@@ -355,7 +362,7 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
     assert prune(keys=[tag], args=[777, "released", 2]) == 0
     assert redis_client.zcard(pool) == 2 and redis_client.hget(members, "n") == b"2"
     assert strays(keys=[tag], args=[777, 1000, "held", "granted-meanwhile"]) == []
-    redis_client.delete(pool, tag, f"{tag}:777", members, f"{tag}:clock")
+    redis_client.delete(pool, tag, f"{tag}:777", members, f"{tag}:clock", f"{tag}:fencing")
 
 
 # The leases of the failover tests outlive a slow restore: stopping the server, writing the

@@ -94,6 +94,14 @@ class Lease:
         return self._handle.weight
 
     @property
+    def fencing_token(self) -> int:
+        """A number larger than every token given before to a lease that shares a pool with this
+        one, in every worker: send it with each write to a downstream, which remembers the
+        largest it saw and refuses a smaller one (a holder whose lease was lost, and then given
+        to another). See the guide, "Fencing tokens", for what a failover does to it."""
+        return self._handle.fencing_token
+
+    @property
     def lost(self) -> bool:
         """True once renewal found the lease gone from the store (expired during an outage,
         evicted)."""

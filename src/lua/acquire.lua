@@ -44,10 +44,11 @@
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
 -- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
 -- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
--- Returns {GRANTED, alive, used_1, ..., used_n, then per rate policy used, reset_ms, bucket, epoch,
--- over} (alive: 1 if the holder's entry was live when the lease was added, so the holder's other
--- leases in the tag lived on; used: slots in use after the grant; then each rate policy's
--- answer, as hit.lua gives it; a retried call that finds the lease already granted answers
+-- Returns {GRANTED, alive, token, used_1, ..., used_n, then per rate policy used, reset_ms,
+-- bucket, epoch, over} (alive: 1 if the holder's entry was live when the lease was added, so
+-- the holder's other leases in the tag lived on; token: the grant's fencing token, see
+-- fencing_token; used: slots in use after the grant; then each rate policy's answer, as hit.lua
+-- gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch, over} when rate policy i refuses;
 -- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
@@ -63,15 +64,36 @@
 -- a batched cycle's instructions.
 local USED = {}
 
+-- A grant's fencing token: above every token given before in the tag, so every two leases that
+-- share a pool (their keys share the tag) are ordered. One INCR of <holders>:fencing per grant;
+-- when that is missing (gone an hour after it was last set, lost in a restart) or more than
+-- FENCING_SLACK_US behind the server's TIME in µs, the token is that time instead, set in its
+-- place. So tokens only grow while the key lives; never run ahead of the clock (a grant takes
+-- far more than a µs); and a key made again, or a promoted replica's copy older than the slack,
+-- goes on from the clock: above every token given before unless that clock reads earlier than
+-- the old server's did. The set comes about once a second in a busy tag: an INCR per grant is
+-- all the rest costs (a GET and a SET per call cost Redis three times as much).
+local FENCING_SLACK_US = 1000000
+local function fencing_token()
+  local key = holders .. ':fencing'
+  local token = call('INCR', key)
+  if token < now_us - FENCING_SLACK_US then
+    token = now_us
+    call('SET', key, integer(token), 'PX', IDLE_MS_TEXT)
+  end
+  return token
+end
+
 -- A client that resent this call after a dropped connection must not be refused its own slot,
 -- nor sent back in line: checked before any answer but a grant.
 local function already_granted()
   if not call('ZSCORE', keys[kb + 1], id) then
     return nil
   end
-  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0}
+  -- A new token: the first reply, with the first one, was lost on the way.
+  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0, fencing_token()}
   for i = 1, pools do
-    granted[i + 2] = call('ZCARD', keys[kb + i])
+    granted[i + 3] = call('ZCARD', keys[kb + i])
   end
   answer_rates(granted, (request_rates(0)), false)
   return granted
@@ -139,13 +161,13 @@ local function grant(used, rates)
   if first then
     batch.holder_was_alive = hold(holders, holder, ttl)
   end
-  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0}
+  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0, fencing_token()}
   for i = 1, pools do
     local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
     batch.used[pool] = used[i] + weight
     add_members(pool, holders, holder, id, weight, used[i] == 0, batch.indexed)
-    granted[i + 2] = used[i] + weight
+    granted[i + 3] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
   batch.granted_ids = batch.granted_ids + weight * pools * id_value(id)

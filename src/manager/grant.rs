@@ -23,6 +23,7 @@ pub struct Granted {
     deadline_ms: u64,
     /// Whether the holder's other leases in the tag lived on through this grant.
     holder_was_alive: bool,
+    fencing_token: u64,
     /// Each rate policy's decision, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about, after the grant.
@@ -45,6 +46,11 @@ pub struct PoolUsage {
 }
 
 impl Granted {
+    /// The grant's fencing token: above every token given before in the lease's tag.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
     /// What each rate policy said, the start counted (empty without rate limits).
     pub fn rate_decisions(&self) -> &[Decision] {
         &self.rates
@@ -116,6 +122,7 @@ impl Manager {
         let refusal = match outcome {
             AcquireOutcome::Granted {
                 holder_was_alive,
+                fencing_token,
                 rates,
                 used,
                 sent_at_ms,
@@ -132,6 +139,7 @@ impl Manager {
                     record: Some(record),
                     deadline_ms: sent_at_ms + self.config.lease_ms(),
                     holder_was_alive,
+                    fencing_token,
                     rates,
                     leases: Arc::clone(&self.leases),
                     budgets: Arc::clone(&self.budgets),

@@ -16,6 +16,7 @@ use crate::renewal::{HeldLease, Releasing};
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
 pub struct LeaseHandle {
     held: HeldLease,
+    fencing_token: u64,
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
@@ -27,12 +28,14 @@ pub struct LeaseHandle {
 impl LeaseHandle {
     pub fn new(
         held: HeldLease,
+        fencing_token: u64,
         rates: Vec<Decision>,
         usage: Vec<PoolUsage>,
         meter: Option<Arc<Meter>>,
     ) -> Self {
         LeaseHandle {
             held,
+            fencing_token,
             rates,
             meter,
             usage,
@@ -62,6 +65,13 @@ impl LeaseHandle {
     #[getter]
     fn weight(&self) -> u32 {
         self.held.record().weight
+    }
+
+    /// The grant's fencing token: larger than every token given before to a lease that shares
+    /// a pool with this one.
+    #[getter]
+    fn fencing_token(&self) -> u64 {
+        self.fencing_token
     }
 
     /// What each rate policy of the acquire said (`RateDecision`s), the start counted.

@@ -116,7 +116,8 @@ impl Manager {
                 let rates = granted.rate_decisions().to_vec();
                 let usage = granted.usage().to_vec();
                 let meter = granted.meter().cloned();
-                let lease = Py::new(py, LeaseHandle::new(handle, rates, usage, meter))?;
+                let fencing_token = granted.fencing_token();
+                let lease = Py::new(py, LeaseHandle::new(handle, fencing_token, rates, usage, meter))?;
                 granted.delivered();
                 Ok(lease.into_any())
             })

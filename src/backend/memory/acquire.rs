@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::{MemoryBackend, State};
 use crate::backend::{AcquireOutcome, InLine};
@@ -45,6 +45,18 @@ fn line_full(
     }
 }
 
+/// The next fencing token of the store: this machine's clock in µs, or the last token plus 1
+/// when that is not above it (numbers like those of `acquire.lua`, which adds 1 per grant and
+/// takes the clock when it lags). One for the whole store, not one per tag: it orders every two
+/// of its leases all the same, and keeps no entry per tag.
+fn next_fencing_token(last: &mut u64) -> u64 {
+    let clock_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
+    *last = clock_us.max(*last + 1);
+    *last
+}
+
 /// The ms left of a ban on the user of `lease` (the pool of its own quota), if any.
 fn ban_left(bans: &HashMap<String, Instant>, lease: &LeaseRecord) -> Option<u64> {
     let own = lease.pools.first().filter(|_| lease.own_pools > 0)?;
@@ -68,6 +80,7 @@ impl MemoryBackend {
             pools: store,
             line,
             bans,
+            fenced,
         } = &mut *state;
         let waiter = in_line.and_then(|l| l.waiter);
         if let Some((i, waiting, estimate_ms)) = waiter.and_then(|w| line.given_up(w, &lease.pools)) {
@@ -168,6 +181,7 @@ impl MemoryBackend {
         AcquireOutcome::Granted {
             used: used.iter().map(|used| used + weight).collect(),
             holder_was_alive: true, // nothing here expires
+            fencing_token: next_fencing_token(fenced),
             rates: counters
                 .hit(&rates.keys, &rates.policies, &rates.costs, true)
                 .decisions,
@@ -233,6 +247,17 @@ mod tests {
             AcquireOutcome::Rejected(_)
         ));
         assert!(!store.state().pools.contains_key("u2"));
+    }
+
+    #[test]
+    fn fencing_tokens_grow_even_where_the_clock_does_not() {
+        let ahead_of_the_clock = u64::MAX / 2;
+        let mut last = ahead_of_the_clock;
+        assert_eq!(next_fencing_token(&mut last), ahead_of_the_clock + 1);
+        let mut last = 0;
+        let first = next_fencing_token(&mut last);
+        assert!(first > 1_600_000_000_000_000, "the clock in µs: {first}");
+        assert!(next_fencing_token(&mut last) > first);
     }
 
     #[test]

@@ -35,6 +35,8 @@ struct State {
     line: MemoryLines,
     /// Users' own pools whose new streams are banned, until when.
     bans: HashMap<String, Instant>,
+    /// The last grant's fencing token (see `next_fencing_token` in `acquire.rs`).
+    fenced: u64,
 }
 
 #[derive(Default)]

@@ -119,10 +119,13 @@ pub fn decode_acquire(
     let pools = &lease.pools;
     let n = pools.len();
     match reply {
-        [GRANTED, alive @ (0 | 1), rest @ ..] if rest.len() == n + RATE_ANSWER_LEN * policies.len() => {
+        [GRANTED, alive @ (0 | 1), fencing_token, rest @ ..]
+            if rest.len() == n + RATE_ANSWER_LEN * policies.len() =>
+        {
             Ok(AcquireOutcome::Granted {
                 used: rest[..n].to_vec(),
                 holder_was_alive: *alive == 1,
+                fencing_token: *fencing_token,
                 rates: decisions(policies, &rest[n..]),
                 sent_at_ms,
             })
@@ -184,7 +187,7 @@ impl Undo for AcquireUndo {
     fn invocations(self: Box<Self>, reply: &[u64], holder: u64) -> Vec<Invocation> {
         match (reply.first(), &self.waiter) {
             (Some(&GRANTED), _) => {
-                let taken = reply.get(2 + self.lease.pools.len()..).unwrap_or_default();
+                let taken = reply.get(3 + self.lease.pools.len()..).unwrap_or_default();
                 let decisions = decisions(&self.rates.policies, taken);
                 let refunds = self.rates.refunds(&decisions, 0..decisions.len());
                 let untaken = Settlement::untaken(self.lease.id.as_str(), refunds);
@@ -309,13 +312,17 @@ mod tests {
         let Ok(AcquireOutcome::Granted {
             used,
             holder_was_alive,
+            fencing_token,
             rates: decisions,
             sent_at_ms,
-        }) = decode(&[GRANTED, 1, 1, 4, 2, 500, 3, 1, 0])
+        }) = decode(&[GRANTED, 1, 1_700_000_000_000_001, 1, 4, 2, 500, 3, 1, 0])
         else {
             panic!("granted")
         };
-        assert_eq!((used, holder_was_alive, sent_at_ms), (vec![1, 4], true, 9));
+        assert_eq!(
+            (used, holder_was_alive, fencing_token, sent_at_ms),
+            (vec![1, 4], true, 1_700_000_000_000_001, 9)
+        );
         assert_eq!(decisions[0].remaining, 3);
         let Ok(AcquireOutcome::RateLimited(limited)) = decode(&[RATE_LIMITED, 1, 800, 5, 800, 0, 0, 1])
         else {
@@ -354,8 +361,9 @@ mod tests {
         for reply in [
             &[][..],
             &[GRANTED, 1, 1, 4],
-            &[GRANTED, 2, 1, 4, 2, 500, 3, 1, 0],
-            &[GRANTED, 1, 1, 4, 2, 500, 3, 1],
+            &[GRANTED, 1, 1, 4, 2, 500, 3, 1, 0],
+            &[GRANTED, 1, 7, 1, 4, 2, 500, 3, 1],
+            &[GRANTED, 2, 7, 1, 4, 2, 500, 3, 1, 0],
             &[RATE_LIMITED, 2, 800, 5, 800, 0, 0, 1],
             &[WAIT, 12, 0],
             &[REFUSED, 3, 2, 30_000],
@@ -389,7 +397,10 @@ mod tests {
                 .collect()
         };
         let waiting = Some((line(), "w1".to_owned()));
-        assert_eq!(names(undo(None).invocations(&[GRANTED, 1, 1, 4], 7)), ["release"]);
+        assert_eq!(
+            names(undo(None).invocations(&[GRANTED, 1, 7, 1, 4], 7)),
+            ["release"]
+        );
         assert_eq!(
             names(undo(waiting.clone()).invocations(&[WAIT, 12, 0, 3], 7)),
             ["leave"]

@@ -10,8 +10,9 @@
 -- globals on every command, it cost two table lookups each time.
 local call
 -- The server's time in ms, read by `read_clock()` (clock.lua) in the scripts that need it (not
--- in release or leave, which run for every stream), as a number and as text.
-local now, now_text
+-- in release or leave, which run for every stream), as a number and as text; and in µs (exact
+-- in a Lua number until the year 2255).
+local now, now_text, now_us
 -- Members of dead holders removed per call at most, by the reaper and the walks together
 -- (reaping.lua), so one call never blocks Redis for long however many members a holder left;
 -- the rest goes on the next calls.
@@ -19,7 +20,7 @@ local REAP_BUDGET = 1000
 local reap_left = REAP_BUDGET
 local function begin_call()
   call = redis.call
-  now, now_text = nil, nil
+  now, now_text, now_us = nil, nil, nil
   reap_left = REAP_BUDGET
 end
 

@@ -1,11 +1,13 @@
 -- Prelude: the server's clock, and the idle expiry of every key.
 
--- Reads the server's time into `now` and `now_text` (calls.lua).
+-- Reads the server's time into `now`, `now_text` and `now_us` (calls.lua).
 local function read_clock()
   local t = call('TIME')
-  local ms = math.floor(tonumber(t[2]) / 1000)
-  now = tonumber(t[1]) * 1000 + ms
+  local seconds, micros = tonumber(t[1]), tonumber(t[2])
+  local ms = math.floor(micros / 1000)
+  now = seconds * 1000 + ms
   now_text = t[1] .. string.format('%03d', ms)
+  now_us = seconds * 1000000 + micros
 end
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
 -- and live holders refresh theirs (acquires, keepalives).

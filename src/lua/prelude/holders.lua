@@ -38,12 +38,13 @@ local function members_key(holders, holder)
   return holders .. ':' .. holder .. ':members'
 end
 
--- A holder with no pool left in a tag leaves it (the last one takes the tag's clock along).
+-- A holder with no pool left in a tag leaves it (the last one takes the tag's clock and last
+-- fencing token along: the next grant's token comes from the clock, see acquire.lua).
 local function leave_tag(holders, holder)
   call('ZREM', holders, holder)
   call('DEL', members_key(holders, holder))
   if call('EXISTS', holders) == 0 then
-    call('DEL', holders .. ':clock')
+    call('DEL', holders .. ':clock', holders .. ':fencing')
   end
 end
 
