@@ -130,13 +130,16 @@ impl LeaseRecord {
         keys::hash_tag(&self.holders)
     }
 
-    /// Held -> lost; false if it was released (or already lost) meanwhile.
-    pub fn mark_lost(&self) -> bool {
+    /// Held -> lost; false if it was released (or already lost) meanwhile. `counted` runs once
+    /// it is lost and before anyone waiting for that hears it, so a stream that ends by its loss
+    /// finds it in the manager's counts.
+    pub fn mark_lost(&self, counted: impl FnOnce()) -> bool {
         let lost = self
             .state
             .compare_exchange(0, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if lost {
+            counted();
             self.tell_lost();
         }
         lost
