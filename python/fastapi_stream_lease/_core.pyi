@@ -2,7 +2,7 @@
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, final
+from typing import Any, Literal, final
 
 from .rates import RateDecision
 
@@ -225,7 +225,7 @@ class RateLimit:
         cls,
         name: str,
         limit: int,
-        per: float,
+        per: float | Literal["day", "week", "month"],
         algorithm: str | None = None,
         unit: str | None = None,
         *,
@@ -237,6 +237,8 @@ class RateLimit:
     def limit(self) -> int: ...
     @property
     def per(self) -> float: ...
+    @property
+    def calendar(self) -> str | None: ...
     @property
     def algorithm(self) -> str: ...
     @property
