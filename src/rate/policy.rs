@@ -50,11 +50,6 @@ impl Algorithm {
             Algorithm::Calendar(period) => period.code(),
         }
     }
-
-    /// A fixed window's kind: its counter counts until the window's end, its reset.
-    pub fn is_fixed(self) -> bool {
-        !matches!(self, Algorithm::SlidingWindow)
-    }
 }
 
 /// What a policy counts: requests (hits, stream starts), or an LLM's tokens (a budget, see
@@ -319,7 +314,6 @@ pub(super) mod tests {
         }
         let calendars = [Period::Day, Period::Week, Period::Month].map(Algorithm::Calendar);
         for calendar in calendars {
-            assert!(calendar.is_fixed());
             assert_eq!(calendar.name(), "fixed_window");
         }
         let units = [

@@ -358,9 +358,11 @@ mod tests {
     /// minute before midnight is reset a minute later, in a new window.
     #[test]
     fn a_calendar_day_ends_at_midnight_utc_not_a_day_after_its_first_hit() {
-        let mut counters = RateCounters::default();
-        // 2026-12-02 23:59 UTC at the counters' start.
-        counters.unix_ms_at_epoch = 1_796_255_940_000;
+        let mut counters = RateCounters {
+            // 2026-12-02 23:59 UTC at the counters' start.
+            unix_ms_at_epoch: 1_796_255_940_000,
+            ..RateCounters::default()
+        };
         let day = RatePolicy::calendar("day", 2, crate::rate::Period::Day, Unit::Requests).unwrap();
         let keys = ["k".to_owned()];
         let policies = std::slice::from_ref(&day);
