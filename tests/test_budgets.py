@@ -24,7 +24,7 @@ from fastapi_stream_lease import (
 from fastapi_stream_lease.lease import USAGE_CEILING
 
 from support.apps import app_command
-from support.calendar import DAY, boundaries, clock_ms
+from support.calendar import COUNTDOWN_SLACK_MS, DAY, boundaries, clock_ms
 from support.waiting import eventually
 
 TPM = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
@@ -76,7 +76,8 @@ async def test_a_calendar_day_budget_counts_to_midnight_utc_and_gives_back_the_u
     assert len(streamed) == 40
     usage = (await manager.usage("alice", per_day))["tokens_per_utc_day"]
     assert usage.used == 300 + 40 * CHUNK
-    assert midnight - clock_ms(backend_url) <= round(usage.reset * 1000) <= midnight - before
+    countdown = round(usage.reset * 1000)
+    assert midnight - clock_ms(backend_url) - COUNTDOWN_SLACK_MS <= countdown <= midnight - before
 
 
 async def test_a_stream_beyond_its_reservation_is_topped_up_ahead_of_need(make_manager):

@@ -9,6 +9,9 @@ from datetime import datetime, timedelta, timezone
 import redis as redis_py
 
 DAY, WEEK, MONTH = 0, 1, 2
+#: A window's reset read later in its life: the embedded store counts it down on its monotonic
+#: clock in whole ms from the wall-clock time it started, so it may read 1 ms short.
+COUNTDOWN_SLACK_MS = 1
 
 
 def clock_ms(backend_url: str) -> int:
