@@ -496,7 +496,7 @@ def test_the_scripts_calendar_ends_days_weeks_and_months_where_pythons_calendar_
 
 
 def test_a_calendar_window_is_a_policy_of_its_own():
-    """A calendar day and a fixed 86,400 s window are two policies (two counters)."""
+    """A calendar day and a fixed 86,400 s window are different policies."""
     fixed_day = RateLimit("chat_daily", 3, per=86_400, algorithm="fixed_window")
     assert DAILY != fixed_day and fixed_day.calendar is None
     assert DAILY == RateLimit("chat_daily", 3, per="day", algorithm="fixed_window")

@@ -219,7 +219,10 @@ class ProxyRule:
 
 @final
 class RateLimit:
-    """At most ``limit`` hits per ``per`` seconds for each identity, across every worker."""
+    """At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
+
+    ``per="day"``, ``"week"`` or ``"month"`` makes a calendar window: a fixed window that ends at
+    the next UTC midnight, Monday 00:00 or 1st of the month 00:00 (``calendar`` names it)."""
 
     def __new__(
         cls,
