@@ -84,19 +84,19 @@ impl fmt::Display for CoreError {
                 match outcome.decisions.get(index) {
                     Some(d) if d.policy.unit != Unit::Requests => write!(
                         f,
-                        "token budget {:?} cannot cover the stream's reservation ({} of {} tokens per {} s left); retry in {} s",
+                        "token budget {:?} cannot cover the stream's reservation ({} of {} tokens per {} left); retry in {} s",
                         &*d.policy.name,
                         d.remaining,
                         d.policy.limit,
-                        d.policy.window_ms as f64 / 1000.0,
+                        d.policy.per_text(),
                         retry_after_seconds(retry_ms)
                     ),
                     Some(d) => write!(
                         f,
-                        "rate limit {:?} reached ({} per {} s); retry in {} s",
+                        "rate limit {:?} reached ({} per {}); retry in {} s",
                         &*d.policy.name,
                         d.policy.limit,
-                        d.policy.window_ms as f64 / 1000.0,
+                        d.policy.per_text(),
                         retry_after_seconds(retry_ms)
                     ),
                     None => f.write_str("rate limit reached"),

@@ -24,6 +24,7 @@ from fastapi_stream_lease import (
 from fastapi_stream_lease.lease import USAGE_CEILING
 
 from support.apps import app_command
+from support.calendar import COUNTDOWN_SLACK_MS, DAY, boundaries, clock_ms
 from support.waiting import eventually
 
 TPM = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
@@ -53,6 +54,30 @@ async def test_a_reservation_counts_at_once_and_the_rest_comes_back_at_release(m
     # Charged the prompt as estimated and the answer as counted; the unused 500 came back.
     assert usage["tokens_per_minute"].used == usage["tokens_per_day"].used == 300 + 40 * CHUNK
     assert manager.stats()["budget_streams"] == 0
+
+
+async def test_a_calendar_day_budget_counts_to_midnight_utc_and_gives_back_the_unused_rest(
+    make_manager, backend_url
+):
+    """A budget per UTC day takes a reservation into the day ending at the next midnight, and
+    the unused rest comes back to that day's counter at release (a bucket named by another end
+    would find nothing to give back to)."""
+    manager = make_manager()
+    per_day = RateLimit("tokens_per_utc_day", 100_000, per="day", unit="tokens")
+    before = clock_ms(backend_url)
+    lease = await manager.acquire("alice", budgets=[per_day], reserve=(300, 700))
+    midnight = boundaries(clock_ms(backend_url))[DAY]
+    if boundaries(before)[DAY] != midnight:
+        pytest.skip("the admission straddled midnight UTC")
+    (day,) = lease.rate_decisions
+    assert day.used == 1000
+    assert round(day.reset * 1000) <= midnight - before
+    streamed = [item async for item in lease.wrap(chunks(40), tokens=lambda _: CHUNK)]
+    assert len(streamed) == 40
+    usage = (await manager.usage("alice", per_day))["tokens_per_utc_day"]
+    assert usage.used == 300 + 40 * CHUNK
+    countdown = round(usage.reset * 1000)
+    assert midnight - clock_ms(backend_url) - COUNTDOWN_SLACK_MS <= countdown <= midnight - before
 
 
 async def test_a_stream_beyond_its_reservation_is_topped_up_ahead_of_need(make_manager):

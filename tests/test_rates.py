@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -16,9 +18,12 @@ from fastapi_stream_lease import (
     RateLimited,
     Resource,
     StreamLeaseRejected,
+    _core,
+    rate_limit_headers,
 )
 
 from support.apps import app_command
+from support.calendar import COUNTDOWN_SLACK_MS, DAY, MONTH, WEEK, boundaries, clock_ms
 from support.waiting import eventually
 
 PER_MINUTE = RateLimit("chat_per_minute", 5, per=60)
@@ -213,7 +218,20 @@ async def test_a_paused_redis_answers_within_the_timeout_under_each_mode(
         (("a", 5), {"per": 0}, ValueError, "per=0 s is out of range"),
         (("a", 5), {"per": float("nan")}, ValueError, "per must be finite"),
         (("a", 5), {"per": 400 * 86_400}, ValueError, "one year"),
-        (("a", 5), {"per": "60"}, TypeError, "per must be a number"),
+        (("a", 5), {"per": [60]}, TypeError, "per must be a number"),
+        (
+            ("a", 5),
+            {"per": "fortnight"},
+            ValueError,
+            re.escape('per="fortnight" is not a calendar period: use "day", "week" or "month"'),
+        ),
+        (("a", 5), {"per": "60"}, ValueError, "or a number of seconds"),
+        (
+            ("a", 5),
+            {"per": "day", "algorithm": "sliding_window"},
+            ValueError,
+            "a calendar window, a fixed window: leave algorithm out",
+        ),
         (("a", 5), {"per": 60, "algorithm": "leaky"}, ValueError, "unknown algorithm"),
         (("a b", 5), {"per": 60}, ValueError, "name 'a b' is not valid|\"a b\" is not valid"),
         ((7, 5), {"per": 60}, TypeError, "name must be a str"),
@@ -390,3 +408,97 @@ async def test_a_login_counts_per_ip_and_per_user_and_ip_in_one_step(make_manage
     assert refused.value.policy == "login_ip_per_minute"
     with pytest.raises(ValueError, match="user_id is empty"):
         await manager.hit("198.51.100.7", per_ip, (per_user_ip, ""))
+
+
+DAILY = RateLimit("chat_daily", 3, per="day")
+
+
+async def test_a_calendar_day_resets_at_midnight_utc_not_a_day_after_its_first_hit(
+        make_manager, backend_url):
+    """A day window's counter ends at the next midnight UTC: its reset, the headers' ``t`` and
+    ``usage()`` count down to that boundary, whenever the first hit came."""
+    manager = make_manager()
+    before = clock_ms(backend_url)
+    (decision,) = await manager.hit("alice", DAILY)
+    after = clock_ms(backend_url)
+    midnight = boundaries(after)[DAY]
+    if boundaries(before)[DAY] != midnight:
+        pytest.skip("the hit straddled midnight UTC")
+    # The reply's reset is whole ms to the boundary, from a time between the two readings.
+    assert midnight - after <= round(decision.reset * 1000) <= midnight - before
+    assert (decision.limit, decision.remaining, DAILY.calendar) == (3, 2, "day")
+    usage = (await manager.usage("alice", DAILY))["chat_daily"]
+    assert usage.used == 1
+    countdown = round(usage.reset * 1000)
+    assert midnight - clock_ms(backend_url) - COUNTDOWN_SLACK_MS <= countdown <= midnight - before
+    headers = rate_limit_headers([decision])
+    assert headers["RateLimit-Policy"] == '"chat_daily";q=3;w=86400'
+    assert headers["RateLimit"] == f'"chat_daily";r=2;t={math.ceil(decision.reset)}'
+    await manager.hit("alice", DAILY, cost=2)
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", DAILY)
+    assert "(3 per UTC day)" in str(refused.value)
+    assert refused.value.retry_after <= math.ceil((midnight - before) / 1000)
+
+
+@pytest.mark.parametrize(("period", "which"), [("week", WEEK), ("month", MONTH)])
+async def test_a_calendar_weeks_and_months_reset_is_at_the_boundary_on_the_stores_clock(
+        make_manager, backend_url, period, which):
+    limit = RateLimit(f"per_{period}", 10, per=period)
+    manager = make_manager()
+    before = clock_ms(backend_url)
+    (decision,) = await manager.hit("alice", limit)
+    after = clock_ms(backend_url)
+    end = boundaries(after)[which]
+    if boundaries(before)[which] != end:
+        pytest.skip(f"the hit straddled a {period}'s end")
+    assert end - after <= round(decision.reset * 1000) <= end - before
+    assert repr(limit) == f"RateLimit('per_{period}', 10, per='{period}', algorithm='fixed_window')"
+
+
+def calendar_boundaries_in_lua(redis_client, times_ms: list[int]) -> list[list[int]]:
+    """The next day, week and month boundaries after each time, as the scripts compute them
+    (the calendar arithmetic of the core's prelude, run on the server with ``now`` set)."""
+    source = _core._script_source("hit")
+    start = source.index("local DAY_MS")
+    arithmetic = source[start:source.index("-- One rate policy's counter", start)]
+    script = redis_client.register_script(
+        "local now\n" + arithmetic + """
+local ends = {}
+for i = 1, #ARGV do
+  now = tonumber(ARGV[i])
+  ends[i] = {now + fixed_span('d', 0), now + fixed_span('w', 0), now + fixed_span('m', 0)}
+end
+return ends"""
+    )
+    return script(keys=[], args=times_ms)
+
+
+def test_the_scripts_calendar_ends_days_weeks_and_months_where_pythons_calendar_does(
+        redis_client):
+    """The server-side calendar arithmetic (midnight UTC, ISO weeks from Monday, months of 28
+    to 31 days, leap years, December to January) matches Python's calendar at awkward times."""
+    utc = timezone.utc
+    moments = [
+        datetime(2026, 12, 31, 23, 59, 59, 999_000, tzinfo=utc),
+        datetime(2027, 1, 1, tzinfo=utc),
+        datetime(2028, 2, 28, 12, tzinfo=utc),
+        datetime(2028, 2, 29, 23, 59, tzinfo=utc),
+        datetime(2100, 2, 28, 23, tzinfo=utc),
+        datetime(2000, 2, 29, tzinfo=utc),
+        datetime(2026, 12, 6, 23, 59, tzinfo=utc),  # a Sunday
+        datetime(2026, 12, 7, tzinfo=utc),  # a Monday, at its start
+        datetime(1970, 1, 1, tzinfo=utc),
+    ]
+    moments += [datetime(2024, 1, 1, 7, 30, tzinfo=utc) + timedelta(days=13 * i) for i in range(60)]
+    times = [int(moment.timestamp() * 1000) for moment in moments]
+    assert calendar_boundaries_in_lua(redis_client, times) == [boundaries(t) for t in times]
+
+
+def test_a_calendar_window_is_a_policy_of_its_own():
+    """A calendar day and a fixed 86,400 s window are different policies."""
+    fixed_day = RateLimit("chat_daily", 3, per=86_400, algorithm="fixed_window")
+    assert DAILY != fixed_day and fixed_day.calendar is None
+    assert DAILY == RateLimit("chat_daily", 3, per="day", algorithm="fixed_window")
+    assert (DAILY.per, RateLimit("m", 1, per="month").per) == (86_400.0, 31 * 86_400.0)
+    assert repr(DAILY) == "RateLimit('chat_daily', 3, per='day', algorithm='fixed_window')"

@@ -2,7 +2,7 @@
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, final
+from typing import Any, Literal, final
 
 from .rates import RateDecision
 
@@ -221,13 +221,16 @@ class ProxyRule:
 
 @final
 class RateLimit:
-    """At most ``limit`` hits per ``per`` seconds for each identity, across every worker."""
+    """At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
+
+    ``per="day"``, ``"week"`` or ``"month"`` makes a calendar window: a fixed window that ends at
+    the next UTC midnight, Monday 00:00 or 1st of the month 00:00 (``calendar`` names it)."""
 
     def __new__(
         cls,
         name: str,
         limit: int,
-        per: float,
+        per: float | Literal["day", "week", "month"],
         algorithm: str | None = None,
         unit: str | None = None,
         *,
@@ -239,6 +242,8 @@ class RateLimit:
     def limit(self) -> int: ...
     @property
     def per(self) -> float: ...
+    @property
+    def calendar(self) -> str | None: ...
     @property
     def algorithm(self) -> str: ...
     @property

@@ -28,7 +28,7 @@ impl Charge {
         let (sent_at, answered_at) = call;
         let leaves_ms = match policy.algorithm {
             Algorithm::SlidingWindow => sent_at + counts_ms,
-            Algorithm::FixedWindow => answered_at + counts_ms,
+            Algorithm::FixedWindow | Algorithm::Calendar(_) => answered_at + counts_ms,
         };
         Charge {
             bucket,
@@ -98,7 +98,7 @@ impl Account {
         let leaves_ms = self.reserved[at].leaves_ms;
         match self.policy.algorithm {
             Algorithm::SlidingWindow => leaves_ms <= now_ms + ROLL_AHEAD_MS.min(self.policy.window_ms / 2),
-            Algorithm::FixedWindow => leaves_ms <= now_ms,
+            Algorithm::FixedWindow | Algorithm::Calendar(_) => leaves_ms <= now_ms,
         }
     }
 

@@ -4,7 +4,8 @@
 -- hit's KEYS and ARGV:
 -- KEYS[i]: the counter of policy i (same hash tag).
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
--- algorithm ('s' sliding window, 'f' fixed window), limit, window in ms, cost (units the hit
+-- algorithm ('s' sliding window, 'f' fixed window; 'd', 'w', 'm' a fixed window to the next
+-- UTC day, ISO week or month boundary), limit, window in ms, cost (units the hit
 -- takes from it), enforce ('1'; '0': a dry run, which never refuses and, when the hit is
 -- counted, takes its cost whatever its room).
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
@@ -12,7 +13,8 @@
 -- window counts in full, so no window of that length ever holds more than the limit (a hit may
 -- be refused up to one slice early).
 -- Fixed window (the article's): a string counter whose expiry ends the window, started by the
--- first hit; a counter found without expiry gets one (repaired), so no key is left forever.
+-- first hit (a calendar window's expiry is its next boundary, on the server's clock); a counter
+-- found without expiry gets one (repaired), so no key is left forever.
 -- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch, over}:
 -- refused is the 1-based index of the first enforced policy that refused (0: allowed), retry_ms
 -- when that policy has room for its cost again; used counts units in use after this hit (before it

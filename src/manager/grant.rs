@@ -190,7 +190,7 @@ impl Manager {
                         // window until its end, its reset.
                         let counts_ms = match policy.algorithm {
                             Algorithm::SlidingWindow => policy.window_ms,
-                            Algorithm::FixedWindow => *reset_ms,
+                            Algorithm::FixedWindow | Algorithm::Calendar(_) => *reset_ms,
                         };
                         vec![Charge::new(*bucket, check.costs[i], policy, counts_ms, call)]
                     }

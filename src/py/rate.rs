@@ -6,9 +6,14 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
-use crate::rate::{check_hit, Algorithm, Decision, RatePolicy, Unit, MAX_LIMIT};
+use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Unit, MAX_LIMIT};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
+///
+/// ``per="day"``, ``"week"`` or ``"month"`` makes a calendar window: a fixed window from one UTC
+/// boundary to the next (midnight; Monday at midnight, ISO weeks; the 1st at midnight), so
+/// ``reset`` is the time to that boundary. A number of seconds (``per=30 * 86400``) is a window
+/// of that length, whatever the date.
 ///
 /// ``name`` scopes the counter (``"chat_per_minute"``): two policies with different names never
 /// share one. ``algorithm="sliding_window"`` (the default) never lets any ``per``-second window
@@ -44,17 +49,27 @@ impl RateLimit {
         };
         let name = args::utf8("name", name)?;
         let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
-        let per = args::seconds("per", Some(per), 0.0)?;
-        let algorithm = match args::choice("algorithm", algorithm)? {
-            None => Algorithm::SlidingWindow,
-            Some(name) => Algorithm::parse(&name).map_err(args::invalid)?,
-        };
+        let algorithm = args::choice("algorithm", algorithm)?;
         let unit = match args::choice("unit", unit)? {
             None => Unit::Requests,
             Some(name) => Unit::parse(&name).map_err(args::invalid)?,
         };
-        let window_ms = (per.max(0.0) * 1000.0).round() as u64;
-        RatePolicy::new(&name, limit, window_ms, algorithm, unit)
+        let policy = match per.cast::<PyString>() {
+            Ok(period) => {
+                let period = args::utf8("per", period)?;
+                calendar_policy(&name, limit, &period, algorithm.as_deref(), unit)
+            }
+            Err(_) => {
+                let per = args::seconds("per", Some(per), 0.0)?;
+                let algorithm = match algorithm {
+                    None => Algorithm::SlidingWindow,
+                    Some(name) => Algorithm::parse(&name).map_err(args::invalid)?,
+                };
+                let window_ms = (per.max(0.0) * 1000.0).round() as u64;
+                RatePolicy::new(&name, limit, window_ms, algorithm, unit)
+            }
+        };
+        policy
             .and_then(|policy| policy.enforcing(enforce))
             .map(|policy| RateLimit { policy })
             .map_err(args::invalid)
@@ -70,10 +85,19 @@ impl RateLimit {
         self.policy.limit
     }
 
-    /// The window, in seconds.
+    /// The window, in seconds (a calendar window's longest: 31 days for a month).
     #[getter]
     fn per(&self) -> f64 {
         self.policy.window_ms as f64 / 1000.0
+    }
+
+    /// A calendar window's period (``"day"``, ``"week"``, ``"month"``, in UTC), else None.
+    #[getter]
+    fn calendar(&self) -> Option<&'static str> {
+        match self.policy.algorithm {
+            Algorithm::Calendar(period) => Some(period.name()),
+            _ => None,
+        }
     }
 
     #[getter]
@@ -104,14 +128,39 @@ impl RateLimit {
         } else {
             ", enforce=False"
         };
+        let per = match self.calendar() {
+            Some(period) => format!("'{period}'"),
+            None => format!("{:?}", self.per()),
+        };
         format!(
             // Names are plain ASCII (checked), so quoting them is enough.
-            "RateLimit('{}', {}, per={:?}, algorithm='{}'{unit}{enforce})",
+            "RateLimit('{}', {}, per={per}, algorithm='{}'{unit}{enforce})",
             &*self.policy.name,
             self.policy.limit,
-            self.per(),
             self.policy.algorithm.name()
         )
+    }
+}
+
+/// A calendar window's policy: `per` names the period; the algorithm, if given, is a fixed
+/// window (a calendar window is one).
+fn calendar_policy(
+    name: &str,
+    limit: u64,
+    per: &str,
+    algorithm: Option<&str>,
+    unit: Unit,
+) -> Result<RatePolicy, String> {
+    let Some(period) = Period::parse(per) else {
+        return Err(format!(
+            "rate limit {name:?}: per={per:?} is not a calendar period: use \"day\", \"week\" or \"month\" (UTC), or a number of seconds (per=30 * 86400 for 30 days)"
+        ));
+    };
+    match algorithm {
+        None | Some("fixed_window") => RatePolicy::calendar(name, limit, period, unit),
+        Some(other) => Err(format!(
+            "rate limit {name:?}: per={per:?} is a calendar window, a fixed window: leave algorithm out (or \"fixed_window\"), not {other:?}; for a sliding window give per in seconds"
+        )),
     }
 }
 

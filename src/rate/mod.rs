@@ -6,6 +6,7 @@
 //! stream's start is checked against in `start.rs`.
 
 mod adjustment;
+mod calendar;
 mod decision;
 mod policy;
 mod start;
@@ -13,6 +14,6 @@ mod start;
 pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{
-    check_costs, check_hit, Algorithm, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
+    check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
 pub use self::start::{local_shares, start_costs, Reservation};

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+pub use super::calendar::Period;
+
 /// Largest limit: counts stay exact as Lua numbers (doubles) far beyond it.
 pub const MAX_LIMIT: u64 = 1_000_000_000_000;
 /// Windows from 10 ms (ten 1 ms slices) to a leap year.
@@ -17,6 +19,8 @@ pub enum Algorithm {
     SlidingWindow,
     /// The article's counter: a window starts with its first hit and ends `per` seconds later.
     FixedWindow,
+    /// A fixed window from one UTC calendar boundary to the next (`calendar.rs`).
+    Calendar(Period),
 }
 
 impl Algorithm {
@@ -33,7 +37,8 @@ impl Algorithm {
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::FixedWindow => "fixed_window",
+            // A calendar window is a fixed window; its period is in `per`.
+            Algorithm::FixedWindow | Algorithm::Calendar(_) => "fixed_window",
         }
     }
 
@@ -42,6 +47,7 @@ impl Algorithm {
         match self {
             Algorithm::SlidingWindow => "s",
             Algorithm::FixedWindow => "f",
+            Algorithm::Calendar(period) => period.code(),
         }
     }
 }
@@ -133,6 +139,15 @@ impl RatePolicy {
                 MAX_WINDOW_MS / 1000
             ));
         }
+        if let Algorithm::Calendar(period) = algorithm {
+            if window_ms != period.longest_ms() {
+                return Err(format!(
+                    "rate limit {name:?}: a calendar window of a {} lasts up to {} ms, not {window_ms}",
+                    period.name(),
+                    period.longest_ms()
+                ));
+            }
+        }
         Ok(RatePolicy {
             name: name.into(),
             limit,
@@ -141,6 +156,33 @@ impl RatePolicy {
             unit,
             enforce: true,
         })
+    }
+
+    /// A policy per UTC calendar `period`: a fixed window from one boundary to the next.
+    pub fn calendar(name: &str, limit: u64, period: Period, unit: Unit) -> Result<Self, String> {
+        RatePolicy::new(
+            name,
+            limit,
+            period.longest_ms(),
+            Algorithm::Calendar(period),
+            unit,
+        )
+    }
+
+    /// Its window in words: "60 s", or "UTC day" for a calendar window.
+    pub fn per_text(&self) -> String {
+        match self.algorithm {
+            Algorithm::Calendar(period) => format!("UTC {}", period.name()),
+            _ => format!("{} s", self.window_ms as f64 / 1000.0),
+        }
+    }
+
+    /// ms from `unix_ms` (wall-clock time) until a fixed window that starts then would end.
+    pub fn fixed_span_ms(&self, unix_ms: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::Calendar(period) => period.next_boundary(unix_ms) - unix_ms,
+            _ => self.window_ms,
+        }
     }
 
     /// The same policy as a dry run when `enforce` is false. Only request rates can be dry runs:
@@ -270,6 +312,10 @@ pub(super) mod tests {
         for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
             assert_eq!(Algorithm::parse(algorithm.name()), Ok(algorithm));
         }
+        let calendars = [Period::Day, Period::Week, Period::Month].map(Algorithm::Calendar);
+        for calendar in calendars {
+            assert_eq!(calendar.name(), "fixed_window");
+        }
         let units = [
             Unit::Requests,
             Unit::Tokens,
@@ -282,7 +328,28 @@ pub(super) mod tests {
         // Codes tell counters apart in keys: no two alike.
         let codes: Vec<&str> = units.iter().map(|u| u.code()).collect();
         assert_eq!(codes, ["", "t", "i", "o"]);
-        assert_ne!(Algorithm::SlidingWindow.code(), Algorithm::FixedWindow.code());
+        let mut codes: Vec<&str> = [Algorithm::SlidingWindow, Algorithm::FixedWindow]
+            .into_iter()
+            .chain(calendars)
+            .map(Algorithm::code)
+            .collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), 5, "no two algorithms share a code");
+    }
+
+    #[test]
+    fn a_calendar_window_lasts_up_to_its_longest_period_and_ends_at_the_boundary() {
+        let month = RatePolicy::calendar("m", 5, Period::Month, Unit::Tokens).unwrap();
+        assert_eq!(month.window_ms, 31 * 86_400_000);
+        assert_eq!(month.per_text(), "UTC month");
+        // 2027-01-31 12:00 UTC: half a day to 2027-02-01.
+        let jan_31_noon = 1_801_396_800_000;
+        assert_eq!(month.fixed_span_ms(jan_31_noon), 43_200_000);
+        assert_eq!(policy("rpm", 5).per_text(), "60 s");
+        assert_eq!(budget("tpm", 5, Unit::Tokens).fixed_span_ms(jan_31_noon), 60_000);
+        let odd = RatePolicy::new("d", 5, 1_000, Algorithm::Calendar(Period::Day), Unit::Requests);
+        assert!(odd.unwrap_err().contains("calendar window of a day"));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Rate counters for one process: the decisions of `lua/hit.lua`, on this process's monotonic
-//! clock. Counters of identities not seen for a while are swept, so memory follows the
+//! clock (calendar windows end at the boundaries of the wall-clock time of each call). Counters of identities not seen for a while are swept, so memory follows the
 //! identities of the last windows, not every identity ever seen.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::rate::{Adjustment, Algorithm, Bucket, Decision, HitOutcome, RatePolicy, TopUp, ToppedUp, SLICES};
 
@@ -28,6 +28,9 @@ struct Look {
 
 pub struct RateCounters {
     epoch: Instant,
+    /// The wall-clock time (ms since 1970 UTC) of the call in progress: a calendar window that
+    /// starts in it ends at the next boundary after it.
+    unix_ms: u64,
     counters: HashMap<String, (Counter, u64)>,
     hits_since_sweep: u32,
     /// The last epoch given to a sliding counter (a counter made again gets a new one).
@@ -38,6 +41,7 @@ impl Default for RateCounters {
     fn default() -> Self {
         RateCounters {
             epoch: Instant::now(),
+            unix_ms: 0,
             counters: HashMap::new(),
             hits_since_sweep: 0,
             epochs: 0,
@@ -46,9 +50,18 @@ impl Default for RateCounters {
 }
 
 impl RateCounters {
-    fn now(&self) -> u64 {
+    /// The monotonic time of a call (and its wall-clock time into `unix_ms`).
+    fn now(&mut self) -> u64 {
+        self.unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
         // Starts one year in, so `now - window` never goes below 0.
         self.epoch.elapsed().as_millis() as u64 + crate::rate::MAX_WINDOW_MS
+    }
+
+    /// ms until a fixed window of `policy` that starts in this call would end.
+    fn fixed_span(&self, policy: &RatePolicy) -> u64 {
+        policy.fixed_span_ms(self.unix_ms)
     }
 
     /// One hit against every policy (`keys[i]` counts `policies[i]`, which it takes `costs[i]`
@@ -150,7 +163,7 @@ impl RateCounters {
                 let slice = policy.window_ms / SLICES;
                 (bucket.slot + 1) * slice + policy.window_ms - now
             }
-            Algorithm::FixedWindow => bucket.slot - now,
+            Algorithm::FixedWindow | Algorithm::Calendar(_) => bucket.slot - now,
         }
     }
 
@@ -191,6 +204,7 @@ impl RateCounters {
 
     fn look(&mut self, key: &str, policy: &RatePolicy, now: u64) -> Look {
         let window = policy.window_ms;
+        let span = self.fixed_span(policy);
         match (policy.algorithm, self.counters.get_mut(key)) {
             (Algorithm::SlidingWindow, entry) => {
                 let slice = window / SLICES;
@@ -227,10 +241,10 @@ impl RateCounters {
                     }),
                 }
             }
-            (Algorithm::FixedWindow, entry) => {
+            (Algorithm::FixedWindow | Algorithm::Calendar(_), entry) => {
                 let (used, left) = match entry {
                     Some((Counter::Fixed { used, ends_at }, _)) if *ends_at > now => (*used, *ends_at - now),
-                    _ => (0, window),
+                    _ => (0, span),
                 };
                 Look {
                     used,
@@ -244,6 +258,7 @@ impl RateCounters {
     /// Takes `cost` units; returns where they went (as `lua/prelude/rates.lua`'s look_rate).
     fn take(&mut self, key: &str, policy: &RatePolicy, cost: u64, now: u64) -> Bucket {
         let window = policy.window_ms;
+        let span = self.fixed_span(policy);
         self.epochs += 1;
         let new_epoch = self.epochs;
         let entry = self
@@ -263,13 +278,13 @@ impl RateCounters {
                 entry.1 = now + window + window / SLICES;
                 Bucket { slot, epoch: *epoch }
             }
-            Algorithm::FixedWindow => {
+            Algorithm::FixedWindow | Algorithm::Calendar(_) => {
                 match &mut entry.0 {
                     Counter::Fixed { used, ends_at } if *ends_at > now => *used += cost,
                     counter => {
                         *counter = Counter::Fixed {
                             used: cost,
-                            ends_at: now + window,
+                            ends_at: now + span,
                         }
                     }
                 }
@@ -340,6 +355,31 @@ mod tests {
                 assert!(in_window <= limit, "{in_window} > {limit} in {window} ms");
             }
         }
+    }
+
+    /// A calendar day's counter ends at midnight UTC, whenever its first hit came: a hit one
+    /// minute before midnight is reset a minute later, in a new window.
+    #[test]
+    fn a_calendar_day_ends_at_midnight_utc_not_a_day_after_its_first_hit() {
+        let mut counters = RateCounters::default();
+        let day = RatePolicy::calendar("day", 2, crate::rate::Period::Day, Unit::Requests).unwrap();
+        let keys = ["k".to_owned()];
+        let policies = std::slice::from_ref(&day);
+        // A hit `after` ms past 2026-12-02 23:59 UTC (the store's first call), of `cost`.
+        let mut hit = |after: u64, cost: u64| {
+            counters.unix_ms = 1_796_255_940_000 + after;
+            counters.hit_at(MAX_WINDOW_MS + after, &keys, policies, &[cost], true)
+        };
+        let first = hit(0, 2);
+        assert_eq!((first.refused, first.decisions[0].reset_ms), (None, 60_000));
+        let full = hit(59_999, 1);
+        assert_eq!(full.refused, Some((0, 1)), "full until midnight, 1 ms away");
+        let next_day = hit(60_000, 1);
+        assert_eq!(next_day.refused, None);
+        assert_eq!(
+            next_day.decisions[0].reset_ms, 86_400_000,
+            "the new day ends at the next midnight"
+        );
     }
 
     #[test]

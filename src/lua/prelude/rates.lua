@@ -39,6 +39,52 @@ local function freed_after(live, units, slice, window)
   return 0
 end
 
+-- Calendar windows ('d' a UTC day, 'w' an ISO week from Monday, 'm' a month from the 1st):
+-- fixed windows that end at the next boundary. Days since 1970-01-01 of a date and back
+-- (Howard Hinnant's days_from_civil / civil_from_days; the same in rate/calendar.rs).
+local DAY_MS = 86400000
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+-- ms from now until a fixed window of `algorithm` that starts now ends: `window` for 'f', the
+-- next calendar boundary for the others.
+local function fixed_span(algorithm, window)
+  local days = math.floor(now / DAY_MS)
+  local next_day
+  if algorithm == 'd' then
+    next_day = days + 1
+  elseif algorithm == 'w' then -- 1970-01-01 was a Thursday: days + 3 counts from a Monday
+    next_day = days - (days + 3) % 7 + 7
+  elseif algorithm == 'm' then
+    local y, m = civil_from_days(days)
+    if m == 12 then y, m = y + 1, 1 else m = m + 1 end
+    next_day = days_from_civil(y, m, 1)
+  else
+    return window
+  end
+  return next_day * DAY_MS - now
+end
+
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
@@ -81,6 +127,7 @@ local function look_rate(key, algorithm, window)
       end,
     }
   end
+  window = fixed_span(algorithm, window)
   local used = tonumber(call('GET', key) or 0)
   local left = call('PTTL', key)
   if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
