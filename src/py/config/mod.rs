@@ -1,6 +1,9 @@
 //! `LeaseConfig`: every knob, checked once at construction with errors that say how to fix them
 //! (`fields.rs`, the identity secret in `secret.rs`); the options only the Python layer reads
 //! are its `PythonSide` (`python_side.rs`).
+//!
+//! Over 400 lines: PyO3 takes one `#[pymethods]` block per class, and this is `LeaseConfig`'s
+//! (its constructor and one getter per setting, which read best side by side).
 
 mod fields;
 mod python_side;
