@@ -189,9 +189,11 @@ def test_a_client_hanging_up_mid_stream_frees_the_slot(slow_app, hang_up):
 
 def test_sigterm_releases_every_lease_through_the_lifespan(redis_server, key_prefix):
     server = Uvicorn(
-        "lifespan_app:app", APPS_DIR,
+        "lifespan_app:app",
+        APPS_DIR,
         {"STREAM_LEASE_URL": redis_server.url, "STREAM_LEASE_PREFIX": key_prefix},
-        "--timeout-graceful-shutdown", "1",
+        "--timeout-graceful-shutdown",
+        "1",
     )
     streams = [open_stream(server.port, f"user{i}") for i in range(3)]
     key = f"{{{key_prefix}}}:global"
@@ -205,18 +207,22 @@ def test_sigterm_releases_every_lease_through_the_lifespan(redis_server, key_pre
         sock.close()
 
 
+def waiting_in_line(server: Uvicorn) -> int:
+    """How many of the app's acquires wait in line (its manager's stats)."""
+    return httpx.get(server.base_url + "/stats").json()["waiting"]
+
+
 def test_a_client_that_leaves_while_waiting_leaves_the_line(backend_url, key_prefix):
     server = start_slow_app(backend_url, key_prefix, max_global=1)
     try:
         holder = open_stream(server.port, "holder")
         quitter = request_stream(server.port, "quitter", wait=30)  # first in line ...
 
-        def waiting() -> int:
-            return httpx.get(server.base_url + "/stats").json()["waiting"]
-
-        wait_until(lambda: waiting() == 1, what="the quitter to wait in line")
+        wait_until(lambda: waiting_in_line(server) == 1, what="the quitter to wait in line")
         quitter.close()  # ... and gone
-        wait_until(lambda: waiting() == 0, what="the departed client to leave the line")
+        wait_until(
+            lambda: waiting_in_line(server) == 0, what="the departed client to leave the line"
+        )
         patient = request_stream(server.port, "patient", wait=30)
         time.sleep(0.3)
         holder.close()  # frees the slot: the next in line is "patient", not the departed one
@@ -240,12 +246,11 @@ def test_a_websocket_client_that_leaves_while_waiting_leaves_the_line(backend_ur
             b"Sec-WebSocket-Version: 13\r\n\r\n"
         )
 
-        def waiting() -> int:
-            return httpx.get(server.base_url + "/stats").json()["waiting"]
-
-        wait_until(lambda: waiting() == 1, what="the websocket to wait in line")
+        wait_until(lambda: waiting_in_line(server) == 1, what="the websocket to wait in line")
         quitter.close()  # gone before its handshake was answered
-        wait_until(lambda: waiting() == 0, what="the departed websocket to leave the line")
+        wait_until(
+            lambda: waiting_in_line(server) == 0, what="the departed websocket to leave the line"
+        )
         holder.close()  # frees the slot: a websocket that comes now is admitted
         with connect(f"ws://127.0.0.1:{server.port}/ws?user_id=patient", open_timeout=10) as ws:
             assert ws.recv(timeout=10) == "tick 0"
@@ -265,12 +270,11 @@ def test_a_client_that_leaves_mid_upload_leaves_the_line(backend_url, key_prefix
             b"Content-Length: 1000000\r\n\r\n" + b"x" * 1000
         )
 
-        def waiting() -> int:
-            return httpx.get(server.base_url + "/stats").json()["waiting"]
-
-        wait_until(lambda: waiting() == 1, what="the uploader to wait in line")
+        wait_until(lambda: waiting_in_line(server) == 1, what="the uploader to wait in line")
         uploader.close()  # gone before its body was all sent
-        wait_until(lambda: waiting() == 0, what="the departed uploader to leave the line")
+        wait_until(
+            lambda: waiting_in_line(server) == 0, what="the departed uploader to leave the line"
+        )
         holder.close()
     finally:
         server.stop()
@@ -286,7 +290,9 @@ def test_a_body_sent_while_waiting_reaches_the_app_whole(backend_url, key_prefix
         body = os.urandom(size)
         with ThreadPoolExecutor(1) as pool:
             upload = pool.submit(
-                httpx.post, server.base_url + "/upload?user_id=uploader&wait=30", content=body,
+                httpx.post,
+                server.base_url + "/upload?user_id=uploader&wait=30",
+                content=body,
                 timeout=30,
             )
             wait_until(
