@@ -3,6 +3,7 @@ starts at most 20 a minute, and has 2,000 tokens a minute and 50,000 a day. A st
 its prompt and ``max_tokens`` at admission (with its slot and its start, in one atomic step),
 counts what it streams chunk by chunk, and is settled at the end with the model's own
 ``usage``: unused reservation comes back at once, a client that leaves is charged what it got.
+``GET /usage`` tells the caller where they stand in each period.
 
 Run the story (a fake model and this proxy, on free ports):  .venv/bin/python examples/llm_proxy.py
 (``make demo`` runs it after the demo; set REDIS_URL=redis://... for a real Redis). Serve it:
@@ -77,11 +78,29 @@ def answer_tokens(event: str) -> int:
     return 1 if '"content"' in event else 0
 
 
-@app.post("/v1/chat/completions")
-async def completions(request: Request) -> StreamingResponse:
+def caller(request: Request) -> str:
+    """The user the request is from (a bearer token here; verify a real one)."""
     user = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not user:
         raise HTTPException(401, "send Authorization: Bearer <user>")
+    return user
+
+
+@app.get("/usage")
+async def usage(request: Request) -> dict[str, dict[str, int | float]]:
+    """The caller's use of each period's limit: ``used``, ``limit``, ``remaining`` and
+    ``reset`` (seconds until units free up), the running streams' reservations included."""
+    periods = (requests_per_minute, tokens_per_minute, tokens_per_day)
+    decisions = await manager.usage(caller(request), *periods)
+    return {
+        name: {"used": d.used, "limit": d.limit, "remaining": d.remaining, "reset": d.reset}
+        for name, d in decisions.items()
+    }
+
+
+@app.post("/v1/chat/completions")
+async def completions(request: Request) -> StreamingResponse:
+    user = caller(request)
     body = await request.json()
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
@@ -153,6 +172,10 @@ async def story(base_url: str) -> None:
             f"Retry-After: {too_big.headers['retry-after']}, {too_big.json()['detail']}"
         )
         assert too_big.status_code == 429
+
+        periods = (await client.get("/usage")).json()
+        for name, period in periods.items():
+            say(f"GET /usage: {name} {period['used']} used of {period['limit']}")
     say("llm proxy demo done")
 
 

@@ -74,6 +74,9 @@ def test_the_llm_proxy_story_runs_and_settles_budgets(redis_server):
     assert "47 tokens used this minute" in done.stdout
     assert "left after one token: 55 tokens used" in done.stdout
     assert "stream 3 (max_tokens=1950): HTTP 429" in done.stdout
+    assert "GET /usage: requests_per_minute 2 used of 20" in done.stdout
+    assert "GET /usage: tokens_per_minute 55 used of 2000" in done.stdout
+    assert "GET /usage: tokens_per_day 55 used of 50000" in done.stdout
     assert "llm proxy demo done" in done.stdout
 
 
