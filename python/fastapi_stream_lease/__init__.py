@@ -3,6 +3,7 @@ streams, WebSockets) in FastAPI and Starlette, with a Rust core.
 """
 
 from ._core import TOP_UP_INCREMENT, LeaseConfig, __version__
+from .alerts import ThresholdCrossed
 from .client_ip import client_ip
 from .errors import (
     BackendError,
@@ -72,6 +73,7 @@ __all__ = [
     "StreamLeaseRejected",
     "StreamLeaseUnavailable",
     "StreamLeaseWarning",
+    "ThresholdCrossed",
     "UserBanned",
     "__version__",
     "client_ip",

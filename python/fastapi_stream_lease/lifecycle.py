@@ -1,5 +1,6 @@
 """The 0.6 API's lifecycle hooks (``LeaseConfig(on_acquired=..., on_rejected=..., on_lost=...,
-on_released=..., on_backend_error=...)``), run off the hot path: an event is queued (a deque
+on_released=..., on_backend_error=...)``) and ``StreamLeaseManager(on_threshold=...)``, run off
+the hot path: an event is queued (a deque
 append) where it happens, and one task per event loop runs the hooks in order, a coroutine
 function awaited there, a plain function in a worker thread. No acquire, stream or release
 waits for a hook; a full queue (``hook_queue_size``) drops new events, with a warning now and
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._core import LeaseConfig
+    from .alerts import ThresholdCrossed
     from .errors import StreamLeaseError
     from .lease import Lease
 
@@ -27,12 +29,13 @@ Hook = Callable[..., Any]
 class Lifecycle:
     """One manager's hooks, their queue and its runner."""
 
-    def __init__(self, config: LeaseConfig) -> None:
+    def __init__(self, config: LeaseConfig, on_threshold: Hook | None = None) -> None:
         self.on_acquired: Hook | None = config.on_acquired
         self.on_rejected: Hook | None = config.on_rejected
         self.on_lost: Hook | None = config.on_lost if callable(config.on_lost) else None
         self.on_released: Hook | None = config.on_released
         self.on_backend_error: Hook | None = config.on_backend_error
+        self.on_threshold = on_threshold
         self._events: deque[tuple[Hook, tuple[Any, ...]]] = deque()
         self._capacity = config.hook_queue_size
         self._runner: asyncio.Task[None] | None = None
@@ -40,9 +43,9 @@ class Lifecycle:
         self.dropped = 0
 
     @staticmethod
-    def wanted(config: LeaseConfig) -> bool:
-        """Whether ``config`` has any hook (without one, the manager keeps no lifecycle)."""
-        hooks = (config.on_acquired, config.on_rejected, config.on_released)
+    def wanted(config: LeaseConfig, on_threshold: Hook | None = None) -> bool:
+        """Whether there is any hook (without one, the manager keeps no lifecycle)."""
+        hooks = (config.on_acquired, config.on_rejected, config.on_released, on_threshold)
         given = any(hook is not None for hook in (*hooks, config.on_backend_error))
         return given or callable(config.on_lost)
 
@@ -62,6 +65,9 @@ class Lifecycle:
 
     def released(self, lease: Lease, reason: str) -> None:
         self._queue(self.on_released, lease, reason)
+
+    def threshold_crossed(self, alert: ThresholdCrossed) -> None:
+        self._queue(self.on_threshold, alert)
 
     def _queue(self, hook: Hook | None, *args: Any) -> None:
         if hook is None:

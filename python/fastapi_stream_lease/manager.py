@@ -24,6 +24,7 @@ from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from ._server_workers import warn_if_several_workers
 from ._stop_signals import calling_on_stop_signals
+from .alerts import ThresholdAlerts, ThresholdCrossed, identities_of
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
@@ -109,6 +110,13 @@ class StreamLeaseManager:
     ``tls_ca_file`` is the PEM file of a private CA that signed Redis' certificate (the system's
     trusted roots are used otherwise); a ``redis=`` client's ``ssl_ca_certs`` is taken over.
 
+    ``on_threshold`` is told (a :class:`ThresholdCrossed`, run off the hot path as the
+    lifecycle hooks are) when a hit or a stream start brings an identity's use of a rate policy
+    or budget to one of the ``alert_at`` fractions of its limit (80 % and 100 % by default):
+    once per policy, identity and threshold in each window (a sliding one: each ``per``), in
+    this process (each worker tells its own), with the identity's keyed hash, never the identity.
+    With telemetry on, each is counted in ``fastapi_stream_lease.rate.threshold_crossed``.
+
     ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
     adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``.
     A ``fakeredis`` client given as ``redis=`` is served by the embedded store (for tests of an
@@ -127,7 +135,13 @@ class StreamLeaseManager:
         meter_provider: Any = None,
         tracer_provider: Any = None,
         trace_identities: bool = False,
+        on_threshold: Callable[[ThresholdCrossed], Any] | None = None,
+        alert_at: Sequence[float] = (0.8, 1.0),
     ) -> None:
+        if on_threshold is not None and not callable(on_threshold):
+            raise TypeError(
+                f"on_threshold must be a callable taking a ThresholdCrossed, got {on_threshold!r}"
+            )
         if redis is not None and url is not None:
             raise TypeError("pass either redis=<client> or url=..., not both")
         if url is None and redis is not None:
@@ -163,7 +177,9 @@ class StreamLeaseManager:
         self._cancel_on_lost = config.on_lost != "continue"
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
-        self._lifecycle = Lifecycle(config) if Lifecycle.wanted(config) else None
+        self._alerts = ThresholdAlerts(alert_at, self._core.identity_digest)
+        wanted = Lifecycle.wanted(config, on_threshold)
+        self._lifecycle = Lifecycle(config, on_threshold) if wanted else None
         self._lease_headers = config.include_lease_headers
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
         self._closing = False
@@ -250,13 +266,15 @@ class StreamLeaseManager:
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
         )  # fmt: skip
+        # Whose rates and budgets the start counted, for the threshold alerts.
+        counted = user_id if rate_limits or budgets else None
         telemetry = self._instruments()
         try:
             if telemetry is None:
                 # The core's awaitable itself, without a coroutine around it (at 64 streams
                 # at once, each layer shows in the event loop's CPU).
                 handle = await self._start_acquire(*arguments)
-                return self._granted(handle)
+                return self._granted(handle, counted)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             policies = (*rate_limits, *budgets)
             # Started inside admit(), so that arguments refused at once count as its result.
@@ -269,12 +287,18 @@ class StreamLeaseManager:
                 self._lifecycle.refused(user_id, refused)
             raise
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
-        return self._granted(handle, on_release=ended)
+        return self._granted(handle, counted, on_release=ended)
 
     def _granted(
-        self, handle: _core.LeaseHandle, on_release: Callable[[Lease], None] | None = None
+        self,
+        handle: _core.LeaseHandle,
+        counted: str | None,
+        on_release: Callable[[Lease], None] | None = None,
     ) -> Lease:
-        """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks."""
+        """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks;
+        the thresholds its start brought ``counted``'s rates and budgets to are told too."""
+        if counted is not None:
+            self._tell_thresholds(counted, handle.rate_decisions)
         lease = Lease(
             handle,
             cancel_on_lost=self._cancel_on_lost,
@@ -286,6 +310,27 @@ class StreamLeaseManager:
         if self._lifecycle is not None:
             self._lifecycle.acquired(lease)
         return lease
+
+    def _tell_thresholds(
+        self,
+        identity: str,
+        decisions: Sequence[RateDecision],
+        policies: Sequence[RateLimit | tuple[RateLimit, str]] = (),
+    ) -> None:
+        """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
+        consuming hit or start reached (``policies`` pair some with identities of their own)."""
+        if not decisions:
+            return
+        identities = identities_of(identity, policies or [d.policy for d in decisions])
+        crossed = self._alerts.reached(identities, decisions)
+        if not crossed:
+            return
+        telemetry = self._instruments()
+        for alert in crossed:
+            if telemetry is not None:
+                telemetry.threshold_crossed(alert)
+            if self._lifecycle is not None:
+                self._lifecycle.threshold_crossed(alert)
 
     def _instruments(self) -> Telemetry | None:
         """This manager's OpenTelemetry instruments, made on first use: with the providers it
@@ -486,6 +531,7 @@ class StreamLeaseManager:
         telemetry = self._instruments()
         if telemetry is not None:
             telemetry.rated(decisions)
+        self._tell_thresholds(identity, decisions, policies)
         return decisions
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:

@@ -31,6 +31,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._core import LeaseHandle, Manager, RateLimit
+    from .alerts import ThresholdCrossed
     from .lease import Lease
     from .rates import RateDecision
     from .resources import Resource
@@ -326,12 +327,22 @@ class Telemetry:
         self.tokens = meter.create_counter(
             f"{NAME}.tokens", unit="{token}", description="Tokens charged to budgets, by direction."
         )
+        self.thresholds_crossed = meter.create_counter(
+            f"{NAME}.rate.threshold_crossed",
+            unit="{alert}",
+            description="Identities whose use of a rate policy or budget reached one of the "
+            "manager's alert_at fractions of its limit, once per window, by policy and threshold.",
+        )
         self.dry_run_refusals = meter.create_counter(
             f"{NAME}.rate.would_refuse",
             unit="{request}",
             description="Hits and stream starts that a dry-run rate policy (enforce=False) let "
             "through without room for them, by policy.",
         )
+
+    def threshold_crossed(self, alert: ThresholdCrossed) -> None:
+        """Counts one alert, by policy and threshold (never the identity)."""
+        self.thresholds_crossed.add(1, {"policy": alert.policy, "threshold": alert.threshold})
 
     def rated(self, decisions: Sequence[RateDecision]) -> list[str]:
         """Counts the dry-run policies among ``decisions`` that would have refused (nothing

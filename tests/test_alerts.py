@@ -1,0 +1,127 @@
+"""Threshold alerts (``StreamLeaseManager(on_threshold=..., alert_at=...)``): told once per
+policy, identity, threshold and window, with the identity's keyed hash, never the identity.
+Each behavioural test runs on the embedded store and on a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, ThresholdCrossed
+from fastapi_stream_lease.telemetry import NAME
+
+from support.waiting import eventually
+
+ALICE, BOB = "id-alice-5c1e", "id-bob-93aa"
+
+
+def alerting_manager(
+    backend_url: str, key_prefix: str, **options: object
+) -> tuple[StreamLeaseManager, list[ThresholdCrossed]]:
+    told: list[ThresholdCrossed] = []
+
+    async def on_threshold(alert: ThresholdCrossed) -> None:
+        told.append(alert)
+
+    config = LeaseConfig(key_prefix=key_prefix, max_per_user=5)
+    return StreamLeaseManager(
+        url=backend_url, config=config, on_threshold=on_threshold, **options
+    ), told
+
+
+async def told_about(told: list[ThresholdCrossed], digest: str, count: int) -> None:
+    """Waits for ``count`` alerts of ``digest`` (hooks run off the hot path, in order)."""
+    await eventually(lambda: sum(a.identity_hash == digest for a in told) >= count)
+
+
+async def test_each_threshold_is_told_once_in_a_window_and_never_with_the_identity(
+    backend_url, key_prefix
+):
+    """Crossing 80 % then 100 % tells each once; hits past them in the same window tell
+    nothing more, however many there are."""
+    manager, told = alerting_manager(backend_url, key_prefix)
+    # A dry run keeps counting past its limit, so hits past 100 % are decided too.
+    per_hour = RateLimit("requests_per_hour", 10, per=3600, enforce=False)
+    for cost in (7, 1, 1, 1, 1, 5):  # 7, 8 (80 %), 9, 10 (100 %), 11, 16
+        await manager.hit(ALICE, per_hour, cost=cost)
+    # Bob's hit, queued after Alice's, is told after them: every alert of Alice's is in.
+    await manager.hit(BOB, per_hour, cost=10)
+    bob, alice = (manager._core.identity_digest(who) for who in (BOB, ALICE))
+    await told_about(told, bob, 2)
+    assert [(a.policy, a.threshold, a.used, a.limit) for a in told if a.identity_hash == alice] == [
+        ("requests_per_hour", 0.8, 8, 10),
+        ("requests_per_hour", 1.0, 10, 10),
+    ]
+    assert all(a.reset > 0 for a in told)
+    assert alice != bob and all(ALICE not in repr(a) and BOB not in repr(a) for a in told)
+    await manager.aclose()
+
+
+async def test_a_threshold_is_told_again_in_the_next_window(backend_url, key_prefix):
+    manager, told = alerting_manager(backend_url, key_prefix, alert_at=(0.5,))
+    burst = RateLimit("burst", 4, per=0.5, algorithm="fixed_window")
+    digest = manager._core.identity_digest(ALICE)
+    await manager.hit(ALICE, burst, cost=2)
+    await told_about(told, digest, 1)
+    await eventually(lambda: window_is_new(manager, burst), what="the next window")
+    await manager.hit(ALICE, burst, cost=3)
+    await told_about(told, digest, 2)
+    assert [(a.threshold, a.used) for a in told] == [(0.5, 2), (0.5, 3)]
+    await manager.aclose()
+
+
+async def window_is_new(manager: StreamLeaseManager, policy: RateLimit) -> bool:
+    return (await manager.peek(ALICE, policy)).remaining == policy.limit
+
+
+async def test_a_stream_start_that_reserves_a_budget_past_a_threshold_is_told(
+    backend_url, key_prefix
+):
+    manager, told = alerting_manager(backend_url, key_prefix)
+    budget = RateLimit("tokens_per_hour", 100, per=3600, unit="tokens")
+    lease = await manager.acquire(ALICE, budgets=[budget], reserve=(10, 75))
+    await told_about(told, manager._core.identity_digest(ALICE), 1)
+    assert [(a.policy, a.threshold, a.used) for a in told] == [("tokens_per_hour", 0.8, 85)]
+    await lease.release()
+    await manager.aclose()
+
+
+async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_identity(
+    backend_url, key_prefix
+):
+    reader = InMemoryMetricReader()
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    per_minute = RateLimit("per_minute", 5, per=60)
+    for who in (ALICE, BOB):
+        for _ in range(5):
+            await manager.hit(who, per_minute)
+    data = reader.get_metrics_data()
+    counted = {
+        (tuple(sorted(point.attributes.items())), point.value)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == f"{NAME}.rate.threshold_crossed"
+        for point in metric.data.data_points
+    }
+    assert counted == {
+        ((("policy", "per_minute"), ("threshold", 0.8)), 2),
+        ((("policy", "per_minute"), ("threshold", 1.0)), 2),
+    }
+    await manager.aclose()
+
+
+@pytest.mark.parametrize(
+    "alert_at, complaint",
+    [((0.8, 0), "above 0"), ((-1,), "above 0"), ("0.8", "sequence"), ((0.8, "x"), "fractions")],
+)
+def test_alert_at_that_is_not_fractions_above_zero_is_refused_with_what_to_pass(
+    alert_at, complaint
+):
+    with pytest.raises((TypeError, ValueError), match=complaint):
+        StreamLeaseManager(alert_at=alert_at)
