@@ -4,14 +4,23 @@ Each behavioural test runs on the embedded store and on a real Redis."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, ThresholdCrossed
+from fastapi_stream_lease import (
+    LeaseConfig,
+    RateDecision,
+    RateLimit,
+    StreamLeaseManager,
+    ThresholdCrossed,
+)
+from fastapi_stream_lease.alerts import SWEEP_AT, ThresholdAlerts
 from fastapi_stream_lease.telemetry import NAME
 
-from support.waiting import eventually
+from support.waiting import eventually, wait_until
 
 ALICE, BOB = "id-alice-5c1e", "id-bob-93aa"
 
@@ -125,3 +134,18 @@ def test_alert_at_that_is_not_fractions_above_zero_is_refused_with_what_to_pass(
 ):
     with pytest.raises((TypeError, ValueError), match=complaint):
         StreamLeaseManager(alert_at=alert_at)
+
+
+def test_what_was_told_is_forgotten_once_its_window_is_over():
+    """The memory of alerts told does not grow with every identity ever seen: the entries of
+    windows that are over are swept."""
+    alerts = ThresholdAlerts((1.0,), digest=lambda identity: identity)
+    blink = RateLimit("blink", 1, per=0.01, algorithm="fixed_window")
+    full = RateDecision(blink, limit=1, remaining=0, reset=0.01, used=1)
+    first = [f"early-{n}" for n in range(SWEEP_AT)]
+    assert len(alerts.reached(first, [full] * len(first))) == SWEEP_AT
+    over = time.monotonic() + 0.1  # past every first window's end and its margin
+    wait_until(lambda: time.monotonic() > over, what="the first windows to be over")
+    later = [f"late-{n}" for n in range(SWEEP_AT)]
+    alerts.reached(later, [full] * len(later))
+    assert len(alerts._told) == SWEEP_AT, "only the later windows are remembered"
