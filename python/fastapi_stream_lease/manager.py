@@ -178,6 +178,7 @@ class StreamLeaseManager:
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
         self._alerts = ThresholdAlerts(alert_at, self._core.identity_digest)
+        self._told_thresholds = on_threshold is not None
         wanted = Lifecycle.wanted(config, on_threshold)
         self._lifecycle = Lifecycle(config, on_threshold) if wanted else None
         self._lease_headers = config.include_lease_headers
@@ -319,13 +320,11 @@ class StreamLeaseManager:
     ) -> None:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
         consuming hit or start reached (``policies`` pair some with identities of their own)."""
-        if not decisions:
-            return
+        telemetry = self._instruments()
+        if not decisions or (telemetry is None and not self._told_thresholds):
+            return  # nobody listens: no digest, nothing remembered, on every hit
         identities = identities_of(identity, policies or [d.policy for d in decisions])
         crossed = self._alerts.reached(identities, decisions)
-        if not crossed:
-            return
-        telemetry = self._instruments()
         for alert in crossed:
             if telemetry is not None:
                 telemetry.threshold_crossed(alert)
