@@ -4,23 +4,19 @@ Each behavioural test runs on the embedded store and on a real Redis."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fastapi_stream_lease import (
     LeaseConfig,
-    RateDecision,
     RateLimit,
     StreamLeaseManager,
     ThresholdCrossed,
 )
-from fastapi_stream_lease.alerts import SWEEP_AT, ThresholdAlerts
 from fastapi_stream_lease.telemetry import NAME
 
-from support.waiting import eventually, wait_until
+from support.waiting import eventually
 
 ALICE, BOB = "id-alice-5c1e", "id-bob-93aa"
 
@@ -84,6 +80,44 @@ async def window_is_new(manager: StreamLeaseManager, policy: RateLimit) -> bool:
     return (await manager.peek(ALICE, policy)).remaining == policy.limit
 
 
+async def test_workers_sharing_redis_tell_each_threshold_once_in_total_per_window(
+    redis_server, key_prefix
+):
+    """Two workers (two managers on one Redis) take turns pushing one identity past 80 % and
+    100 %: each threshold is told once in total, not once by each worker; in the next window,
+    once in total again."""
+    workers = [alerting_manager(redis_server.url, key_prefix) for _ in range(2)]
+    burst = RateLimit("burst_per_second", 10, per=1, algorithm="fixed_window", enforce=False)
+    alice = workers[0][0]._core.identity_digest(ALICE)
+    for window in (1, 2):
+        await eventually(lambda: window_is_new(workers[0][0], burst), what="a new window")
+        for turn, cost in enumerate((7, 1, 1, 1, 1, 1)):  # 7, 8 (80 %), 9, 10 (100 %), 11, 12
+            await workers[turn % 2][0].hit(ALICE, burst, cost=cost)
+        for n, (manager, told) in enumerate(workers):
+            # Queued after Alice's: once told, every alert of Alice's this worker had is in.
+            await manager.hit(f"{BOB}-{window}-{n}", burst, cost=10)
+            await told_about(told, manager._core.identity_digest(f"{BOB}-{window}-{n}"), 2)
+        alices = [(a.threshold, a.used) for _, t in workers for a in t if a.identity_hash == alice]
+        assert sorted(alices) == sorted([(0.8, 8), (1.0, 10)] * window), f"window {window}"
+    for manager, _ in workers:
+        await manager.aclose()
+
+
+async def test_a_reset_allowance_tells_its_thresholds_again(backend_url, key_prefix):
+    """A reset (a fresh allowance) forgets what was told with the counts: reaching 80 % again
+    in the same window is told again."""
+    manager, told = alerting_manager(backend_url, key_prefix, alert_at=(0.8,))
+    per_hour = RateLimit("requests_per_hour", 10, per=3600, algorithm="fixed_window")
+    digest = manager._core.identity_digest(ALICE)
+    await manager.hit(ALICE, per_hour, cost=8)
+    await told_about(told, digest, 1)
+    await manager.reset(ALICE, per_hour)
+    await manager.hit(ALICE, per_hour, cost=9)
+    await told_about(told, digest, 2)
+    assert [(a.threshold, a.used) for a in told] == [(0.8, 8), (0.8, 9)]
+    await manager.aclose()
+
+
 async def test_a_stream_start_that_reserves_a_budget_past_a_threshold_is_told(
     backend_url, key_prefix
 ):
@@ -127,25 +161,18 @@ async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_id
 
 @pytest.mark.parametrize(
     "alert_at, complaint",
-    [((0.8, 0), "above 0"), ((-1,), "above 0"), ("0.8", "sequence"), ((0.8, "x"), "fractions")],
+    [
+        ((0.8, 0), "above 0"),
+        ((-1,), "above 0"),
+        ((0.8, 101), "at most 100"),
+        ((0.8, float("nan")), "above 0"),
+        (tuple(n / 20 for n in range(1, 18)), "at most 16 fractions"),
+        ("0.8", "sequence"),
+        ((0.8, "x"), "fractions"),
+    ],
 )
 def test_alert_at_that_is_not_fractions_above_zero_is_refused_with_what_to_pass(
     alert_at, complaint
 ):
     with pytest.raises((TypeError, ValueError), match=complaint):
         StreamLeaseManager(alert_at=alert_at)
-
-
-def test_what_was_told_is_forgotten_once_its_window_is_over():
-    """The memory of alerts told does not grow with every identity ever seen: the entries of
-    windows that are over are swept."""
-    alerts = ThresholdAlerts((1.0,), digest=lambda identity: identity)
-    blink = RateLimit("blink", 1, per=0.01, algorithm="fixed_window")
-    full = RateDecision(blink, limit=1, remaining=0, reset=0.01, used=1)
-    first = [f"early-{n}" for n in range(SWEEP_AT)]
-    assert len(alerts.reached(first, [full] * len(first))) == SWEEP_AT
-    over = time.monotonic() + 0.1  # past every first window's end and its margin
-    wait_until(lambda: time.monotonic() > over, what="the first windows to be over")
-    later = [f"late-{n}" for n in range(SWEEP_AT)]
-    alerts.reached(later, [full] * len(later))
-    assert len(alerts._told) == SWEEP_AT, "only the later windows are remembered"

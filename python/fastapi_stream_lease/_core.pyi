@@ -1,7 +1,7 @@
 """Type stubs of the Rust core (checked against it with ``mypy.stubtest``)."""
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, final
 
 from .rates import RateDecision
@@ -193,6 +193,7 @@ class Manager:
         cost: int,
         consume: bool,
     ) -> Awaitable[list[RateDecision]]: ...
+    def alert_thresholds(self, alert_at: Sequence[float]) -> None: ...
     def forget_rates(self, user_id: str, policies: Iterable[RateLimit]) -> Awaitable[None]: ...
     def count(self, user_id: str | None = None) -> Awaitable[int]: ...
     def aclose(self) -> Awaitable[None]: ...

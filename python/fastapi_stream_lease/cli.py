@@ -30,6 +30,8 @@ EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
 #: ``LeaseConfig().key_prefix``, named here: building a ``LeaseConfig`` reads
 #: ``STREAM_LEASE_IDENTITY_SECRET``, whose faults only the commands that hash ids report.
 DEFAULT_KEY_PREFIX = "stream_lease"
+#: The end of a rate counter's key of threshold alerts told (``lua/prelude/rates.lua``).
+TOLD = ":told"
 
 
 class CliError(Exception):
@@ -98,7 +100,7 @@ def snapshot(client: Any, prefix: str) -> dict[str, Any]:
                 report["holders"].append({"tag": key, "holder": holder, "expires_in_s": left})
         elif kind == "zset" and tail == "line":
             report["waiting"] += client.zcard(key)
-        elif tail.startswith("rate:") or ":rate:" in key:
+        elif (tail.startswith("rate:") or ":rate:" in key) and not key.endswith(TOLD):
             report["counters"].append(counter(client, key, kind))
         elif key.endswith(":ban"):
             # {prefix}:user:<hash>:ban, or {prefix:<hash>}:user:ban without a global pool.
@@ -247,16 +249,17 @@ def reset(options: argparse.Namespace) -> int:
     client = connect(options.url)
     under = f"rate:{options.policy}:*"
     keys = [key for key in keys_of(client, options.key_prefix, under) if digest in key]
-    if not keys:
+    counters = [key for key in keys if not key.endswith(TOLD)]
+    if not counters:
         raise CliError(
             f"no counter of policy {options.policy!r} for identity {digest} under "
             f"{options.key_prefix!r}: nothing reset. Check the policy's name. "
             + secret_hint(options),
             EXIT_NOTHING,
         )
-    for key in keys:
-        client.delete(key)
-    print(f"reset {len(keys)} counter(s) of {options.policy!r} for identity {digest}")
+    # A counter's alerts told go with it, so the fresh allowance's thresholds are told again.
+    client.delete(*keys)
+    print(f"reset {len(counters)} counter(s) of {options.policy!r} for identity {digest}")
     return 0
 
 

@@ -24,7 +24,7 @@ from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from ._server_workers import warn_if_several_workers
 from ._stop_signals import calling_on_stop_signals
-from .alerts import ThresholdAlerts, ThresholdCrossed, identities_of
+from .alerts import ThresholdCrossed, checked_thresholds, crossed, identities_of
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
@@ -113,8 +113,9 @@ class StreamLeaseManager:
     ``on_threshold`` is told (a :class:`ThresholdCrossed`, run off the hot path as the
     lifecycle hooks are) when a hit or a stream start brings an identity's use of a rate policy
     or budget to one of the ``alert_at`` fractions of its limit (80 % and 100 % by default):
-    once per policy, identity and threshold in each window (a sliding one: each ``per``), in
-    this process (each worker tells its own), with the identity's keyed hash, never the identity.
+    once per policy, identity and threshold in each window across every worker (a sliding
+    window's: again once the units that reached it have left the window), with the identity's
+    keyed hash, never the identity.
     With telemetry on, each is counted in ``fastapi_stream_lease.rate.threshold_crossed``.
 
     ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
@@ -177,8 +178,9 @@ class StreamLeaseManager:
         self._cancel_on_lost = config.on_lost != "continue"
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
-        self._alerts = ThresholdAlerts(alert_at, self._core.identity_digest)
-        self._told_thresholds = on_threshold is not None
+        self._alert_at = checked_thresholds(alert_at)
+        if on_threshold is not None:
+            self._core.alert_thresholds(self._alert_at)
         wanted = Lifecycle.wanted(config, on_threshold)
         self._lifecycle = Lifecycle(config, on_threshold) if wanted else None
         self._lease_headers = config.include_lease_headers
@@ -319,13 +321,13 @@ class StreamLeaseManager:
         policies: Sequence[RateLimit | tuple[RateLimit, str]] = (),
     ) -> None:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
-        consuming hit or start reached (``policies`` pair some with identities of their own)."""
+        consuming hit or start reached first in their window (``policies`` pair some with
+        identities of their own)."""
+        if not any(decision.thresholds_reached for decision in decisions):
+            return  # none reached (or nobody listens): no digest, on every hit
         telemetry = self._instruments()
-        if not decisions or (telemetry is None and not self._told_thresholds):
-            return  # nobody listens: no digest, nothing remembered, on every hit
         identities = identities_of(identity, policies or [d.policy for d in decisions])
-        crossed = self._alerts.reached(identities, decisions)
-        for alert in crossed:
+        for alert in crossed(identities, decisions, self._core.identity_digest):
             if telemetry is not None:
                 telemetry.threshold_crossed(alert)
             if self._lifecycle is not None:
@@ -341,6 +343,8 @@ class StreamLeaseManager:
                 from .telemetry import Telemetry
 
                 self._telemetry = Telemetry(self._core, meters, tracers, identities)
+                # The metric counts threshold alerts, so hits and starts report them from now on.
+                self._core.alert_thresholds(self._alert_at)
         return self._telemetry
 
     async def _acquire_handle(self, *arguments: Any) -> _core.LeaseHandle:
@@ -526,8 +530,9 @@ class StreamLeaseManager:
         order given; raises :class:`RateLimited` (429, ``Retry-After``) when one refuses.
         ``cost`` is how many units the request takes (1 by default). A dry-run policy
         (``RateLimit(enforce=False)``) never refuses: its decision says ``would_refuse``."""
-        decisions: list[RateDecision] = await self._core.hit(identity, policies, cost, True)
+        # Resolved first: with telemetry on, the hit reports the thresholds it reached.
         telemetry = self._instruments()
+        decisions: list[RateDecision] = await self._core.hit(identity, policies, cost, True)
         if telemetry is not None:
             telemetry.rated(decisions)
         self._tell_thresholds(identity, decisions, policies)

@@ -20,7 +20,10 @@ class RateDecision:
     next units free up (0 when nothing is in use), ``used``, the units in its window (above
     the limit when a token budget's stream finished past it, or a dry run counted past it), and
     ``would_refuse``: the policy had no room for the hit's cost, so it refused, or, a dry run
-    (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have."""
+    (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have.
+    ``thresholds_reached``: the manager's ``alert_at`` fractions this hit or start brought the
+    use to first in the window, across every worker (empty unless the manager has
+    ``on_threshold`` or telemetry)."""
 
     policy: RateLimit
     limit: int
@@ -28,6 +31,7 @@ class RateDecision:
     reset: float
     used: int
     would_refuse: bool = False
+    thresholds_reached: tuple[float, ...] = ()
 
 
 def _seconds(value: float) -> int:

@@ -19,7 +19,7 @@ mod task_sizes;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,7 @@ use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
+use crate::rate::Thresholds;
 use crate::renewal::{Counters, Leases};
 use crate::runtime;
 use crate::sync::lock;
@@ -93,6 +94,9 @@ pub struct Manager {
     listener_stop: CancellationToken,
     leases: Arc<Leases>,
     budgets: Arc<Budgets>,
+    /// The thresholds of every rate policy's limit at which hits and starts report their use
+    /// (`alert_thresholds`); unset while nobody listens, so no call carries them.
+    alert_at: OnceLock<Thresholds>,
     /// The process that first used this manager (0 = unused). Its connection and renewal loop
     /// live in that process's runtime; a forked child must build its own manager.
     used_in_pid: AtomicU32,
@@ -129,6 +133,7 @@ impl Manager {
             listener_stop: CancellationToken::new(),
             leases,
             budgets,
+            alert_at: OnceLock::new(),
             used_in_pid: AtomicU32::new(0),
         }
     }

@@ -12,7 +12,7 @@ use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, hash_tag};
 use crate::lease::Store;
 use crate::rate::{
-    check_hit, local_shares, start_costs, HitOutcome, RateCheck, RatePolicy, Reservation, Unit,
+    check_hit, local_shares, start_costs, HitOutcome, RateCheck, RatePolicy, Reservation, Thresholds, Unit,
 };
 
 impl Manager {
@@ -90,16 +90,26 @@ impl Manager {
         })
     }
 
+    /// From now on, every hit and start reports which of `thresholds` of each policy's limit
+    /// it reached first in the window (`Decision::thresholds_reached`). The first thresholds
+    /// given hold.
+    pub fn alert_thresholds(&self, thresholds: Thresholds) {
+        let _ = self.alert_at.set(thresholds);
+    }
+
     /// The policies as this manager applies them: every request rate a dry run under
-    /// `enforce_rate_limits=false` (budgets keep refusing).
+    /// `enforce_rate_limits=false` (budgets keep refusing), each alerting at the manager's
+    /// thresholds while the app listens.
     fn as_configured(&self, policies: Vec<RatePolicy>) -> Vec<RatePolicy> {
-        if self.config.enforce_rate_limits {
+        let alert_at = self.alert_at.get();
+        if self.config.enforce_rate_limits && alert_at.is_none() {
             return policies;
         }
         policies
             .into_iter()
             .map(|policy| RatePolicy {
-                enforce: policy.unit != Unit::Requests,
+                enforce: policy.enforce && (self.config.enforce_rate_limits || policy.unit != Unit::Requests),
+                alert_at: alert_at.cloned().unwrap_or_default(),
                 ..policy
             })
             .collect()
@@ -125,8 +135,8 @@ impl Manager {
             input: b.input,
             output: b.output,
         });
-        let (policies, costs) =
-            start_costs(self.as_configured(rate_limits), reservation).map_err(CoreError::InvalidInput)?;
+        let (policies, costs) = start_costs(rate_limits, reservation).map_err(CoreError::InvalidInput)?;
+        let policies = self.as_configured(policies);
         if policies.is_empty() {
             return Ok(RateCheck::default());
         }

@@ -18,7 +18,7 @@ use super::lease::LeaseHandle;
 use super::rate;
 use crate::backend;
 use crate::manager;
-use crate::rate::MAX_LIMIT;
+use crate::rate::{Thresholds, MAX_LIMIT};
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
 const MAX_BAN_SECONDS: f64 = 30.0 * 86400.0;
@@ -129,6 +129,15 @@ impl Manager {
         } else {
             bridge::submit(py, op, embedded, false)
         }
+    }
+
+    /// From now on, every hit and stream start reports which of `alert_at` (fractions of each
+    /// policy's limit) it reached first in the window, across every worker
+    /// (`RateDecision.thresholds_reached`). The first thresholds given hold.
+    fn alert_thresholds(&self, alert_at: Vec<f64>) -> PyResult<()> {
+        let thresholds = Thresholds::new(&alert_at).map_err(args::invalid)?;
+        self.core.alert_thresholds(thresholds);
+        Ok(())
     }
 
     /// One hit of `cost` against every policy of `user_id`, all or nothing; resolves to each

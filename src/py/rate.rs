@@ -6,7 +6,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
-use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Unit, MAX_LIMIT};
+use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Thresholds, Unit, MAX_LIMIT};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
@@ -217,19 +217,19 @@ pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound
     let items = decisions
         .iter()
         .map(|d| {
-            let policy = Py::new(
-                py,
-                RateLimit {
-                    policy: d.policy.clone(),
-                },
-            )?;
+            // The policy as the app built it (alert thresholds are the manager's).
+            let policy = RatePolicy {
+                alert_at: Thresholds::default(),
+                ..d.policy.clone()
+            };
             class.bind(py).call1((
-                policy,
+                Py::new(py, RateLimit { policy })?,
                 d.policy.limit,
                 d.remaining,
                 d.reset_ms as f64 / 1000.0,
                 d.used,
                 d.would_refuse,
+                PyTuple::new(py, &d.thresholds_reached)?,
             ))
         })
         .collect::<PyResult<Vec<_>>>()?;

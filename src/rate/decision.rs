@@ -66,6 +66,9 @@ pub struct Decision {
     /// The policy had no room for the hit's cost: it refused, or would have were it enforced
     /// (a dry run counts the hit anyway).
     pub would_refuse: bool,
+    /// The policy's alert thresholds (`RatePolicy::alert_at`) this hit's units reached first in
+    /// the window, across every worker: each is in one decision per window.
+    pub thresholds_reached: Vec<f64>,
 }
 
 impl Decision {
@@ -77,12 +80,26 @@ impl Decision {
             reset_ms,
             bucket,
             would_refuse: false,
+            thresholds_reached: Vec::new(),
         }
     }
 
     /// The same decision, saying whether the policy had no room for the cost.
     pub fn refusing(self, would_refuse: bool) -> Self {
         Decision { would_refuse, ..self }
+    }
+
+    /// The same decision, having reached first the policy's thresholds whose bits are set in
+    /// `told` (bit 0: the first of `alert_at`).
+    pub fn telling(self, told: u64) -> Self {
+        if told == 0 {
+            return self;
+        }
+        let thresholds_reached = self.policy.alert_at.of_bits(told);
+        Decision {
+            thresholds_reached,
+            ..self
+        }
     }
 }
 

@@ -2,16 +2,19 @@
 //! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory/rate.rs`).
 //!
 //! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
-//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, and what a
-//! stream's start is checked against in `start.rs`.
+//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, what a
+//! stream's start is checked against in `start.rs`, and the thresholds its use is told at in
+//! `alerts.rs`.
 
 mod adjustment;
+mod alerts;
 mod calendar;
 mod decision;
 mod policy;
 mod start;
 
 pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
+pub use self::alerts::Thresholds;
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,

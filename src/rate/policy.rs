@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 pub use super::calendar::Period;
+use super::Thresholds;
 
 /// Largest limit: counts stay exact as Lua numbers (doubles) far beyond it.
 pub const MAX_LIMIT: u64 = 1_000_000_000_000;
@@ -116,6 +117,9 @@ pub struct RatePolicy {
     pub unit: Unit,
     /// False: a dry run, counted and reported (`Decision::would_refuse`) but never refusing.
     pub enforce: bool,
+    /// The thresholds of its limit at which an identity's use is told (the manager's
+    /// `alert_at` while the app listens; empty as the app builds it).
+    pub alert_at: Thresholds,
 }
 
 impl RatePolicy {
@@ -155,6 +159,7 @@ impl RatePolicy {
             algorithm,
             unit,
             enforce: true,
+            alert_at: Thresholds::default(),
         })
     }
 

@@ -35,6 +35,8 @@ pub struct RateCounters {
     hits_since_sweep: u32,
     /// The last epoch given to a sliding counter (a counter made again gets a new one).
     epochs: u64,
+    /// Alert thresholds told: (counter, mark in units) -> from when it is told again (`told_first`).
+    told: HashMap<(String, u64), u64>,
 }
 
 impl Default for RateCounters {
@@ -45,6 +47,7 @@ impl Default for RateCounters {
             counters: HashMap::new(),
             hits_since_sweep: 0,
             epochs: 0,
+            told: HashMap::new(),
         }
     }
 }
@@ -110,7 +113,14 @@ impl RateCounters {
                     bucket = Some(self.take(key, policy, *cost, now));
                     used += cost;
                 }
-                Decision::new(policy.clone(), used, (look.reset)(used), bucket).refusing(over)
+                let told = if taken {
+                    self.told_first(key, policy, used, now)
+                } else {
+                    0
+                };
+                Decision::new(policy.clone(), used, (look.reset)(used), bucket)
+                    .refusing(over)
+                    .telling(told)
             })
             .collect();
         HitOutcome { decisions, refused }
@@ -200,6 +210,38 @@ impl RateCounters {
         for key in keys {
             self.counters.remove(key);
         }
+        self.told.retain(|(key, _), _| !keys.contains(key));
+    }
+
+    /// Which of `policy`'s alert marks `used` units reach that were not told within the window
+    /// yet, as bits, each remembered until the units taken now leave the window (`told_first`
+    /// of `lua/prelude/rates.lua`).
+    fn told_first(&mut self, key: &str, policy: &RatePolicy, used: u64, now: u64) -> u64 {
+        let until = match (policy.algorithm, self.counters.get(key)) {
+            (Algorithm::SlidingWindow, _) => {
+                let slot = now / (policy.window_ms / SLICES);
+                now + Self::counts_for(Bucket { slot, epoch: 0 }, policy, now)
+            }
+            (_, Some((Counter::Fixed { ends_at, .. }, _))) => *ends_at,
+            _ => now + self.fixed_span(policy),
+        };
+        let reached: Vec<u64> = policy
+            .alert_at
+            .marks(policy.limit)
+            .take_while(|mark| used >= *mark)
+            .collect();
+        let bits = reached.iter().enumerate().fold(0, |bits, (i, mark)| {
+            match self.told.get(&(key.to_owned(), *mark)) {
+                Some(told) if *told > now => bits,
+                _ => bits | 1 << i,
+            }
+        });
+        for (i, mark) in reached.into_iter().enumerate() {
+            if bits >> i & 1 == 1 {
+                self.told.insert((key.to_owned(), mark), until);
+            }
+        }
+        bits
     }
 
     fn look(&mut self, key: &str, policy: &RatePolicy, now: u64) -> Look {
@@ -306,6 +348,7 @@ impl RateCounters {
         if self.hits_since_sweep >= SWEEP_EVERY {
             self.hits_since_sweep = 0;
             self.counters.retain(|_, (_, stale_at)| *stale_at > now);
+            self.told.retain(|_, until| *until > now);
         }
     }
 }

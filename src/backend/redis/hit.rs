@@ -3,25 +3,36 @@
 //! acquire.lua takes and gives them too.
 
 use super::batched::OneCall;
-use super::layout::unexpected_reply;
+use super::layout::{unexpected_reply, Shape};
 use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
 use crate::rate::{Bucket, Decision, HitOutcome, RatePolicy};
 
 /// Each rate policy as the scripts take it (the prelude's RATE_ARGS): algorithm, limit, window
-/// in ms, its cost, enforce (1; 0: a dry run).
+/// in ms, its cost, enforce (1; 0: a dry run) followed, in the same argument, by the units at
+/// which its alert thresholds are reached (none while nobody listens: "1", else "1 8 10").
 pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
     for (policy, cost) in policies.iter().zip(costs) {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
             .arg(policy.window_ms)
-            .arg(cost)
-            .arg(u8::from(policy.enforce));
+            .arg(cost);
+        if policy.alert_at.is_empty() {
+            invocation.arg(u8::from(policy.enforce));
+        } else {
+            let mut enforce_and_marks = Shape::default();
+            enforce_and_marks.push(u8::from(policy.enforce));
+            for mark in policy.alert_at.marks(policy.limit) {
+                enforce_and_marks.push(mark);
+            }
+            invocation.arg(enforce_and_marks.into_arg());
+        }
     }
 }
 
-/// Numbers per policy in a reply: used, reset_ms, bucket, epoch, over (1: no room for the cost).
+/// Numbers per policy in a reply: used, reset_ms, bucket, epoch, flags (1: no room for the
+/// cost; plus twice the bits of the alert thresholds the hit reached first in the window).
 pub const RATE_ANSWER_LEN: usize = 5;
 
 /// The policies' decisions from a reply's answers, `RATE_ANSWER_LEN` numbers each.
@@ -30,7 +41,9 @@ pub fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
         .iter()
         .zip(answers.chunks(RATE_ANSWER_LEN))
         .map(|(policy, a)| {
-            Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3])).refusing(a[4] == 1)
+            Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3]))
+                .refusing(a[4] & 1 == 1)
+                .telling(a[4] >> 1)
         })
         .collect()
 }
@@ -71,7 +84,7 @@ pub fn forget_invocation(keys: &[String]) -> Invocation {
 pub mod tests {
     use super::super::layout::read;
     use super::*;
-    use crate::rate::{Algorithm, Unit};
+    use crate::rate::{Algorithm, Thresholds, Unit};
 
     pub fn policy(name: &str, limit: u64) -> RatePolicy {
         RatePolicy::new(name, limit, 60_000, Algorithm::FixedWindow, Unit::Requests).expect("a policy")
@@ -92,6 +105,23 @@ pub mod tests {
             ["1", "f", "10", "60000", "3", "1", "f", "20", "60000", "3", "0"]
         );
         assert!(hit_request(&[], &[], 1, true).is_none());
+    }
+
+    #[test]
+    fn a_policy_with_alert_thresholds_sends_their_marks_after_enforce_and_reads_back_those_told() {
+        let alerting = RatePolicy {
+            alert_at: Thresholds::new(&[0.8, 1.0]).expect("thresholds"),
+            ..policy("a", 9)
+        };
+        let keys = ["{u}:a".to_owned(), "{u}:b".to_owned()];
+        let request = hit_request(&keys, &[alerting.clone(), policy("b", 20)], 1, true).expect("a request");
+        assert_eq!(read::text(&request.args[5]), "1 8 9");
+        assert_eq!(read::text(&request.args[10]), "1", "no thresholds: enforce alone");
+        let reply = [0, 0, 9, 100, 7, 0, 0b100, 20, 500, 0, 0, 0];
+        let outcome = decode_hit(&reply, &[alerting, policy("b", 20)]).expect("decoded");
+        assert_eq!(outcome.decisions[0].thresholds_reached, [1.0]);
+        assert!(!outcome.decisions[0].would_refuse);
+        assert!(outcome.decisions[1].thresholds_reached.is_empty());
     }
 
     #[test]

@@ -179,8 +179,38 @@ local function give_back(key, algorithm, slot, epoch, tokens)
 end
 
 -- Arguments per policy in a call: algorithm, limit, window in ms, cost, enforce ('1'; '0': a dry
--- run, counted and reported but never refusing).
+-- run, counted and reported but never refusing), followed in the same argument, when the app
+-- listens for threshold alerts, by the policy's alert marks: the units of use at which each
+-- threshold is reached, ascending ("1 8 10": enforced, alerts at 8 and 10 units).
 local RATE_ARGS = 5
+
+-- Which alert marks (state.marks[2..], see RATE_ARGS) `used` units of the policy whose counter
+-- is state.key reach that no call told within the window yet, as bits (1: the first mark, 2: the
+-- second...). What was told is kept in the hash state.key .. ':told' (mark -> ms from which it is
+-- told again: when the units taken now leave the window), so every worker tells each once.
+-- Read only by a call that reaches a mark, written only by one that tells one.
+local function told_first(state, used)
+  local marks, reached = state.marks, {}
+  for i = 2, #marks do
+    if used < marks[i] then break end
+    reached[#reached + 1] = marks[i]
+  end
+  local told_key = state.key .. ':told'
+  local told = call('HMGET', told_key, unpack(reached))
+  local bits, fresh, until_ms = 0, {}, now + state.counts()
+  for i, mark in ipairs(reached) do
+    if not told[i] or tonumber(told[i]) <= now then
+      bits = bits + 2 ^ (i - 1)
+      fresh[#fresh + 1] = mark
+      fresh[#fresh + 1] = until_ms
+    end
+  end
+  if bits > 0 then
+    call('HSET', told_key, unpack(fresh))
+    call('PEXPIRE', told_key, until_ms - now)
+  end
+  return bits
+end
 
 -- Looks at the policies whose counters are keys[k0..k1] and whose RATE_ARGS arguments each are
 -- args[a0..]: their states (`over`: no room for the cost), the 1-based index of the first
@@ -194,11 +224,15 @@ local function look_rates(keys, k0, k1, args, a0, scale)
   for i = k0, k1 do
     local at = a0 + (i - k0) * RATE_ARGS
     local state = look_rate(keys[i], args[at], num(args[at + 2]))
+    local enforce = args[at + 4]
     state.limit = num(args[at + 1])
     state.cost = num(args[at + 3]) * scale
     state.over = state.used + state.cost > state.limit
+    if #enforce > 1 then
+      state.key, state.marks = keys[i], shape_of(enforce)
+    end
     states[#states + 1] = state
-    if refused == 0 and state.over and args[at + 4] == '1' then
+    if refused == 0 and state.over and string.byte(enforce) == 49 then -- '1': enforced
       refused, retry = #states, state.wait(state.used + state.cost - state.limit)
     end
   end
@@ -206,8 +240,9 @@ local function look_rates(keys, k0, k1, args, a0, scale)
 end
 
 -- Takes each policy's cost (when `take`, a dry run's whatever its room) and appends each one's
--- units in use, reset (ms), the bucket and epoch the cost went to (0, 0: none taken), and
--- whether it had no room for the cost (1, else 0) to `reply`.
+-- units in use, reset (ms), the bucket and epoch the cost went to (0, 0: none taken), and its
+-- flags to `reply`: 1 when it had no room for the cost, plus twice the bits of the alert marks
+-- the units in use reached first in the window (told_first; only when `take`).
 local function answer_rates(reply, states, take)
   for _, state in ipairs(states) do
     local used, bucket, epoch = state.used, 0, 0
@@ -217,10 +252,14 @@ local function answer_rates(reply, states, take)
     else
       state.repair()
     end
+    local flags = state.over and 1 or 0
+    if take and state.marks and used >= state.marks[2] then
+      flags = flags + 2 * told_first(state, used)
+    end
     reply[#reply + 1] = used
     reply[#reply + 1] = state.reset(used)
     reply[#reply + 1] = bucket
     reply[#reply + 1] = epoch
-    reply[#reply + 1] = state.over and 1 or 0
+    reply[#reply + 1] = flags
   end
 end
