@@ -63,9 +63,12 @@ async def test_each_threshold_is_told_once_in_a_window_and_never_with_the_identi
     await manager.aclose()
 
 
-async def test_a_threshold_is_told_again_in_the_next_window(backend_url, key_prefix):
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+async def test_a_threshold_is_told_again_in_the_next_window(backend_url, key_prefix, algorithm):
+    """A fixed window's alert comes again in the next window; a sliding window's once the
+    units that reached it have left the window."""
     manager, told = alerting_manager(backend_url, key_prefix, alert_at=(0.5,))
-    burst = RateLimit("burst", 4, per=0.5, algorithm="fixed_window")
+    burst = RateLimit("burst", 4, per=0.5, algorithm=algorithm)
     digest = manager._core.identity_digest(ALICE)
     await manager.hit(ALICE, burst, cost=2)
     await told_about(told, digest, 1)
@@ -116,6 +119,30 @@ async def test_a_reset_allowance_tells_its_thresholds_again(backend_url, key_pre
     await told_about(told, digest, 2)
     assert [(a.threshold, a.used) for a in told] == [(0.8, 8), (0.8, 9)]
     await manager.aclose()
+
+
+async def test_alerts_write_nothing_below_a_threshold_nor_while_nobody_listens(
+    redis_server, redis_client, key_prefix
+):
+    """A hit that reaches no threshold leaves no mark, and a manager nobody listens to leaves
+    none at any use; the first threshold told leaves one, next to the counter."""
+    listened, _ = alerting_manager(redis_server.url, key_prefix)
+    unheard = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
+    per_hour = RateLimit("requests_per_hour", 10, per=3600)
+
+    def marks() -> list[bytes]:
+        return redis_client.keys(f"{{{key_prefix}}}:rate:*:told")
+
+    await unheard.hit(ALICE, per_hour, cost=9)
+    await listened.hit(BOB, per_hour, cost=7)
+    assert marks() == []
+    await listened.hit(BOB, per_hour, cost=1)
+    assert [key.decode() for key in marks()] == [
+        f"{key.decode()}:told" for key in redis_client.keys(f"{{{key_prefix}}}:rate:*")
+        if not key.endswith(b":told") and listened._core.identity_digest(BOB) in key.decode()
+    ]
+    for manager in (listened, unheard):
+        await manager.aclose()
 
 
 async def test_a_stream_start_that_reserves_a_budget_past_a_threshold_is_told(

@@ -74,6 +74,8 @@ mod tests {
         assert_eq!(thresholds.marks(9).collect::<Vec<_>>(), [7, 8, 9]);
         assert_eq!(thresholds.marks(1).collect::<Vec<_>>(), [1, 1, 1]);
         assert_eq!(thresholds.of_bits(0b101), [0.7, 1.0]);
+        let fine = Thresholds::new(&[0.123_456_7]).expect("a threshold");
+        assert_eq!(fine.of_bits(1), [0.123_457], "kept to a millionth");
     }
 
     #[test]
