@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import re
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -454,6 +456,85 @@ async def test_a_calendar_weeks_and_months_reset_is_at_the_boundary_on_the_store
         pytest.skip(f"the hit straddled a {period}'s end")
     assert end - after <= round(decision.reset * 1000) <= end - before
     assert repr(limit) == f"RateLimit('per_{period}', 10, per='{period}', algorithm='fixed_window')"
+
+
+# One policy of each window kind for the randomized bound: short windows where the test runs
+# across several of them, calendar periods (whose boundary the test cannot move) as they are.
+WINDOW_KINDS = {
+    "sliding": RateLimit("random_sliding", 12, per=0.3),
+    "fixed": RateLimit("random_fixed", 12, per=0.3, algorithm="fixed_window"),
+    "day": RateLimit("random_day", 40, per="day"),
+    "week": RateLimit("random_week", 40, per="week"),
+    "month": RateLimit("random_month", 40, per="month"),
+}
+
+
+def worst_window(hits: list[tuple[float, float, int]], per: float) -> int:
+    """The most units of ``hits`` (sent, answered, cost; the server counted each in between)
+    sure to fall within one window of ``per`` seconds: those sent and answered within ``per``
+    of one hit's sending."""
+    return max(
+        sum(cost for sent, answered, cost in hits if start <= sent and answered < start + per)
+        for start, _, _ in hits
+    )
+
+
+def units_per_window(ends: list[tuple[float, int]], gap: float) -> list[int]:
+    """The units of each fixed window, from each allowed hit's (window end as the hit saw it:
+    sent plus its ``reset``, cost); ends closer than ``gap`` are one window's."""
+    windows: list[list[float | int]] = []
+    for end, cost in sorted(ends):
+        if windows and end - windows[-1][0] < gap:
+            windows[-1][1] += cost
+        else:
+            windows.append([end, cost])
+    return [int(units) for _, units in windows]
+
+
+@pytest.mark.parametrize(
+    "kind, seed", [("sliding", 1), ("fixed", 2), ("day", 3), ("week", 4), ("month", 5)]
+)
+async def test_random_hits_of_several_workers_hold_each_window_kinds_bound(
+    make_manager, backend_url, kind, seed
+):
+    """Hits of random costs at random times from three managers (one on the embedded store)
+    against one policy, by the hits' own counts: a sliding window never holds more than
+    ``limit`` in any ``per`` seconds; a fixed window and a calendar day, week or month never
+    count more than ``limit`` in one window."""
+    rng = random.Random(seed)
+    policy = WINDOW_KINDS[kind]
+    managers = [make_manager() for _ in range(1 if backend_url == "memory://" else 3)]
+    seconds = 3 * policy.per if policy.calendar is None else 0.2
+    lanes = [
+        [(rng.choice([0, 0, rng.uniform(0, seconds / 8)]), rng.randint(1, 4)) for _ in range(30)]
+        for _ in range(4)
+    ]
+    allowed: list[tuple[float, float, int]] = []
+    ends: list[tuple[float, int]] = []
+    refused = 0
+
+    async def lane(manager, hits: list[tuple[float, int]]) -> None:
+        nonlocal refused
+        for pause, cost in hits:
+            await asyncio.sleep(pause)
+            sent = time.monotonic()
+            try:
+                (decision,) = await manager.hit("alice", policy, cost=cost)
+            except RateLimited:
+                refused += 1
+                continue
+            allowed.append((sent, time.monotonic(), cost))
+            ends.append((sent + decision.reset, cost))
+
+    await asyncio.gather(*(lane(managers[i % len(managers)], hits) for i, hits in enumerate(lanes)))
+    assert refused, "the hits ran the policy out"
+    if kind == "sliding":
+        assert worst_window(allowed, policy.per) <= policy.limit
+    else:
+        # Fixed windows' ends are a window apart; calendar periods' ends, days at least.
+        windows = units_per_window(ends, gap=policy.per / 2)
+        assert max(windows) <= policy.limit, windows
+        assert kind != "fixed" or len(windows) > 1, "the hits ran across windows"
 
 
 def calendar_boundaries_in_lua(redis_client, times_ms: list[int]) -> list[list[int]]:

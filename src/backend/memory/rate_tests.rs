@@ -1,21 +1,27 @@
 use super::*;
-use crate::rate::{Unit, MAX_WINDOW_MS};
+use std::collections::HashMap;
+
+use crate::rate::{Period, Unit, MAX_WINDOW_MS};
 
 fn policy(name: &str, limit: u64, algorithm: Algorithm) -> RatePolicy {
     RatePolicy::new(name, limit, 60_000, algorithm, Unit::Requests).unwrap()
+}
+
+/// A seeded random number below its argument (a linear congruential generator).
+fn random_from(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |below: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    }
 }
 
 /// Hits at random times never put more than the limit in any window (the sliding window's
 /// promise), and a refusal's retry time is when the hit would really fit.
 #[test]
 fn no_window_ever_holds_more_than_the_limit() {
-    let mut seed: u64 = 0x5eed;
-    let mut random = move |below: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) % below
-    };
+    let mut random = random_from(0x5eed);
     for _ in 0..20 {
         let limit = 1 + random(20);
         let window = 10 * (1 + random(100));
@@ -65,6 +71,57 @@ fn a_calendar_day_ends_at_midnight_utc_not_a_day_after_its_first_hit() {
         next_day.decisions[0].reset_ms, 86_400_000,
         "the new day ends at the next midnight"
     );
+}
+
+/// Hits at random times across real UTC boundaries (the days around a year's end, the Monday
+/// midnights of twelve weeks, the months of a leap year) on the wall clock: no calendar period ever
+/// counts more than the limit, a hit is refused only when its period is full (each period starts
+/// with a fresh allowance, at its boundary), and `reset` is the time left to the boundary.
+#[test]
+fn no_calendar_period_ever_counts_more_than_the_limit() {
+    let mut random = random_from(0xca1e);
+    let hour = 3_600_000;
+    // 2026-12-31 22:00, 2026-12-06 12:00 (a Sunday), 2027-12-15 00:00 UTC.
+    for (period, start, step) in [
+        (Period::Day, 1_798_754_400_000, hour / 6),
+        (Period::Week, 1_796_558_400_000, 2 * hour),
+        (Period::Month, 1_828_828_800_000, 8 * hour),
+    ] {
+        let limit = 1 + random(30);
+        let policy = RatePolicy::calendar("p", limit, period, Unit::Requests).unwrap();
+        let mut counters = RateCounters::default();
+        let keys = ["k".to_owned()];
+        let (mut unix_ms, mut now) = (start, MAX_WINDOW_MS);
+        let mut used: HashMap<u64, u64> = HashMap::new(); // period end -> units counted in it
+        for _ in 0..2000 {
+            let elapsed = random(step);
+            (unix_ms, now) = (unix_ms + elapsed, now + elapsed);
+            counters.unix_ms = unix_ms;
+            let cost = 1 + random(limit);
+            let outcome = counters.hit_at(now, &keys, std::slice::from_ref(&policy), &[cost], true);
+            let end = period.next_boundary(unix_ms);
+            let in_period = used.entry(end).or_default();
+            match outcome.refused {
+                None => {
+                    *in_period += cost;
+                    assert_eq!(
+                        outcome.decisions[0].reset_ms,
+                        end - unix_ms,
+                        "reset at the boundary"
+                    );
+                }
+                Some((_, retry)) => {
+                    assert!(*in_period + cost > limit, "refused with room in the {period:?}");
+                    assert_eq!(retry, end - unix_ms, "retry at the boundary");
+                }
+            }
+            assert!(
+                *in_period <= limit,
+                "{in_period} > {limit} in the {period:?} to {end}"
+            );
+        }
+        assert!(used.len() > 4, "the hits ran across {period:?} boundaries");
+    }
 }
 
 #[test]
