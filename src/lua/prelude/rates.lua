@@ -85,6 +85,17 @@ local function fixed_span(algorithm, window)
   return next_day * DAY_MS - now
 end
 
+-- Sets a fixed window's counter to expire `window` ms from now: a calendar window's at its
+-- boundary exactly (PEXPIREAT, whatever the time since the clock was read), which look_rate and
+-- give_back rely on.
+local function expire_fixed(key, algorithm, window)
+  if algorithm == 'f' then
+    call('PEXPIRE', key, window)
+  else
+    call('PEXPIREAT', key, now + window)
+  end
+end
+
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
@@ -130,8 +141,14 @@ local function look_rate(key, algorithm, window)
   window = fixed_span(algorithm, window)
   local used = tonumber(call('GET', key) or 0)
   local left = call('PTTL', key)
+  if algorithm ~= 'f' and left > 0 then
+    -- A calendar counter expires at its boundary exactly (expire_fixed), so it is the current
+    -- period's and ends `window` from now: exact, where PTTL, read after the clock, is short by
+    -- the time since (ms in a big batch), and a refund would miss its bucket.
+    left = window
+  end
   if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
-    call('PEXPIRE', key, window)
+    expire_fixed(key, algorithm, window)
     left = window
   end
   return {
@@ -144,7 +161,7 @@ local function look_rate(key, algorithm, window)
     take = function(cost)
       call('INCRBY', key, cost)
       if left <= 0 then
-        call('PEXPIRE', key, window)
+        expire_fixed(key, algorithm, window)
         left = window
       end
       return now + left, 0
@@ -156,7 +173,8 @@ end
 
 -- Gives back up to `tokens` taken from a counter into bucket `slot` of counter `epoch` (see
 -- look_rate), while that bucket still counts (a slice still in the hash of the same epoch; the
--- same fixed window, to the ms the clocks allow); returns how many.
+-- same fixed window, to the ms the clocks allow; a calendar window's current period); returns
+-- how many.
 local function give_back(key, algorithm, slot, epoch, tokens)
   local held
   if algorithm == 's' then
@@ -170,7 +188,13 @@ local function give_back(key, algorithm, slot, epoch, tokens)
   end
   local left = call('PTTL', key)
   held = tonumber(call('GET', key))
-  if held and left > 0 and math.abs(now + left - slot) <= 2 then
+  local same_window
+  if algorithm == 'f' then
+    same_window = math.abs(now + left - slot) <= 2
+  else -- a calendar counter that is there is the current period's (see look_rate)
+    same_window = slot == now + fixed_span(algorithm, 0)
+  end
+  if held and left > 0 and same_window then
     local back = math.min(held, tokens)
     call('DECRBY', key, back)
     return back
