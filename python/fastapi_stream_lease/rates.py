@@ -11,6 +11,15 @@ from ._core import RateLimit
 
 __all__ = ["RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
 
+#: A policy of a call: a ``RateLimit`` counting the call's identity (the user), or a
+#: ``(RateLimit, identity)`` pair counting that identity (a team, an API key, ``"org|model"``).
+PolicyEntry = RateLimit | tuple[RateLimit, str]
+
+
+def policy_of(entry: PolicyEntry) -> RateLimit:
+    """The ``RateLimit`` of a call's policy, with or without an identity of its own."""
+    return entry[0] if isinstance(entry, tuple) else entry
+
 
 @dataclass(frozen=True)
 class RateDecision:
