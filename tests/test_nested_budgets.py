@@ -6,8 +6,18 @@ behavioural test runs on the embedded store and on a real Redis."""
 from __future__ import annotations
 
 import pytest
+from fastapi import Depends, FastAPI, Header
+from starlette.testclient import TestClient
 
-from fastapi_stream_lease import RateLimit, RateLimited, rate_limit_headers
+from fastapi_stream_lease import (
+    Lease,
+    LeaseConfig,
+    RateLimit,
+    RateLimited,
+    StreamLeaseManager,
+    install_exception_handler,
+    rate_limit_headers,
+)
 
 from support.waiting import eventually
 
@@ -120,3 +130,28 @@ async def test_a_bad_entry_is_refused_clearly_before_anything_is_counted(
         await manager.usage("gina", USER, entry)
     assert await used(manager, "gina", USER) == 0
     assert await manager.get_active_count("gina") == 0
+
+
+def test_the_dependency_charges_the_team_level_of_every_user_and_refuses_the_third():
+    """``stream_lease(budgets=[(budget, team), ...])``: each response's start reserves from the
+    team's budget and its user's, and the third user's is refused (429) by the team's."""
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(max_per_user=0))
+    app = FastAPI()
+    install_exception_handler(app)
+
+    def user(x_user: str = Header()) -> str:
+        return x_user
+
+    leased = Depends(manager.stream_lease(user=user, budgets=[(TEAM, "team-d"), USER], reserve=400))
+
+    @app.get("/answer")
+    async def answer(lease: Lease = leased) -> list[int]:
+        lease.consume(400)  # the whole reservation, charged at release
+        return [decision.used for decision in lease.rate_decisions]
+
+    with TestClient(app) as client:
+        used_by = [client.get("/answer", headers={"x-user": who}) for who in ("ann", "ben")]
+        assert [r.json() for r in used_by] == [[400, 400], [800, 400]]
+        refused = client.get("/answer", headers={"x-user": "cat"})
+        assert refused.status_code == 429
+        assert refused.json()["violated-policies"] == ["team_tokens"]
