@@ -252,7 +252,7 @@ async def test_a_span_names_the_policies_of_every_level_and_no_identity_of_their
 ):
     """An acquire whose policies count identities of their own (a team) is traced with every
     policy's name, and with neither the user's nor the team's identity."""
-    meters, tracers, reader, exporter = telemetry
+    meters, tracers, _, exporter = telemetry
     manager = StreamLeaseManager(
         url=backend_url,
         config=LeaseConfig(key_prefix=key_prefix),

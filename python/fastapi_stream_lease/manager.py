@@ -524,9 +524,7 @@ class StreamLeaseManager:
             await lease._release_quietly("error")
             raise
 
-    async def hit(
-        self, identity: str, *policies: PolicyEntry, cost: int = 1
-    ) -> list[RateDecision]:
+    async def hit(self, identity: str, *policies: PolicyEntry, cost: int = 1) -> list[RateDecision]:
         """Counts one request of ``identity`` (a user id, an IP address) against every policy at
         once, all or nothing, across every worker: a hit refused by one policy consumes from
         none. A policy paired with an identity of its own counts that one instead, in the same

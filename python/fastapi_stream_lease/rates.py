@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from ._core import RateLimit
 
@@ -13,7 +14,7 @@ __all__ = ["RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit
 
 #: A policy of a call: a ``RateLimit`` counting the call's identity (the user), or a
 #: ``(RateLimit, identity)`` pair counting that identity (a team, an API key, ``"org|model"``).
-PolicyEntry = RateLimit | tuple[RateLimit, str]
+PolicyEntry: TypeAlias = RateLimit | tuple[RateLimit, str]
 
 
 def policy_of(entry: PolicyEntry) -> RateLimit:
