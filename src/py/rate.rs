@@ -172,9 +172,21 @@ pub fn check_rate_limits(policies: &Bound<'_, PyAny>, cost: &Bound<'_, PyAny>) -
     check_hit(&policies_of(policies)?, cost).map_err(args::invalid)
 }
 
-/// The policies of one call, each a `RateLimit`.
+/// The policies of a route form, each a `RateLimit`: a form counts the identity its `key`
+/// gives, so a policy paired with one of its own is refused, saying where pairs belong.
 pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
-    value.try_iter()?.map(|item| policy_of(&item?)).collect()
+    value
+        .try_iter()?
+        .map(|item| {
+            let item = item?;
+            if item.is_instance_of::<PyTuple>() {
+                return Err(PyTypeError::new_err(
+                    "a route's rate limits count the identity its key gives: pass RateLimit values here; a (RateLimit, identity) pair is for hit(), acquire(), usage() and reset()",
+                ));
+            }
+            policy_of(&item)
+        })
+        .collect()
 }
 
 /// The policies of one call, each a `RateLimit` (counting the call's identity) or a
