@@ -195,8 +195,9 @@ async def test_the_levels_of_one_admission_share_the_global_pools_slot(
     spread = StreamLeaseManager(
         url=redis_cluster.url, config=LeaseConfig(key_prefix=key_prefix + "s", global_pool=False)
     )
-    with pytest.raises(ValueError, match="need one hash tag on a Redis Cluster"):
-        await spread.acquire("u1", budgets=[(team, "team-a"), own], reserve=300)
+    for levels in ([(team, "team-a"), own], [(team, "team-a")]):  # the user's pool spans too
+        with pytest.raises(ValueError, match="need one hash tag on a Redis Cluster"):
+            await spread.acquire("u1", budgets=levels, reserve=300)
     assert (await spread.usage("u1", own))["user_tokens"].used == 0
     await spread.aclose()
 

@@ -37,7 +37,7 @@ impl Manager {
                 budget.unit.name()
             )));
         }
-        let keys = self.counter_keys(identity, &policies, &identities)?;
+        let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
         let manager = Arc::clone(self);
         Ok(async move {
@@ -67,7 +67,7 @@ impl Manager {
     ) -> CoreResult<impl Future<Output = CoreResult<()>> + Send + 'static> {
         let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
         check_hit(&policies, 0).map_err(CoreError::InvalidInput)?;
-        let keys = self.counter_keys(identity, &policies, &identities)?;
+        let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
         let manager = Arc::clone(self);
         Ok(async move {
@@ -95,13 +95,15 @@ impl Manager {
 
     /// The counter of each policy (`policies[i]`) for the identity it counts: its own
     /// (`identities[i]`, a team or an API key) or else `identity`. On a Redis Cluster one script
-    /// call takes them all, so they must share a hash tag: every identity's counters do under a
-    /// global pool's tag, each has a tag of its own without one (`keys.rs`).
+    /// call takes them all, with the other keys of the call (`along`: a key of the start's
+    /// pools), so they must share a hash tag: every identity's keys do under a global pool's
+    /// tag, each has a tag of its own without one (`keys.rs`).
     fn counter_keys(
         &self,
         identity: &str,
         policies: &[RatePolicy],
         identities: &[Option<String>],
+        along: Option<&str>,
     ) -> CoreResult<Vec<String>> {
         let keys = policies
             .iter()
@@ -115,7 +117,8 @@ impl Manager {
                 Ok(self.keys.rate_key(counted, policy))
             })
             .collect::<CoreResult<Vec<String>>>()?;
-        if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != hash_tag(&keys[0])) {
+        let tag = hash_tag(along.unwrap_or(&keys[0]));
+        if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != tag) {
             return Err(CoreError::InvalidInput(
                 "the policies of several identities in one call need one hash tag on a Redis Cluster: keep global_pool=True (every identity's counters in its tag), or count them in separate calls".into(),
             ));
@@ -125,13 +128,15 @@ impl Manager {
 
     /// The rate check of a stream's start: one unit from each request-rate policy, then its
     /// reservation from each token budget (the last policies), each counting the identity
-    /// paired with it in `identities` (in the same order), or else the user's.
+    /// paired with it in `identities` (in the same order), or else the user's; `pool` is a key
+    /// of the start's pools, whose slot the counters share.
     pub(super) fn rate_check(
         &self,
         identity: Option<&str>,
         rate_limits: Vec<RatePolicy>,
         budget: Option<&BudgetRequest>,
         identities: &[Option<String>],
+        pool: Option<&str>,
     ) -> CoreResult<RateCheck> {
         let reservation = budget.map(|b| Reservation {
             budgets: &b.policies,
@@ -149,7 +154,7 @@ impl Manager {
             ));
         };
         Ok(RateCheck {
-            keys: self.counter_keys(identity, &policies, identities)?,
+            keys: self.counter_keys(identity, &policies, identities, pool)?,
             costs,
             policies,
         })

@@ -63,6 +63,7 @@ impl Manager {
             request.rate_limits,
             request.budget.as_ref(),
             &request.policy_identities,
+            record.pools.first().map(|pool| &*pool.key),
         )?;
         if self.leases.is_closed() {
             return Err(CoreError::Closed);
