@@ -36,8 +36,8 @@ class AcquireArgs:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: list[tuple[str, int, int | None]] | None = None,
-        rate_limits: Iterable[RateLimit] | None = None,
-        budgets: Iterable[RateLimit] | None = None,
+        rate_limits: Iterable[RateLimit | tuple[RateLimit, str]] | None = None,
+        budgets: Iterable[RateLimit | tuple[RateLimit, str]] | None = None,
         reserve: int | tuple[int, int] | None = None,
         on_budget: str | None = None,
         priority: int | None = None,
@@ -193,7 +193,9 @@ class Manager:
         cost: int,
         consume: bool,
     ) -> Awaitable[list[RateDecision]]: ...
-    def forget_rates(self, user_id: str, policies: Iterable[RateLimit]) -> Awaitable[None]: ...
+    def forget_rates(
+        self, user_id: str, policies: Iterable[RateLimit | tuple[RateLimit, str]]
+    ) -> Awaitable[None]: ...
     def count(self, user_id: str | None = None) -> Awaitable[int]: ...
     def aclose(self) -> Awaitable[None]: ...
     def identity_digest(self, user_id: str) -> str: ...

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .rates import RateDecision, RateLimit
+from .rates import PolicyEntry, RateDecision
 
 # How many remembered alerts make a sweep of the expired ones worth its time.
 SWEEP_AT = 1024
@@ -106,8 +106,7 @@ def window_of(decision: RateDecision, now: float) -> tuple[float, float]:
     return ends, ends + policy.per / 2
 
 
-def identities_of(
-    identity: str, policies: Sequence[RateLimit | tuple[RateLimit, str]]
-) -> list[str]:
-    """The identity each policy of a hit counts: its own when paired with one, else ``identity``."""
+def identities_of(identity: str, policies: Sequence[PolicyEntry]) -> list[str]:
+    """The identity each policy of a hit or a start counts: its own when paired with one,
+    else ``identity``."""
     return [policy[1] if isinstance(policy, tuple) else identity for policy in policies]

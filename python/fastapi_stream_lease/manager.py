@@ -32,7 +32,7 @@ from .failure_policy import CircuitState
 from .handlers import install_exception_handler
 from .lease import Lease, ProtectedStreamingResponse, log
 from .lifecycle import Lifecycle
-from .rates import RateDecision, RateLimit
+from .rates import PolicyEntry, RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
 from .web import (
@@ -214,8 +214,8 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | WebSocket | None = None,
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
@@ -239,6 +239,14 @@ class StreamLeaseManager:
         atomic step: a stream refused a slot consumes no rate, and a start refused for rate
         (:class:`RateLimited`, 429) takes no slot; ``lease.rate_decisions`` holds what each
         policy said.
+
+        An entry of ``rate_limits`` or ``budgets`` paired with an identity of its own,
+        ``(RateLimit, identity)``, counts that identity instead of the user: a team's, an API
+        key's, a model's budget (``(team_tokens, team_id)``), every level checked, reserved,
+        topped up, settled and refunded against its own identity in the same atomic step. Each
+        policy in one call has a name of its own: the name says the level in the decisions, the
+        headers and :meth:`usage`. On a Redis Cluster the levels share the global pool's slot
+        (``global_pool=True``, the default).
 
         ``budgets`` are the user's token budgets (``RateLimit(..., unit="tokens")``, or
         ``"input_tokens"`` / ``"output_tokens"``). The stream reserves ``reserve`` tokens from
@@ -267,8 +275,10 @@ class StreamLeaseManager:
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
         )  # fmt: skip
-        # Whose rates and budgets the start counted, for the threshold alerts.
-        counted = user_id if rate_limits or budgets else None
+        # The start's policies, in the order of its decisions, and whose each counted (the
+        # user's, or the identity paired with it), for the threshold alerts.
+        policies = (*rate_limits, *budgets)
+        counted = (user_id, policies) if policies and user_id is not None else None
         telemetry = self._instruments()
         try:
             if telemetry is None:
@@ -277,7 +287,6 @@ class StreamLeaseManager:
                 handle = await self._start_acquire(*arguments)
                 return self._granted(handle, counted)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
-            policies = (*rate_limits, *budgets)
             # Started inside admit(), so that arguments refused at once count as its result.
             acquiring = self._acquire_handle(*arguments)
             handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
@@ -293,13 +302,13 @@ class StreamLeaseManager:
     def _granted(
         self,
         handle: _core.LeaseHandle,
-        counted: str | None,
+        counted: tuple[str, Sequence[PolicyEntry]] | None,
         on_release: Callable[[Lease], None] | None = None,
     ) -> Lease:
         """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks;
-        the thresholds its start brought ``counted``'s rates and budgets to are told too."""
+        the thresholds its start brought the ``counted`` (user, policies) to are told too."""
         if counted is not None:
-            self._tell_thresholds(counted, handle.rate_decisions)
+            self._tell_thresholds(*counted, handle.rate_decisions)
         lease = Lease(
             handle,
             cancel_on_lost=self._cancel_on_lost,
@@ -315,15 +324,15 @@ class StreamLeaseManager:
     def _tell_thresholds(
         self,
         identity: str,
+        policies: Sequence[PolicyEntry],
         decisions: Sequence[RateDecision],
-        policies: Sequence[RateLimit | tuple[RateLimit, str]] = (),
     ) -> None:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
         consuming hit or start reached (``policies`` pair some with identities of their own)."""
         telemetry = self._instruments()
         if not decisions or (telemetry is None and not self._told_thresholds):
             return  # nobody listens: no digest, nothing remembered, on every hit
-        identities = identities_of(identity, policies or [d.policy for d in decisions])
+        identities = identities_of(identity, policies)
         crossed = self._alerts.reached(identities, decisions)
         for alert in crossed:
             if telemetry is not None:
@@ -355,8 +364,8 @@ class StreamLeaseManager:
         wait_timeout: float | None,
         resources: Sequence[Resource],
         request: Request | WebSocket | None,
-        rate_limits: Sequence[RateLimit],
-        budgets: Sequence[RateLimit],
+        rate_limits: Sequence[PolicyEntry],
+        budgets: Sequence[PolicyEntry],
         reserve: int | tuple[int, int] | None,
         on_budget: OnBudget,
         priority: int,
@@ -405,8 +414,8 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | WebSocket | None = None,
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
@@ -440,8 +449,8 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
@@ -515,9 +524,7 @@ class StreamLeaseManager:
             await lease._release_quietly("error")
             raise
 
-    async def hit(
-        self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
-    ) -> list[RateDecision]:
+    async def hit(self, identity: str, *policies: PolicyEntry, cost: int = 1) -> list[RateDecision]:
         """Counts one request of ``identity`` (a user id, an IP address) against every policy at
         once, all or nothing, across every worker: a hit refused by one policy consumes from
         none. A policy paired with an identity of its own counts that one instead, in the same
@@ -530,7 +537,7 @@ class StreamLeaseManager:
         telemetry = self._instruments()
         if telemetry is not None:
             telemetry.rated(decisions)
-        self._tell_thresholds(identity, decisions, policies)
+        self._tell_thresholds(identity, policies, decisions)
         return decisions
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
@@ -538,15 +545,17 @@ class StreamLeaseManager:
         (decision,) = await self._core.hit(identity, (policy,), 0, False)
         return decision
 
-    async def usage(self, user_id: str, *budgets: RateLimit) -> dict[str, RateDecision]:
-        """Each budget's state for ``user_id``, keyed by the budget's name, for a dashboard or
-        an account page: ``used`` tokens in its window (the reservations of streams running
-        now included), ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
+    async def usage(self, user_id: str, *budgets: PolicyEntry) -> dict[str, RateDecision]:
+        """Each budget's state for ``user_id`` (or, paired with one, ``(budget, team_id)``,
+        for the identity of its own), keyed by the budget's name, for a dashboard or an account
+        page: ``used`` tokens in its window (the reservations of streams running now included),
+        ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
         decisions = await self._core.hit(user_id, budgets, 0, False)
         return {decision.policy.name: decision for decision in decisions}
 
-    async def reset(self, identity: str, *policies: RateLimit) -> None:
-        """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
+    async def reset(self, identity: str, *policies: PolicyEntry) -> None:
+        """Forgets ``identity``'s counts of ``policies`` (or, paired with one, the identity's
+        own): a fresh allowance (for support staff)."""
         await self._core.forget_rates(identity, policies)
 
     async def revoke(self, user_id: str, ban_seconds: float = 0) -> int:

@@ -44,6 +44,16 @@ impl AcquireArgs {
         let wait = args::given(wait_timeout)
             .map(|wait| args::wait_seconds(Some(wait), 0.0).map(Duration::from_secs_f64))
             .transpose()?;
+        let keyed = |policies| {
+            args::given(policies)
+                .map(rate::keyed_policies_of)
+                .transpose()
+                .map(Option::unwrap_or_default)
+        };
+        // Whose each policy counts, in the start's order: the rate limits', then the budgets'.
+        let (rate_limits, mut policy_identities): (Vec<_>, Vec<_>) = keyed(rate_limits)?.into_iter().unzip();
+        let (budgets, budget_identities): (Vec<_>, Vec<_>) = keyed(budgets)?.into_iter().unzip();
+        policy_identities.extend(budget_identities);
         let request = AcquireRequest {
             identity,
             resources,
@@ -51,11 +61,9 @@ impl AcquireArgs {
             weight,
             max_per_user,
             wait: Duration::ZERO,
-            rate_limits: args::given(rate_limits)
-                .map(rate::policies_of)
-                .transpose()?
-                .unwrap_or_default(),
+            rate_limits,
             budget: budget::request(budgets, reserve, on_budget)?,
+            policy_identities,
             priority: args::given(priority)
                 .map(|p| args::int_in("priority", p, 0..=u64::from(MAX_PRIORITY)))
                 .transpose()?

@@ -229,7 +229,7 @@ pub fn check_costs(policies: &[RatePolicy], costs: &[u64], what: &str) -> Result
     for (i, (policy, cost)) in policies.iter().zip(costs).enumerate() {
         if policies[..i].iter().any(|p| p.name == policy.name) {
             return Err(format!(
-                "rate limit {:?} is given twice in one call: give each policy its own name",
+                "rate limit {:?} is given twice in one call: give each policy its own name (each level its own: \"team_tokens\", \"user_tokens\"), as decisions, headers and usage() name them",
                 policy.name
             ));
         }
