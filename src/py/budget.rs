@@ -7,15 +7,17 @@ use pyo3::types::PyTuple;
 
 use super::args::{self, type_name};
 use super::rate;
-use crate::budget::{BudgetRequest, OnBudget, TOP_UP};
+use crate::budget::{BudgetRequest, OnBudget, Price, TOP_UP};
 use crate::rate::MAX_LIMIT;
 
-/// What an acquire asks of its budgets; None without any budget argument. Left out, the
-/// reservation is one top-up increment of answer tokens (at most the smallest budget).
+/// What an acquire asks of its budgets, its cost budgets priced at `price` (the model's); None
+/// without any budget argument. Left out, the reservation is one top-up increment of answer
+/// tokens (at most the smallest budget).
 pub fn request(
     budgets: Option<&Bound<'_, PyAny>>,
     reserve: Option<&Bound<'_, PyAny>>,
     on_budget: Option<&Bound<'_, PyAny>>,
+    price: Option<Price>,
 ) -> PyResult<Option<BudgetRequest>> {
     let (budgets, reserve, on_budget) = (args::given(budgets), args::given(reserve), args::given(on_budget));
     if budgets.is_none() && reserve.is_none() && on_budget.is_none() {
@@ -35,6 +37,7 @@ pub fn request(
         input,
         output,
         on_budget,
+        price,
     }))
 }
 
