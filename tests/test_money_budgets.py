@@ -50,6 +50,10 @@ async def test_a_daily_spend_budget_refuses_the_stream_whose_priced_reservation_
             "alice", budgets=[SPEND], reserve=(100, 200), model="gpt-x", prices=PRICES
         )
     assert refused.value.policy == "spend"
+    assert (
+        "budget in money \"spend\" cannot cover the stream's reservation (80 of 500 units per UTC"
+        " day left)" in str(refused.value)
+    ), "a refusal in money speaks of units, not tokens"
     assert await manager.get_active_count("alice") == 1, "no slot taken"
     # The same tokens of a cheaper model fit: 1 + 8 = 9 units.
     cheap = await manager.acquire(
