@@ -124,6 +124,12 @@ async def test_headers_and_usage_tell_the_spend_budget_in_its_unit(backend_url, 
         usage = (await manager.usage("alice", SPEND))["spend"]
         assert (usage.used, usage.remaining, usage.limit) == (420, 80, 500)
         await lease.release()
+        free = Prices({"gpt-x": (0, 0, 0)})
+        lease = await manager.acquire(
+            "alice", budgets=[SPEND], reserve=(1_000, 800), model="gpt-x", prices=free
+        )
+        assert lease.rate_decisions[0].used == 100, "the call's prices win over the manager's"
+        await lease.release()
     finally:
         await manager.aclose()
 
@@ -132,7 +138,7 @@ async def test_bad_price_input_gets_a_clear_error_and_takes_nothing(make_manager
     for table, error, message in [
         ({"gpt-x": (0.15, 1, 0)}, TypeError, "whole units per million tokens"),
         ({"gpt-x": (-1, 1, 0)}, ValueError, "input=-1 is out of range"),
-        ({"gpt-x": (1, 10**10, 0)}, ValueError, "output=10000000000 is out of range"),
+        ({"gpt-x": (1, 10**9 + 1, 0)}, ValueError, "output=1000000001 is out of range: use 0 to 1000000000"),
         ({"gpt-x": (1, 2)}, TypeError, r"\(input, output, cached_input\)"),
         ({1: (1, 2, 3)}, TypeError, "model name"),
         ([("gpt-x", (1, 2, 3))], TypeError, "dict of model name"),
