@@ -206,10 +206,10 @@ impl Ledger {
             true => self.output.min(self.covered).saturating_sub(self.moved),
             false => 0,
         };
-        let rolls = self
-            .accounts
-            .iter()
-            .any(|account| account.counts_output() && account.must_roll(moved, now_ms));
+        let rolls = self.accounts.iter().any(|account| {
+            let streamed = account.answer_units(self.moved, self.moved + moved);
+            account.counts_output() && account.must_roll(streamed, now_ms)
+        });
         if moved == 0 && !self.due && !rolls {
             return None;
         }
@@ -231,7 +231,12 @@ impl Ledger {
             // In the budget's unit: the answer's tokens from where the last round left off.
             let units = account.answer_units(moved_from, self.moved);
             let streamed = account.take_unstreamed(units);
-            let taken = account.take_unstreamed(account.answer_units(self.moved, self.moved + rolled));
+            // A roll takes all the rest, for a cost budget with the units its top-ups' rounding
+            // held beyond the cost (else they would sit in the old bucket and roll again).
+            let taken = match rolled {
+                0 => Vec::new(),
+                _ => account.take_unstreamed(u64::MAX),
+            };
             account.moved += units;
             keys.push(account.key.clone());
             policies.push(account.policy.clone());

@@ -114,3 +114,35 @@ fn a_token_budget_and_a_cost_budget_are_each_charged_in_their_own_unit() {
     assert_eq!(totals(&settled, "tokens"), (0, TOP_UP, 0));
     assert_eq!(totals(&settled, "spend"), (0, 154, 0));
 }
+
+#[test]
+fn a_roll_takes_every_unit_held_past_the_streamed_ones_so_no_rounding_surplus_rolls_again() {
+    // 100 answer tokens reserved: 60 units in A, which leaves the window at 60 s.
+    let mut ledger = stream(&[("spend", Unit::Cost)], (0, 100));
+    ledger.consume(100).unwrap();
+    let one_token = |bucket| ToppedUp {
+        granted: 1,
+        room: 0,
+        buckets: vec![Some((bucket, 60_000))],
+    };
+    // Three top-ups of one token each hold a unit each (rounded up) for 1.8 units of cost.
+    for _ in 0..3 {
+        let top_up = ledger.take_due(0).expect("due");
+        ledger.topped_up(top_up.want, &one_token(B), (0, 0));
+        ledger.consume(0).unwrap(); // due again: less than half an increment ahead
+    }
+    let roll_at = 60_000 - crate::budget::account::ROLL_AHEAD_MS;
+    let roll = ledger
+        .take_due(roll_at)
+        .expect("B is about to leave the window: a roll");
+    let given_back: u64 = roll.give_back[0].iter().map(|(_, units)| units).sum();
+    assert_eq!(given_back, 3, "the surplus unit goes back with the others");
+    assert!(ledger.accounts[0].reserved.is_empty(), "nothing left in B");
+    let later = Bucket { slot: 3, epoch: 7 };
+    ledger.topped_up(roll.want, &one_token(later), (roll_at, roll_at));
+    ledger.due = false;
+    assert!(
+        ledger.take_due(roll_at).is_none(),
+        "nothing held in a bucket about to leave"
+    );
+}
