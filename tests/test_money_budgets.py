@@ -155,6 +155,8 @@ async def test_bad_price_input_gets_a_clear_error_and_takes_nothing(make_manager
         ({"budgets": [SPEND]}, ValueError, 'budget "spend" counts cost: name the model'),
         ({"budgets": [SPEND], "model": "gpt-y", "prices": PRICES}, ValueError,
          'no price for model "gpt-y": Prices knows gpt-mini, gpt-x'),
+        ({"budgets": [SPEND], "model": "gpt-x", "prices": Prices({})}, ValueError,
+         "Prices knows no model"),
         ({"budgets": [SPEND], "model": "gpt-x"}, TypeError, "needs a price table"),
         ({"budgets": [SPEND], "model": "gpt-x", "prices": {"gpt-x": (1, 2, 3)}}, TypeError,
          "prices must be a Prices table"),

@@ -59,9 +59,9 @@ pub struct Ledger {
     /// where they were reserved. Never given back.
     moved: u64,
     /// Per output account, the charges a top-up under way gives back (a roll): out of
-    /// `accounts` meanwhile, so a settlement never gives them back twice; and the answer tokens
-    /// they held.
+    /// `accounts` meanwhile, so a settlement never gives them back twice.
     rolling: Vec<Vec<Charge>>,
+    /// The answer tokens that roll covered (out of `covered` meanwhile).
     rolled: u64,
     /// The prompt's tokens as estimated at admission.
     input: u64,

@@ -81,9 +81,12 @@ impl Prices {
     /// `model`'s price, or an error naming the models the table knows.
     pub fn price(&self, model: &str) -> PyResult<Price> {
         self.table.get(model).copied().ok_or_else(|| {
+            let known = match self.table.is_empty() {
+                true => "no model".to_owned(),
+                false => self.models().join(", "),
+            };
             PyValueError::new_err(format!(
-                "no price for model {model:?}: Prices knows {}; add it to the table",
-                self.models().join(", ")
+                "no price for model {model:?}: Prices knows {known}; add it to the table"
             ))
         })
     }
