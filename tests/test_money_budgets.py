@@ -174,3 +174,17 @@ async def test_bad_price_input_gets_a_clear_error_and_takes_nothing(make_manager
         with pytest.raises(ValueError, match="cached_input_tokens=200 is more than input_tokens"):
             lease.report_usage(input_tokens=100, output_tokens=10, cached_input_tokens=200)
     assert await used(manager) == 10, "the estimate charged: 100 * 0.1, nothing streamed"
+
+
+async def test_the_default_reservation_of_a_cost_budget_fits_its_limit_at_the_models_price(
+    make_manager,
+):
+    """Left out, a reservation is one top-up increment of answer tokens, at most what the
+    smallest budget holds: a cost budget's limit counted as tokens overshot it when a token
+    costs more than a unit, and the start was refused as never allowed."""
+    manager = make_manager()
+    dear = RateLimit("dear_spend", 1_000, per=60, unit="cost")
+    prices = Prices({"big": (0, 10_000_000, 0)})  # 10 units an answer token
+    lease = await manager.acquire("alice", budgets=[dear], model="big", prices=prices)
+    assert lease.rate_decisions[0].used == 1_000, "the 100 tokens the budget can pay for"
+    await lease.release()

@@ -8,11 +8,12 @@ use pyo3::types::PyTuple;
 use super::args::{self, type_name};
 use super::rate;
 use crate::budget::{BudgetRequest, OnBudget, Price, TOP_UP};
+use crate::rate::price::{answer_price, tokens_within};
 use crate::rate::MAX_LIMIT;
 
 /// What an acquire asks of its budgets, its cost budgets priced at `price` (the model's); None
 /// without any budget argument. Left out, the reservation is one top-up increment of answer
-/// tokens (at most the smallest budget).
+/// tokens (at most what the smallest budget pays for).
 pub fn request(
     budgets: Option<&Bound<'_, PyAny>>,
     reserve: Option<&Bound<'_, PyAny>>,
@@ -26,7 +27,14 @@ pub fn request(
     let policies = budgets.map(rate::policies_of).transpose()?.unwrap_or_default();
     let (input, output) = match reserve {
         Some(reserve) => estimate(reserve)?,
-        None => (0, policies.iter().map(|p| p.limit).fold(TOP_UP, u64::min)),
+        // In answer tokens: what each budget's limit pays for at the model's price.
+        None => (
+            0,
+            policies
+                .iter()
+                .map(|p| tokens_within(p.limit, answer_price(p.unit, price.as_ref())))
+                .fold(TOP_UP, u64::min),
+        ),
     };
     let on_budget = match args::choice("on_budget", on_budget)? {
         None => OnBudget::Cut,
