@@ -13,6 +13,7 @@ __all__ = [
     "LeaseHandle",
     "LoopBridge",
     "Manager",
+    "Prices",
     "ProxyRule",
     "RateLimit",
     "__version__",
@@ -41,6 +42,8 @@ class AcquireArgs:
         reserve: int | tuple[int, int] | None = None,
         on_budget: str | None = None,
         priority: int | None = None,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> AcquireArgs: ...
 
 @final
@@ -166,7 +169,9 @@ class LeaseHandle:
     def release(self) -> Awaitable[bool]: ...
     def release_nowait(self) -> bool: ...
     def consume(self, tokens: int) -> None: ...
-    def report_usage(self, input_tokens: int, output_tokens: int) -> None: ...
+    def report_usage(
+        self, input_tokens: int, output_tokens: int, cached_input_tokens: int
+    ) -> None: ...
     @property
     def tokens_used(self) -> tuple[int, int] | None: ...
     @property
@@ -254,6 +259,22 @@ class RateLimit:
     def enforce(self) -> bool: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+
+@final
+class Prices:
+    """A price table for the budgets in money (``RateLimit(..., unit="cost")``):
+    ``Prices({"gpt-x": (input, output, cached_input)})``, each price a non-negative int in the
+    budgets' unit (cents, microdollars: the app chooses) per million tokens, for the prompt's
+    tokens, the answer's, and the prompt's tokens read from the provider's cache. Give it to
+    ``acquire(..., model=..., prices=...)`` or once to ``StreamLeaseManager(..., prices=...)``;
+    a model the table lacks is refused with a ``ValueError``."""
+
+    def __new__(cls, table: dict[str, tuple[int, int, int]]) -> Prices: ...
+    @property
+    def models(self) -> list[str]: ...
+    def __getitem__(self, model: str, /) -> tuple[int, int, int]: ...
+    def __contains__(self, model: str, /) -> bool: ...
+    def __len__(self) -> int: ...
 
 def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
     """Checks the policies of a hit of ``cost`` as every hit does."""

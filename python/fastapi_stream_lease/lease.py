@@ -165,19 +165,27 @@ class Lease:
         if self._handle.budget_waiting:
             await self._handle.budget_ready()
 
-    def report_usage(self, *, input_tokens: int, output_tokens: int) -> None:
+    def report_usage(
+        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    ) -> None:
         """The model's own figures for the whole stream (an OpenAI-style final chunk's
         ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
         of the estimate and the count, except that the answer is never charged less than the
         tokens counted as streamed (:meth:`consume`, :meth:`wrap`): a lower report is logged
         as a warning and the count is charged. Figures far above what was expected (see
-        ``USAGE_FACTOR``) are logged and bounded."""
+        ``USAGE_FACTOR``) are logged and bounded. ``cached_input_tokens`` are the part of
+        ``input_tokens`` read from the provider's cache (OpenAI's
+        ``prompt_tokens_details.cached_tokens``): a budget in money charges them at the
+        model's cached price; more than ``input_tokens`` raises ``ValueError``."""
         references = self._handle.tokens_references
         if references is not None:
             (input_estimate, output_estimate), counted = references
-            input_tokens = _bounded("input_tokens", input_tokens, 0, input_estimate)
+            bounded = _bounded("input_tokens", input_tokens, 0, input_estimate)
+            if type(cached_input_tokens) is int and cached_input_tokens <= input_tokens:
+                cached_input_tokens = min(cached_input_tokens, bounded)  # a part of the bounded
+            input_tokens = bounded
             output_tokens = _bounded("output_tokens", output_tokens, counted, output_estimate)
-        self._handle.report_usage(input_tokens, output_tokens)
+        self._handle.report_usage(input_tokens, output_tokens, cached_input_tokens)
 
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms

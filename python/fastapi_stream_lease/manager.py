@@ -32,7 +32,7 @@ from .failure_policy import CircuitState
 from .handlers import install_exception_handler
 from .lease import Lease, ProtectedStreamingResponse, log
 from .lifecycle import Lifecycle
-from .rates import PolicyEntry, RateDecision, RateLimit
+from .rates import PolicyEntry, Prices, RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
 from .web import (
@@ -117,6 +117,9 @@ class StreamLeaseManager:
     this process (each worker tells its own), with the identity's keyed hash, never the identity.
     With telemetry on, each is counted in ``fastapi_stream_lease.rate.threshold_crossed``.
 
+    ``prices`` (a :class:`Prices` table) prices the budgets in money (``unit="cost"``) of every
+    :meth:`acquire` that names its ``model`` and gives no ``prices`` of its own.
+
     ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
     adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``.
     A ``fakeredis`` client given as ``redis=`` is served by the embedded store (for tests of an
@@ -137,7 +140,14 @@ class StreamLeaseManager:
         trace_identities: bool = False,
         on_threshold: Callable[[ThresholdCrossed], Any] | None = None,
         alert_at: Sequence[float] = (0.8, 1.0),
+        prices: Prices | None = None,
     ) -> None:
+        if prices is not None and not isinstance(prices, Prices):
+            raise TypeError(
+                "prices must be a Prices table, Prices({'gpt-x': (input, output, cached_input)}),"
+                f" got {type(prices).__name__}"
+            )
+        self._prices = prices
         if on_threshold is not None and not callable(on_threshold):
             raise TypeError(
                 f"on_threshold must be a callable taking a ThresholdCrossed, got {on_threshold!r}"
@@ -220,6 +230,8 @@ class StreamLeaseManager:
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -249,15 +261,22 @@ class StreamLeaseManager:
         (``global_pool=True``, the default).
 
         ``budgets`` are the user's token budgets (``RateLimit(..., unit="tokens")``, or
-        ``"input_tokens"`` / ``"output_tokens"``). The stream reserves ``reserve`` tokens from
-        each in the same atomic step (the prompt's tokens plus the request's ``max_tokens``; an
-        int counts as answer tokens, a pair is ``(prompt_tokens, answer_tokens)``; left out, one
-        top-up increment, 256): a reservation that does not fit is refused with
-        :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes nothing. Count
+        ``"input_tokens"`` / ``"output_tokens"``, or ``"cost"``: see below). The stream reserves
+        ``reserve`` tokens from each in the same atomic step (the prompt's tokens plus the
+        request's ``max_tokens``; an int counts as answer tokens, a pair is ``(prompt_tokens,
+        answer_tokens)``; left out, one top-up increment, 256): a reservation that does not fit
+        is refused with :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes
+        nothing. Count
         the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
         when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
         release it is charged what it used and the rest is given back at once.
+
+        A budget in money, ``RateLimit(..., unit="cost")``, counts the price of the tokens in
+        its unit: ``model`` names the model, priced by ``prices`` (a :class:`Prices` table;
+        left out, the manager's): the reservation is the price of the prompt's tokens and the
+        answer's, top-ups and settlement are priced the same way, and the stream is charged the
+        whole cost rounded up once. A model the table lacks raises ``ValueError``.
 
         Raises :class:`PoolFull` (a :class:`StreamLeaseRejected`, as is every refusal) when a
         pool is full, :class:`BackendUnavailable` when Redis cannot be reached within
@@ -274,6 +293,7 @@ class StreamLeaseManager:
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
+            model, self._prices if prices is None else prices,
         )  # fmt: skip
         # The start's policies, in the order of its decisions, and whose each counted (the
         # user's, or the identity paired with it), for the threshold alerts.
@@ -369,6 +389,8 @@ class StreamLeaseManager:
         reserve: int | tuple[int, int] | None,
         on_budget: OnBudget,
         priority: int,
+        model: str | None,
+        prices: Prices | None,
     ) -> Awaitable[_core.LeaseHandle]:
         """Starts an acquire in the core (arguments it refuses raise here); resolves to the
         granted handle."""
@@ -384,6 +406,8 @@ class StreamLeaseManager:
             reserve=reserve,
             on_budget=on_budget if budgets or reserve is not None or on_budget != "cut" else None,
             priority=priority or None,
+            model=model,
+            prices=prices,
         )
         acquired = self._core.acquire(arguments)
         if request is None:
@@ -420,6 +444,8 @@ class StreamLeaseManager:
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -437,6 +463,8 @@ class StreamLeaseManager:
             on_budget=on_budget,
             priority=priority,
             timeout=timeout,
+            model=model,
+            prices=prices,
         )
         async with lease._held():
             yield lease
@@ -454,6 +482,8 @@ class StreamLeaseManager:
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> Callable[..., AsyncIterator[Lease]]:
         """A FastAPI dependency that holds a lease for the whole response:
         ``lease: Lease = Depends(manager.stream_lease(user=current_user))``. ``user`` is a
@@ -481,6 +511,7 @@ class StreamLeaseManager:
             "weight": weight, "max_per_user": max_per_user, "wait_timeout": wait_timeout,
             "resources": resources, "rate_limits": rate_limits, "budgets": budgets,
             "reserve": reserve, "on_budget": on_budget, "priority": priority,
+            "model": model, "prices": prices,
         }  # fmt: skip
         return lease_dependency(self.acquire, user, options)
 

@@ -142,6 +142,7 @@ impl Manager {
             budgets: &b.policies,
             input: b.input,
             output: b.output,
+            price: b.price,
         });
         let (policies, costs) =
             start_costs(self.as_configured(rate_limits), reservation).map_err(CoreError::InvalidInput)?;

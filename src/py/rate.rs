@@ -20,7 +20,9 @@ use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Unit, MAX_
 /// hold more than ``limit``; ``"fixed_window"`` counts from a window's first hit until ``per``
 /// seconds later, then starts again. ``unit="requests"`` (the default) counts hits and stream
 /// starts; ``"tokens"`` makes the policy a token budget for LLM streams (``acquire(budgets=...)``),
-/// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens.
+/// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens, and
+/// ``"cost"`` makes a budget in money: the tokens priced from a :class:`Prices` table, in an
+/// integer unit the app chooses (cents, microdollars).
 /// ``enforce=False`` makes a request rate a dry run: counted and reported (headers,
 /// ``RateDecision.would_refuse``, metrics) but never refusing, to roll a new limit out safely.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
@@ -105,8 +107,8 @@ impl RateLimit {
         self.policy.algorithm.name()
     }
 
-    /// What the policy counts: ``"requests"``, ``"tokens"``, ``"input_tokens"`` or
-    /// ``"output_tokens"``.
+    /// What the policy counts: ``"requests"``, ``"tokens"``, ``"input_tokens"``,
+    /// ``"output_tokens"`` or ``"cost"``.
     #[getter]
     fn unit(&self) -> &'static str {
         self.policy.unit.name()

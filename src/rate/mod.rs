@@ -2,13 +2,15 @@
 //! of one hit decided together (Redis: `lua/hit.lua`; one process: `backend/memory/rate.rs`).
 //!
 //! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
-//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, and what a
-//! stream's start is checked against in `start.rs`.
+//! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, what a
+//! stream's start is checked against in `start.rs`, and how a cost budget prices tokens in
+//! `price.rs`.
 
 mod adjustment;
 mod calendar;
 mod decision;
 mod policy;
+pub mod price;
 mod start;
 
 pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
@@ -16,4 +18,5 @@ pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
+pub use self::price::{Price, Usage};
 pub use self::start::{local_shares, start_costs, Reservation};
