@@ -41,6 +41,13 @@ overshoot, what Redis charged, and, under ``"cut"``, the bound the README states
 plus one top-up increment (256 tokens) per concurrent stream. ``"finish"`` has no such bound by
 design: a stream admitted finishes, and its overage is charged to the window.
 
+**Nested levels.** ``--admissions`` (2,000) admissions per run, 64 at a time, each reserving
+from the user's budget and 0, 2 or 4 more budget levels paired with identities every user
+shares (``budgets=[per_user, (team_budget, team_id), ...]``, 1, 3 and 5 levels; 1 is the
+single-budget figure), all held until every admission is in, then released: the Redis
+commands, script calls, wall time and Redis CPU per admission, the acquires' median latency,
+and the commands of the releases and settlements per stream.
+
 Run it from the repository root with ``bash benchmarks/run.sh``, or alone against a Redis of
 your own (keys under ``{budgetbench-*}`` and ``budgetbench-*``, deleted at the end)::
 
@@ -103,6 +110,10 @@ TOKENS_PER_CHUNK = (4, 40)
 PER_MINUTE = RateLimit("tokens_per_minute", 10**9, per=60, unit="tokens")
 PER_DAY = RateLimit("tokens_per_day", 10**11, per=86_400, unit="tokens")
 PHASE_LIMIT_S = 60.0
+# Nested levels: admissions per run with 1 (the single budget), 3 and 5 budget levels.
+LEVELS = (1, 3, 5)
+LEVEL_ADMISSIONS = 2_000
+LEVEL_CONCURRENCY = 64
 
 # Overshoot: 64 clients of one user, 10,000 tokens a minute, streams of 1,500 tokens.
 CLIENTS = 64
@@ -668,9 +679,143 @@ def print_overshoot(windows: Sequence[Window]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Nested levels: what each budget level (a team's, a key's, ...) adds to an admission
 
 
-async def measure(url: str, repeats: int, streams: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LevelRun:
+    """``admissions`` streams admitted and released with ``levels`` token budgets each: the
+    user's, then levels paired with identities of their own, shared by every user."""
+
+    levels: int
+    repeat: int
+    admissions: int
+    admission: Phase
+    end: Phase
+    acquire_ms_p50: float
+
+
+def level_budgets(levels: int, tag: str) -> list[RateLimit | tuple[RateLimit, str]]:
+    """The user's budget, then ``levels - 1`` levels each counting one shared identity."""
+    own: list[RateLimit | tuple[RateLimit, str]] = [PER_MINUTE]
+    shared = [
+        (RateLimit(f"level{n}_tokens", 10**11, per=60, unit="tokens"), f"level{n}-{tag}")
+        for n in range(1, levels)
+    ]
+    return own + shared
+
+
+async def level_run(
+    manager: StreamLeaseManager, client: aioredis.Redis, levels: int, repeat: int, admissions: int
+) -> LevelRun:
+    """``admissions`` acquires with ``levels`` budgets, ``LEVEL_CONCURRENCY`` at a time, every
+    lease held until all are in; then every release, and its settlement."""
+    tag = uuid.uuid4().hex[:8]
+    budgets = level_budgets(levels, tag)
+    gate = asyncio.Semaphore(LEVEL_CONCURRENCY)
+    latencies: list[float] = []
+
+    async def admit(n: int) -> Any:
+        async with gate:
+            started = time.perf_counter()
+            lease = await manager.acquire(f"level-{tag}-{n}", budgets=budgets)
+            latencies.append(time.perf_counter() - started)
+            return lease
+
+    first = await Reading.take(client)
+    leases = await asyncio.gather(*(admit(n) for n in range(admissions)))
+    held = await Reading.take(client)
+    await asyncio.gather(*(lease.release() for lease in leases))
+    last = await settled(manager, client)
+    return LevelRun(
+        levels=levels,
+        repeat=repeat,
+        admissions=admissions,
+        admission=first.until(held),
+        end=held.until(last),
+        acquire_ms_p50=1000 * statistics.median(latencies),
+    )
+
+
+async def measure_levels(
+    url: str, client: aioredis.Redis, key_prefix: str, repeats: int, admissions: int
+) -> list[LevelRun]:
+    config = LeaseConfig(
+        max_per_user=0, max_global=0, key_prefix=key_prefix, identity_secret=SECRET
+    )
+    manager = StreamLeaseManager(url=url, config=config)
+    try:
+        await level_run(manager, client, max(LEVELS), 0, 1)  # connected, scripts loaded
+        runs = []
+        for repeat in range(repeats):
+            for levels in LEVELS:
+                runs.append(await level_run(manager, client, levels, repeat, admissions))
+        return runs
+    finally:
+        await manager.aclose()
+
+
+def print_levels(runs: Sequence[LevelRun]) -> list[dict[str, float]]:
+    """The medians per level count, printed and returned."""
+    summaries = []
+    for levels in LEVELS:
+        mine = [r for r in runs if r.levels == levels]
+
+        def median(figure: Any, of: Sequence[LevelRun] = mine) -> float:
+            return float(statistics.median(figure(r) for r in of))
+
+        summaries.append(
+            {
+                "levels": levels,
+                "admission_commands": median(lambda r: r.admission.commands / r.admissions),
+                "admission_script_calls": median(
+                    lambda r: r.admission.script_calls / r.admissions
+                ),
+                "admission_us": median(lambda r: 1e6 * r.admission.seconds / r.admissions),
+                "admission_redis_cpu_us": median(
+                    lambda r: 1e6 * r.admission.redis_cpu_s / r.admissions
+                ),
+                "acquire_ms_p50": median(lambda r: r.acquire_ms_p50),
+                "end_commands": median(lambda r: r.end.commands / r.admissions),
+            }
+        )
+    print_table(
+        [
+            "budget levels",
+            "commands / admission",
+            "script calls / admission",
+            "µs / admission",
+            "Redis CPU µs / admission",
+            "acquire p50 ms",
+            "commands / release + settlement",
+        ],
+        [
+            [
+                f"{s['levels']}" + (" (single budget)" if s["levels"] == 1 else ""),
+                f"{s['admission_commands']:.1f}",
+                f"{s['admission_script_calls']:.2f}",
+                f"{s['admission_us']:.0f}",
+                f"{s['admission_redis_cpu_us']:.1f}",
+                f"{s['acquire_ms_p50']:.2f}",
+                f"{s['end_commands']:.1f}",
+            ]
+            for s in summaries
+        ],
+        left=1,
+    )
+    print(
+        f"Nested levels: {runs[0].admissions:,} admissions per run, {LEVEL_CONCURRENCY} at a"
+        " time, each with the user's budget and 0, 2 or 4 more levels counting identities\nshared"
+        " by every user (a team's, a key's...), all in one script call; µs / admission: the"
+        " phase's wall time over its admissions. Medians of the runs."
+    )
+    return summaries
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def measure(url: str, repeats: int, streams: int, admissions: int) -> dict[str, Any]:
     counters = aioredis.Redis.from_url(url, socket_timeout=10.0)
     prefix = f"budgetbench-{uuid.uuid4().hex[:8]}"
     try:
@@ -679,11 +824,18 @@ async def measure(url: str, repeats: int, streams: int) -> dict[str, Any]:
         cost_runs = await measure_costs(url, counters, f"{prefix}-cost", repeats, streams)
         print(f"overshoot: {CLIENTS} clients against {BUDGET_TOKENS:,} tokens a minute")
         windows = await measure_overshoot(url, counters, f"{prefix}-over")
+        print(f"nested levels: {admissions:,} admissions per run with {LEVELS} budget levels")
+        level_runs = await measure_levels(url, counters, f"{prefix}-levels", repeats, admissions)
     finally:
-        for name in ("cost", "over"):
+        for name in ("cost", "over", "levels"):
             await delete_keys(counters, f"{prefix}-{name}")
         await counters.aclose()
-    return {"redis_server": server_version, "cost_runs": cost_runs, "windows": windows}
+    return {
+        "redis_server": server_version,
+        "cost_runs": cost_runs,
+        "windows": windows,
+        "level_runs": level_runs,
+    }
 
 
 def main() -> None:
@@ -691,14 +843,18 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="Redis URL, e.g. redis://127.0.0.1:6380/0")
     parser.add_argument("--repeats", type=int, default=3, help="runs per token rate")
     parser.add_argument("--streams", type=int, default=STREAMS, help="concurrent streams")
+    parser.add_argument(
+        "--admissions", type=int, default=LEVEL_ADMISSIONS, help="admissions per nested-level run"
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args()
-    if args.repeats < 1 or args.streams < 1:
-        parser.error("--repeats and --streams must be >= 1")
-    measured = asyncio.run(measure(args.url, args.repeats, args.streams))
+    if args.repeats < 1 or args.streams < 1 or args.admissions < 1:
+        parser.error("--repeats, --streams and --admissions must be >= 1")
+    measured = asyncio.run(measure(args.url, args.repeats, args.streams, args.admissions))
     summaries = summarize_costs(measured["cost_runs"])
     print_costs(summaries)
     broken = print_overshoot(measured["windows"])
+    level_summaries = print_levels(measured["level_runs"])
     write_json(
         args.output,
         {
@@ -719,6 +875,11 @@ def main() -> None:
                 ],
                 "repeats": args.repeats,
                 "top_up_increment": TOP_UP_INCREMENT,
+                "levels": {
+                    "levels": LEVELS,
+                    "admissions": args.admissions,
+                    "concurrency": LEVEL_CONCURRENCY,
+                },
                 "overshoot": {
                     "clients": CLIENTS,
                     "budget_tokens": BUDGET_TOKENS,
@@ -732,6 +893,8 @@ def main() -> None:
             "summary": [asdict(s) for s in summaries],
             "runs": [asdict(r) for r in measured["cost_runs"]],
             "overshoot": [{**asdict(w), "bound": bound_of(w)} for w in measured["windows"]],
+            "levels": level_summaries,
+            "level_runs": [asdict(r) for r in measured["level_runs"]],
         },
     )
     print(f"raw figures: {args.output}")

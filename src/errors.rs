@@ -84,10 +84,12 @@ impl fmt::Display for CoreError {
                 match outcome.decisions.get(index) {
                     Some(d) if d.policy.unit != Unit::Requests => write!(
                         f,
-                        "token budget {:?} cannot cover the stream's reservation ({} of {} tokens per {} left); retry in {} s",
+                        "{} {:?} cannot cover the stream's reservation ({} of {} {} per {} left); retry in {} s",
+                        budget_kind(d.policy.unit),
                         &*d.policy.name,
                         d.remaining,
                         d.policy.limit,
+                        budget_units(d.policy.unit),
                         d.policy.per_text(),
                         retry_after_seconds(retry_ms)
                     ),
@@ -104,7 +106,7 @@ impl fmt::Display for CoreError {
             }
             CoreError::BudgetExhausted(policy) => write!(
                 f,
-                "token budget {policy:?} ran out during the stream: it was cut after its last item (on_budget=\"cut\"); the next stream is admitted once the budget's window frees tokens"
+                "budget {policy:?} ran out during the stream: it was cut after its last item (on_budget=\"cut\"); the next stream is admitted once the budget's window frees room"
             ),
             CoreError::Banned(ms_left) => write!(
                 f,
@@ -121,6 +123,22 @@ impl fmt::Display for CoreError {
             ),
             CoreError::Panic(m) => write!(f, "internal error in fastapi_stream_lease's core (please report it): {m}"),
         }
+    }
+}
+
+/// What a refusal calls a budget of `unit`: a token budget, or a budget in money.
+fn budget_kind(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Cost => "budget in money",
+        _ => "token budget",
+    }
+}
+
+/// What a budget of `unit` counts, as a refusal says it.
+fn budget_units(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Cost => "units",
+        _ => "tokens",
     }
 }
 

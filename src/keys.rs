@@ -241,9 +241,28 @@ pub fn check_identity(identity: &str) -> Result<(), String> {
     if identity.is_empty() {
         return Err("user_id is empty: pass the id of the authenticated user (or the client IP for anonymous traffic)".into());
     }
+    check_length("user_id", identity)
+}
+
+/// Checks the identity a policy is paired with (a team, an API key), as `check_identity` does
+/// the user's; the error names the policy, never the identity.
+pub fn check_policy_identity(policy: &RatePolicy, identity: &str) -> Result<(), String> {
+    if identity.is_empty() {
+        return Err(format!(
+            "the identity paired with rate limit {:?} is empty: pass the id it counts (a team, an API key, \"org|model\"), or the RateLimit alone to count the user's",
+            &*policy.name
+        ));
+    }
+    check_length(
+        &format!("the identity paired with rate limit {:?}", &*policy.name),
+        identity,
+    )
+}
+
+fn check_length(what: &str, identity: &str) -> Result<(), String> {
     if identity.len() > MAX_IDENTITY_BYTES {
         return Err(format!(
-            "user_id is {} bytes long, more than the {MAX_IDENTITY_BYTES} allowed: pass a short stable id, not a token or request body",
+            "{what} is {} bytes long, more than the {MAX_IDENTITY_BYTES} allowed: pass a short stable id, not a token or request body",
             identity.len()
         ));
     }

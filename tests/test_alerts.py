@@ -157,6 +157,24 @@ async def test_a_stream_start_that_reserves_a_budget_past_a_threshold_is_told(
     await manager.aclose()
 
 
+async def test_a_level_paired_with_an_identity_is_told_with_that_identitys_hash(
+    backend_url, key_prefix
+):
+    """A start's team budget that crosses a threshold is told with the team's hash, and its
+    user's budget, below it, tells nothing: each level alerts for the identity it counts."""
+    manager, told = alerting_manager(backend_url, key_prefix)
+    team = RateLimit("team_tokens_per_hour", 100, per=3600, unit="tokens")
+    own = RateLimit("user_tokens_per_hour", 1_000, per=3600, unit="tokens")
+    lease = await manager.acquire(ALICE, budgets=[(team, "team-7"), own], reserve=(10, 75))
+    team_hash = manager._core.identity_digest("team-7")
+    await told_about(told, team_hash, 1)
+    assert [(a.policy, a.threshold, a.identity_hash) for a in told] == [
+        ("team_tokens_per_hour", 0.8, team_hash)
+    ]
+    await lease.release()
+    await manager.aclose()
+
+
 async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_identity(
     backend_url, key_prefix
 ):

@@ -128,11 +128,14 @@ async def test_a_grant_for_a_loop_that_went_away_is_released(own_redis, make_own
 async def test_cancelled_acquires_give_back_their_reservations_and_rate_units(make_manager):
     """An acquire cancelled while it waits, while its call is in flight or after its grant
     came back but before its caller took it gives back its slot, and must give back all else
-    the grant took: its token reservation and its start's request-rate unit. A stream that
-    never started is charged nothing; one that started and streamed nothing, only its start."""
+    the grant took: its token reservation and its start's request-rate unit, at every level
+    (the team's, paired with the team's id, as the user's). A stream that never started is
+    charged nothing; one that started and streamed nothing, only its start."""
     manager = make_manager(max_per_user=0, max_global=10)
     starts = RateLimit("starts", 10**6, per=3600)
     tokens = RateLimit("tokens", 10**9, per=3600, unit="tokens")
+    team_starts = RateLimit("team_starts", 10**6, per=3600)
+    team_tokens = RateLimit("team_tokens", 10**9, per=3600, unit="tokens")
     users = [f"user{i}" for i in range(7)]
     rng = random.Random(5)
     started = dict.fromkeys(users, 0)
@@ -141,7 +144,11 @@ async def test_cancelled_acquires_give_back_their_reservations_and_rate_units(ma
         user = users[i % len(users)]
         task = asyncio.create_task(
             manager.acquire(
-                user, wait_timeout=5, rate_limits=[starts], budgets=[tokens], reserve=(0, 1000)
+                user,
+                wait_timeout=5,
+                rate_limits=[starts, (team_starts, "team")],
+                budgets=[tokens, (team_tokens, "team")],
+                reserve=(0, 1000),
             )
         )
         await asyncio.sleep(rng.random() * 0.01)
@@ -162,13 +169,15 @@ async def test_cancelled_acquires_give_back_their_reservations_and_rate_units(ma
     )
 
     async def charged() -> dict[str, tuple[int, int]]:
+        levels = [(user, starts, tokens) for user in users] + [("team", team_starts, team_tokens)]
         return {
-            user: ((await manager.peek(user, starts)).used, (await manager.peek(user, tokens)).used)
-            for user in users
+            who: ((await manager.peek(who, rate)).used, (await manager.peek(who, budget)).used)
+            for who, rate, budget in levels
         }
 
     async def only_starts_charged() -> bool:
-        return await charged() == {user: (started[user], 0) for user in users}
+        team = {"team": (sum(started.values()), 0)}
+        return await charged() == {**{user: (started[user], 0) for user in users}, **team}
 
     try:
         await eventually(only_starts_charged, what="only the streams started to stay charged")

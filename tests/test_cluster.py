@@ -174,6 +174,34 @@ async def test_rate_limits_share_a_slot_per_hit_and_spread_users(redis_cluster, 
     await shared.aclose()
 
 
+async def test_the_levels_of_one_admission_share_the_global_pools_slot(
+    redis_cluster, key_prefix
+):
+    """A team's, a key's and a user's budgets move in one script call on a cluster: under the
+    global pool every identity's counters are in its slot. Without one, each identity has a
+    slot of its own, so such an admission is refused before anything is counted."""
+    team = RateLimit("team_tokens", 1_000, per=60, unit="tokens")
+    key = RateLimit("key_tokens", 1_000, per=60, unit="tokens")
+    own = RateLimit("user_tokens", 1_000, per=60, unit="tokens")
+    shared = StreamLeaseManager(url=redis_cluster.url, config=LeaseConfig(key_prefix=key_prefix))
+    levels = [(team, "team-a"), (key, "key-1"), own]
+    leases = [await shared.acquire(user, budgets=levels, reserve=300) for user in ("u1", "u2")]
+    assert [d.used for d in leases[1].rate_decisions] == [600, 600, 300]
+    with pytest.raises(StreamLeaseRejected, match="team_tokens"):
+        await shared.acquire("u3", budgets=levels, reserve=500)
+    await asyncio.gather(*(lease.release() for lease in leases))
+    assert (await shared.usage("u3", (team, "team-a")))["team_tokens"].used == 0
+    await shared.aclose()
+    spread = StreamLeaseManager(
+        url=redis_cluster.url, config=LeaseConfig(key_prefix=key_prefix + "s", global_pool=False)
+    )
+    for levels in ([(team, "team-a"), own], [(team, "team-a")]):  # the user's pool spans too
+        with pytest.raises(ValueError, match="need one hash tag on a Redis Cluster"):
+            await spread.acquire("u1", budgets=levels, reserve=300)
+    assert (await spread.usage("u1", own))["user_tokens"].used == 0
+    await spread.aclose()
+
+
 async def test_budgets_of_users_on_every_shard_top_up_and_settle(redis_cluster, key_prefix):
     tokens = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
     spread = StreamLeaseManager(

@@ -258,6 +258,7 @@ def test_websocket_connects_and_messages_are_limited(backend_url, key_prefix):
         ({"/api": []}, ValueError, "at least one RateLimit"),
         ({"/api": ["per_minute"]}, TypeError, "must be RateLimit values"),
         ({"/api": [PER_MINUTE, PER_MINUTE]}, ValueError, "given twice"),
+        ({"/api": [(PER_MINUTE, "team")]}, TypeError, "count the identity its key gives"),
     ],
 )
 def test_bad_routes_fail_at_start_up(routes, error, message):

@@ -408,7 +408,7 @@ async def test_a_login_counts_per_ip_and_per_user_and_ip_in_one_step(make_manage
     with pytest.raises(RateLimited) as refused:
         await attempt("carol")
     assert refused.value.policy == "login_ip_per_minute"
-    with pytest.raises(ValueError, match="user_id is empty"):
+    with pytest.raises(ValueError, match='rate limit "login_user_ip_per_minute" is empty'):
         await manager.hit("198.51.100.7", per_ip, (per_user_ip, ""))
 
 

@@ -259,3 +259,17 @@ async def test_a_revoke_after_the_tags_revocation_key_was_lost_still_reaches_oth
             await asyncio.wait_for(run, timeout=5)
     await count_is(operator, 0, "alice")
     assert not bob.lost
+
+
+async def test_a_revoked_lease_watched_twice_is_logged_once(make_manager, caplog):
+    """A lease held by ``manager.lease()`` and streamed through ``lease.wrap()`` inside it
+    has two watches: its revocation was logged by each on Redis, and by neither on the
+    embedded store (the watch that raised at once logged nothing)."""
+    manager = make_manager(identity_secret=SECRET)
+    caplog.set_level("INFO", logger="fastapi_stream_lease")
+    with pytest.raises(LeaseRevoked):
+        async with manager.lease("alice") as lease:
+            async for _ in lease.wrap(ticks()):
+                await manager.revoke("alice")
+    told = [r for r in caplog.records if getattr(r, "lease_id", None) == lease.lease_id]
+    assert [r.lease_end for r in told] == ["revoked"]

@@ -247,6 +247,31 @@ async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_on_
     await manager.aclose()
 
 
+async def test_a_span_names_the_policies_of_every_level_and_no_identity_of_theirs(
+    backend_url, key_prefix, telemetry
+):
+    """An acquire whose policies count identities of their own (a team) is traced with every
+    policy's name, and with neither the user's nor the team's identity."""
+    meters, tracers, _, exporter = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        meter_provider=meters,
+        tracer_provider=tracers,
+    )
+    team_starts = RateLimit("team_starts", 10, per=60)
+    user_tokens = RateLimit("user_tokens", 1_000, per=60, unit="tokens")
+    with tracers.get_tracer("test").start_as_current_span("request"):
+        lease = await manager.acquire(
+            ALICE, rate_limits=[(team_starts, BOB)], budgets=[user_tokens], reserve=10
+        )
+    await lease.release()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == f"{NAME}.acquire"]
+    assert span.attributes[f"{NAME}.policies"] == ("team_starts", "user_tokens")
+    assert all(who not in repr(dict(span.attributes)) for who in (ALICE, BOB))
+    await manager.aclose()
+
+
 async def test_shared_pools_are_read_across_workers_once_per_collection(
     backend_url, key_prefix, telemetry
 ):

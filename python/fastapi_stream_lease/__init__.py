@@ -33,7 +33,13 @@ from .handlers import (
 from .lease import Lease, ProtectedStreamingResponse, StreamLease
 from .limiter import Limiter
 from .manager import LeaseScope, StreamLeaseManager
-from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
+from .rates import (
+    Prices,
+    RateDecision,
+    RateLimit,
+    openai_rate_limit_headers,
+    rate_limit_headers,
+)
 from .resources import Resource
 from .stream_end import StreamEndMiddleware
 from .web import RateLimitHeaders, RateLimitMiddleware
@@ -58,6 +64,7 @@ __all__ = [
     "LineFull",
     "ManagerClosed",
     "PoolFull",
+    "Prices",
     "ProtectedStreamingResponse",
     "RateDecision",
     "RateLimit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .rates import RateDecision, RateLimit
+from .rates import PolicyEntry, RateDecision
 
 #: Most fractions ``alert_at`` may hold.
 MAX_THRESHOLDS = 16
@@ -72,8 +72,7 @@ def crossed(
     ]
 
 
-def identities_of(
-    identity: str, policies: Sequence[RateLimit | tuple[RateLimit, str]]
-) -> list[str]:
-    """The identity each policy of a hit counts: its own when paired with one, else ``identity``."""
+def identities_of(identity: str, policies: Sequence[PolicyEntry]) -> list[str]:
+    """The identity each policy of a hit or a start counts: its own when paired with one,
+    else ``identity``."""
     return [policy[1] if isinstance(policy, tuple) else identity for policy in policies]

@@ -63,7 +63,8 @@ class Lease:
     """
 
     __slots__ = (
-        "__weakref__", "_cancel_on_lost", "_handle", "_lease_headers", "_lifecycle", "_on_release",
+        "__weakref__", "_cancel_on_lost", "_handle", "_lease_headers", "_lifecycle", "_loss_logged",
+        "_on_release",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +83,8 @@ class Lease:
         # The manager's 0.6 hooks, and whether as_streaming_response() sends X-Stream-Lease-*.
         self._lifecycle = lifecycle
         self._lease_headers = lease_headers
+        # Its loss is logged once, by whichever watch learns of it first.
+        self._loss_logged = False
 
     @property
     def lease_id(self) -> str:
@@ -162,19 +165,27 @@ class Lease:
         if self._handle.budget_waiting:
             await self._handle.budget_ready()
 
-    def report_usage(self, *, input_tokens: int, output_tokens: int) -> None:
+    def report_usage(
+        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    ) -> None:
         """The model's own figures for the whole stream (an OpenAI-style final chunk's
         ``usage``, with ``stream_options.include_usage``): the settlement charges them in place
         of the estimate and the count, except that the answer is never charged less than the
         tokens counted as streamed (:meth:`consume`, :meth:`wrap`): a lower report is logged
         as a warning and the count is charged. Figures far above what was expected (see
-        ``USAGE_FACTOR``) are logged and bounded."""
+        ``USAGE_FACTOR``) are logged and bounded. ``cached_input_tokens`` are the part of
+        ``input_tokens`` read from the provider's cache (OpenAI's
+        ``prompt_tokens_details.cached_tokens``): a budget in money charges them at the
+        model's cached price; more than ``input_tokens`` raises ``ValueError``."""
         references = self._handle.tokens_references
         if references is not None:
             (input_estimate, output_estimate), counted = references
-            input_tokens = _bounded("input_tokens", input_tokens, 0, input_estimate)
+            bounded = _bounded("input_tokens", input_tokens, 0, input_estimate)
+            if type(cached_input_tokens) is int and cached_input_tokens <= input_tokens:
+                cached_input_tokens = min(cached_input_tokens, bounded)  # a part of the bounded
+            input_tokens = bounded
             output_tokens = _bounded("output_tokens", output_tokens, counted, output_estimate)
-        self._handle.report_usage(input_tokens, output_tokens)
+        self._handle.report_usage(input_tokens, output_tokens, cached_input_tokens)
 
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
@@ -417,16 +428,7 @@ class LostWatch:
     def _on_lost(self, waiter: asyncio.Future[None]) -> None:
         if waiter.cancelled():
             return
-        lease = self._lease
-        how = "revoked" if lease.revoked else "lost"
-        log.log(
-            logging.INFO if lease.revoked else logging.WARNING,
-            "stream lease %s %s; its stream %s",
-            lease.lease_id,
-            how,
-            "ends" if self._ends_work() else "goes on (on_lost='continue')",
-            extra={"lease_id": lease.lease_id, "lease_end": how},
-        )
+        self._log_loss()
         if self._task is not None and self._ends_work():
             self._cancelled_by_us = True
             self._task.cancel(str(self._ended()))
@@ -444,8 +446,27 @@ class LostWatch:
         """Starts watching for ``task``: a loss that ends work cancels it until :meth:`settle`.
         Raises at once if the lease is already lost that way."""
         if self._lease.lost and self._ends_work():
+            self._log_loss()
             raise self._ended()
         self._task = task
+
+    def _log_loss(self) -> None:
+        """Logs the lease's loss, once for the lease however many watches it has (a
+        ``manager.lease()`` block around ``lease.wrap()``, a dependency's lease streamed with
+        ``wrap()``)."""
+        lease = self._lease
+        if lease._loss_logged:
+            return
+        lease._loss_logged = True
+        how = "revoked" if lease.revoked else "lost"
+        log.log(
+            logging.INFO if lease.revoked else logging.WARNING,
+            "stream lease %s %s; its stream %s",
+            lease.lease_id,
+            how,
+            "ends" if self._ends_work() else "goes on (on_lost='continue')",
+            extra={"lease_id": lease.lease_id, "lease_end": how},
+        )
 
     def settle(self) -> LeaseLost | None:
         """Stops watching for the task; if the watch cancelled it, takes that cancellation back

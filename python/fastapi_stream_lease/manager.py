@@ -32,7 +32,7 @@ from .failure_policy import CircuitState
 from .handlers import install_exception_handler
 from .lease import Lease, ProtectedStreamingResponse, log
 from .lifecycle import Lifecycle
-from .rates import RateDecision, RateLimit
+from .rates import PolicyEntry, Prices, RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
 from .web import (
@@ -118,6 +118,9 @@ class StreamLeaseManager:
     keyed hash, never the identity.
     With telemetry on, each is counted in ``fastapi_stream_lease.rate.threshold_crossed``.
 
+    ``prices`` (a :class:`Prices` table) prices the budgets in money (``unit="cost"``) of every
+    :meth:`acquire` that names its ``model`` and gives no ``prices`` of its own.
+
     ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
     adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``.
     A ``fakeredis`` client given as ``redis=`` is served by the embedded store (for tests of an
@@ -138,7 +141,14 @@ class StreamLeaseManager:
         trace_identities: bool = False,
         on_threshold: Callable[[ThresholdCrossed], Any] | None = None,
         alert_at: Sequence[float] = (0.8, 1.0),
+        prices: Prices | None = None,
     ) -> None:
+        if prices is not None and not isinstance(prices, Prices):
+            raise TypeError(
+                "prices must be a Prices table, Prices({'gpt-x': (input, output, cached_input)}),"
+                f" got {type(prices).__name__}"
+            )
+        self._prices = prices
         if on_threshold is not None and not callable(on_threshold):
             raise TypeError(
                 f"on_threshold must be a callable taking a ThresholdCrossed, got {on_threshold!r}"
@@ -216,12 +226,14 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | WebSocket | None = None,
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -242,16 +254,31 @@ class StreamLeaseManager:
         (:class:`RateLimited`, 429) takes no slot; ``lease.rate_decisions`` holds what each
         policy said.
 
+        An entry of ``rate_limits`` or ``budgets`` paired with an identity of its own,
+        ``(RateLimit, identity)``, counts that identity instead of the user: a team's, an API
+        key's, a model's budget (``(team_tokens, team_id)``), every level checked, reserved,
+        topped up, settled and refunded against its own identity in the same atomic step. Each
+        policy in one call has a name of its own: the name says the level in the decisions, the
+        headers and :meth:`usage`. On a Redis Cluster the levels share the global pool's slot
+        (``global_pool=True``, the default).
+
         ``budgets`` are the user's token budgets (``RateLimit(..., unit="tokens")``, or
-        ``"input_tokens"`` / ``"output_tokens"``). The stream reserves ``reserve`` tokens from
-        each in the same atomic step (the prompt's tokens plus the request's ``max_tokens``; an
-        int counts as answer tokens, a pair is ``(prompt_tokens, answer_tokens)``; left out, one
-        top-up increment, 256): a reservation that does not fit is refused with
-        :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes nothing. Count
+        ``"input_tokens"`` / ``"output_tokens"``, or ``"cost"``: see below). The stream reserves
+        ``reserve`` tokens from each in the same atomic step (the prompt's tokens plus the
+        request's ``max_tokens``; an int counts as answer tokens, a pair is ``(prompt_tokens,
+        answer_tokens)``; left out, one top-up increment, 256): a reservation that does not fit
+        is refused with :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes
+        nothing. Count
         the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
         when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
         release it is charged what it used and the rest is given back at once.
+
+        A budget in money, ``RateLimit(..., unit="cost")``, counts the price of the tokens in
+        its unit: ``model`` names the model, priced by ``prices`` (a :class:`Prices` table;
+        left out, the manager's): the reservation is the price of the prompt's tokens and the
+        answer's, top-ups and settlement are priced the same way, and the stream is charged the
+        whole cost rounded up once. A model the table lacks raises ``ValueError``.
 
         Raises :class:`PoolFull` (a :class:`StreamLeaseRejected`, as is every refusal) when a
         pool is full, :class:`BackendUnavailable` when Redis cannot be reached within
@@ -268,9 +295,12 @@ class StreamLeaseManager:
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
+            model, self._prices if prices is None else prices,
         )  # fmt: skip
-        # Whose rates and budgets the start counted, for the threshold alerts.
-        counted = user_id if rate_limits or budgets else None
+        # The start's policies, in the order of its decisions, and whose each counted (the
+        # user's, or the identity paired with it), for the threshold alerts.
+        policies = (*rate_limits, *budgets)
+        counted = (user_id, policies) if policies and user_id is not None else None
         telemetry = self._instruments()
         try:
             if telemetry is None:
@@ -279,7 +309,6 @@ class StreamLeaseManager:
                 handle = await self._start_acquire(*arguments)
                 return self._granted(handle, counted)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
-            policies = (*rate_limits, *budgets)
             # Started inside admit(), so that arguments refused at once count as its result.
             acquiring = self._acquire_handle(*arguments)
             handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
@@ -295,13 +324,13 @@ class StreamLeaseManager:
     def _granted(
         self,
         handle: _core.LeaseHandle,
-        counted: str | None,
+        counted: tuple[str, Sequence[PolicyEntry]] | None,
         on_release: Callable[[Lease], None] | None = None,
     ) -> Lease:
         """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks;
-        the thresholds its start brought ``counted``'s rates and budgets to are told too."""
+        the thresholds its start brought the ``counted`` (user, policies) to are told too."""
         if counted is not None:
-            self._tell_thresholds(counted, handle.rate_decisions)
+            self._tell_thresholds(*counted, handle.rate_decisions)
         lease = Lease(
             handle,
             cancel_on_lost=self._cancel_on_lost,
@@ -317,8 +346,8 @@ class StreamLeaseManager:
     def _tell_thresholds(
         self,
         identity: str,
+        policies: Sequence[PolicyEntry],
         decisions: Sequence[RateDecision],
-        policies: Sequence[RateLimit | tuple[RateLimit, str]] = (),
     ) -> None:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
         consuming hit or start reached first in their window (``policies`` pair some with
@@ -326,7 +355,7 @@ class StreamLeaseManager:
         if not any(decision.thresholds_reached for decision in decisions):
             return  # none reached (or nobody listens): no digest, on every hit
         telemetry = self._instruments()
-        identities = identities_of(identity, policies or [d.policy for d in decisions])
+        identities = identities_of(identity, policies)
         for alert in crossed(identities, decisions, self._core.identity_digest):
             if telemetry is not None:
                 telemetry.threshold_crossed(alert)
@@ -359,11 +388,13 @@ class StreamLeaseManager:
         wait_timeout: float | None,
         resources: Sequence[Resource],
         request: Request | WebSocket | None,
-        rate_limits: Sequence[RateLimit],
-        budgets: Sequence[RateLimit],
+        rate_limits: Sequence[PolicyEntry],
+        budgets: Sequence[PolicyEntry],
         reserve: int | tuple[int, int] | None,
         on_budget: OnBudget,
         priority: int,
+        model: str | None,
+        prices: Prices | None,
     ) -> Awaitable[_core.LeaseHandle]:
         """Starts an acquire in the core (arguments it refuses raise here); resolves to the
         granted handle."""
@@ -379,6 +410,8 @@ class StreamLeaseManager:
             reserve=reserve,
             on_budget=on_budget if budgets or reserve is not None or on_budget != "cut" else None,
             priority=priority or None,
+            model=model,
+            prices=prices,
         )
         acquired = self._core.acquire(arguments)
         if request is None:
@@ -409,12 +442,14 @@ class StreamLeaseManager:
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
         request: Request | WebSocket | None = None,
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -432,6 +467,8 @@ class StreamLeaseManager:
             on_budget=on_budget,
             priority=priority,
             timeout=timeout,
+            model=model,
+            prices=prices,
         )
         async with lease._held():
             yield lease
@@ -444,11 +481,13 @@ class StreamLeaseManager:
         max_per_user: int | None = None,
         wait_timeout: float | None = None,
         resources: Sequence[Resource] = (),
-        rate_limits: Sequence[RateLimit] = (),
-        budgets: Sequence[RateLimit] = (),
+        rate_limits: Sequence[PolicyEntry] = (),
+        budgets: Sequence[PolicyEntry] = (),
         reserve: int | tuple[int, int] | None = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
+        model: str | None = None,
+        prices: Prices | None = None,
     ) -> Callable[..., AsyncIterator[Lease]]:
         """A FastAPI dependency that holds a lease for the whole response:
         ``lease: Lease = Depends(manager.stream_lease(user=current_user))``. ``user`` is a
@@ -476,6 +515,7 @@ class StreamLeaseManager:
             "weight": weight, "max_per_user": max_per_user, "wait_timeout": wait_timeout,
             "resources": resources, "rate_limits": rate_limits, "budgets": budgets,
             "reserve": reserve, "on_budget": on_budget, "priority": priority,
+            "model": model, "prices": prices,
         }  # fmt: skip
         return lease_dependency(self.acquire, user, options)
 
@@ -519,9 +559,7 @@ class StreamLeaseManager:
             await lease._release_quietly("error")
             raise
 
-    async def hit(
-        self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
-    ) -> list[RateDecision]:
+    async def hit(self, identity: str, *policies: PolicyEntry, cost: int = 1) -> list[RateDecision]:
         """Counts one request of ``identity`` (a user id, an IP address) against every policy at
         once, all or nothing, across every worker: a hit refused by one policy consumes from
         none. A policy paired with an identity of its own counts that one instead, in the same
@@ -535,7 +573,7 @@ class StreamLeaseManager:
         decisions: list[RateDecision] = await self._core.hit(identity, policies, cost, True)
         if telemetry is not None:
             telemetry.rated(decisions)
-        self._tell_thresholds(identity, decisions, policies)
+        self._tell_thresholds(identity, policies, decisions)
         return decisions
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
@@ -543,15 +581,17 @@ class StreamLeaseManager:
         (decision,) = await self._core.hit(identity, (policy,), 0, False)
         return decision
 
-    async def usage(self, user_id: str, *budgets: RateLimit) -> dict[str, RateDecision]:
-        """Each budget's state for ``user_id``, keyed by the budget's name, for a dashboard or
-        an account page: ``used`` tokens in its window (the reservations of streams running
-        now included), ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
+    async def usage(self, user_id: str, *budgets: PolicyEntry) -> dict[str, RateDecision]:
+        """Each budget's state for ``user_id`` (or, paired with one, ``(budget, team_id)``,
+        for the identity of its own), keyed by the budget's name, for a dashboard or an account
+        page: ``used`` tokens in its window (the reservations of streams running now included),
+        ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
         decisions = await self._core.hit(user_id, budgets, 0, False)
         return {decision.policy.name: decision for decision in decisions}
 
-    async def reset(self, identity: str, *policies: RateLimit) -> None:
-        """Forgets ``identity``'s counts of ``policies``: a fresh allowance (for support staff)."""
+    async def reset(self, identity: str, *policies: PolicyEntry) -> None:
+        """Forgets ``identity``'s counts of ``policies`` (or, paired with one, the identity's
+        own): a fresh allowance (for support staff)."""
         await self._core.forget_rates(identity, policies)
 
     async def revoke(self, user_id: str, ban_seconds: float = 0) -> int:

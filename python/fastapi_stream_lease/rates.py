@@ -1,15 +1,26 @@
 """Request-rate limits: :class:`RateLimit` policies (from the core), what each decided about a
-hit (:class:`RateDecision`), and the IETF ``RateLimit-Policy`` / ``RateLimit`` headers."""
+hit (:class:`RateDecision`), and the IETF ``RateLimit-Policy`` / ``RateLimit`` headers; the
+:class:`Prices` of models, for budgets in money (``unit="cost"``)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
-from ._core import RateLimit
+from ._core import Prices, RateLimit
 
-__all__ = ["RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
+__all__ = ["Prices", "RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
+
+#: A policy of a call: a ``RateLimit`` counting the call's identity (the user), or a
+#: ``(RateLimit, identity)`` pair counting that identity (a team, an API key, ``"org|model"``).
+PolicyEntry: TypeAlias = RateLimit | tuple[RateLimit, str]
+
+
+def policy_of(entry: PolicyEntry) -> RateLimit:
+    """The ``RateLimit`` of a call's policy, with or without an identity of its own."""
+    return entry[0] if isinstance(entry, tuple) else entry
 
 
 @dataclass(frozen=True)

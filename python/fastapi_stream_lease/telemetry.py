@@ -28,12 +28,13 @@ from .errors import (
     StreamLeaseError,
     UserBanned,
 )
+from .rates import policy_of
 
 if TYPE_CHECKING:
-    from ._core import LeaseHandle, Manager, RateLimit
+    from ._core import LeaseHandle, Manager
     from .alerts import ThresholdCrossed
     from .lease import Lease
-    from .rates import RateDecision
+    from .rates import PolicyEntry, RateDecision
     from .resources import Resource
 
 NAME = "fastapi_stream_lease"
@@ -358,7 +359,7 @@ class Telemetry:
         acquiring: Awaitable[LeaseHandle],
         user_id: str | None,
         resources: Sequence[Resource],
-        policies: Sequence[RateLimit],
+        policies: Sequence[PolicyEntry],
         waits: bool,
     ) -> LeaseHandle:
         """Awaits one acquire: a span when the request's trace is sampled (a child of its
@@ -392,12 +393,12 @@ class Telemetry:
                 span.end()
 
     def _span(
-        self, user_id: str | None, resources: Sequence[Resource], policies: Sequence[RateLimit]
+        self, user_id: str | None, resources: Sequence[Resource], policies: Sequence[PolicyEntry]
     ) -> Any:
         pools = [*(self._own_pools if user_id is not None else ()), *(r.name for r in resources)]
         attributes: dict[str, Any] = {f"{NAME}.pools": pools}
         if policies:
-            attributes[f"{NAME}.policies"] = [policy.name for policy in policies]
+            attributes[f"{NAME}.policies"] = [policy_of(entry).name for entry in policies]
         if self._trace_identities and user_id is not None:
             attributes[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
         return self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)

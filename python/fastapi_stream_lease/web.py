@@ -22,7 +22,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ._core import check_rate_limits
 from .errors import RateLimited
-from .rates import RateDecision, RateLimit, openai_rate_limit_headers, rate_limit_headers
+from .rates import (
+    PolicyEntry,
+    RateDecision,
+    RateLimit,
+    openai_rate_limit_headers,
+    rate_limit_headers,
+)
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,7 +46,7 @@ class RateCounter(Protocol):
     def client_ip(self, connection: HTTPConnection) -> str: ...
 
     async def hit(
-        self, identity: str, *policies: RateLimit | tuple[RateLimit, str], cost: int = 1
+        self, identity: str, *policies: PolicyEntry, cost: int = 1
     ) -> list[RateDecision]: ...
 
 

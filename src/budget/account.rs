@@ -2,6 +2,7 @@
 //! and the arithmetic on them (what a round moves, what a roll takes, what the settlement gives
 //! back and charges). Pure: no I/O, no locks; time is passed in, in `monotonic_ms`.
 
+use crate::rate::price::{self, Price, Usage};
 use crate::rate::{Adjustment, Algorithm, Bucket, RatePolicy, Unit};
 
 /// A roll goes out this long before the bucket of a stream's unused reservation may leave its
@@ -38,11 +39,20 @@ impl Charge {
     }
 }
 
-/// One budget of a stream: its counter, and the tokens the stream holds in it.
+/// One budget of a stream: its counter, and the units (tokens, or money for a cost budget) the
+/// stream holds in it.
 #[derive(Debug, Clone)]
 pub struct Account {
     pub key: String,
     pub policy: RatePolicy,
+    /// The model's price, for a cost budget.
+    price: Option<Price>,
+    /// The prompt's tokens as estimated at admission: a cost budget prices the answer's tokens
+    /// after them (`Price::answer_units`).
+    input: u64,
+    /// Units of the answer's tokens counted in rounds after they streamed (see
+    /// `Ledger::take_due`).
+    pub(super) moved: u64,
     /// Tokens held for the stream and not streamed yet, oldest first, bucket by bucket: what it
     /// reserved and was topped up with (for a budget that counts the prompt too, the prompt's
     /// tokens first: see `pinned`).
@@ -57,14 +67,43 @@ impl Account {
         Account {
             key,
             policy,
+            price: None,
+            input: 0,
+            moved: 0,
             reserved,
             pinned: 0,
         }
     }
 
-    /// Pins the prompt's `input` tokens (as this budget counts them) among those it holds.
-    pub(super) fn pin_prompt(&mut self, input: u64) {
-        self.pinned = self.policy.unit.of(input, 0).min(self.held());
+    /// Pins the prompt's `input` tokens (as this budget counts them, priced at `price` for a
+    /// cost budget) among those it holds.
+    pub(super) fn pin_prompt(&mut self, input: u64, price: Option<Price>) {
+        self.price = price.filter(|_| self.policy.unit == Unit::Cost);
+        self.input = input;
+        self.pinned = self
+            .units_of(Usage {
+                input,
+                ..Usage::default()
+            })
+            .min(self.held());
+    }
+
+    /// What this budget counts of `usage`, in its unit.
+    fn units_of(&self, usage: Usage) -> u64 {
+        price::units_of(self.policy.unit, self.price.as_ref(), usage)
+    }
+
+    /// Units of the answer's tokens from `from` to `to` (counted from its start).
+    pub(super) fn answer_units(&self, from: u64, to: u64) -> u64 {
+        match self.price {
+            Some(price) => price.answer_units(self.input, from, to),
+            None => to.saturating_sub(from),
+        }
+    }
+
+    /// Units per million answer tokens (a million for a token budget).
+    pub(super) fn answer_price(&self) -> u64 {
+        price::answer_price(self.policy.unit, self.price.as_ref())
     }
 
     fn held(&self) -> u64 {
@@ -73,7 +112,7 @@ impl Account {
 
     /// Whether top-ups take from it: it counts the answer's tokens.
     pub(super) fn counts_output(&self) -> bool {
-        matches!(self.policy.unit, Unit::Tokens | Unit::OutputTokens)
+        matches!(self.policy.unit, Unit::Tokens | Unit::OutputTokens | Unit::Cost)
     }
 
     /// The charges of `reserved` past the prompt's tokens and `skip` more, oldest first, each
@@ -102,7 +141,8 @@ impl Account {
         }
     }
 
-    /// Takes up to `tokens` held past the prompt's out of `reserved`, oldest first; returns them.
+    /// Takes up to `tokens` units held past the prompt's out of `reserved`, oldest first;
+    /// returns them.
     pub(super) fn take_unstreamed(&mut self, tokens: u64) -> Vec<Charge> {
         let mut left = tokens;
         let mut taken = Vec::new();
@@ -145,13 +185,14 @@ impl Account {
         }
     }
 
-    /// The adjustments that settle the account to a stream's final figures, `moved` of whose
-    /// answer tokens were counted in the rounds after they streamed: the prompt's tokens stay
-    /// where they were reserved (as many as it used), every other token held is given back to
-    /// its bucket, and what the stream used beyond those is charged now, the time it ended.
-    pub(super) fn settle_to(&self, input: u64, output: u64, moved: u64, adjustments: &mut Vec<Adjustment>) {
-        let moved = if self.counts_output() { moved } else { 0 };
-        let keep = self.policy.unit.of(input, 0).min(self.pinned);
+    /// The adjustments that settle the account to a stream's final figures, `self.moved` of
+    /// whose answer units were counted in the rounds after they streamed: the prompt's units
+    /// stay where they were reserved (as many as it used), every other unit held is given back
+    /// to its bucket, and what the stream used beyond those is charged now, the time it ended.
+    pub(super) fn settle_to(&self, usage: Usage, adjustments: &mut Vec<Adjustment>) {
+        let moved = if self.counts_output() { self.moved } else { 0 };
+        let prompt = Usage { output: 0, ..usage };
+        let keep = self.units_of(prompt).min(self.pinned);
         let mut kept = 0;
         for charge in &self.reserved {
             let stays = (keep - kept).min(charge.tokens);
@@ -160,7 +201,7 @@ impl Account {
                 adjustments.push(self.adjustment(charge.tokens - stays, Some(charge.bucket)));
             }
         }
-        let now = self.policy.unit.of(input, output).saturating_sub(moved + kept);
+        let now = self.units_of(usage).saturating_sub(moved + kept);
         if now > 0 {
             adjustments.push(self.adjustment(now, None));
         }
@@ -193,14 +234,23 @@ mod tests {
             policy(Algorithm::SlidingWindow, unit, 60_000),
             charges,
         );
-        account.pin_prompt(input);
+        account.pin_prompt(input, None);
         account
     }
 
     /// (refunded per bucket in order, charged now) of a settlement.
     fn settled(account: &Account, input: u64, output: u64, moved: u64) -> (Vec<(Bucket, u64)>, u64) {
         let mut adjustments = Vec::new();
-        account.settle_to(input, output, moved, &mut adjustments);
+        let account = Account {
+            moved,
+            ..account.clone()
+        };
+        let usage = Usage {
+            input,
+            cached_input: 0,
+            output,
+        };
+        account.settle_to(usage, &mut adjustments);
         let refunds = adjustments
             .iter()
             .filter_map(|a| Some((a.refund_from?, a.tokens)))
@@ -258,7 +308,7 @@ mod tests {
             policy(Algorithm::SlidingWindow, Unit::OutputTokens, 1_000),
             vec![charge(A, 300, 10_000)],
         );
-        short.pin_prompt(0);
+        short.pin_prompt(0, None);
         assert!(
             !short.must_roll(0, 10_000 - 501),
             "half a window ahead for short windows"
@@ -269,7 +319,7 @@ mod tests {
             policy(Algorithm::FixedWindow, Unit::OutputTokens, 60_000),
             vec![charge(A, 300, 60_000)],
         );
-        fixed.pin_prompt(0);
+        fixed.pin_prompt(0, None);
         assert!(!fixed.must_roll(0, 59_999));
         assert!(fixed.must_roll(0, 60_000));
     }

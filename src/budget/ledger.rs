@@ -17,6 +17,7 @@
 use super::account::{Account, Charge};
 use super::{BudgetRequest, OnBudget, TOP_UP};
 use crate::errors::CoreError;
+use crate::rate::price::{self, Usage};
 use crate::rate::{Adjustment, TopUp, ToppedUp};
 
 /// Room its budgets must have left after a top-up for a stream to keep its slack.
@@ -60,12 +61,14 @@ pub struct Ledger {
     /// Per output account, the charges a top-up under way gives back (a roll): out of
     /// `accounts` meanwhile, so a settlement never gives them back twice.
     rolling: Vec<Vec<Charge>>,
+    /// The answer tokens that roll covered (out of `covered` meanwhile).
+    rolled: u64,
     /// The prompt's tokens as estimated at admission.
     input: u64,
     /// The answer's tokens as estimated at admission.
     output_estimate: u64,
     /// The figures the model reported at the end, replacing the estimate and the count.
-    reported: Option<(u64, u64)>,
+    reported: Option<Usage>,
 }
 
 impl Ledger {
@@ -73,7 +76,7 @@ impl Ledger {
     /// budgets have left after it (the least of them).
     pub fn new(mut accounts: Vec<Account>, request: &BudgetRequest, room: u64) -> Self {
         for account in &mut accounts {
-            account.pin_prompt(request.input);
+            account.pin_prompt(request.input, request.price);
         }
         let covered = if accounts.iter().any(Account::counts_output) {
             request.output
@@ -93,6 +96,7 @@ impl Ledger {
             held: false,
             moved: 0,
             rolling: Vec::new(),
+            rolled: 0,
             input: request.input,
             output_estimate: request.output,
             reported: None,
@@ -123,13 +127,13 @@ impl Ledger {
 
     /// The model's own figures for the whole stream (an OpenAI-style final `usage` chunk):
     /// they replace the estimate and the count at settlement.
-    pub fn report(&mut self, input: u64, output: u64) -> Result<(), CoreError> {
+    pub fn report(&mut self, usage: Usage) -> Result<(), CoreError> {
         if self.ended {
             return Err(CoreError::Misuse(
                 "report_usage() after the lease was released: report the model's usage before the stream ends".into(),
             ));
         }
-        self.reported = Some((input, output));
+        self.reported = Some(usage);
         Ok(())
     }
 
@@ -138,9 +142,22 @@ impl Ledger {
     /// the answer is never charged less than was counted as streamed (those tokens went out;
     /// `Lease.report_usage` logs a report below the count).
     pub fn used(&self) -> (u64, u64) {
+        let usage = self.usage();
+        (usage.input, usage.output)
+    }
+
+    /// `used`, with the prompt's cached tokens the model reported.
+    fn usage(&self) -> Usage {
         match self.reported {
-            Some((input, output)) => (input, output.max(self.output)),
-            None => (self.input, self.output),
+            Some(usage) => Usage {
+                output: usage.output.max(self.output),
+                ..usage
+            },
+            None => Usage {
+                input: self.input,
+                cached_input: 0,
+                output: self.output,
+            },
         }
     }
 
@@ -189,15 +206,16 @@ impl Ledger {
             true => self.output.min(self.covered).saturating_sub(self.moved),
             false => 0,
         };
-        let rolls = self
-            .accounts
-            .iter()
-            .any(|account| account.counts_output() && account.must_roll(moved, now_ms));
+        let rolls = self.accounts.iter().any(|account| {
+            let streamed = account.answer_units(self.moved, self.moved + moved);
+            account.counts_output() && account.must_roll(streamed, now_ms)
+        });
         if moved == 0 && !self.due && !rolls {
             return None;
         }
         let was_due = std::mem::replace(&mut self.due, false);
         self.in_flight = true;
+        let moved_from = self.moved;
         self.moved += moved;
         let rolled = if rolls {
             self.covered.saturating_sub(self.moved)
@@ -208,9 +226,18 @@ impl Ledger {
         let want = rolled + if was_due { need } else { 0 };
         let (mut keys, mut policies, mut give_back, mut rolling) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut moved_units, mut prices) = (Vec::new(), Vec::new());
         for account in self.accounts.iter_mut().filter(|a| a.counts_output()) {
-            let streamed = account.take_unstreamed(moved);
-            let taken = account.take_unstreamed(rolled);
+            // In the budget's unit: the answer's tokens from where the last round left off.
+            let units = account.answer_units(moved_from, self.moved);
+            let streamed = account.take_unstreamed(units);
+            // A roll takes all the rest, for a cost budget with the units its top-ups' rounding
+            // held beyond the cost (else they would sit in the old bucket and roll again).
+            let taken = match rolled {
+                0 => Vec::new(),
+                _ => account.take_unstreamed(u64::MAX),
+            };
+            account.moved += units;
             keys.push(account.key.clone());
             policies.push(account.policy.clone());
             give_back.push(
@@ -221,14 +248,18 @@ impl Ledger {
                     .collect(),
             );
             rolling.push(taken);
+            moved_units.push(units);
+            prices.push(account.answer_price());
         }
         self.rolling = rolling;
+        self.rolled = rolled;
         self.covered -= rolled;
         Some(TopUp {
             keys,
             policies,
             give_back,
-            moved,
+            moved: moved_units,
+            prices,
             want,
             forced: self.on_budget == OnBudget::Finish,
         })
@@ -242,6 +273,7 @@ impl Ledger {
         let granted = answer.granted;
         self.slack = slack_for(answer.room);
         self.rolling.clear(); // given back
+        self.rolled = 0;
         self.in_flight = false;
         let ended = self.ended;
         let mut refunds = Vec::new();
@@ -250,13 +282,15 @@ impl Ledger {
             let Some((bucket, counts_ms)) = *taken else {
                 continue;
             };
-            if granted == 0 {
+            // What the store took for the tokens granted, in the budget's unit.
+            let units = price::units_for(granted, account.answer_price());
+            if units == 0 {
                 continue; // only moved tokens went there: streamed, never given back
             }
             if ended {
-                refunds.push(account.adjustment(granted, Some(bucket)));
+                refunds.push(account.adjustment(units, Some(bucket)));
             } else {
-                let charge = Charge::new(bucket, granted, &account.policy, counts_ms, call);
+                let charge = Charge::new(bucket, units, &account.policy, counts_ms, call);
                 account.take(charge);
             }
         }
@@ -275,13 +309,11 @@ impl Ledger {
     /// it; the stream waits only if it ran past its reservation).
     pub fn top_up_failed(&mut self, want: u64, fail_open: bool) -> bool {
         // A roll that may not have run: its charges stay ours (if it ran, they were given back
-        // and the settlement gives nothing there: an over-count at most). A roll takes as many
-        // tokens from every account that counts the answer.
+        // and the settlement gives nothing there: an over-count at most).
         let rolling = std::mem::take(&mut self.rolling);
-        let mut restored = 0;
+        let restored = std::mem::take(&mut self.rolled);
         let output_accounts = self.accounts.iter_mut().filter(|a| a.counts_output());
         for (account, charges) in output_accounts.zip(rolling) {
-            restored = charges.iter().map(|c| c.tokens).sum();
             account.restore(charges);
         }
         self.covered = self.covered.saturating_add(restored);
@@ -301,10 +333,10 @@ impl Ledger {
         if std::mem::replace(&mut self.ended, true) {
             return None;
         }
-        let (input, output) = if self.held { self.used() } else { (0, 0) };
+        let usage = if self.held { self.usage() } else { Usage::default() };
         let mut adjustments = Vec::new();
         for account in &self.accounts {
-            account.settle_to(input, output, self.moved, &mut adjustments);
+            account.settle_to(usage, &mut adjustments);
         }
         Some(adjustments)
     }
@@ -313,3 +345,7 @@ impl Ledger {
 #[cfg(test)]
 #[path = "ledger_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "ledger_cost_tests.rs"]
+mod cost_tests;

@@ -29,6 +29,7 @@ fn stream(
         input,
         output,
         on_budget,
+        price: None,
     };
     let mut ledger = Ledger::new(vec![Account::new("key".into(), policy, reserved)], &request, room);
     ledger.hold();
@@ -44,6 +45,15 @@ fn ledger(unit: Unit, input: u64, output: u64) -> Ledger {
         ROOMY,
         OnBudget::Cut,
     )
+}
+
+/// A report of `input` prompt tokens (none cached) and `output` answer tokens.
+fn usage(input: u64, output: u64) -> Usage {
+    Usage {
+        input,
+        cached_input: 0,
+        output,
+    }
 }
 
 fn answer(granted: u64, bucket: Bucket, room: u64) -> ToppedUp {
@@ -96,7 +106,7 @@ fn a_top_up_brings_the_stream_one_increment_ahead_of_what_it_streamed() {
     let mut ledger = ledger(Unit::OutputTokens, 0, 1_000);
     ledger.consume(900).unwrap();
     let top_up = round(&mut ledger, 156, ROOMY);
-    assert_eq!((top_up.moved, top_up.want), (900, 900 + TOP_UP - 1_000));
+    assert_eq!((top_up.moved[0], top_up.want), (900, 900 + TOP_UP - 1_000));
     assert_eq!(ledger.covered, ledger.output + TOP_UP);
     assert!(!ledger.is_due());
 }
@@ -152,7 +162,7 @@ fn a_top_up_short_of_what_the_stream_streamed_past_its_reservation_cuts_it() {
     ledger.consume(300).unwrap(); // 200 past the reservation, within the slack
     ledger.consume(100).unwrap();
     let top_up = round(&mut ledger, 50, ROOMY);
-    assert_eq!((top_up.moved, top_up.want), (100, 400 + TOP_UP - 100));
+    assert_eq!((top_up.moved[0], top_up.want), (100, 400 + TOP_UP - 100));
     assert!(!top_up.forced);
     assert!(ledger.is_exhausted());
     assert!(matches!(ledger.consume(1), Err(CoreError::BudgetExhausted(name)) if name == "budget"));
@@ -211,11 +221,11 @@ fn each_round_moves_the_tokens_streamed_since_the_last_out_of_their_reservation(
     ledger.consume(300).unwrap();
     let top_up = round(&mut ledger, 0, ROOMY);
     // The prompt's 100 stay where they were reserved; the 300 streamed leave bucket A.
-    assert_eq!((top_up.moved, top_up.want), (300, 0));
+    assert_eq!((top_up.moved[0], top_up.want), (300, 0));
     assert_eq!(top_up.give_back, vec![vec![(A, 300)]]);
     ledger.consume(200).unwrap();
     let top_up = round(&mut ledger, 0, ROOMY);
-    assert_eq!((top_up.moved, top_up.give_back), (200, vec![vec![(A, 200)]]));
+    assert_eq!((top_up.moved[0], top_up.give_back), (200, vec![vec![(A, 200)]]));
     // Settled: the prompt stays, the 500 not streamed come back, nothing more is charged.
     assert_eq!(totals(&ledger.end().unwrap()), (500, 0, 0));
 }
@@ -248,7 +258,7 @@ fn a_grant_never_held_gives_its_whole_reservation_back() {
 fn a_report_replaces_the_estimate_and_the_count() {
     let mut ledger = ledger(Unit::Tokens, 100, 1_000);
     ledger.consume(400).unwrap();
-    ledger.report(80, 600).unwrap();
+    ledger.report(usage(80, 600)).unwrap();
     assert_eq!(ledger.used(), (80, 600));
     assert_eq!(ledger.references(), ((100, 1_000), 400));
     // The prompt's 80 stay in A, the other 1,020 reserved come back, the 600 are charged now.
@@ -259,7 +269,7 @@ fn a_report_replaces_the_estimate_and_the_count() {
 fn a_report_below_the_count_is_charged_the_count() {
     let mut ledger = ledger(Unit::OutputTokens, 0, 1_000);
     ledger.consume(400).unwrap();
-    ledger.report(0, 100).unwrap();
+    ledger.report(usage(0, 100)).unwrap();
     assert_eq!(ledger.used(), (0, 400));
     assert_eq!(totals(&ledger.end().unwrap()), (1_000, 0, 400));
 }
@@ -270,7 +280,9 @@ fn counting_and_reporting_after_the_release_are_refused_and_a_second_end_settles
     assert!(ledger.end().is_some());
     assert!(ledger.end().is_none());
     assert!(matches!(ledger.consume(1), Err(CoreError::Misuse(m)) if m.contains("consume() after")));
-    assert!(matches!(ledger.report(1, 1), Err(CoreError::Misuse(m)) if m.contains("report_usage() after")));
+    assert!(
+        matches!(ledger.report(usage(1, 1)), Err(CoreError::Misuse(m)) if m.contains("report_usage() after"))
+    );
     assert!(ledger.take_due(0).is_none());
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::ledger::Ledger;
-use super::{Account, BudgetRequest};
+use super::{Account, BudgetRequest, Usage};
 use crate::errors::CoreError;
 use crate::lease::Store;
 use crate::rate::{Adjustment, TopUp, ToppedUp};
@@ -56,8 +56,8 @@ impl Meter {
     }
 
     /// See `Ledger::report`.
-    pub fn report(&self, input: u64, output: u64) -> Result<(), CoreError> {
-        lock(&self.ledger).report(input, output)
+    pub fn report(&self, usage: Usage) -> Result<(), CoreError> {
+        lock(&self.ledger).report(usage)
     }
 
     /// See `Ledger::used`.

@@ -27,6 +27,7 @@ use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
 use crate::rate::{Adjustment, RatePolicy, Settlement};
+pub use crate::rate::{Price, Usage};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -74,6 +75,8 @@ pub struct BudgetRequest {
     pub input: u64,
     pub output: u64,
     pub on_budget: OnBudget,
+    /// The model's price, for the cost budgets (`unit="cost"`).
+    pub price: Option<Price>,
 }
 
 /// The streams with budgets this process holds, and the loop that tops them up.

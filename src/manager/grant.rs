@@ -10,6 +10,7 @@ use crate::budget::{Account, BudgetRequest, Budgets, Charge, Meter};
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::PoolRole;
 use crate::lease::{monotonic_ms, LeaseRecord};
+use crate::rate::price::{answer_price, tokens_within};
 use crate::rate::{Adjustment, Algorithm, Decision, RateCheck};
 use crate::renewal::{HeldLease, Leases};
 
@@ -199,9 +200,10 @@ impl Manager {
                 Account::new(check.keys[i].clone(), policy.clone(), reserved)
             })
             .collect();
+        // In answer tokens: a cost budget's units buy as many as its price allows.
         let room = decisions[budgets_from..]
             .iter()
-            .map(|d| d.remaining)
+            .map(|d| tokens_within(d.remaining, answer_price(d.policy.unit, budget.price.as_ref())))
             .min()
             .unwrap_or(u64::MAX);
         self.budgets.open(record, accounts, budget, room)

@@ -9,7 +9,7 @@ use super::Manager;
 use crate::budget::BudgetRequest;
 use crate::config::FailureMode;
 use crate::errors::{CoreError, CoreResult};
-use crate::keys::{check_identity, hash_tag};
+use crate::keys::{check_identity, check_policy_identity, hash_tag};
 use crate::lease::Store;
 use crate::rate::{
     check_hit, local_shares, start_costs, HitOutcome, RateCheck, RatePolicy, Reservation, Thresholds, Unit,
@@ -37,20 +37,7 @@ impl Manager {
                 budget.unit.name()
             )));
         }
-        let keys = policies
-            .iter()
-            .zip(&identities)
-            .map(|(policy, own)| {
-                let identity = own.as_deref().unwrap_or(identity);
-                check_identity(identity).map_err(CoreError::InvalidInput)?;
-                Ok(self.keys.rate_key(identity, policy))
-            })
-            .collect::<CoreResult<Vec<String>>>()?;
-        if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != hash_tag(&keys[0])) {
-            return Err(CoreError::InvalidInput(
-                "the policies of several identities in one hit need one hash tag on a Redis Cluster: keep global_pool=True, or hit them separately".into(),
-            ));
-        }
+        let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
         let manager = Arc::clone(self);
         Ok(async move {
@@ -71,16 +58,17 @@ impl Manager {
         })
     }
 
-    /// Forgets `identity`'s counters of `policies` (a fresh allowance).
+    /// Forgets the counters of `keyed` policies, each of `identity` or of the identity paired
+    /// with it (a fresh allowance).
     pub fn forget_rates(
         self: &Arc<Self>,
         identity: &str,
-        policies: Vec<RatePolicy>,
+        keyed: Vec<(RatePolicy, Option<String>)>,
     ) -> CoreResult<impl Future<Output = CoreResult<()>> + Send + 'static> {
-        check_identity(identity).map_err(CoreError::InvalidInput)?;
+        let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
         check_hit(&policies, 0).map_err(CoreError::InvalidInput)?;
+        let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
-        let keys = self.rate_keys(identity, &policies);
         let manager = Arc::clone(self);
         Ok(async move {
             manager
@@ -115,25 +103,56 @@ impl Manager {
             .collect()
     }
 
-    fn rate_keys(&self, identity: &str, policies: &[RatePolicy]) -> Vec<String> {
-        policies
+    /// The counter of each policy (`policies[i]`) for the identity it counts: its own
+    /// (`identities[i]`, a team or an API key) or else `identity`. On a Redis Cluster one script
+    /// call takes them all, with the other keys of the call (`along`: a key of the start's
+    /// pools), so they must share a hash tag: every identity's keys do under a global pool's
+    /// tag, each has a tag of its own without one (`keys.rs`).
+    fn counter_keys(
+        &self,
+        identity: &str,
+        policies: &[RatePolicy],
+        identities: &[Option<String>],
+        along: Option<&str>,
+    ) -> CoreResult<Vec<String>> {
+        let keys = policies
             .iter()
-            .map(|policy| self.keys.rate_key(identity, policy))
-            .collect()
+            .enumerate()
+            .map(|(i, policy)| {
+                let counted = match identities.get(i).and_then(Option::as_deref) {
+                    Some(own) => check_policy_identity(policy, own).map(|()| own),
+                    None => check_identity(identity).map(|()| identity),
+                };
+                let counted = counted.map_err(CoreError::InvalidInput)?;
+                Ok(self.keys.rate_key(counted, policy))
+            })
+            .collect::<CoreResult<Vec<String>>>()?;
+        let tag = hash_tag(along.unwrap_or(&keys[0]));
+        if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != tag) {
+            return Err(CoreError::InvalidInput(
+                "the policies of several identities in one call need one hash tag on a Redis Cluster: keep global_pool=True (every identity's counters in its tag), or count them in separate calls".into(),
+            ));
+        }
+        Ok(keys)
     }
 
-    /// The rate check of a stream's start: one unit from each request-rate policy of
-    /// `identity`, then its reservation from each of its token budgets (the last policies).
+    /// The rate check of a stream's start: one unit from each request-rate policy, then its
+    /// reservation from each token budget (the last policies), each counting the identity
+    /// paired with it in `identities` (in the same order), or else the user's; `pool` is a key
+    /// of the start's pools, whose slot the counters share.
     pub(super) fn rate_check(
         &self,
         identity: Option<&str>,
         rate_limits: Vec<RatePolicy>,
         budget: Option<&BudgetRequest>,
+        identities: &[Option<String>],
+        pool: Option<&str>,
     ) -> CoreResult<RateCheck> {
         let reservation = budget.map(|b| Reservation {
             budgets: &b.policies,
             input: b.input,
             output: b.output,
+            price: b.price,
         });
         let (policies, costs) = start_costs(rate_limits, reservation).map_err(CoreError::InvalidInput)?;
         let policies = self.as_configured(policies);
@@ -146,7 +165,7 @@ impl Manager {
             ));
         };
         Ok(RateCheck {
-            keys: self.rate_keys(identity, &policies),
+            keys: self.counter_keys(identity, &policies, identities, pool)?,
             costs,
             policies,
         })

@@ -36,10 +36,14 @@ pub struct AcquireRequest {
     pub wait: Duration,
     /// Place in the lines: 0 to `MAX_PRIORITY`, higher first.
     pub priority: u8,
-    /// Request-rate policies of the user that the start counts against, in the same step.
+    /// Request-rate policies that the start counts against, in the same step.
     pub rate_limits: Vec<RatePolicy>,
-    /// Token budgets of the user the stream reserves from, in the same step.
+    /// Token budgets the stream reserves from, in the same step.
     pub budget: Option<BudgetRequest>,
+    /// Whose each policy counts, in the start's order (`rate_limits`, then the budget's
+    /// policies): an identity of its own (a team, an API key), or None for the user's. Empty
+    /// when every policy counts the user's.
+    pub policy_identities: Vec<Option<String>>,
 }
 
 impl Manager {
@@ -58,6 +62,8 @@ impl Manager {
             request.identity.as_deref(),
             request.rate_limits,
             request.budget.as_ref(),
+            &request.policy_identities,
+            record.pools.first().map(|pool| &*pool.key),
         )?;
         if self.leases.is_closed() {
             return Err(CoreError::Closed);

@@ -48,6 +48,7 @@ fn an_acquire_in_flight_stays_small() {
         priority: 0,
         rate_limits: Vec::new(),
         budget: None,
+        policy_identities: Vec::new(),
     };
     let acquire = manager().acquire(request).expect("a valid request");
     let size = std::mem::size_of_val(&acquire);

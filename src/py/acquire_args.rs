@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::{args, budget, rate};
+use super::{args, budget, prices, rate};
 use crate::backend::MAX_PRIORITY;
 use crate::manager::{AcquireRequest, MAX_WEIGHT};
 
@@ -20,7 +20,7 @@ pub struct AcquireArgs {
 #[pymethods]
 impl AcquireArgs {
     #[new]
-    #[pyo3(signature = (*, user_id = None, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None))]
+    #[pyo3(signature = (*, user_id = None, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None, model = None, prices = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         user_id: Option<&Bound<'_, PyAny>>,
@@ -33,6 +33,8 @@ impl AcquireArgs {
         reserve: Option<&Bound<'_, PyAny>>,
         on_budget: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
+        model: Option<&Bound<'_, PyAny>>,
+        prices: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (resources, resource_lines) = args::resources(resources)?
             .into_iter()
@@ -44,6 +46,16 @@ impl AcquireArgs {
         let wait = args::given(wait_timeout)
             .map(|wait| args::wait_seconds(Some(wait), 0.0).map(Duration::from_secs_f64))
             .transpose()?;
+        let keyed = |policies| {
+            args::given(policies)
+                .map(rate::keyed_policies_of)
+                .transpose()
+                .map(Option::unwrap_or_default)
+        };
+        // Whose each policy counts, in the start's order: the rate limits', then the budgets'.
+        let (rate_limits, mut policy_identities): (Vec<_>, Vec<_>) = keyed(rate_limits)?.into_iter().unzip();
+        let (budgets, budget_identities): (Vec<_>, Vec<_>) = keyed(budgets)?.into_iter().unzip();
+        policy_identities.extend(budget_identities);
         let request = AcquireRequest {
             identity,
             resources,
@@ -51,11 +63,9 @@ impl AcquireArgs {
             weight,
             max_per_user,
             wait: Duration::ZERO,
-            rate_limits: args::given(rate_limits)
-                .map(rate::policies_of)
-                .transpose()?
-                .unwrap_or_default(),
-            budget: budget::request(budgets, reserve, on_budget)?,
+            rate_limits,
+            budget: budget::request(budgets, reserve, on_budget, prices::resolve(model, prices)?)?,
+            policy_identities,
             priority: args::given(priority)
                 .map(|p| args::int_in("priority", p, 0..=u64::from(MAX_PRIORITY)))
                 .transpose()?

@@ -6,25 +6,35 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::args::{self, type_name};
-use super::rate;
-use crate::budget::{BudgetRequest, OnBudget, TOP_UP};
-use crate::rate::MAX_LIMIT;
+use crate::budget::{BudgetRequest, OnBudget, Price, TOP_UP};
+use crate::rate::price::{answer_price, tokens_within};
+use crate::rate::{RatePolicy, MAX_LIMIT};
 
-/// What an acquire asks of its budgets; None without any budget argument. Left out, the
-/// reservation is one top-up increment of answer tokens (at most the smallest budget).
+/// What an acquire asks of its budgets (`budgets`: each budget with the identity it counts, if
+/// not the user's), its cost budgets priced at `price` (the model's); None without any budget
+/// argument. Left out, the reservation is one top-up increment of answer tokens (at most what
+/// the smallest budget pays for).
 pub fn request(
-    budgets: Option<&Bound<'_, PyAny>>,
+    budgets: Vec<RatePolicy>,
     reserve: Option<&Bound<'_, PyAny>>,
     on_budget: Option<&Bound<'_, PyAny>>,
+    price: Option<Price>,
 ) -> PyResult<Option<BudgetRequest>> {
-    let (budgets, reserve, on_budget) = (args::given(budgets), args::given(reserve), args::given(on_budget));
-    if budgets.is_none() && reserve.is_none() && on_budget.is_none() {
+    let (reserve, on_budget) = (args::given(reserve), args::given(on_budget));
+    if budgets.is_empty() && reserve.is_none() && on_budget.is_none() {
         return Ok(None);
     }
-    let policies = budgets.map(rate::policies_of).transpose()?.unwrap_or_default();
+    let policies = budgets;
     let (input, output) = match reserve {
         Some(reserve) => estimate(reserve)?,
-        None => (0, policies.iter().map(|p| p.limit).fold(TOP_UP, u64::min)),
+        // In answer tokens: what each budget's limit pays for at the model's price.
+        None => (
+            0,
+            policies
+                .iter()
+                .map(|p| tokens_within(p.limit, answer_price(p.unit, price.as_ref())))
+                .fold(TOP_UP, u64::min),
+        ),
     };
     let on_budget = match args::choice("on_budget", on_budget)? {
         None => OnBudget::Cut,
@@ -35,6 +45,7 @@ pub fn request(
         input,
         output,
         on_budget,
+        price,
     }))
 }
 

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
-use crate::budget::Meter;
+use crate::budget::{Meter, Usage};
 use crate::manager::PoolUsage;
 use crate::rate::Decision;
 use crate::renewal::{HeldLease, Releasing};
@@ -131,15 +132,28 @@ impl LeaseHandle {
         Ok(self.meter()?.consume(tokens)?)
     }
 
-    /// The model's own figures for the stream, replacing the estimate and the count.
+    /// The model's own figures for the stream, replacing the estimate and the count:
+    /// `cached_input_tokens` of the prompt's were read from the provider's cache.
     fn report_usage(
         &self,
         input_tokens: &Bound<'_, PyAny>,
         output_tokens: &Bound<'_, PyAny>,
+        cached_input_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let input = budget::tokens("input_tokens", input_tokens)?;
         let output = budget::tokens("output_tokens", output_tokens)?;
-        Ok(self.meter()?.report(input, output)?)
+        let cached_input = budget::tokens("cached_input_tokens", cached_input_tokens)?;
+        if cached_input > input {
+            return Err(PyValueError::new_err(format!(
+                "cached_input_tokens={cached_input} is more than input_tokens={input}: the cached tokens are the part of the prompt's tokens read from the cache (OpenAI's prompt_tokens_details.cached_tokens)"
+            )));
+        }
+        let usage = Usage {
+            input,
+            cached_input,
+            output,
+        };
+        Ok(self.meter()?.report(usage)?)
     }
 
     /// Tokens used so far, (prompt, answer); None without budgets.

@@ -162,7 +162,7 @@ impl Manager {
         bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
-    /// Forgets `user_id`'s counters of `policies`.
+    /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).
     fn forget_rates<'py>(
         &self,
         py: Python<'py>,
@@ -170,7 +170,9 @@ impl Manager {
         policies: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
-        let forgotten = self.core.forget_rates(&identity, rate::policies_of(policies)?)?;
+        let forgotten = self
+            .core
+            .forget_rates(&identity, rate::keyed_policies_of(policies)?)?;
         let op = bridge::delivering(forgotten, |()| Box::new(|py: Python<'_>| Ok(py.None())));
         bridge::submit(py, op, self.core.is_embedded(), true)
     }

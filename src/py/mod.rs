@@ -11,6 +11,7 @@ mod config;
 mod errors;
 mod lease;
 mod manager;
+mod prices;
 mod rate;
 mod scripts;
 
@@ -22,6 +23,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::LeaseHandle>()?;
     m.add_class::<manager::Manager>()?;
     m.add_class::<rate::RateLimit>()?;
+    m.add_class::<prices::Prices>()?;
     m.add_class::<client_address::ProxyRule>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;

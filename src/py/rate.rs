@@ -20,7 +20,9 @@ use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Thresholds
 /// hold more than ``limit``; ``"fixed_window"`` counts from a window's first hit until ``per``
 /// seconds later, then starts again. ``unit="requests"`` (the default) counts hits and stream
 /// starts; ``"tokens"`` makes the policy a token budget for LLM streams (``acquire(budgets=...)``),
-/// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens.
+/// ``"input_tokens"`` / ``"output_tokens"`` count only the prompt's or the answer's tokens, and
+/// ``"cost"`` makes a budget in money: the tokens priced from a :class:`Prices` table, in an
+/// integer unit the app chooses (cents, microdollars).
 /// ``enforce=False`` makes a request rate a dry run: counted and reported (headers,
 /// ``RateDecision.would_refuse``, metrics) but never refusing, to roll a new limit out safely.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
@@ -105,8 +107,8 @@ impl RateLimit {
         self.policy.algorithm.name()
     }
 
-    /// What the policy counts: ``"requests"``, ``"tokens"``, ``"input_tokens"`` or
-    /// ``"output_tokens"``.
+    /// What the policy counts: ``"requests"``, ``"tokens"``, ``"input_tokens"``,
+    /// ``"output_tokens"`` or ``"cost"``.
     #[getter]
     fn unit(&self) -> &'static str {
         self.policy.unit.name()
@@ -172,34 +174,60 @@ pub fn check_rate_limits(policies: &Bound<'_, PyAny>, cost: &Bound<'_, PyAny>) -
     check_hit(&policies_of(policies)?, cost).map_err(args::invalid)
 }
 
-/// The policies of one call, each a `RateLimit`.
+/// The policies of a route form, each a `RateLimit`: a form counts the identity its `key`
+/// gives, so a policy paired with one of its own is refused, saying where pairs belong.
 pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
-    value.try_iter()?.map(|item| policy_of(&item?)).collect()
-}
-
-/// The policies of one hit, each a `RateLimit` (counting the hit's identity) or a
-/// `(RateLimit, identity)` pair (counting that identity).
-pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<(RatePolicy, Option<String>)>> {
     value
         .try_iter()?
         .map(|item| {
             let item = item?;
-            match item.cast::<PyTuple>() {
-                Ok(pair) if pair.len() == 2 => {
-                    let identity = args::identity(Some(&pair.get_item(1)?))?;
-                    Ok((policy_of(&pair.get_item(0)?)?, identity))
-                }
-                _ => Ok((policy_of(&item)?, None)),
+            if item.is_instance_of::<PyTuple>() {
+                return Err(PyTypeError::new_err(
+                    "a route's rate limits count the identity its key gives: pass RateLimit values here; a (RateLimit, identity) pair is for hit(), acquire(), usage() and reset()",
+                ));
             }
+            policy_of(&item)
         })
         .collect()
+}
+
+/// The policies of one call, each a `RateLimit` (counting the call's identity) or a
+/// `(RateLimit, identity)` pair (counting that identity: a team, an API key).
+pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<(RatePolicy, Option<String>)>> {
+    value.try_iter()?.map(|item| keyed_policy_of(&item?)).collect()
+}
+
+fn keyed_policy_of(item: &Bound<'_, PyAny>) -> PyResult<(RatePolicy, Option<String>)> {
+    let Ok(pair) = item.cast::<PyTuple>() else {
+        return Ok((policy_of(item)?, None));
+    };
+    if pair.len() != 2 {
+        return Err(PyTypeError::new_err(format!(
+            "a policy with an identity of its own is a (RateLimit, identity) pair, got a tuple of {}: pass (RateLimit(...), team_id)",
+            pair.len()
+        )));
+    }
+    let policy = policy_of(&pair.get_item(0)?)?;
+    let identity = pair.get_item(1)?;
+    let Ok(text) = identity.cast::<PyString>() else {
+        return Err(PyTypeError::new_err(format!(
+            "the identity paired with rate limit {:?} must be a str, got {}: pass str(...) if your ids are numbers",
+            &*policy.name,
+            type_name(&identity)
+        )));
+    };
+    let identity = args::utf8(
+        &format!("the identity paired with rate limit {:?}", &*policy.name),
+        text,
+    )?;
+    Ok((policy, Some(identity)))
 }
 
 fn policy_of(item: &Bound<'_, PyAny>) -> PyResult<RatePolicy> {
     match item.cast::<RateLimit>() {
         Ok(limit) => Ok(limit.get().policy.clone()),
         Err(_) => Err(PyTypeError::new_err(format!(
-            "rate limits must be RateLimit values (or (RateLimit, identity) pairs in a hit), got {}: build them with RateLimit(name, limit, per=seconds)",
+            "rate limits must be RateLimit values or (RateLimit, identity) pairs, got {}: build them with RateLimit(name, limit, per=seconds)",
             type_name(item)
         ))),
     }

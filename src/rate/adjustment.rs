@@ -6,21 +6,23 @@ use super::{Bucket, RatePolicy};
 
 /// One stream's top-up of its token budgets (`budget/`), sent every round while it streams:
 /// first, what `give_back[i]` lists is given back to `policies[i]` (`keys[i]` counts it): the
-/// reservation of the tokens streamed since the last round, and a roll's; then the `moved`
-/// tokens (streamed since the last round) are taken in the current bucket whatever the room,
-/// so each token counts in the window of the time it streamed; then `want` more, as many as
-/// every policy has room for, or all of them if `forced`.
+/// reservation of the tokens streamed since the last round, and a roll's; then `moved[i]` units
+/// (of the tokens streamed since the last round) are taken in the current bucket whatever the
+/// room, so each token counts in the window of the time it streamed; then `want` more answer
+/// tokens, as many as every policy has room for at `prices[i]` units per million tokens (a
+/// million for a token budget, see `budget/price.rs`), or all of them if `forced`.
 pub struct TopUp {
     pub keys: Vec<String>,
     pub policies: Vec<RatePolicy>,
     pub give_back: Vec<Vec<(Bucket, u64)>>,
-    pub moved: u64,
+    pub moved: Vec<u64>,
+    pub prices: Vec<u64>,
     pub want: u64,
     pub forced: bool,
 }
 
 /// What a top-up got: `granted` tokens (beyond the `moved` ones), the `room` its budgets have
-/// left after it (the least of them), and per policy (in order; None when nothing was taken)
+/// left after it (the least of them, in answer tokens), and per policy (in order; None when nothing was taken)
 /// the bucket its share went to and for how many more ms, on the server's clock, that bucket
 /// counts in the window.
 #[derive(Debug, Clone, PartialEq)]

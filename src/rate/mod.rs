@@ -3,14 +3,15 @@
 //!
 //! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
 //! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, what a
-//! stream's start is checked against in `start.rs`, and the thresholds its use is told at in
-//! `alerts.rs`.
+//! stream's start is checked against in `start.rs`, how a cost budget prices tokens in
+//! `price.rs`, and the thresholds its use is told at in `alerts.rs`.
 
 mod adjustment;
 mod alerts;
 mod calendar;
 mod decision;
 mod policy;
+pub mod price;
 mod start;
 
 pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
@@ -19,4 +20,5 @@ pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
+pub use self::price::{Price, Usage};
 pub use self::start::{local_shares, start_costs, Reservation};

@@ -54,13 +54,15 @@ impl Algorithm {
 }
 
 /// What a policy counts: requests (hits, stream starts), or an LLM's tokens (a budget, see
-/// `budget/`): all of them, or only the prompt's or only the answer's.
+/// `budget/`): all of them, or only the prompt's or only the answer's, or their cost in a unit
+/// of money the app chooses, from a price table (`budget/price.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
     Requests,
     Tokens,
     InputTokens,
     OutputTokens,
+    Cost,
 }
 
 impl Unit {
@@ -70,8 +72,9 @@ impl Unit {
             "tokens" => Ok(Unit::Tokens),
             "input_tokens" => Ok(Unit::InputTokens),
             "output_tokens" => Ok(Unit::OutputTokens),
+            "cost" => Ok(Unit::Cost),
             other => Err(format!(
-                "unknown unit {other:?}: use \"requests\" (the default), \"tokens\", \"input_tokens\" or \"output_tokens\""
+                "unknown unit {other:?}: use \"requests\" (the default), \"tokens\", \"input_tokens\", \"output_tokens\" or \"cost\" (money, from a price table)"
             )),
         }
     }
@@ -82,6 +85,7 @@ impl Unit {
             Unit::Tokens => "tokens",
             Unit::InputTokens => "input_tokens",
             Unit::OutputTokens => "output_tokens",
+            Unit::Cost => "cost",
         }
     }
 
@@ -92,13 +96,15 @@ impl Unit {
             Unit::Tokens => "t",
             Unit::InputTokens => "i",
             Unit::OutputTokens => "o",
+            Unit::Cost => "c",
         }
     }
 
-    /// Tokens of a stream this unit counts, of `input` prompt and `output` answer tokens.
+    /// Tokens of a stream this unit counts, of `input` prompt and `output` answer tokens (none
+    /// for a cost budget: its units come from a price, `budget::units_of`).
     pub fn of(self, input: u64, output: u64) -> u64 {
         match self {
-            Unit::Requests => 0,
+            Unit::Requests | Unit::Cost => 0,
             Unit::Tokens => input + output,
             Unit::InputTokens => input,
             Unit::OutputTokens => output,
@@ -234,7 +240,7 @@ pub fn check_costs(policies: &[RatePolicy], costs: &[u64], what: &str) -> Result
     for (i, (policy, cost)) in policies.iter().zip(costs).enumerate() {
         if policies[..i].iter().any(|p| p.name == policy.name) {
             return Err(format!(
-                "rate limit {:?} is given twice in one call: give each policy its own name",
+                "rate limit {:?} is given twice in one call: give each policy its own name (each level its own: \"team_tokens\", \"user_tokens\"), as decisions, headers and usage() name them",
                 policy.name
             ));
         }

@@ -2,15 +2,17 @@
 //! takes from each, and, while Redis is down under `failure_mode="open"`, this process's share
 //! of each. Pure rules; the manager pairs them with keys and stores (`manager/rate.rs`).
 
+use super::price::{units_of, Price, Usage};
 use super::{check_costs, Decision, HitOutcome, RatePolicy, Unit};
 
-/// What a budgeted start reserves: its token budgets and its estimate of the prompt's and the
-/// answer's tokens.
+/// What a budgeted start reserves: its token budgets, its estimate of the prompt's and the
+/// answer's tokens, and the model's price for its cost budgets.
 #[derive(Debug, Clone, Copy)]
 pub struct Reservation<'a> {
     pub budgets: &'a [RatePolicy],
     pub input: u64,
     pub output: u64,
+    pub price: Option<Price>,
 }
 
 /// The policies a start is checked against, in order (its request rates, then its budgets), and
@@ -38,9 +40,33 @@ pub fn start_costs(
     if reservation.is_some_and(|r| r.budgets.is_empty()) {
         return Err("reserve= and on_budget= need budgets=[RateLimit(..., unit=\"tokens\"), ...]".into());
     }
+    if let Some(policy) = budgets.iter().find(|p| p.unit == Unit::Cost) {
+        if reservation.is_some_and(|r| r.price.is_none()) {
+            return Err(format!(
+                "budget {:?} counts cost: name the model and its prices, acquire(..., model=\"gpt-x\", prices=Prices({{\"gpt-x\": (input, output, cached_input)}})) (or StreamLeaseManager(..., prices=...))",
+                &*policy.name
+            ));
+        }
+    }
     let mut costs = vec![1; rate_limits.len()];
     if let Some(r) = reservation {
-        costs.extend(r.budgets.iter().map(|p| p.unit.of(r.input, r.output)));
+        let usage = Usage {
+            input: r.input,
+            cached_input: 0,
+            output: r.output,
+        };
+        costs.extend(
+            r.budgets
+                .iter()
+                .map(|p| units_of(p.unit, r.price.as_ref(), usage)),
+        );
+        let mut priced = r.budgets.iter().zip(&costs[rate_limits.len()..]);
+        if let Some((policy, cost)) = priced.find(|(p, cost)| p.unit == Unit::Cost && **cost > p.limit) {
+            return Err(format!(
+                "the reservation's price, {cost} units of {:?} ({} prompt and {} answer tokens of the model), is more than its limit of {}: it could never be allowed",
+                &*policy.name, r.input, r.output, policy.limit
+            ));
+        }
     }
     let policies: Vec<RatePolicy> = rate_limits.into_iter().chain(budgets.iter().cloned()).collect();
     if !policies.is_empty() {
@@ -92,6 +118,7 @@ mod tests {
             budgets,
             input,
             output,
+            price: None,
         })
     }
 
@@ -156,5 +183,34 @@ mod tests {
         let dry = policy("starts", 3).enforcing(false).unwrap();
         let shares = local_shares(&[dry], &[1], 4, 500).expect("a dry run never refuses");
         assert_eq!((shares[0].limit, shares[0].enforce), (0, false));
+    }
+
+    #[test]
+    fn a_cost_budget_reserves_the_price_of_the_prompt_and_the_answer_and_needs_a_price() {
+        let budgets = [
+            budget("tokens", 10_000, Unit::Tokens),
+            budget("spend", 1_000, Unit::Cost),
+        ];
+        let err = start_costs(Vec::new(), reserving(&budgets, 1_000, 800)).unwrap_err();
+        assert!(
+            err.contains("budget \"spend\" counts cost") && err.contains("prices="),
+            "{err}"
+        );
+        let priced = Reservation {
+            price: Some(Price::new(150_000, 600_000, 0).unwrap()),
+            ..reserving(&budgets, 1_000, 800).unwrap()
+        };
+        let (_, costs) = start_costs(Vec::new(), Some(priced)).unwrap();
+        // 1,000 * 0.15 + 800 * 0.6 units.
+        assert_eq!(costs, [1_800, 630]);
+        let too_dear = Reservation {
+            output: 2_000,
+            ..priced
+        };
+        let err = start_costs(Vec::new(), Some(too_dear)).unwrap_err();
+        assert!(
+            err.starts_with("the reservation's price, 1350 units of \"spend\""),
+            "{err}"
+        );
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::rate::price::{tokens_within, units_for};
 use crate::rate::{Adjustment, Algorithm, Bucket, Decision, HitOutcome, RatePolicy, TopUp, ToppedUp, SLICES};
 
 /// Hits between two sweeps of counters whose windows have passed.
@@ -126,9 +127,10 @@ impl RateCounters {
         HitOutcome { decisions, refused }
     }
 
-    /// A budget top-up (`lua/topup.lua`): gives back what it lists, takes the moved tokens
-    /// whatever the room, then as many of the tokens wanted as every budget has room for (all of
-    /// them, forced); the room left after it, and each budget's bucket and how long it counts.
+    /// A budget top-up (`lua/topup.lua`): gives back what it lists, takes the moved units
+    /// whatever the room, then as many of the answer tokens wanted as every budget has room for
+    /// at its price (all of them, forced); the answer tokens left room for after it, and each
+    /// budget's bucket and how long it counts.
     pub fn top_up(&mut self, top_up: &TopUp) -> ToppedUp {
         let now = self.now();
         for (key, give_back) in top_up.keys.iter().zip(&top_up.give_back) {
@@ -136,31 +138,39 @@ impl RateCounters {
                 self.give_back(key, *bucket, *tokens, now);
             }
         }
-        let mut room = u64::MAX;
-        for (key, policy) in top_up.keys.iter().zip(&top_up.policies) {
-            let used = self.look(key, policy, now).used + top_up.moved;
-            room = room.min(policy.limit.saturating_sub(used));
-        }
-        let granted = if top_up.forced {
-            top_up.want
-        } else {
-            top_up.want.min(room)
-        };
-        let taken = top_up.moved + granted;
-        let buckets = top_up
+        let left: Vec<u64> = top_up
             .keys
             .iter()
             .zip(&top_up.policies)
-            .map(|(key, policy)| {
-                (taken > 0).then(|| {
-                    let bucket = self.take(key, policy, taken, now);
-                    (bucket, Self::counts_for(bucket, policy, now))
-                })
+            .zip(&top_up.moved)
+            .map(|((key, policy), moved)| {
+                policy
+                    .limit
+                    .saturating_sub(self.look(key, policy, now).used + moved)
             })
             .collect();
+        let granted = match top_up.forced {
+            true => top_up.want,
+            false => left
+                .iter()
+                .zip(&top_up.prices)
+                .map(|(left, price)| tokens_within(*left, *price))
+                .fold(top_up.want, u64::min),
+        };
+        let mut room = u64::MAX;
+        let mut buckets = Vec::with_capacity(left.len());
+        for (i, (key, policy)) in top_up.keys.iter().zip(&top_up.policies).enumerate() {
+            let units = units_for(granted, top_up.prices[i]);
+            room = room.min(tokens_within(left[i].saturating_sub(units), top_up.prices[i]));
+            let taken = top_up.moved[i] + units;
+            buckets.push((taken > 0).then(|| {
+                let bucket = self.take(key, policy, taken, now);
+                (bucket, Self::counts_for(bucket, policy, now))
+            }));
+        }
         ToppedUp {
             granted,
-            room: room.saturating_sub(granted),
+            room: if buckets.is_empty() { 0 } else { room },
             buckets,
         }
     }

@@ -8,9 +8,10 @@ use crate::errors::CoreResult;
 use crate::keys;
 use crate::rate::{Bucket, Settlement, TopUp, ToppedUp};
 
-/// topup.lua's call: per top-up, what it wants, whether it is forced, the tokens moved and its
-/// count of policies, then per policy the KEYS index of its counter, algorithm, limit, window
-/// in ms and its count of buckets to give back to, each slot, epoch and tokens.
+/// topup.lua's call: per top-up, the answer tokens it wants, whether it is forced and its count
+/// of policies, then per policy the KEYS index of its counter, algorithm, limit, window in ms,
+/// the units moved, its units per million answer tokens and its count of buckets to give back
+/// to, each slot, epoch and units.
 pub fn top_up_invocation(top_ups: &[&TopUp]) -> Invocation {
     let mut invocation = scripts::TOP_UP.prepare_invoke();
     let mut keys = KeyIndex::default();
@@ -18,15 +19,18 @@ pub fn top_up_invocation(top_ups: &[&TopUp]) -> Invocation {
         invocation
             .arg(top_up.want)
             .arg(u8::from(top_up.forced))
-            .arg(top_up.moved)
             .arg(top_up.keys.len());
-        for ((key, policy), give_back) in top_up.keys.iter().zip(&top_up.policies).zip(&top_up.give_back) {
+        let policies = top_up.keys.iter().zip(&top_up.policies);
+        let amounts = top_up.moved.iter().zip(&top_up.prices).zip(&top_up.give_back);
+        for ((key, policy), ((moved, price), give_back)) in policies.zip(amounts) {
             let index = keys.index(&mut invocation, key);
             invocation
                 .arg(index)
                 .arg(policy.algorithm.code())
                 .arg(policy.limit)
                 .arg(policy.window_ms)
+                .arg(moved)
+                .arg(price)
                 .arg(give_back.len());
             for (bucket, tokens) in give_back {
                 invocation.arg(bucket.slot).arg(bucket.epoch).arg(tokens);
@@ -96,7 +100,8 @@ mod tests {
             keys: keys.iter().map(|key| (*key).to_owned()).collect(),
             policies: keys.iter().map(|_| policy("tokens", 1000)).collect(),
             give_back: keys.iter().map(|_| Vec::new()).collect(),
-            moved: 0,
+            moved: keys.iter().map(|_| 0).collect(),
+            prices: keys.iter().map(|_| 1_000_000).collect(),
             want: 100,
             forced: false,
         }
@@ -110,8 +115,9 @@ mod tests {
         assert_eq!(
             read::args(&call),
             [
-                "100", "0", "0", "1", "1", "f", "1000", "60000", "0", //
-                "100", "0", "0", "2", "1", "f", "1000", "60000", "0", "2", "f", "1000", "60000", "0",
+                "100", "0", "1", "1", "f", "1000", "60000", "0", "1000000", "0", //
+                "100", "0", "2", "1", "f", "1000", "60000", "0", "1000000", "0", "2", "f", "1000", "60000",
+                "0", "1000000", "0",
             ]
         );
     }
