@@ -103,14 +103,18 @@ def test_the_llm_proxy_recipe_charges_every_level_in_its_unit(redis_server, tmp_
     alice = {"x-user-id": "alice"}
     ask = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 3}
     with TestClient(module.app) as client:
-        unknown = client.post("/v1/chat/completions", json={**ask, "model": "gpt-9"}, headers=alice)
+        def ask_for(model: str):
+            return client.post("/v1/chat/completions", json={**ask, "model": model}, headers=alice)
+
+        unknown = ask_for("gpt-9")
         assert unknown.status_code == 400 and "use one of ['gpt-mini', 'gpt-x']" in unknown.text
-        answer = client.post("/v1/chat/completions", json={**ask, "model": "gpt-mini"}, headers=alice)
+        answer = ask_for("gpt-mini")
         assert answer.status_code == 200 and '"usage"' in answer.text
         levels = client.get("/usage", headers=alice).json()
     # 3 prompt tokens at 0.15 and 3 answer tokens at 0.6 microdollars, rounded up once: 3.
     spent = {"unit": "cost", "used": 3}
-    assert {name: {"unit": level["unit"], "used": level["used"]} for name, level in levels.items()} == {
+    in_units = {name: {"unit": lv["unit"], "used": lv["used"]} for name, lv in levels.items()}
+    assert in_units == {
         "team_spend_per_day": spent, "user_spend_per_day": spent,
         "tokens_per_minute": {"unit": "tokens", "used": 6},
         "requests_per_minute": {"unit": "requests", "used": 1},
