@@ -88,10 +88,10 @@ def caller(request: Request) -> tuple[str, str]:
     return API_KEYS[key]
 
 
-def budgets(user_team: str, model: str) -> list:
+def budgets(team: str, model: str) -> list:
     """Every level a stream spends: pairs count their own identity, the rest the user."""
     return [
-        (team_spend_per_day, user_team),
+        (team_spend_per_day, team),
         user_spend_per_day,
         tokens_per_minute,
         (model_spend_per_day, f"{ORG}|{model}"),
@@ -225,7 +225,7 @@ async def story(base_url: str) -> None:
             say(f"alice, stream 1: {''.join(words).strip()}")
         say(
             f"spent after stream 1 (microdollars): {await spent('alice', 'research')} "
-            "(the model's usage: 7 prompt tokens at 2, 5 cached at 0.5, 40 answer tokens at 8)"
+            "(the model's usage: 7 prompt tokens at 2, 5 cached ones at 0.5, 40 answer tokens at 8)"
         )
 
         unknown = await alice.post("/v1/chat/completions", json={**ask, "model": "gpt-9"})

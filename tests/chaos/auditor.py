@@ -543,8 +543,8 @@ class Audit:
                         f"{settings.budget_per} s > {bound} (limit {level.limit} + {slack} x "
                         f"{concurrent} streams at once); last fault {self.fault_before(lo)}: "
                         + ", ".join(self.describe(s) for s in open_)))
-        self.figures[f"most {level.unit} of one {level.name} identity sent in one budget "
-                     f"window (limit {level.limit})"] = most
+        self.figures[f"most {level.name} one identity sent in one budget window, in "
+                     f"{level.unit} (limit {level.limit})"] = most
 
     def orphaned(self, streams: list[Stream], lo: float) -> int:
         """The reservations of ``streams`` that Redis forgot before ``lo`` while they were
