@@ -11,7 +11,8 @@ step: the prompt and ``max_tokens``, priced from the model's prices. The stream 
 chunk by chunk as it streams and settled at the end with the model's own ``usage`` (asked for
 with ``stream_options.include_usage``, cached prompt tokens at their own price); when the model
 sends no usage, the proxy's own count stands. Unused reservation comes back at once; a client
-that leaves is charged what it got. ``GET /usage`` tells the caller where each level stands.
+that leaves is charged what it got. ``GET /usage`` tells the caller where each level stands,
+and a level that reaches 80 % or 100 % of its limit raises an alert.
 
 Run the story (a fake model and this proxy, on free ports):  .venv/bin/python examples/llm_proxy.py
 (``make demo`` runs it after the demo; set REDIS_URL=redis://... for a real Redis). Serve it:
@@ -40,6 +41,7 @@ from fastapi_stream_lease import (
     Prices,
     RateLimit,
     StreamLeaseManager,
+    ThresholdCrossed,
     install_exception_handler,
 )
 
@@ -63,6 +65,14 @@ model_spend_per_day = RateLimit("model_spend_per_day", 100_000, per="day", unit=
 tokens_per_minute = RateLimit("tokens_per_minute", 2_000, per=60, unit="tokens")
 requests_per_minute = RateLimit("requests_per_minute", 20, per=60)
 DEFAULT_MAX_TOKENS = 256
+alerts: list[ThresholdCrossed] = []
+
+
+async def on_threshold(alert: ThresholdCrossed) -> None:
+    """A level reached 80 % or 100 % of its limit (once per window): mail or page here. The
+    alert names the identity by its keyed hash only."""
+    alerts.append(alert)
+
 
 manager = StreamLeaseManager(
     url=os.environ.get("REDIS_URL", "memory://"),
@@ -72,6 +82,7 @@ manager = StreamLeaseManager(
         identity_secret=os.environ.get("IDENTITY_SECRET", "example-secret-not-for-production"),
     ),
     prices=PRICES,
+    on_threshold=on_threshold,
 )
 #: The model. Tests point it at the fake in-process (httpx.ASGITransport).
 upstream = httpx.AsyncClient(base_url=os.environ.get("UPSTREAM_URL", "http://127.0.0.1:8001"))
@@ -232,13 +243,13 @@ async def story(base_url: str) -> None:
         say(f"model gpt-9: HTTP {unknown.status_code}, {unknown.json()['detail']}")
 
         # A slow model (the fake's knob) holds a large reservation while it streams.
-        slow = {**ask, "max_tokens": 1_000, "seconds_per_token": 0.25}
+        slow = {**ask, "max_tokens": 1_500, "seconds_per_token": 0.25}
         async with alice.stream("POST", "/v1/chat/completions", json=slow) as r:
             lines = r.aiter_lines()  # held: the stream stays open until the block ends
             async for line in lines:
                 if '"content"' in line:
                     break  # alice has her first token; her stream holds its reservation
-            say(f"alice, stream 2 (max_tokens=1000) running: {await spent('alice', 'research')}")
+            say(f"alice, stream 2 (max_tokens=1500) running: {await spent('alice', 'research')}")
             big = {**ask, "max_tokens": 1_500}
             refused = await bob.post("/v1/chat/completions", json=big)
             say(
@@ -247,7 +258,7 @@ async def story(base_url: str) -> None:
             )
             assert refused.status_code == 429
         # alice went away after her first token: at its next event the proxy settles her
-        # stream at what she got, and her reservation of 8,024 comes back
+        # stream at what she got, and her reservation of 12,024 comes back
         while await spent_by("alice") > 400:  # noqa: ASYNC110 (a client sees no event of the proxy's)
             await asyncio.sleep(0.05)
         say(f"alice left stream 2 after one token: {await spent('alice', 'research')}")
@@ -264,7 +275,6 @@ async def story(base_url: str) -> None:
 
         for name, level in (await alice.get("/usage")).json().items():
             say(f"GET /usage: {name} {level['used']} {level['unit']} used of {level['limit']}")
-    say("llm proxy demo done")
 
 
 async def main() -> None:
@@ -279,7 +289,10 @@ async def main() -> None:
             await story(f"http://127.0.0.1:{port}")
             await upstream.aclose()
     finally:
-        await manager.aclose()
+        await manager.drain()  # as at shutdown: the queued alerts are told first
+    for alert in alerts:
+        say(f"alert: {alert.policy} at {alert.threshold:.0%}, {alert.used} of {alert.limit}")
+    say("llm proxy demo done")
 
 
 if __name__ == "__main__":

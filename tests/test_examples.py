@@ -75,9 +75,9 @@ def test_the_llm_proxy_story_runs_and_settles_nested_money_budgets(redis_server)
     # The model's usage, cached prompt tokens at their price: 7 x 2 + 5 x 0.5 + 40 x 8, rounded up.
     assert "spent after stream 1 (microdollars): team 337, alice 337" in out
     assert "model gpt-9: HTTP 400, unknown model 'gpt-9': use one of" in out
-    # alice's running stream holds 12 x 2 + 1,000 x 8; bob's 12,024 fits his own 15,000, not
+    # alice's running stream holds 12 x 2 + 1,500 x 8; bob's 12,024 fits his own 15,000, not
     # what his team has left of 20,000.
-    assert "alice, stream 2 (max_tokens=1000) running: team 8361, alice 8361" in out
+    assert "alice, stream 2 (max_tokens=1500) running: team 12361, alice 12361" in out
     assert "bob, same team, max_tokens=1500: HTTP 429, ['team_spend_per_day']" in out
     assert "alice left stream 2 after one token: team 369, alice 369" in out  # + 24 + 8
     # No usage chunk from fake-small: the proxy's count, 12 x 0.5 + 30 x 2.
@@ -91,6 +91,9 @@ def test_the_llm_proxy_story_runs_and_settles_nested_money_budgets(redis_server)
         "model_spend_per_day:fake-small 66 microdollars used of 100000",
     ):
         assert f"GET /usage: {level}\n" in out
+    # alice's second start brought her day's spend past 80 % of 15,000: told once.
+    assert out.count("alert: ") == 1
+    assert "alert: user_spend_per_day at 80%, 12361 of 15000\n" in out
     assert "llm proxy demo done" in out
 
 
