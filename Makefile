@@ -66,7 +66,7 @@ fmt: venv ## Format the Rust and Python code
 	$(BIN)/ruff format python
 	$(BIN)/ruff check --fix python tests examples benchmarks
 
-demo: build ## Run the demos (streams, then an LLM proxy with token budgets), then serve the web page when on a terminal (REDIS_URL=redis://... for Redis)
+demo: build ## Run the demos (streams, then an LLM proxy with nested money budgets), then serve the web page when on a terminal (REDIS_URL=redis://... for Redis)
 	$(BIN)/python examples/demo.py
 	$(BIN)/python examples/llm_proxy.py
 	@if [ -t 0 ]; then $(MAKE) --no-print-directory demo-web; \

@@ -26,6 +26,9 @@ async def test_a_short_chaos_run_breaks_no_invariant():
     long_stalls = {f.kind for f in audit.faults if f.t1 - f.t0 > audit.bounds.lease}
     assert {"redis_pause", "worker_stop", "net_cut"} <= long_stalls, report
     assert audit.outcomes["started"] > 100 and audit.checked["samples"] > 50, report
+    # The teams' money is judged, and tight enough to refuse starts its users' budgets admit.
+    assert audit.checked["budget windows (team_spend)"] > 100, report
+    assert audit.outcomes["limited (team_spend)"] > 0, report
     assert not audit.violations, report
 
 
@@ -133,3 +136,20 @@ def test_the_auditor_holds_a_budget_window_to_the_guides_bound():
     # reservations they held are allowed in the windows after it.
     restart = Fault("redis_restart", 1.5, 0.2, t0=1.5, t1=1.7)
     assert invariants(audit_of_limited(streams, [restart])) == []
+
+
+def test_the_auditor_holds_a_teams_money_to_its_bound_when_each_user_keeps_to_theirs():
+    """A team's budget in money, shared by its users, overspent while each user kept within
+    their own token budget went unjudged."""
+    settings = Settings()
+    team = [f"user{i}" for i in range(settings.users) if settings.team_of(f"user{i}") == "team0"]
+    # Each user sends one stream of 1,000 tokens: within their own bound of 800 + 316.
+    sent = [(1.0 + 0.1 * k, 100) for k in range(10)]
+
+    def streams(users):
+        return [(user, 0.9, 0.95, 3.0, sent, 100) for user in users]
+
+    assert invariants(audit_of_limited(streams(team[:2]))) == []  # 4,000 units: the team's limit
+    audit = audit_of_limited(streams(team[:3]))  # 6,000 units > 4,000 + 632 x 3
+    assert invariants(audit) == ["budgets"]
+    assert [v.detail.split(":")[0] for v in audit.violations] == ["team_spend of team0"]

@@ -34,6 +34,7 @@ QUICKSTART = block_with("lease.wrap(token_generator())")
 STREAM_FORMS = block_with("BudgetedLease = Annotated[")
 WEBSOCKET = block_with("async def websocket_chat")
 LIMITER = block_with('@app.get("/both"')
+LLM_PROXY = block_with("def budgets(team: str, model: str)")
 
 
 def load_block(name: str, redis_url: str, tmp_path: Path):
@@ -97,12 +98,37 @@ def test_websocket_block(redis_server, tmp_path):
             assert ws.receive_text() == "Echo: hi"
 
 
+def test_the_llm_proxy_recipe_charges_every_level_in_its_unit(redis_server, tmp_path):
+    module = load_block(LLM_PROXY, redis_server.url, tmp_path)
+    alice = {"x-user-id": "alice"}
+    ask = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 3}
+    with TestClient(module.app) as client:
+        def ask_for(model: str):
+            return client.post("/v1/chat/completions", json={**ask, "model": model}, headers=alice)
+
+        unknown = ask_for("gpt-9")
+        assert unknown.status_code == 400 and "use one of ['gpt-mini', 'gpt-x']" in unknown.text
+        answer = ask_for("gpt-mini")
+        assert answer.status_code == 200 and '"usage"' in answer.text
+        levels = client.get("/usage", headers=alice).json()
+    # 3 prompt tokens at 0.15 and 3 answer tokens at 0.6 microdollars, rounded up once: 3.
+    spent = {"unit": "cost", "used": 3}
+    in_units = {name: {"unit": lv["unit"], "used": lv["used"]} for name, lv in levels.items()}
+    assert in_units == {
+        "team_spend_per_day": spent, "user_spend_per_day": spent,
+        "tokens_per_minute": {"unit": "tokens", "used": 6},
+        "requests_per_minute": {"unit": "requests", "used": 1},
+        "model_spend_per_day:gpt-x": {"unit": "cost", "used": 0},
+        "model_spend_per_day:gpt-mini": spent,
+    }
+
+
 @pytest.mark.parametrize(
     "name",
     [
         name
         for name in BLOCKS
-        if name not in (FIRST_EXAMPLE, QUICKSTART, STREAM_FORMS, WEBSOCKET, LIMITER)
+        if name not in (FIRST_EXAMPLE, QUICKSTART, STREAM_FORMS, WEBSOCKET, LIMITER, LLM_PROXY)
     ],
 )
 def test_every_other_block_runs(redis_server, tmp_path, name):

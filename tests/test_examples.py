@@ -63,21 +63,38 @@ def test_the_login_example_limits_per_address_and_per_user(example):
         assert client.post("/login", json=good).status_code == 429  # alice's pair is spent
 
 
-def test_the_llm_proxy_story_runs_and_settles_budgets(redis_server):
+def test_the_llm_proxy_story_runs_and_settles_nested_money_budgets(redis_server):
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "llm_proxy.py")],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "REDIS_URL": redis_server.url},
     )
     assert done.returncode == 0, done.stderr
-    assert "x-ratelimit-remaining-tokens" in done.stdout
-    assert "47 tokens used this minute" in done.stdout
-    assert "left after one token: 55 tokens used" in done.stdout
-    assert "stream 3 (max_tokens=1950): HTTP 429" in done.stdout
-    assert "GET /usage: requests_per_minute 2 used of 20" in done.stdout
-    assert "GET /usage: tokens_per_minute 55 used of 2000" in done.stdout
-    assert "GET /usage: tokens_per_day 55 used of 50000" in done.stdout
-    assert "llm proxy demo done" in done.stdout
+    out = done.stdout
+    assert "alice, stream 1: HTTP 200" in out and "x-ratelimit-remaining-tokens" in out
+    # The model's usage, cached prompt tokens at their price: 7 x 2 + 5 x 0.5 + 40 x 8, rounded up.
+    assert "spent after stream 1 (microdollars): team 337, alice 337" in out
+    assert "model gpt-9: HTTP 400, unknown model 'gpt-9': use one of" in out
+    # alice's running stream holds 12 x 2 + 1,500 x 8; bob's 12,024 fits his own 15,000, not
+    # what his team has left of 20,000.
+    assert "alice, stream 2 (max_tokens=1500) running: team 12361, alice 12361" in out
+    assert "bob, same team, max_tokens=1500: HTTP 429, ['team_spend_per_day']" in out
+    assert "alice left stream 2 after one token: team 369, alice 369" in out  # + 24 + 8
+    # No usage chunk from fake-small: the proxy's count, 12 x 0.5 + 30 x 2.
+    assert "carol (support), fake-small, no usage sent: team 66, carol 66" in out
+    for level in (
+        "team_spend_per_day 369 microdollars used of 20000",
+        "user_spend_per_day 369 microdollars used of 15000",
+        "tokens_per_minute 65 tokens used of 2000",
+        "requests_per_minute 2 requests used of 20",
+        "model_spend_per_day:fake-large 369 microdollars used of 100000",
+        "model_spend_per_day:fake-small 66 microdollars used of 100000",
+    ):
+        assert f"GET /usage: {level}\n" in out
+    # alice's second start brought her day's spend past 80 % of 15,000: told once.
+    assert out.count("alert: ") == 1
+    assert "alert: user_spend_per_day at 80%, 12361 of 15000\n" in out
+    assert "llm proxy demo done" in out
 
 
 def test_the_prometheus_example_exports_what_the_grafana_dashboard_reads(redis_server):

@@ -12,10 +12,11 @@ Invariants checked (each violation is listed with its time and the streams it in
 * ``rates``: no window of the start rate's ``per`` seconds holds more of one user's starts
   that counted the rate than its limit (a start counts it between its ``t_req`` and
   ``t_start``: only starts known to fall inside a window are counted in it).
-* ``budgets``: no window of the token budget's ``per`` seconds holds more of one user's tokens,
-  by the time the streams sent them, than the budget plus one top-up increment and one chunk
-  per concurrent stream (the most of the user's budgeted streams open at once in that window:
-  the token budgets guide's bound).
+* ``budgets``: at each budget level (a user's tokens, a team's money shared by its users), no
+  window of ``budget_per`` seconds holds more of one identity's units, by the time the streams
+  sent them, than the level's limit plus one top-up increment and one chunk per concurrent
+  stream, priced in the level's unit (the most of the identity's budgeted streams open at once
+  in that window: the token budgets guide's bound).
 * ``leftovers``: a slot is counted in Redis at most ``leftover`` after its stream ended, or after
   Redis (or the worker's network, or the worker) came back from a fault that overlapped, and at
   most ``lease_seconds`` after its worker was killed.
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from fastapi_stream_lease import TOP_UP_INCREMENT
 
 from chaos.faults import Fault
-from chaos.settings import Settings
+from chaos.settings import BudgetLevel, Settings
 
 STATE_LOSS = ("redis_restart", "redis_restore")
 REDIS_WIDE = ("redis_pause", "redis_restart", "redis_restore")
@@ -497,15 +498,23 @@ class Audit:
                      f"{settings.rate_limit})"] = most
 
     def check_budgets(self) -> None:
-        """Every window of ``budget_per`` seconds, anchored at each chunk a user's streams sent:
-        the tokens sent in it are at most the budget, one increment and one chunk per
-        concurrent stream, and the reservations orphaned by a loss of counts."""
+        """Each budget level (its user's tokens, its team's money), in its unit: every window
+        of ``budget_per`` seconds, anchored at each chunk an identity's streams sent, holds at
+        most the level's limit, one increment and one chunk per concurrent stream, and the
+        reservations orphaned by a loss of counts."""
+        for level in self.settings.budget_levels():
+            streams_of: dict[str, list[Stream]] = defaultdict(list)
+            for user, streams in self.by_user(lambda s: s.budget).items():
+                streams_of[level.identity_of(user)] += streams
+            self.check_budget_level(level, streams_of)
+
+    def check_budget_level(self, level: BudgetLevel, streams_of: dict[str, list[Stream]]) -> None:
         settings = self.settings
         per = settings.budget_per - CLOCK_SLACK
-        slack = TOP_UP_INCREMENT + settings.max_chunk
+        slack = (TOP_UP_INCREMENT + settings.max_chunk) * level.per_token
         most = 0
-        for user, streams in self.by_user(lambda s: s.budget).items():
-            sent = sorted((t, n) for s in streams for t, n in s.tokens)
+        for identity, streams in streams_of.items():
+            sent = sorted((t, n * level.per_token) for s in streams for t, n in s.tokens)
             total = 0
             j = 0
             reported = float("-inf")
@@ -518,23 +527,24 @@ class Audit:
                 total -= sent[i][1]
                 if not self.judged(lo, hi):
                     continue
-                self.checked["budget windows"] += 1
+                self.checked[f"budget windows ({level.name})"] += 1
                 most = max(most, window)
-                if window <= settings.budget:
+                if window <= level.limit:
                     continue
                 open_ = [s for s in streams if s.t_start < hi and (s.t_end or hi) > lo]
                 concurrent = _most_at_once(open_, lo, hi)
-                bound = settings.budget + slack * concurrent + self.orphaned(open_, lo)
+                bound = (level.limit + slack * concurrent
+                         + self.orphaned(open_, lo) * level.per_token)
                 if window > bound and lo > reported + settings.budget_per:
                     reported = lo
                     self.violations.append(Violation(
                         "budgets", lo,
-                        f"{user}: {window} tokens sent within {settings.budget_per} s > "
-                        f"{bound} (budget {settings.budget} + {slack} x {concurrent} streams "
-                        f"at once); last fault {self.fault_before(lo)}: "
+                        f"{level.name} of {identity}: {window} {level.unit} sent within "
+                        f"{settings.budget_per} s > {bound} (limit {level.limit} + {slack} x "
+                        f"{concurrent} streams at once); last fault {self.fault_before(lo)}: "
                         + ", ".join(self.describe(s) for s in open_)))
-        self.figures[f"most tokens of one user sent in one budget window (budget "
-                     f"{settings.budget})"] = most
+        self.figures[f"most {level.name} one identity sent in one budget window, in "
+                     f"{level.unit} (limit {level.limit})"] = most
 
     def orphaned(self, streams: list[Stream], lo: float) -> int:
         """The reservations of ``streams`` that Redis forgot before ``lo`` while they were

@@ -5,7 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class BudgetLevel:
+    """One level every budgeted stream spends, counted in its own unit: a policy ``name`` with
+    ``limit`` units per ``budget_per`` seconds, for the identity ``identity_of(user)`` gives (the
+    user's own when it gives the user), ``per_token`` units for each answer token."""
+
+    name: str
+    unit: str
+    limit: int
+    per_token: int
+    identity_of: Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,14 @@ class Settings:
     budget: int = 800
     budget_per: float = 4.0
     max_chunk: int = 60
+    # The budgeted streams also spend their team's budget in money (``unit="cost"``, one model
+    # at ``answer_price`` units per million answer tokens), shared by the team's users: the users
+    # are spread over ``teams`` teams, each with less than its users' budgets together, so the
+    # team's level refuses and cuts too.
+    teams: int = 3
+    team_budget: int = 4_000
+    model: str = "chaos-model"
+    answer_price: int = 2_000_000
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -42,6 +64,17 @@ class Settings:
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Settings:
         return cls(**data)  # type: ignore[arg-type]
+
+    def team_of(self, user: str) -> str:
+        return f"team{int(user.removeprefix('user')) % self.teams}"
+
+    def budget_levels(self) -> list[BudgetLevel]:
+        """The levels of a budgeted stream's acquire: its user's tokens and its team's money."""
+        return [
+            BudgetLevel("tokens", "tokens", self.budget, 1, lambda user: user),
+            BudgetLevel("team_spend", "cost", self.team_budget,
+                        self.answer_price // 1_000_000, self.team_of),
+        ]
 
     # -- the key layout of docs/design.md, section 3 (global_pool=True) --
 

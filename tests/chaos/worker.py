@@ -6,7 +6,8 @@ acquire or while they stream. It tells the auditor, one JSON line on stdout per 
 * ``{"e": "start", ...}``: a stream began. ``t_req`` is the monotonic time just before the
   acquire was called, ``t_start`` just after it returned: Redis granted the lease in between.
   ``rate`` says whether the acquire counted the per-user start rate (the hit happened in
-  between too), ``budget`` whether the stream spends the per-user token budget.
+  between too), ``budget`` whether the stream spends the budgets (its user's tokens, its
+  team's money).
 * ``{"e": "tok", ...}``: a budgeted stream sent ``n`` tokens at ``t``, stamped as the chunk
   leaves the library (counted, and past any wait for a top-up).
 * ``{"e": "end", ...}``: a stream ended. ``t_end`` is taken inside the stream's own code as it
@@ -44,6 +45,7 @@ from fastapi_stream_lease import (
     LeaseConfig,
     LeaseLost,
     PoolFull,
+    Prices,
     RateLimit,
     RateLimited,
     Resource,
@@ -70,7 +72,7 @@ class Plan:
     cancel_stream: float | None  # cancelled this long after it asked, if still running
     length: float
     rate: bool  # counts the per-user start rate
-    budget: bool  # spends the per-user token budget
+    budget: bool  # spends its user's token budget and its team's money budget
     reserve: int  # tokens reserved at admission (with a budget)
 
 
@@ -108,8 +110,13 @@ class Worker:
             name: Resource(capacity, name) for name, capacity in settings.resources.items()
         }
         self.start_rate = RateLimit("starts", settings.rate_limit, per=settings.rate_per)
-        self.token_budget = RateLimit(
-            "tokens", settings.budget, per=settings.budget_per, unit="tokens")
+        self.budget_levels = [
+            (level, RateLimit(level.name, level.limit, per=settings.budget_per, unit=level.unit))
+            for level in settings.budget_levels()]
+        # The model's prompt and cached prompt prices are never charged: a chaos stream reserves
+        # answer tokens only.
+        price = settings.answer_price
+        self.prices = Prices({settings.model: (price, price, price)})
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -219,8 +226,14 @@ class Worker:
         if plan.rate:
             args["rate_limits"] = [self.start_rate]
         if plan.budget:
-            args["budgets"] = [self.token_budget]
+            assert plan.user is not None
+            args["budgets"] = [
+                policy if level.identity_of(plan.user) == plan.user
+                else (policy, level.identity_of(plan.user))
+                for level, policy in self.budget_levels]
             args["reserve"] = plan.reserve
+            args["model"] = self.settings.model
+            args["prices"] = self.prices
         return args
 
     def chunk(self) -> int:
