@@ -144,8 +144,7 @@ impl Manager {
             output: b.output,
             price: b.price,
         });
-        let (policies, costs) =
-            start_costs(self.as_configured(rate_limits), reservation).map_err(CoreError::InvalidInput)?;
+        let (policies, costs) = start_costs(self.as_configured(rate_limits), reservation)?;
         if policies.is_empty() {
             return Ok(RateCheck::default());
         }
