@@ -203,6 +203,27 @@ async def test_a_reservation_above_a_whole_limit_is_refused_as_never_fitting(mak
     await lease.release()
 
 
+async def test_reserve_auto_takes_the_prompt_and_max_tokens_or_a_default_within_the_budget(
+    make_manager,
+):
+    """reserve="auto" sizes the reservation from the request: the prompt's tokens and its
+    max_tokens when given, else the prompt and 1,024 answer tokens, capped by what the smallest
+    budget holds after the prompt; a max_tokens no budget window could hold never fits."""
+    manager = make_manager()
+    small = RateLimit("small_tokens", 600, per=60, unit="tokens")
+    request = {"reserve": "auto", "model": "gpt-x", "prompt_tokens": 100}
+    reserved = []
+    cases = [([TPM], 400), ([TPM], None), ([TPM, small], None)]
+    for user, (budgets, max_tokens) in enumerate(cases):
+        lease = await manager.acquire(f"u{user}", budgets=budgets, **request, max_tokens=max_tokens)
+        reserved.append([d.used for d in lease.rate_decisions])
+        await lease.release()
+    assert reserved == [[500], [100 + 1_024], [600, 600]]
+    with pytest.raises(ReservationTooLarge):
+        await manager.acquire("alice", budgets=[TPM], **request, max_tokens=9_901)
+    assert await used(manager, "alice") == 0
+
+
 async def test_bad_budget_input_gets_a_clear_error_and_takes_nothing(make_manager):
     manager = make_manager()
     requests = RateLimit("per_minute", 10, per=60)
@@ -213,6 +234,12 @@ async def test_bad_budget_input_gets_a_clear_error_and_takes_nothing(make_manage
         ({"budgets": [TPM], "reserve": 1.5}, TypeError, "reserve must be an int"),
         ({"budgets": [TPM], "reserve": (1, 2, 3)}, TypeError, "pair"),
         ({"budgets": [TPM], "on_budget": "stop"}, ValueError, "unknown on_budget"),
+        ({"budgets": [TPM], "reserve": "auto"}, ValueError, 'reserve="auto" needs model='),
+        ({"budgets": [TPM], "reserve": "more"}, ValueError, 'pass "auto"'),
+        ({"budgets": [TPM], "max_tokens": 10}, ValueError, 'size reserve="auto"'),
+        ({"budgets": [TPM], "reserve": 5, "prompt_tokens": 10}, ValueError, 'size reserve="auto"'),
+        ({"budgets": [TPM], "reserve": "auto", "model": "m", "max_tokens": -1}, ValueError,
+         "max_tokens"),
         ({"reserve": 10}, ValueError, "need budgets="),
         ({"budgets": ["tpm"]}, TypeError, "RateLimit values"),
     ]

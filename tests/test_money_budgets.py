@@ -194,6 +194,20 @@ async def test_a_reservation_priced_above_the_budgets_whole_limit_is_refused_as_
     assert await used(manager) == 0
 
 
+async def test_reserve_auto_without_max_tokens_is_capped_by_what_the_money_budget_holds(
+    make_manager,
+):
+    """Without max_tokens, reserve="auto" takes the prompt and 1,024 answer tokens, at most
+    what the budget's limit pays for after the prompt's price."""
+    manager = make_manager()
+    # 1,000 prompt tokens cost 100 units; the 400 left buy 1,000 answer tokens, not 1,024.
+    lease = await manager.acquire(
+        "alice", budgets=[SPEND], reserve="auto", model="gpt-x", prices=PRICES, prompt_tokens=1_000
+    )
+    assert lease.rate_decisions[0].used == 500
+    await lease.release()
+
+
 async def test_the_default_reservation_of_a_cost_budget_fits_its_limit_at_the_models_price(
     make_manager,
 ):

@@ -80,7 +80,7 @@ class StreamLeaseRejected(StreamLeaseError):
     status_code: ClassVar[int] = 503
     title: ClassVar[str] = "Stream refused"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
-    retry_after = 1
+    retry_after: int | None = 1
     #: Why, in one word (what a 0.6 ``on_rejected`` hook is given).
     reason: str = "refused"
 
@@ -255,13 +255,13 @@ class ReservationTooLarge(StreamLeaseRejected):
     title: ClassVar[str] = "Reservation larger than the budget"
     problem_type: ClassVar[str] = "about:blank"
     reason = "reservation_too_large"
+    retry_after = None  # waiting never helps
 
     def __init__(self, message: str, budget: str, reservation: int, limit: int) -> None:
         super().__init__(message)
         self.budget = budget
         self.reservation = reservation
         self.limit = limit
-        self.retry_after = None
 
     def body(self) -> dict[str, object]:
         return {**super().body(), "violated-policies": [self.budget]}
