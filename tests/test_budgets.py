@@ -235,7 +235,7 @@ async def test_bad_budget_input_gets_a_clear_error_and_takes_nothing(make_manage
         ({"budgets": [TPM], "reserve": (1, 2, 3)}, TypeError, "pair"),
         ({"budgets": [TPM], "on_budget": "stop"}, ValueError, "unknown on_budget"),
         ({"budgets": [TPM], "reserve": "auto"}, ValueError, 'reserve="auto" needs model='),
-        ({"budgets": [TPM], "reserve": "more"}, ValueError, 'pass "auto"'),
+        ({"budgets": [TPM], "reserve": "more"}, ValueError, """reserve='more' is not a size"""),
         ({"budgets": [TPM], "max_tokens": 10}, ValueError, 'size reserve="auto"'),
         ({"budgets": [TPM], "reserve": 5, "prompt_tokens": 10}, ValueError, 'size reserve="auto"'),
         ({"budgets": [TPM], "reserve": "auto", "model": "m", "max_tokens": -1}, ValueError,

@@ -85,7 +85,8 @@ fn auto_estimate(
 ) -> PyResult<(u64, u64)> {
     if args::choice("reserve", Some(reserve))?.as_deref() != Some("auto") {
         return Err(PyValueError::new_err(format!(
-            "reserve={reserve} is not a size: pass \"auto\" (with model=, prompt_tokens= and max_tokens=), an int or a (prompt_tokens, answer_tokens) pair"
+            "reserve={} is not a size: pass \"auto\" (with model=, prompt_tokens= and max_tokens=), an int or a (prompt_tokens, answer_tokens) pair",
+            reserve.repr()?
         )));
     }
     if args::choice("model", sizing.model)?.is_none_or(|model| model.is_empty()) {
