@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::keys::PER_USER;
-use crate::rate::{HitOutcome, Unit};
+use crate::rate::{HitOutcome, StartError, TooLarge, Unit};
 
 /// Which pool refused an acquire, with what it saw.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,8 @@ pub enum CoreError {
     LineFull { full: Rejection, displaced: bool },
     /// A request-rate policy refused (nothing was consumed anywhere); `refused` is set.
     RateLimited(HitOutcome),
+    /// A stream's reservation is more than a budget's whole limit: it could never be admitted.
+    ReservationTooLarge(TooLarge),
     /// A stream ran out of token budget (the policy's name) under `on_budget="cut"`.
     BudgetExhausted(String),
     /// An operator banned the user's streams (`revoke`) for this many ms more.
@@ -47,6 +49,15 @@ pub enum CoreError {
     Misuse(String),
     /// A bug: a Rust panic caught at the bridge so the Python future is still resolved.
     Panic(String),
+}
+
+impl From<StartError> for CoreError {
+    fn from(error: StartError) -> Self {
+        match error {
+            StartError::Invalid(message) => CoreError::InvalidInput(message),
+            StartError::TooLarge(too_large) => CoreError::ReservationTooLarge(too_large),
+        }
+    }
 }
 
 impl fmt::Display for CoreError {
@@ -104,6 +115,18 @@ impl fmt::Display for CoreError {
                     None => f.write_str("rate limit reached"),
                 }
             }
+            CoreError::ReservationTooLarge(t) => write!(
+                f,
+                "the stream's reservation ({} prompt and {} answer tokens) takes {} {} of {} {:?}, more than its whole limit of {} per {}: it could never be admitted, however long the client waits; ask for fewer tokens (a smaller max_tokens)",
+                t.input,
+                t.output,
+                t.units,
+                budget_units(t.budget.unit),
+                budget_kind(t.budget.unit),
+                &*t.budget.name,
+                t.budget.limit,
+                t.budget.per_text()
+            ),
             CoreError::BudgetExhausted(policy) => write!(
                 f,
                 "budget {policy:?} ran out during the stream: it was cut after its last item (on_budget=\"cut\"); the next stream is admitted once the budget's window frees room"

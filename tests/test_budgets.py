@@ -18,6 +18,8 @@ from fastapi_stream_lease import (
     LeaseLost,
     RateLimit,
     RateLimited,
+    ReservationTooLarge,
+    StreamLeaseRejected,
     openai_rate_limit_headers,
     rate_limit_headers,
 )
@@ -179,17 +181,65 @@ async def test_the_models_reported_usage_replaces_the_count(make_manager, caplog
     assert await used(manager, "bob") == 100 + 4096, "bounded, and logged"
 
 
+async def test_a_reservation_above_a_whole_limit_is_refused_as_never_fitting(make_manager):
+    """A reservation larger than a budget's whole limit, which no window could ever hold, was
+    raised as bad input (a ValueError, answered 500) instead of a refusal the client can act
+    on: it is ReservationTooLarge (400, no Retry-After), distinct from the 429 of a budget with
+    too little left now, and it takes nothing."""
+    manager = make_manager()
+    with pytest.raises(ReservationTooLarge) as refused:
+        await manager.acquire("alice", budgets=[TPD, TPM], reserve=(1, 10_000))
+    too_large = refused.value
+    assert (too_large.budget, too_large.reservation, too_large.limit) == (TPM.name, 10_001, 10_000)
+    assert isinstance(too_large, StreamLeaseRejected)
+    assert too_large.status_code == 400 and too_large.headers() == {}
+    assert too_large.body()["violated-policies"] == [TPM.name]
+    assert "could never be admitted" in str(too_large) and "max_tokens" in str(too_large)
+    assert await used(manager, "alice") == 0, "nothing taken"
+    lease = await manager.acquire("alice", budgets=[TPM], reserve=(1, 9_999))
+    with pytest.raises(RateLimited) as later:
+        await manager.acquire("alice", budgets=[TPM], reserve=2)
+    assert later.value.status_code == 429 and later.value.retry_after >= 1, "try later"
+    await lease.release()
+
+
+async def test_reserve_auto_takes_the_prompt_and_max_tokens_or_a_default_within_the_budget(
+    make_manager,
+):
+    """reserve="auto" sizes the reservation from the request: the prompt's tokens and its
+    max_tokens when given, else the prompt and 1,024 answer tokens, capped by what the smallest
+    budget holds after the prompt; a max_tokens no budget window could hold never fits."""
+    manager = make_manager()
+    small = RateLimit("small_tokens", 600, per=60, unit="tokens")
+    request = {"reserve": "auto", "model": "gpt-x", "prompt_tokens": 100}
+    reserved = []
+    cases = [([TPM], 400), ([TPM], None), ([TPM, small], None)]
+    for user, (budgets, max_tokens) in enumerate(cases):
+        lease = await manager.acquire(f"u{user}", budgets=budgets, **request, max_tokens=max_tokens)
+        reserved.append([d.used for d in lease.rate_decisions])
+        await lease.release()
+    assert reserved == [[500], [100 + 1_024], [600, 600]]
+    with pytest.raises(ReservationTooLarge):
+        await manager.acquire("alice", budgets=[TPM], **request, max_tokens=9_901)
+    assert await used(manager, "alice") == 0
+
+
 async def test_bad_budget_input_gets_a_clear_error_and_takes_nothing(make_manager):
     manager = make_manager()
     requests = RateLimit("per_minute", 10, per=60)
     cases = [
         ({"budgets": [requests]}, ValueError, "a budget counts tokens"),
         ({"rate_limits": [TPM]}, ValueError, "pass it in budgets="),
-        ({"budgets": [TPM], "reserve": 10_001}, ValueError, "could never be allowed"),
         ({"budgets": [TPM], "reserve": -1}, ValueError, "reserve"),
         ({"budgets": [TPM], "reserve": 1.5}, TypeError, "reserve must be an int"),
         ({"budgets": [TPM], "reserve": (1, 2, 3)}, TypeError, "pair"),
         ({"budgets": [TPM], "on_budget": "stop"}, ValueError, "unknown on_budget"),
+        ({"budgets": [TPM], "reserve": "auto"}, ValueError, 'reserve="auto" needs model='),
+        ({"budgets": [TPM], "reserve": "more"}, ValueError, """reserve='more' is not a size"""),
+        ({"budgets": [TPM], "max_tokens": 10}, ValueError, 'size reserve="auto"'),
+        ({"budgets": [TPM], "reserve": 5, "prompt_tokens": 10}, ValueError, 'size reserve="auto"'),
+        ({"budgets": [TPM], "reserve": "auto", "model": "m", "max_tokens": -1}, ValueError,
+         "max_tokens"),
         ({"reserve": 10}, ValueError, "need budgets="),
         ({"budgets": ["tpm"]}, TypeError, "RateLimit values"),
     ]

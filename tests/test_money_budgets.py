@@ -14,6 +14,7 @@ from fastapi_stream_lease import (
     Prices,
     RateLimit,
     RateLimited,
+    ReservationTooLarge,
     StreamLeaseManager,
     openai_rate_limit_headers,
     rate_limit_headers,
@@ -160,8 +161,6 @@ async def test_bad_price_input_gets_a_clear_error_and_takes_nothing(make_manager
         ({"budgets": [SPEND], "model": "gpt-x"}, TypeError, "needs a price table"),
         ({"budgets": [SPEND], "model": "gpt-x", "prices": {"gpt-x": (1, 2, 3)}}, TypeError,
          "prices must be a Prices table"),
-        ({"budgets": [SPEND], "reserve": (2_000, 1_000), "model": "gpt-x", "prices": PRICES},
-         ValueError, "the reservation.s price, 600 units of .spend. .2000 prompt and 1000"),
     ]:  # fmt: skip
         with pytest.raises(error, match=message):
             await manager.acquire("alice", **kwargs)
@@ -174,6 +173,39 @@ async def test_bad_price_input_gets_a_clear_error_and_takes_nothing(make_manager
         with pytest.raises(ValueError, match="cached_input_tokens=200 is more than input_tokens"):
             lease.report_usage(input_tokens=100, output_tokens=10, cached_input_tokens=200)
     assert await used(manager) == 10, "the estimate charged: 100 * 0.1, nothing streamed"
+
+
+async def test_a_reservation_priced_above_the_budgets_whole_limit_is_refused_as_never_fitting(
+    make_manager,
+):
+    """A reservation whose price is more than a money budget's whole limit was raised as bad
+    input (a ValueError) instead of the refusal of a request that could never fit: it is
+    ReservationTooLarge (400), counted in the budget's unit, and it takes nothing."""
+    manager = make_manager()
+    with pytest.raises(ReservationTooLarge) as refused:
+        # 1,000 * 0.1 + 1,001 * 0.4 = 500.4 units: 501 of a 500-unit day.
+        await manager.acquire(
+            "alice", budgets=[SPEND], reserve=(1_000, 1_001), model="gpt-x", prices=PRICES
+        )
+    assert (refused.value.reservation, refused.value.limit, refused.value.status_code) == (
+        501, 500, 400,
+    )
+    assert "501 units of budget in money \"spend\"" in str(refused.value)
+    assert await used(manager) == 0
+
+
+async def test_reserve_auto_without_max_tokens_is_capped_by_what_the_money_budget_holds(
+    make_manager,
+):
+    """Without max_tokens, reserve="auto" takes the prompt and 1,024 answer tokens, at most
+    what the budget's limit pays for after the prompt's price."""
+    manager = make_manager()
+    # 1,000 prompt tokens cost 100 units; the 400 left buy 1,000 answer tokens, not 1,024.
+    lease = await manager.acquire(
+        "alice", budgets=[SPEND], reserve="auto", model="gpt-x", prices=PRICES, prompt_tokens=1_000
+    )
+    assert lease.rate_decisions[0].used == 500
+    await lease.release()
 
 
 async def test_the_default_reservation_of_a_cost_budget_fits_its_limit_at_the_models_price(

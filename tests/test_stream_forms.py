@@ -233,6 +233,27 @@ async def test_a_budget_cut_ends_the_stream_with_a_429_event(server, store, form
     await assert_logged_one_end(server, "BudgetExhausted", user)
 
 
+async def test_a_reservation_that_never_fits_answers_400_and_one_that_fits_later_429(server):
+    """A request whose reservation is more than the budget's whole limit was answered 500 (a
+    ValueError) though only asking for fewer tokens can help: it answers 400 without
+    Retry-After, while one that fits once the window frees room answers 429 with it."""
+    user = new_user()
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        too_many = {"user": user, "prompt_tokens": 1, "max_tokens": 300}
+        never = await client.get("/reserved", params=too_many)
+        assert never.status_code == 400 and "retry-after" not in never.headers
+        problem = never.json()
+        assert problem["title"] == "Reservation larger than the budget"
+        assert problem["violated-policies"] == ["tokens_per_minute"]
+        assert "max_tokens" in problem["detail"]
+        whole = {"user": user, "prompt_tokens": 100, "max_tokens": 200}
+        async with client.stream("GET", "/reserved", params=whole) as holding:
+            assert holding.status_code == 200
+            later = await client.get("/reserved", params={**whole, "max_tokens": 1})
+    assert later.status_code == 429 and int(later.headers["retry-after"]) >= 1
+    assert later.json()["type"] == QUOTA_EXCEEDED
+
+
 async def test_a_drain_ends_an_idle_stream_with_a_final_event(server):
     user = new_user()
     async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:

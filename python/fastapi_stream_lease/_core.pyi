@@ -39,11 +39,13 @@ class AcquireArgs:
         resources: list[tuple[str, int, int | None]] | None = None,
         rate_limits: Iterable[RateLimit | tuple[RateLimit, str]] | None = None,
         budgets: Iterable[RateLimit | tuple[RateLimit, str]] | None = None,
-        reserve: int | tuple[int, int] | None = None,
+        reserve: int | tuple[int, int] | Literal["auto"] | None = None,
         on_budget: str | None = None,
         priority: int | None = None,
         model: str | None = None,
         prices: Prices | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> AcquireArgs: ...
 
 @final

@@ -70,16 +70,17 @@ class StreamLeaseError(Exception):
 
 class StreamLeaseRejected(StreamLeaseError):
     """Base class of every refusal: :class:`PoolFull` (and :class:`LineFull`),
-    :class:`RateLimited`, :class:`BudgetExhausted`, :class:`UserBanned`, :class:`ManagerClosed`
-    (a draining worker) and :class:`BackendError` (the store failed or is unreachable). An
-    ``@app.exception_handler(StreamLeaseRejected)`` returning ``exc.as_response()`` answers each
-    with its own status (403, 429 or 503), ``Retry-After`` and problem body; ``except
-    RateLimited`` and the others still pick out one kind."""
+    :class:`RateLimited`, :class:`BudgetExhausted`, :class:`ReservationTooLarge`,
+    :class:`UserBanned`, :class:`ManagerClosed` (a draining worker) and :class:`BackendError`
+    (the store failed or is unreachable). An ``@app.exception_handler(StreamLeaseRejected)``
+    returning ``exc.as_response()`` answers each with its own status (400, 403, 429 or 503),
+    ``Retry-After`` where waiting helps, and problem body; ``except RateLimited`` and the others
+    still pick out one kind."""
 
     status_code: ClassVar[int] = 503
     title: ClassVar[str] = "Stream refused"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
-    retry_after = 1
+    retry_after: int | None = 1
     #: Why, in one word (what a 0.6 ``on_rejected`` hook is given).
     reason: str = "refused"
 
@@ -240,6 +241,33 @@ class BudgetExhausted(StreamLeaseRejected):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.budget))
+
+
+class ReservationTooLarge(StreamLeaseRejected):
+    """A stream's reservation (the prompt's tokens and ``max_tokens``, or their price) is more
+    than the whole limit of its ``budget`` (a policy's name): no window could ever hold it, so
+    the answer is 400 without ``Retry-After``, as OpenAI answers a ``max_tokens`` above what a
+    model allows; the client must ask for fewer tokens. ``reservation`` and ``limit`` are in the
+    budget's unit. A budget with too little left now refuses with :class:`RateLimited` (429 and
+    ``Retry-After``) instead."""
+
+    status_code: ClassVar[int] = 400
+    title: ClassVar[str] = "Reservation larger than the budget"
+    problem_type: ClassVar[str] = "about:blank"
+    reason = "reservation_too_large"
+    retry_after = None  # waiting never helps
+
+    def __init__(self, message: str, budget: str, reservation: int, limit: int) -> None:
+        super().__init__(message)
+        self.budget = budget
+        self.reservation = reservation
+        self.limit = limit
+
+    def body(self) -> dict[str, object]:
+        return {**super().body(), "violated-policies": [self.budget]}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.budget, self.reservation, self.limit))
 
 
 class StreamLeaseUnavailable(StreamLeaseRejected):

@@ -57,6 +57,9 @@ STARTUP_CHECK_IDENTITY = "stream-lease-startup-check"
 
 #: What a stream that runs out of token budget does (:meth:`StreamLeaseManager.acquire`).
 OnBudget: TypeAlias = Literal["cut", "finish"]
+#: A stream's reservation: answer tokens, ``(prompt_tokens, answer_tokens)``, or ``"auto"``
+#: (sized from the request's ``prompt_tokens`` and ``max_tokens``).
+Reserve: TypeAlias = int | tuple[int, int] | Literal["auto"] | None
 
 #: What :meth:`StreamLeaseManager.lease` returns: ``async with`` it to hold a lease for a block.
 LeaseScope: TypeAlias = AbstractAsyncContextManager[Lease]
@@ -228,12 +231,14 @@ class StreamLeaseManager:
         request: Request | WebSocket | None = None,
         rate_limits: Sequence[PolicyEntry] = (),
         budgets: Sequence[PolicyEntry] = (),
-        reserve: int | tuple[int, int] | None = None,
+        reserve: Reserve = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
         model: str | None = None,
         prices: Prices | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> Lease:
         """Takes ``weight`` slots for ``user_id`` in its per-user pool and the global pool, and in
         each of ``resources``, atomically: all or nothing, so no acquisition order can deadlock.
@@ -268,7 +273,12 @@ class StreamLeaseManager:
         request's ``max_tokens``; an int counts as answer tokens, a pair is ``(prompt_tokens,
         answer_tokens)``; left out, one top-up increment, 256): a reservation that does not fit
         is refused with :class:`RateLimited` (429, ``Retry-After`` when enough frees) and takes
-        nothing. Count
+        nothing; one larger than a budget's whole limit, which could never fit, with
+        :class:`ReservationTooLarge` (400). ``reserve="auto"`` sizes it from the request:
+        ``model`` (required), ``prompt_tokens`` and ``max_tokens`` (OpenAI's
+        ``max_completion_tokens`` is passed as ``max_tokens``) reserve the prompt and
+        ``max_tokens``; without ``max_tokens``, the prompt and 1,024 answer tokens, at most what
+        the smallest budget holds after the prompt. Count
         the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
         when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
@@ -295,7 +305,7 @@ class StreamLeaseManager:
         arguments = (
             user_id, weight, max_per_user, wait_timeout, resources, request,
             rate_limits, budgets, reserve, on_budget, priority,
-            model, self._prices if prices is None else prices,
+            model, self._prices if prices is None else prices, prompt_tokens, max_tokens,
         )  # fmt: skip
         # The start's policies, in the order of its decisions, and whose each counted (the
         # user's, or the identity paired with it), for the threshold alerts.
@@ -390,11 +400,13 @@ class StreamLeaseManager:
         request: Request | WebSocket | None,
         rate_limits: Sequence[PolicyEntry],
         budgets: Sequence[PolicyEntry],
-        reserve: int | tuple[int, int] | None,
+        reserve: Reserve,
         on_budget: OnBudget,
         priority: int,
         model: str | None,
         prices: Prices | None,
+        prompt_tokens: int | None,
+        max_tokens: int | None,
     ) -> Awaitable[_core.LeaseHandle]:
         """Starts an acquire in the core (arguments it refuses raise here); resolves to the
         granted handle."""
@@ -412,6 +424,8 @@ class StreamLeaseManager:
             priority=priority or None,
             model=model,
             prices=prices,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
         )
         acquired = self._core.acquire(arguments)
         if request is None:
@@ -444,12 +458,14 @@ class StreamLeaseManager:
         request: Request | WebSocket | None = None,
         rate_limits: Sequence[PolicyEntry] = (),
         budgets: Sequence[PolicyEntry] = (),
-        reserve: int | tuple[int, int] | None = None,
+        reserve: Reserve = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
         timeout: float | None = None,
         model: str | None = None,
         prices: Prices | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
@@ -469,6 +485,8 @@ class StreamLeaseManager:
             timeout=timeout,
             model=model,
             prices=prices,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
         )
         async with lease._held():
             yield lease
@@ -483,11 +501,13 @@ class StreamLeaseManager:
         resources: Sequence[Resource] = (),
         rate_limits: Sequence[PolicyEntry] = (),
         budgets: Sequence[PolicyEntry] = (),
-        reserve: int | tuple[int, int] | None = None,
+        reserve: Reserve = None,
         on_budget: OnBudget = "cut",
         priority: int = 0,
         model: str | None = None,
         prices: Prices | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> Callable[..., AsyncIterator[Lease]]:
         """A FastAPI dependency that holds a lease for the whole response:
         ``lease: Lease = Depends(manager.stream_lease(user=current_user))``. ``user`` is a
@@ -516,6 +536,7 @@ class StreamLeaseManager:
             "resources": resources, "rate_limits": rate_limits, "budgets": budgets,
             "reserve": reserve, "on_budget": on_budget, "priority": priority,
             "model": model, "prices": prices,
+            "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
         }  # fmt: skip
         return lease_dependency(self.acquire, user, options)
 

@@ -154,7 +154,7 @@ impl Manager {
             output: b.output,
             price: b.price,
         });
-        let (policies, costs) = start_costs(rate_limits, reservation).map_err(CoreError::InvalidInput)?;
+        let (policies, costs) = start_costs(rate_limits, reservation)?;
         let policies = self.as_configured(policies);
         if policies.is_empty() {
             return Ok(RateCheck::default());

@@ -20,7 +20,7 @@ pub struct AcquireArgs {
 #[pymethods]
 impl AcquireArgs {
     #[new]
-    #[pyo3(signature = (*, user_id = None, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None, model = None, prices = None))]
+    #[pyo3(signature = (*, user_id = None, weight = None, max_per_user = None, wait_timeout = None, resources = None, rate_limits = None, budgets = None, reserve = None, on_budget = None, priority = None, model = None, prices = None, prompt_tokens = None, max_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         user_id: Option<&Bound<'_, PyAny>>,
@@ -35,6 +35,8 @@ impl AcquireArgs {
         priority: Option<&Bound<'_, PyAny>>,
         model: Option<&Bound<'_, PyAny>>,
         prices: Option<&Bound<'_, PyAny>>,
+        prompt_tokens: Option<&Bound<'_, PyAny>>,
+        max_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (resources, resource_lines) = args::resources(resources)?
             .into_iter()
@@ -64,7 +66,21 @@ impl AcquireArgs {
             max_per_user,
             wait: Duration::ZERO,
             rate_limits,
-            budget: budget::request(budgets, reserve, on_budget, prices::resolve(model, prices)?)?,
+            budget: budget::request(
+                budgets,
+                reserve,
+                on_budget,
+                // reserve="auto" names the model for token budgets too, which need no price.
+                match args::given(prices).is_none() && budget::sized_by_request(reserve) {
+                    true => None,
+                    false => prices::resolve(model, prices)?,
+                },
+                budget::Sizing {
+                    model,
+                    prompt_tokens,
+                    max_tokens,
+                },
+            )?,
             policy_identities,
             priority: args::given(priority)
                 .map(|p| args::int_in("priority", p, 0..=u64::from(MAX_PRIORITY)))

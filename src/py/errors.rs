@@ -45,6 +45,12 @@ impl From<CoreError> for PyErr {
                         ))
                     })
                 }
+                CoreError::ReservationTooLarge(t) => classes.reservation_too_large.bind(py).call1((
+                    error.to_string(),
+                    &*t.budget.name,
+                    t.units,
+                    t.budget.limit,
+                )),
                 CoreError::BudgetExhausted(policy) => classes
                     .budget_exhausted
                     .bind(py)
@@ -77,6 +83,7 @@ pub(super) struct ErrorClasses {
     line_full: Py<PyType>,
     rate_limited: Py<PyType>,
     budget_exhausted: Py<PyType>,
+    reservation_too_large: Py<PyType>,
     user_banned: Py<PyType>,
     backend_unavailable: Py<PyType>,
     backend_error: Py<PyType>,
@@ -103,6 +110,7 @@ impl ErrorClasses {
                 line_full: class("LineFull")?,
                 rate_limited: class("RateLimited")?,
                 budget_exhausted: class("BudgetExhausted")?,
+                reservation_too_large: class("ReservationTooLarge")?,
                 user_banned: class("UserBanned")?,
                 backend_unavailable: class("BackendUnavailable")?,
                 backend_error: class("BackendError")?,

@@ -21,4 +21,4 @@ pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
 pub use self::price::{Price, Usage};
-pub use self::start::{local_shares, start_costs, Reservation};
+pub use self::start::{local_shares, start_costs, Reservation, StartError, TooLarge};

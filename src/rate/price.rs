@@ -118,6 +118,24 @@ pub fn tokens_within(units: u64, per_million: u64) -> u64 {
     }
 }
 
+/// The most answer tokens a budget of `unit` and `limit` holds after a prompt of `input`
+/// tokens (none when the prompt alone is more than the limit; `MAX_LIMIT` when it does not
+/// count answer tokens).
+pub fn answer_room(unit: Unit, limit: u64, price: Option<&Price>, input: u64) -> u64 {
+    if unit.of(0, 1) == 0 && unit != Unit::Cost {
+        return MAX_LIMIT;
+    }
+    let prompt = units_of(
+        unit,
+        price,
+        Usage {
+            input,
+            ..Usage::default()
+        },
+    );
+    tokens_within(limit.saturating_sub(prompt), answer_price(unit, price))
+}
+
 fn ceil_units(millionths: u128) -> u64 {
     let units = millionths.div_ceil(u128::from(PER_TOKENS));
     u64::try_from(units).unwrap_or(u64::MAX)
@@ -187,6 +205,21 @@ mod tests {
         assert_eq!(units_for(tokens_within(7, 600_000), 600_000), 7);
         assert_eq!(tokens_within(5, 0), MAX_LIMIT, "free tokens never run out");
         assert_eq!(tokens_within(5, PER_TOKENS), 5);
+    }
+
+    #[test]
+    fn the_answers_room_is_what_the_limit_holds_after_the_prompt() {
+        assert_eq!(answer_room(Unit::Tokens, 600, None, 100), 500);
+        assert_eq!(
+            answer_room(Unit::InputTokens, 600, None, 100),
+            MAX_LIMIT,
+            "answers are free"
+        );
+        assert_eq!(answer_room(Unit::OutputTokens, 600, None, 100), 600);
+        assert_eq!(answer_room(Unit::Tokens, 600, None, 700), 0);
+        let cheap = Price::new(150_000, 600_000, 0).unwrap();
+        // 10 prompt tokens cost 1.5 units, 2 rounded up; 98 units buy 163 answer tokens.
+        assert_eq!(answer_room(Unit::Cost, 100, Some(&cheap), 10), 163);
     }
 
     #[test]

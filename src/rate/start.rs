@@ -15,37 +15,66 @@ pub struct Reservation<'a> {
     pub price: Option<Price>,
 }
 
+/// A reservation more than a budget's whole limit: no window could ever hold it, so retrying
+/// cannot help (unlike a budget with too little left now, which refuses with a retry time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge {
+    /// The budget that could never hold it.
+    pub budget: RatePolicy,
+    /// What it would take from that budget, in the budget's unit.
+    pub units: u64,
+    /// The prompt's and the answer's tokens reserved.
+    pub input: u64,
+    pub output: u64,
+}
+
+/// Why a start's costs could not be set: a call that cannot work as written (`Invalid`: the
+/// message says what to change), or a reservation no budget window could ever hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartError {
+    Invalid(String),
+    TooLarge(TooLarge),
+}
+
+impl From<String> for StartError {
+    fn from(message: String) -> Self {
+        StartError::Invalid(message)
+    }
+}
+
 /// The policies a start is checked against, in order (its request rates, then its budgets), and
 /// what it takes from each: one unit of every request rate, and from every budget its
 /// reservation counted in the budget's unit. An error says what was passed where, and where it
-/// belongs.
+/// belongs, or which budget the reservation is larger than.
 pub fn start_costs(
     rate_limits: Vec<RatePolicy>,
     reservation: Option<Reservation<'_>>,
-) -> Result<(Vec<RatePolicy>, Vec<u64>), String> {
+) -> Result<(Vec<RatePolicy>, Vec<u64>), StartError> {
     if let Some(policy) = rate_limits.iter().find(|p| p.unit != Unit::Requests) {
-        return Err(format!(
+        return Err(StartError::Invalid(format!(
             "rate limit {:?} counts {}: pass it in budgets=, where a stream reserves and is charged its tokens",
             &*policy.name,
             policy.unit.name()
-        ));
+        )));
     }
     let budgets = reservation.map_or(&[][..], |r| r.budgets);
     if let Some(policy) = budgets.iter().find(|p| p.unit == Unit::Requests) {
-        return Err(format!(
+        return Err(StartError::Invalid(format!(
             "budget {:?} counts requests: a budget counts tokens, RateLimit({:?}, {}, per=..., unit=\"tokens\") (or \"input_tokens\", \"output_tokens\"); pass request rates in rate_limits=",
             &*policy.name, &*policy.name, policy.limit
-        ));
+        )));
     }
     if reservation.is_some_and(|r| r.budgets.is_empty()) {
-        return Err("reserve= and on_budget= need budgets=[RateLimit(..., unit=\"tokens\"), ...]".into());
+        return Err(StartError::Invalid(
+            "reserve= and on_budget= need budgets=[RateLimit(..., unit=\"tokens\"), ...]".into(),
+        ));
     }
     if let Some(policy) = budgets.iter().find(|p| p.unit == Unit::Cost) {
         if reservation.is_some_and(|r| r.price.is_none()) {
-            return Err(format!(
+            return Err(StartError::Invalid(format!(
                 "budget {:?} counts cost: name the model and its prices, acquire(..., model=\"gpt-x\", prices=Prices({{\"gpt-x\": (input, output, cached_input)}})) (or StreamLeaseManager(..., prices=...))",
                 &*policy.name
-            ));
+            )));
         }
     }
     let mut costs = vec![1; rate_limits.len()];
@@ -60,12 +89,14 @@ pub fn start_costs(
                 .iter()
                 .map(|p| units_of(p.unit, r.price.as_ref(), usage)),
         );
-        let mut priced = r.budgets.iter().zip(&costs[rate_limits.len()..]);
-        if let Some((policy, cost)) = priced.find(|(p, cost)| p.unit == Unit::Cost && **cost > p.limit) {
-            return Err(format!(
-                "the reservation's price, {cost} units of {:?} ({} prompt and {} answer tokens of the model), is more than its limit of {}: it could never be allowed",
-                &*policy.name, r.input, r.output, policy.limit
-            ));
+        let mut reserved = r.budgets.iter().zip(&costs[rate_limits.len()..]);
+        if let Some((policy, units)) = reserved.find(|(p, units)| **units > p.limit) {
+            return Err(StartError::TooLarge(TooLarge {
+                budget: policy.clone(),
+                units: *units,
+                input: r.input,
+                output: r.output,
+            }));
         }
     }
     let policies: Vec<RatePolicy> = rate_limits.into_iter().chain(budgets.iter().cloned()).collect();
@@ -113,6 +144,14 @@ mod tests {
     use super::super::policy::tests::{budget, policy};
     use super::*;
 
+    /// The message of a start refused as invalid.
+    fn invalid(result: Result<(Vec<RatePolicy>, Vec<u64>), StartError>) -> String {
+        match result {
+            Err(StartError::Invalid(message)) => message,
+            other => panic!("expected an invalid start, got {other:?}"),
+        }
+    }
+
     fn reserving(budgets: &[RatePolicy], input: u64, output: u64) -> Option<Reservation<'_>> {
         Some(Reservation {
             budgets,
@@ -144,19 +183,22 @@ mod tests {
     #[test]
     fn a_policy_in_the_wrong_list_is_refused_with_where_it_belongs() {
         let tokens = budget("tpm", 10_000, Unit::Tokens);
-        let err = start_costs(vec![tokens], None).unwrap_err();
+        let err = invalid(start_costs(vec![tokens], None));
         assert!(err.contains("counts tokens: pass it in budgets="), "{err}");
         let requests = [policy("rpm", 60)];
-        let err = start_costs(Vec::new(), reserving(&requests, 0, 100)).unwrap_err();
+        let err = invalid(start_costs(Vec::new(), reserving(&requests, 0, 100)));
         assert!(err.contains("counts requests: a budget counts tokens"), "{err}");
-        let err = start_costs(Vec::new(), reserving(&[], 0, 100)).unwrap_err();
+        let err = invalid(start_costs(Vec::new(), reserving(&[], 0, 100)));
         assert!(err.contains("reserve= and on_budget= need budgets="), "{err}");
     }
 
     #[test]
-    fn a_reservation_above_a_budget_is_refused_before_any_call() {
+    fn a_reservation_above_a_budgets_whole_limit_is_too_large_not_invalid() {
         let budgets = [budget("tpm", 1_000, Unit::Tokens)];
-        assert!(start_costs(Vec::new(), reserving(&budgets, 0, 1_001)).is_err());
+        match start_costs(Vec::new(), reserving(&budgets, 1, 1_000)) {
+            Err(StartError::TooLarge(t)) => assert_eq!((&*t.budget.name, t.units), ("tpm", 1_001)),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
         assert!(start_costs(Vec::new(), reserving(&budgets, 0, 1_000)).is_ok());
     }
 
@@ -191,7 +233,7 @@ mod tests {
             budget("tokens", 10_000, Unit::Tokens),
             budget("spend", 1_000, Unit::Cost),
         ];
-        let err = start_costs(Vec::new(), reserving(&budgets, 1_000, 800)).unwrap_err();
+        let err = invalid(start_costs(Vec::new(), reserving(&budgets, 1_000, 800)));
         assert!(
             err.contains("budget \"spend\" counts cost") && err.contains("prices="),
             "{err}"
@@ -207,10 +249,9 @@ mod tests {
             output: 2_000,
             ..priced
         };
-        let err = start_costs(Vec::new(), Some(too_dear)).unwrap_err();
-        assert!(
-            err.starts_with("the reservation's price, 1350 units of \"spend\""),
-            "{err}"
-        );
+        match start_costs(Vec::new(), Some(too_dear)) {
+            Err(StartError::TooLarge(t)) => assert_eq!((&*t.budget.name, t.units), ("spend", 1_350)),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
     }
 }

@@ -8,7 +8,9 @@ then. Caps: 2 streams per user. ``/budget`` streams 100 tokens an item against a
 300 tokens a minute (``on_budget="cut"``), counted with ``lease.consume()``; ``/budget-jsonl``
 the same as JSON Lines, counted with ``lease.wrap(..., tokens=...)``. ``/drainable`` holds its
 lease from a manager of its own, which ``POST /drain`` drains (at once: its streams end as
-revoked). The library's log goes to stderr at INFO, each line after its level.
+revoked). ``/reserved`` reserves a request's ``prompt_tokens`` and ``max_tokens`` from the
+same budget (``reserve="auto"``), then idles like ``idle=1``. The library's log goes to
+stderr at INFO, each line after its level.
 
 Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
 """
@@ -113,6 +115,17 @@ async def wrapped(user: str, idle: bool = False) -> StreamingResponse:
     """The seed's form: acquire, then ``StreamingResponse(lease.wrap(...))``."""
     lease = await manager.acquire(user)
     events = (f"data: tick {n}\n\n" async for n in ticks(1_000_000, idle))
+    return StreamingResponse(lease.wrap(events), media_type="text/event-stream")
+
+
+@app.get("/reserved")
+async def reserved(user: str, prompt_tokens: int, max_tokens: int) -> StreamingResponse:
+    """Reserves the prompt's tokens and ``max_tokens`` from the budget, then streams idly."""
+    lease = await manager.acquire(
+        user, budgets=[BUDGET], reserve="auto", model="gpt-x",
+        prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+    )  # fmt: skip
+    events = (f"data: tick {n}\n\n" async for n in ticks(1_000_000, idle=True))
     return StreamingResponse(lease.wrap(events), media_type="text/event-stream")
 
 
