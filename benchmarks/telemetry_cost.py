@@ -210,8 +210,12 @@ async def main(url: str, repeats: int, seconds: float, output: Path) -> None:
             cpu[mode.name].append(cpu_per_cycle)
     rates = {name: statistics.median(r) for name, r in runs.items()}
     cpus = {name: statistics.median(c) for name, c in cpu.items()}
-    # Each mode's baseline: the library's telemetry off, at the same sampling of the app's spans.
-    baselines = {mode.name: MODES[max(MODES.index(mode) - 1, 0)].name for mode in MODES}
+    # The library's cost is read against its telemetry off at the same sampling of the app's
+    # spans (the mode of the same share without the library).
+    baselines = {
+        mode.name: next(m.name for m in MODES if m.sampled == mode.sampled and not m.library)
+        for mode in MODES
+    }
     print(
         f"\nacquire + release inside the app's request span, {COROUTINES} coroutines, "
         f"{repeats} alternating runs of {seconds} s"
