@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -11,11 +12,23 @@ import redis as redis_py
 
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
+from support.loops import LOOP_FACTORIES
 from support.redis_servers import RedisCluster, RedisServer, server_binary, server_version
 
 
 def pytest_report_header() -> str:
     return f"server: {server_version()} ({server_binary()})"
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The loops a test runs on: each of ``LOOP_FACTORIES`` for the tests marked
+    ``support.loops.on_every_loop``, asyncio's default loop for the others."""
+    marker = item.get_closest_marker("asyncio")
+    if marker is not None and "loop_factories" in marker.kwargs:
+        return LOOP_FACTORIES
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture(scope="session")

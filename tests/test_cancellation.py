@@ -9,9 +9,11 @@ import threading
 
 from fastapi_stream_lease import RateLimit, _core
 
+from support.loops import on_every_loop
 from support.waiting import count_is, eventually
 
 
+@on_every_loop
 async def test_cancelled_acquires_leave_no_ghost_lease(make_manager):
     manager = make_manager(max_per_user=0, max_global=0)
     rng = random.Random(2026)

@@ -19,6 +19,7 @@ from fastapi_stream_lease import (
 from fastapi_stream_lease.manager import ManagerStats
 
 from support.apps import app_command
+from support.loops import on_every_loop
 from support.waiting import count_is
 
 
@@ -142,6 +143,7 @@ async def test_a_long_stream_keeps_its_slot(make_manager):
     await count_is(manager, 0, "alice")
 
 
+@on_every_loop
 async def test_release_on_normal_end_exception_and_cancellation(make_manager):
     manager = make_manager(max_per_user=1)
 

@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from fastapi_stream_lease import (
     LeaseConfig,
@@ -208,14 +209,22 @@ async def test_without_providers_nothing_is_instrumented(backend_url, key_prefix
 
 
 async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key_prefix, telemetry):
+    """Neither without a request span nor inside one its sampler dropped (most requests, at
+    ``ParentBased(TraceIdRatioBased(0.1))``): counted and timed all the same."""
     meters, tracers, reader, exporter = telemetry
     config = LeaseConfig(key_prefix=key_prefix)
     manager = StreamLeaseManager(
         url=backend_url, config=config, meter_provider=meters, tracer_provider=tracers
     )
     await (await manager.acquire(ALICE)).release()
+    dropping = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    dropping.add_span_processor(SimpleSpanProcessor(exporter))
+    with dropping.get_tracer("app").start_as_current_span("GET /stream"):
+        await (await manager.acquire(ALICE)).release()
     assert exporter.get_finished_spans() == ()
-    assert [p.value for p in points(reader, f"{NAME}.requests")] == [1]
+    assert [p.value for p in points(reader, f"{NAME}.requests")] == [2]
+    (durations,) = points(reader, f"{NAME}.lease.duration")
+    assert durations.count == 2
     await manager.aclose()
     await manager.aclose()
 

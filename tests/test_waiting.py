@@ -13,6 +13,7 @@ import pytest
 from fastapi_stream_lease import LineFull, Resource, StreamLeaseRejected
 
 from support.apps import app_command
+from support.loops import on_every_loop
 from support.waiting import count_is, eventually
 
 
@@ -22,6 +23,7 @@ async def in_line(manager, placed: int, name: str) -> None:
     await eventually(lambda: manager.stats()["waiting"] == placed, what=f"{name} in line")
 
 
+@on_every_loop
 async def test_a_waiter_is_admitted_when_a_slot_frees(make_manager):
     manager = make_manager(max_per_user=0, max_global=1)
     holder = await manager.acquire("alice")

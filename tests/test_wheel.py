@@ -8,7 +8,6 @@ with the same packaging."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from support.apps import quickstart
 from support.uvicorn_server import Uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICKSTART = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
 # What a user's app needs besides this package (the README's FastAPI and uvicorn, redis-py for
 # the quickstart's client), at the versions the rest of the tests run.
 PINNED = {
@@ -56,9 +55,7 @@ def test_the_wheel_installs_without_rust_and_serves_the_quickstart(redis_server,
                     cwd=tmp_path, env=env)
     assert installed.startswith(str(venv)), installed  # the wheel's copy, not the source tree
 
-    (tmp_path / "quickstart.py").write_text(
-        QUICKSTART.replace("redis://localhost:6379", redis_server.url)
-    )
+    (tmp_path / "quickstart.py").write_text(quickstart(redis_server.url))
     server = Uvicorn("quickstart:app", tmp_path, env, python=venv / "bin" / "python")
     try:
         response = httpx.get(server.base_url + "/api/chat/stream", timeout=30)

@@ -312,22 +312,29 @@ class StreamLeaseManager:
         policies = (*rate_limits, *budgets)
         counted = (user_id, policies) if policies and user_id is not None else None
         telemetry = self._instruments()
+        if telemetry is not None:
+            span = telemetry.acquire_span(user_id, resources, policies)
+            started = time.monotonic()
         try:
-            if telemetry is None:
-                # The core's awaitable itself, without a coroutine around it (at 64 streams
-                # at once, each layer shows in the event loop's CPU).
-                handle = await self._start_acquire(*arguments)
-                return self._granted(handle, counted)
-            waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
-            # Started inside admit(), so that arguments refused at once count as its result.
-            acquiring = self._acquire_handle(*arguments)
-            handle = await telemetry.admit(acquiring, user_id, resources, policies, waits)
-        except StreamLeaseError as refused:
-            # The message names pools and policies, never the identity.
-            log.debug("acquire refused: %s", refused, extra={"result": result_of(refused)})
-            if self._lifecycle is not None:
-                self._lifecycle.refused(user_id, refused)
+            # The core's awaitable itself, without a coroutine around it (at 64 streams at
+            # once, each layer shows in the event loop's CPU); started inside the try, so that
+            # arguments refused at once count as the acquire's result.
+            handle = await self._start_acquire(*arguments)
+        except BaseException as error:
+            if telemetry is not None:
+                waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
+                telemetry.admitted(started, waits, span, error)
+            if isinstance(error, StreamLeaseError):
+                # The message names pools and policies, never the identity.
+                log.debug("acquire refused: %s", error, extra={"result": result_of(error)})
+                if self._lifecycle is not None:
+                    self._lifecycle.refused(user_id, error)
             raise
+        if telemetry is None:
+            return self._granted(handle, counted)
+        waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
+        decisions = handle.rate_decisions if policies else ()
+        telemetry.admitted(started, waits, span, None, decisions)
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
         return self._granted(handle, counted, on_release=ended)
 
@@ -385,10 +392,6 @@ class StreamLeaseManager:
                 # The metric counts threshold alerts, so hits and starts report them from now on.
                 self._core.alert_thresholds(self._alert_at)
         return self._telemetry
-
-    async def _acquire_handle(self, *arguments: Any) -> _core.LeaseHandle:
-        """The acquire as a coroutine: started when awaited."""
-        return await self._start_acquire(*arguments)
 
     def _start_acquire(
         self,

@@ -15,7 +15,7 @@ import collections
 import concurrent.futures
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -31,7 +31,7 @@ from .errors import (
 from .rates import policy_of
 
 if TYPE_CHECKING:
-    from ._core import LeaseHandle, Manager
+    from ._core import Manager
     from .alerts import ThresholdCrossed
     from .lease import Lease
     from .rates import PolicyEntry, RateDecision
@@ -354,47 +354,15 @@ class Telemetry:
             self.dry_run_refusals.add(1, {"policy": name})
         return names
 
-    async def admit(
-        self,
-        acquiring: Awaitable[LeaseHandle],
-        user_id: str | None,
-        resources: Sequence[Resource],
-        policies: Sequence[PolicyEntry],
-        waits: bool,
-    ) -> LeaseHandle:
-        """Awaits one acquire: a span when the request's trace is sampled (a child of its
-        span), its time in queue if it may wait, and exactly one ``requests`` result however it
-        ends."""
-        started = time.monotonic()
-        if self.sampler.loop is None:
-            self.sampler.loop = asyncio.get_running_loop()
-        span = None
-        if self._trace.get_current_span().get_span_context().trace_flags.sampled:
-            span = self._span(user_id, resources, policies)
-        error: BaseException | None = None
-        try:
-            handle = await acquiring
-            if policies:
-                would_refuse = self.rated(handle.rate_decisions)
-                if span is not None and would_refuse:
-                    span.set_attribute(f"{NAME}.would_refuse", would_refuse)
-            return handle
-        except BaseException as raised:
-            error = raised
-            raise
-        finally:
-            waited = time.monotonic() - started
-            if waits:
-                self.time_in_queue.record(waited)
-            result = result_of(error)
-            self._results[result] = self._results.get(result, 0) + 1
-            if span is not None:
-                span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
-                span.end()
-
-    def _span(
+    def acquire_span(
         self, user_id: str | None, resources: Sequence[Resource], policies: Sequence[PolicyEntry]
     ) -> Any:
+        """The span of an acquire about to start, a child of the request's, when the request's
+        trace is sampled; None otherwise, and then nothing is built: most traces are not."""
+        if self.sampler.loop is None:
+            self.sampler.loop = asyncio.get_running_loop()
+        if not self._trace.get_current_span().get_span_context().trace_flags.sampled:
+            return None
         pools = [*(self._own_pools if user_id is not None else ()), *(r.name for r in resources)]
         attributes: dict[str, Any] = {f"{NAME}.pools": pools}
         if policies:
@@ -402,6 +370,29 @@ class Telemetry:
         if self._trace_identities and user_id is not None:
             attributes[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
         return self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
+
+    def admitted(
+        self,
+        started: float,
+        waits: bool,
+        span: Any,
+        error: BaseException | None,
+        decisions: Sequence[RateDecision] = (),
+    ) -> None:
+        """An acquire started at ``started`` (``time.monotonic()``) ended, granted (``error``
+        None; ``decisions``: what its rate policies said) or not: exactly one ``requests``
+        result, its time in queue if it could wait (``waits``), and the end of its ``span``."""
+        waited = time.monotonic() - started
+        if waits:
+            self.time_in_queue.record(waited)
+        result = result_of(error)
+        self._results[result] = self._results.get(result, 0) + 1
+        would_refuse = self.rated(decisions) if decisions else ()
+        if span is not None:
+            if would_refuse:
+                span.set_attribute(f"{NAME}.would_refuse", would_refuse)
+            span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
+            span.end()
 
     def ended(self, lease: Lease, granted_at: float) -> None:
         """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an

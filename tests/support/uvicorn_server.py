@@ -18,15 +18,17 @@ class Uvicorn:
 
     def __init__(
         self, app: str, app_dir: Path, env: dict[str, str] | None = None, *extra_args: str,
-        python: str | Path = sys.executable, log: Path | None = None,
+        python: str | Path = sys.executable, log: Path | None = None, loop: str = "asyncio",
     ) -> None:
-        """``log``: a file that takes the server's stderr (its log), else the tests' own."""
+        """``log``: a file that takes the server's stderr (its log), else the tests' own.
+        ``loop``: uvicorn's ``--loop``, asyncio's default loop unless a test asks for
+        ``"uvloop"`` (which ``--loop auto`` would pick wherever it is installed)."""
         self.port = free_port()
         self._log = open(log, "wb") if log is not None else None
         self.process = subprocess.Popen(
             [str(python), "-m", "uvicorn", app, "--app-dir", str(app_dir),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
-             *extra_args],
+             "--loop", loop, *extra_args],
             env={**os.environ, **(env or {})},
             stderr=self._log,
         )
