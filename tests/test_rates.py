@@ -175,7 +175,8 @@ async def test_a_fixed_counter_kept_as_a_string_counts_on_as_a_hash(make_redis_m
                                                                     redis_client, key_prefix):
     """A fixed window's counter kept as a string (its units; its window's end in its expiry), as
     a rolling upgrade finds one in a live Redis, neither fails a call (WRONGTYPE) nor loses its
-    units: the first call that reads it rewrites it as the hash, its end kept."""
+    units: the first call that reads it rewrites it as the hash, its end kept (a full window from
+    then when it had none)."""
     manager = make_redis_manager()
     await manager.hit("alice", PER_DAY)
     (key,) = redis_client.keys(f"{{{key_prefix}}}:rate:{PER_DAY.name}:*")
@@ -187,6 +188,11 @@ async def test_a_fixed_counter_kept_as_a_string_counts_on_as_a_hash(make_redis_m
     assert decision.remaining == 0 and 0 < decision.reset <= 50
     with pytest.raises(RateLimited):
         await manager.hit("alice", PER_DAY)
+    redis_client.delete(key)
+    redis_client.set(key, 3)  # and one without an expiry: its units count for a full window
+    with pytest.raises(RateLimited):
+        await manager.hit("alice", PER_DAY)
+    assert redis_client.type(key) == b"hash" and 0 < redis_client.pttl(key) <= 86_400_000
 
 
 async def test_closed_refuses_and_open_counts_a_local_share_while_redis_is_down(
