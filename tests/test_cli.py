@@ -44,7 +44,10 @@ async def holding(url: str, key_prefix: str) -> tuple[StreamLeaseManager, object
     lease = await manager.acquire(
         USER,
         rate_limits=[RateLimit("per_minute", 5, per=60)],
-        budgets=[RateLimit("tpm", 1_000, per=60, unit="tokens")],
+        budgets=[
+            RateLimit("tpm", 1_000, per=60, unit="tokens"),
+            RateLimit("tpd", 10_000, per=86_400, algorithm="fixed_window", unit="tokens"),
+        ],
         reserve=100,
     )
     return manager, lease
@@ -59,7 +62,12 @@ async def test_inspect_shows_pools_holders_and_counters_without_identities(
     report = json.loads(out)
     assert {p["pool"]: p["used"] for p in report["pools"]} == {"global": 1, "per_user": 1}
     assert len(report["holders"]) == 1 and report["holders"][0]["expires_in_s"] > 0
-    assert {c["policy"]: c["used"] for c in report["counters"]} == {"per_minute": 1, "tpm": 100}
+    # a fixed window's counter keeps its window's end beside its units: only the units count
+    assert {c["policy"]: c["used"] for c in report["counters"]} == {
+        "per_minute": 1,
+        "tpm": 100,
+        "tpd": 100,
+    }
     digest = manager._core.identity_digest(USER)
     assert {c["identity_hash"] for c in report["counters"]} == {digest}
     code, text, _ = await cli(redis_server.url, "--key-prefix", key_prefix, "inspect")

@@ -171,6 +171,30 @@ async def test_a_counter_found_without_expiry_is_repaired(make_redis_manager, re
         assert "alice" not in key.decode(), "identities are hashed"
 
 
+async def test_a_fixed_counter_kept_as_a_string_counts_on_as_a_hash(make_redis_manager,
+                                                                    redis_client, key_prefix):
+    """A fixed window's counter kept as a string (its units; its window's end in its expiry), as
+    a rolling upgrade finds one in a live Redis, neither fails a call (WRONGTYPE) nor loses its
+    units: the first call that reads it rewrites it as the hash, its end kept (a full window from
+    then when it had none)."""
+    manager = make_redis_manager()
+    await manager.hit("alice", PER_DAY)
+    (key,) = redis_client.keys(f"{{{key_prefix}}}:rate:{PER_DAY.name}:*")
+    redis_client.delete(key)
+    redis_client.set(key, 2, px=50_000)
+    assert (await manager.peek("alice", PER_DAY)).remaining == 1
+    assert redis_client.type(key) == b"hash" and 0 < redis_client.pttl(key) <= 50_000
+    (decision,) = await manager.hit("alice", PER_DAY)
+    assert decision.remaining == 0 and 0 < decision.reset <= 50
+    with pytest.raises(RateLimited):
+        await manager.hit("alice", PER_DAY)
+    redis_client.delete(key)
+    redis_client.set(key, 3)  # and one without an expiry: its units count for a full window
+    with pytest.raises(RateLimited):
+        await manager.hit("alice", PER_DAY)
+    assert redis_client.type(key) == b"hash" and 0 < redis_client.pttl(key) <= 86_400_000
+
+
 async def test_closed_refuses_and_open_counts_a_local_share_while_redis_is_down(
         own_redis, make_own_redis_manager):
     closed = make_own_redis_manager(redis_timeout=0.5)

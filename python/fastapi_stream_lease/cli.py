@@ -127,9 +127,12 @@ def counter(client: Any, key: str, kind: str) -> dict[str, Any]:
     at = parts.index("rate")
     name, window = parts[at + 1], parts[at + 2]
     digest = parts[-1] if not parts[-1].startswith("rate") else key.split("}")[0].split(":")[-1]
-    if kind == "hash":
-        used = sum(int(v) for f, v in client.hgetall(key).items() if f != "e")
-    else:
+    fields = client.hgetall(key) if kind == "hash" else {}
+    if "x" in fields:  # a fixed window's: its units ('c') beside its window's end ('x')
+        used = int(fields.get("c", 0))
+    elif kind == "hash":  # a sliding window's slices, beside the time it was made ('e')
+        used = sum(int(v) for f, v in fields.items() if f != "e")
+    else:  # a fixed window's kept as a string, until a script rewrites it as the hash
         used = int(client.get(key) or 0)
     return {"policy": name, "window": window, "identity_hash": digest, "used": used}
 

@@ -12,9 +12,10 @@
 -- units) and its epoch ('e', see the prelude's look_rate); every slice that overlaps the last
 -- window counts in full, so no window of that length ever holds more than the limit (a hit may
 -- be refused up to one slice early).
--- Fixed window (the article's): a string counter whose expiry ends the window, started by the
--- first hit (a calendar window's expiry is its next boundary, on the server's clock); a counter
--- found without expiry gets one (repaired), so no key is left forever.
+-- Fixed window (the article's): a hash of the units ('c') and the window's end ('x'), started by
+-- the first hit and expiring at its end (a calendar window's end is its next boundary, on the
+-- server's clock); a counter found without expiry gets one (repaired), so no key is left
+-- forever.
 -- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch, over}:
 -- refused is the 1-based index of the first enforced policy that refused (0: allowed), retry_ms
 -- when that policy has room for its cost again; used counts units in use after this hit (before it

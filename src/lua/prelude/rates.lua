@@ -85,15 +85,31 @@ local function fixed_span(algorithm, window)
   return next_day * DAY_MS - now
 end
 
--- Sets a fixed window's counter to expire `window` ms from now: a calendar window's at its
--- boundary exactly (PEXPIREAT, whatever the time since the clock was read), which look_rate and
--- give_back rely on.
-local function expire_fixed(key, algorithm, window)
-  if algorithm == 'f' then
-    call('PEXPIRE', key, window)
-  else
-    call('PEXPIREAT', key, now + window)
+-- A fixed window's counter is a hash of its units in use ('c') and its window's end ('x', ms on
+-- the scripts' clock, `now`), expiring then (PEXPIREAT). A refund finds its window by that end,
+-- exactly: PTTL is no measure of it, as Redis 7.0 computes PTTL on its clock at the command's
+-- own time, ms after `now` late in a big batch. Returns the units in use and the end of a window
+-- that has not ended (0, nil: none), and whether the key is there. `span`: ms to the end of a
+-- window starting now (fixed_span; nil in a refund of a plain fixed window, which knows none).
+local function read_fixed(key, algorithm, span)
+  local fields = redis.pcall('HMGET', key, 'c', 'x')
+  if fields.err then
+    -- A counter kept as a string (units; the window's end in its expiry), the format a rolling
+    -- upgrade finds in a live Redis: rewritten as the hash, its units kept, its end taken from
+    -- PTTL (a calendar window's: the next boundary, where it expires; one found without an
+    -- expiry gets a full window from now, as look_rate gives it, or waits for it).
+    local used, left = tonumber(call('GET', key)) or 0, call('PTTL', key)
+    local ends = algorithm == 'f' and left > 0 and now + left or span and now + span
+    if not ends then return 0, nil, false end
+    call('DEL', key)
+    call('HSET', key, 'c', used, 'x', integer(ends))
+    call('PEXPIREAT', key, ends)
+    return used, ends, true
   end
+  local ends = tonumber(fields[2])
+  if not ends then return 0, nil, false end
+  if ends <= now then return 0, nil, true end
+  return tonumber(fields[1]) or 0, ends, true
 end
 
 -- One rate policy's counter: units in use, when an excess frees up, the next reset, and how to
@@ -138,43 +154,41 @@ local function look_rate(key, algorithm, window)
       end,
     }
   end
-  window = fixed_span(algorithm, window)
-  local used = tonumber(call('GET', key) or 0)
-  local left = call('PTTL', key)
-  if algorithm ~= 'f' and left > 0 then
-    -- A calendar counter expires at its boundary exactly (expire_fixed), so it is the current
-    -- period's and ends `window` from now: exact, where PTTL, read after the clock, is short by
-    -- the time since (ms in a big batch), and a refund would miss its bucket.
-    left = window
-  end
-  if used > 0 and left < 0 then -- found without an expiry: the window ends one window from now
-    expire_fixed(key, algorithm, window)
-    left = window
-  end
+  local span = fixed_span(algorithm, window)
+  local used, ends, there = read_fixed(key, algorithm, span)
+  local left = ends and ends - now or span
   return {
     used = used,
-    wait = function() return left > 0 and left or window end,
+    wait = function() return left end,
     reset = function(units)
       if units == 0 then return 0 end
-      return left > 0 and left or window
+      return left
     end,
     take = function(cost)
-      call('INCRBY', key, cost)
-      if left <= 0 then
-        expire_fixed(key, algorithm, window)
-        left = window
+      if ends then
+        call('HINCRBY', key, 'c', cost)
+      else
+        ends = now + span
+        call('HSET', key, 'c', cost, 'x', integer(ends))
+        call('PEXPIREAT', key, ends)
+        there = true
       end
-      return now + left, 0
+      return ends, 0
     end,
     counts = function() return left end,
-    repair = function() end,
+    -- a counter found without an expiry (an operator's PERSIST, a restore) gets its end back
+    -- (one that has ended goes: PEXPIREAT in the past deletes)
+    repair = function()
+      if there and call('PTTL', key) == -1 then
+        call('PEXPIREAT', key, ends or now)
+      end
+    end,
   }
 end
 
 -- Gives back up to `tokens` taken from a counter into bucket `slot` of counter `epoch` (see
--- look_rate), while that bucket still counts (a slice still in the hash of the same epoch; the
--- same fixed window, to the ms the clocks allow; a calendar window's current period); returns
--- how many.
+-- look_rate), while that bucket still counts (a slice still in the hash of the same epoch; a
+-- fixed window of that very end, which has not ended); returns how many.
 local function give_back(key, algorithm, slot, epoch, tokens)
   local held
   if algorithm == 's' then
@@ -186,17 +200,11 @@ local function give_back(key, algorithm, slot, epoch, tokens)
     end
     return 0
   end
-  local left = call('PTTL', key)
-  held = tonumber(call('GET', key))
-  local same_window
-  if algorithm == 'f' then
-    same_window = math.abs(now + left - slot) <= 2
-  else -- a calendar counter that is there is the current period's (see look_rate)
-    same_window = slot == now + fixed_span(algorithm, 0)
-  end
-  if held and left > 0 and same_window then
+  local ends
+  held, ends = read_fixed(key, algorithm, algorithm ~= 'f' and fixed_span(algorithm, 0) or nil)
+  if ends == slot then
     local back = math.min(held, tokens)
-    call('DECRBY', key, back)
+    call('HINCRBY', key, 'c', -back)
     return back
   end
   return 0
