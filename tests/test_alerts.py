@@ -125,10 +125,11 @@ async def test_alerts_write_nothing_below_a_threshold_nor_while_nobody_listens(
     redis_server, redis_client, key_prefix
 ):
     """A hit that reaches no threshold leaves no mark, and a manager nobody listens to leaves
-    none at any use; the first threshold told leaves one, next to the counter."""
+    none at any use, even for a policy with thresholds of its own; the first threshold told
+    leaves one, next to the counter."""
     listened, _ = alerting_manager(redis_server.url, key_prefix)
     unheard = StreamLeaseManager(url=redis_server.url, config=LeaseConfig(key_prefix=key_prefix))
-    per_hour = RateLimit("requests_per_hour", 10, per=3600)
+    per_hour = RateLimit("requests_per_hour", 10, per=3600, alert_at=(0.8,))
 
     def marks() -> list[bytes]:
         return redis_client.keys(f"{{{key_prefix}}}:rate:*:told")
@@ -185,9 +186,11 @@ async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_id
         meter_provider=MeterProvider(metric_readers=[reader]),
     )
     per_minute = RateLimit("per_minute", 5, per=60)
+    # A policy's own thresholds count in the metric as the manager's do.
+    halfway = RateLimit("halfway_per_minute", 10, per=60, alert_at=(0.5,))
     for who in (ALICE, BOB):
         for _ in range(5):
-            await manager.hit(who, per_minute)
+            await manager.hit(who, per_minute, halfway)
     data = reader.get_metrics_data()
     counted = {
         (tuple(sorted(point.attributes.items())), point.value)
@@ -200,7 +203,36 @@ async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_id
     assert counted == {
         ((("policy", "per_minute"), ("threshold", 0.8)), 2),
         ((("policy", "per_minute"), ("threshold", 1.0)), 2),
+        ((("policy", "halfway_per_minute"), ("threshold", 0.5)), 2),
     }
+    await manager.aclose()
+
+
+async def test_a_policys_own_alert_at_overrides_the_managers_and_an_empty_one_silences_it(
+    backend_url, key_prefix
+):
+    """Thresholds given to one policy (``RateLimit(alert_at=...)``) were ignored: every policy
+    alerted at the manager's. A policy with its own is told at those, one without at the
+    manager's, and one with ``alert_at=()`` never."""
+    manager, told = alerting_manager(backend_url, key_prefix, alert_at=(0.8,))
+    own = RateLimit("own_per_hour", 10, per=3600, alert_at=(0.9, 0.5))
+    managed = RateLimit("managed_per_hour", 10, per=3600)
+    silent = RateLimit("silent_per_hour", 10, per=3600, alert_at=())
+    assert (own.alert_at, managed.alert_at, silent.alert_at) == ((0.5, 0.9), None, ())
+    assert "alert_at=(0.5, 0.9)" in repr(own) and "alert_at=()" in repr(silent)
+    assert own != RateLimit("own_per_hour", 10, per=3600)
+    for cost in (5, 4, 1):  # 5 (50 %), 9 (80 %, 90 %), 10 (100 %)
+        decisions = await manager.hit(ALICE, own, managed, silent, cost=cost)
+    assert [d.policy for d in decisions] == [own, managed, silent]
+    # Bob's hit, queued after Alice's, is told after them: every alert of Alice's is in.
+    await manager.hit(BOB, managed, cost=8)
+    await told_about(told, manager._core.identity_digest(BOB), 1)
+    alice = manager._core.identity_digest(ALICE)
+    assert [(a.policy, a.threshold, a.used) for a in told if a.identity_hash == alice] == [
+        ("own_per_hour", 0.5, 5),
+        ("own_per_hour", 0.9, 9),
+        ("managed_per_hour", 0.8, 9),
+    ]
     await manager.aclose()
 
 
@@ -216,8 +248,16 @@ async def test_thresholds_crossed_are_counted_by_policy_and_threshold_without_id
         ((0.8, "x"), "fractions"),
     ],
 )
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda alert_at: StreamLeaseManager(alert_at=alert_at),
+        lambda alert_at: RateLimit("per_hour", 10, per=3600, alert_at=alert_at),
+    ],
+    ids=["manager", "policy"],
+)
 def test_alert_at_that_is_not_fractions_above_zero_is_refused_with_what_to_pass(
-    alert_at, complaint
+    build, alert_at, complaint
 ):
     with pytest.raises((TypeError, ValueError), match=complaint):
-        StreamLeaseManager(alert_at=alert_at)
+        build(alert_at)

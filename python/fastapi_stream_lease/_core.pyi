@@ -20,6 +20,7 @@ __all__ = [
     "_acquire_call",
     "_script_source",
     "check_rate_limits",
+    "checked_thresholds",
     "redact_url",
 ]
 __version__: str
@@ -245,6 +246,7 @@ class RateLimit:
         unit: str | None = None,
         *,
         enforce: bool = True,
+        alert_at: Sequence[float] | None = None,
     ) -> RateLimit: ...
     @property
     def name(self) -> str: ...
@@ -260,6 +262,8 @@ class RateLimit:
     def unit(self) -> str: ...
     @property
     def enforce(self) -> bool: ...
+    @property
+    def alert_at(self) -> tuple[float, ...] | None: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -281,6 +285,10 @@ class Prices:
 
 def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
     """Checks the policies of a hit of ``cost`` as every hit does."""
+
+def checked_thresholds(alert_at: Sequence[float]) -> tuple[float, ...]:
+    """``alert_at`` checked as every manager and policy checks it: the fractions kept,
+    ascending, each to a millionth."""
 
 def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""

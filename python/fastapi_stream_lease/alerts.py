@@ -1,6 +1,7 @@
-"""Threshold alerts: the app names fractions of a policy's limit (``alert_at=(0.8, 1.0)``) and
-is told, through ``on_threshold``, when a hit or a stream start brings an identity's use of a
-policy to one of them. Each (policy, identity, threshold) is told once per window across every
+"""Threshold alerts: the app names fractions of a policy's limit (``alert_at=(0.8, 1.0)``, for
+every policy on the manager or for one on its ``RateLimit``) and is told, through
+``on_threshold``, when a hit or a stream start brings an identity's use of a policy to one of
+them. Each (policy, identity, threshold) is told once per window across every
 worker: the store decides, in the step that counts the hit or start, which decision reached a
 threshold first (``RateDecision.thresholds_reached``); a fixed or calendar window's alert comes
 again in the next window, a sliding window's once the units that reached it have left it."""
@@ -11,11 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .rates import PolicyEntry, RateDecision
-
-#: Most fractions ``alert_at`` may hold.
-MAX_THRESHOLDS = 16
-#: Largest fraction: a dry run counts past its limit, up to a hundred times it.
-MAX_FRACTION = 100.0
 
 
 @dataclass(frozen=True)
@@ -31,26 +27,6 @@ class ThresholdCrossed:
     limit: int
     reset: float
     identity_hash: str
-
-
-def checked_thresholds(alert_at: Sequence[float]) -> tuple[float, ...]:
-    """``alert_at`` as fractions of a limit, each above 0 (1.0 is the limit itself) and at most
-    ``MAX_FRACTION``, at most ``MAX_THRESHOLDS`` of them, to a millionth."""
-    if isinstance(alert_at, (str, bytes)) or not isinstance(alert_at, Sequence):
-        raise TypeError(
-            f"alert_at must be a sequence of fractions such as (0.8, 1.0), got {alert_at!r}"
-        )
-    if len(alert_at) > MAX_THRESHOLDS:
-        raise ValueError(f"alert_at holds at most {MAX_THRESHOLDS} fractions, got {len(alert_at)}")
-    for threshold in alert_at:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-            raise TypeError(f"alert_at holds fractions of a limit such as 0.8, got {threshold!r}")
-        if not 0 < threshold <= MAX_FRACTION:
-            raise ValueError(
-                f"alert_at fractions must be above 0 and at most {MAX_FRACTION} "
-                f"(1.0 is the limit), got {threshold}"
-            )
-    return tuple(sorted(set(float(t) for t in alert_at)))
 
 
 def crossed(

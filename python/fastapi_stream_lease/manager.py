@@ -24,7 +24,7 @@ from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
 from ._server_workers import warn_if_several_workers
 from ._stop_signals import calling_on_stop_signals
-from .alerts import ThresholdCrossed, checked_thresholds, crossed, identities_of
+from .alerts import ThresholdCrossed, crossed, identities_of
 from .client_ip import client_of
 from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
@@ -118,7 +118,8 @@ class StreamLeaseManager:
     or budget to one of the ``alert_at`` fractions of its limit (80 % and 100 % by default):
     once per policy, identity and threshold in each window across every worker (a sliding
     window's: again once the units that reached it have left the window), with the identity's
-    keyed hash, never the identity.
+    keyed hash, never the identity. A policy built with ``RateLimit(..., alert_at=...)`` is told
+    at its own fractions instead (``()``: never).
     With telemetry on, each is counted in ``fastapi_stream_lease.rate.threshold_crossed``.
 
     ``prices`` (a :class:`Prices` table) prices the budgets in money (``unit="cost"``) of every
@@ -191,7 +192,7 @@ class StreamLeaseManager:
         self._cancel_on_lost = config.on_lost != "continue"
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
-        self._alert_at = checked_thresholds(alert_at)
+        self._alert_at = _core.checked_thresholds(alert_at)
         if on_threshold is not None:
             self._core.alert_thresholds(self._alert_at)
         wanted = Lifecycle.wanted(config, on_threshold)

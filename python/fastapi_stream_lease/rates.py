@@ -32,7 +32,8 @@ class RateDecision:
     the limit when a token budget's stream finished past it, or a dry run counted past it), and
     ``would_refuse``: the policy had no room for the hit's cost, so it refused, or, a dry run
     (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have.
-    ``thresholds_reached``: the manager's ``alert_at`` fractions this hit or start brought the
+    ``thresholds_reached``: the policy's ``alert_at`` fractions (its own, else the manager's)
+    this hit or start brought the
     use to first in the window, across every worker (empty unless the manager has
     ``on_threshold`` or telemetry)."""
 

@@ -332,7 +332,8 @@ class Telemetry:
             f"{NAME}.rate.threshold_crossed",
             unit="{alert}",
             description="Identities whose use of a rate policy or budget reached one of the "
-            "manager's alert_at fractions of its limit, once per window, by policy and threshold.",
+            "alert_at fractions of its limit (the policy's own, else the manager's), once per "
+            "window, by policy and threshold.",
         )
         self.dry_run_refusals = meter.create_counter(
             f"{NAME}.rate.would_refuse",

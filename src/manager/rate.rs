@@ -78,26 +78,28 @@ impl Manager {
         })
     }
 
-    /// From now on, every hit and start reports which of `thresholds` of each policy's limit
-    /// it reached first in the window (`Decision::thresholds_reached`). The first thresholds
-    /// given hold.
+    /// From now on, every hit and start reports which thresholds of each policy's limit (its
+    /// own, else `thresholds`) it reached first in the window (`Decision::thresholds_reached`).
+    /// The first thresholds given hold.
     pub fn alert_thresholds(&self, thresholds: Thresholds) {
         let _ = self.alert_at.set(thresholds);
     }
 
     /// The policies as this manager applies them: every request rate a dry run under
-    /// `enforce_rate_limits=false` (budgets keep refusing), each alerting at the manager's
-    /// thresholds while the app listens.
+    /// `enforce_rate_limits=false` (budgets keep refusing), each alerting while the app listens
+    /// (the manager's thresholds are set) at its own thresholds or else the manager's.
     fn as_configured(&self, policies: Vec<RatePolicy>) -> Vec<RatePolicy> {
-        let alert_at = self.alert_at.get();
-        if self.config.enforce_rate_limits && alert_at.is_none() {
+        let listening = self.alert_at.get();
+        if self.config.enforce_rate_limits && listening.is_none() {
             return policies;
         }
         policies
             .into_iter()
             .map(|policy| RatePolicy {
                 enforce: policy.enforce && (self.config.enforce_rate_limits || policy.unit != Unit::Requests),
-                alert_at: alert_at.cloned().unwrap_or_default(),
+                alert_at: listening
+                    .map(|managers| policy.own_alert_at.as_ref().unwrap_or(managers).clone())
+                    .unwrap_or_default(),
                 ..policy
             })
             .collect()

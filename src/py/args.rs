@@ -5,7 +5,9 @@ use std::ops::RangeInclusive;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PySequence, PyString};
+
+use crate::rate::Thresholds;
 
 /// Caps above this are bugs, not limits.
 const MAX_CAPACITY: i64 = 1_000_000_000;
@@ -193,4 +195,33 @@ pub fn resources(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, u64,
             Ok((utf8("resource name", &name)?, capacity, max_waiting))
         })
         .collect()
+}
+
+/// `alert_at` (the manager's or a policy's): a sequence of fractions of a limit, ints or floats,
+/// whose values the core's `Thresholds` checks.
+pub fn thresholds(value: &Bound<'_, PyAny>) -> PyResult<Thresholds> {
+    let sequence = match value.cast::<PySequence>() {
+        Ok(sequence) if !value.is_instance_of::<PyString>() && !value.is_instance_of::<PyBytes>() => sequence,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "alert_at must be a sequence of fractions such as (0.8, 1.0), got {}",
+                value.repr()?
+            )))
+        }
+    };
+    let mut fractions = Vec::new();
+    for item in sequence.try_iter()? {
+        let item = item?;
+        if item.is_instance_of::<PyBool>()
+            || !(item.is_instance_of::<PyInt>() || item.is_instance_of::<PyFloat>())
+        {
+            return Err(PyTypeError::new_err(format!(
+                "alert_at holds fractions of a limit such as 0.8, got {}",
+                item.repr()?
+            )));
+        }
+        // An int too large for a float is out of range, as infinity is.
+        fractions.push(item.extract::<f64>().unwrap_or(f64::INFINITY));
+    }
+    Thresholds::new(&fractions).map_err(invalid)
 }

@@ -132,8 +132,9 @@ impl Manager {
     }
 
     /// From now on, every hit and stream start reports which of `alert_at` (fractions of each
-    /// policy's limit) it reached first in the window, across every worker
-    /// (`RateDecision.thresholds_reached`). The first thresholds given hold.
+    /// policy's limit; a policy's own `RateLimit(alert_at=...)` in their place) it reached
+    /// first in the window, across every worker (`RateDecision.thresholds_reached`). The first
+    /// thresholds given hold.
     fn alert_thresholds(&self, alert_at: Vec<f64>) -> PyResult<()> {
         let thresholds = Thresholds::new(&alert_at).map_err(args::invalid)?;
         self.core.alert_thresholds(thresholds);

@@ -25,6 +25,9 @@ use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Thresholds
 /// integer unit the app chooses (cents, microdollars).
 /// ``enforce=False`` makes a request rate a dry run: counted and reported (headers,
 /// ``RateDecision.would_refuse``, metrics) but never refusing, to roll a new limit out safely.
+/// ``alert_at=(0.5, 0.9)`` (fractions of ``limit``, checked as the manager's are) makes this
+/// policy's threshold alerts come at those instead of the manager's ``alert_at``; ``()``
+/// silences them; None (the default) keeps the manager's.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
@@ -34,7 +37,7 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None, *, enforce = true))]
+    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None, *, enforce = true, alert_at = None))]
     fn py_new(
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
@@ -42,6 +45,7 @@ impl RateLimit {
         algorithm: Option<&Bound<'_, PyAny>>,
         unit: Option<&Bound<'_, PyAny>>,
         enforce: bool,
+        alert_at: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let Ok(name) = name.cast::<PyString>() else {
             return Err(PyTypeError::new_err(format!(
@@ -50,6 +54,7 @@ impl RateLimit {
             )));
         };
         let name = args::utf8("name", name)?;
+        let own_alert_at = args::given(alert_at).map(args::thresholds).transpose()?;
         let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
         let algorithm = args::choice("algorithm", algorithm)?;
         let unit = match args::choice("unit", unit)? {
@@ -73,7 +78,12 @@ impl RateLimit {
         };
         policy
             .and_then(|policy| policy.enforcing(enforce))
-            .map(|policy| RateLimit { policy })
+            .map(|policy| RateLimit {
+                policy: RatePolicy {
+                    own_alert_at,
+                    ..policy
+                },
+            })
             .map_err(args::invalid)
     }
 
@@ -120,6 +130,17 @@ impl RateLimit {
         self.policy.enforce
     }
 
+    /// The fractions of ``limit`` this policy alerts at, ascending (``()``: never); None: the
+    /// manager's.
+    #[getter]
+    fn alert_at<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.policy
+            .own_alert_at
+            .as_ref()
+            .map(|own| PyTuple::new(py, own.fractions()))
+            .transpose()
+    }
+
     fn __repr__(&self) -> String {
         let unit = match self.policy.unit {
             Unit::Requests => String::new(),
@@ -134,9 +155,19 @@ impl RateLimit {
             Some(period) => format!("'{period}'"),
             None => format!("{:?}", self.per()),
         };
+        let alert_at = match &self.policy.own_alert_at {
+            None => String::new(),
+            Some(own) => {
+                let fractions = own.fractions();
+                let listed: Vec<String> = fractions.iter().map(|f| format!("{f:?}")).collect();
+                // A tuple of one keeps its comma, as Python writes it.
+                let comma = if fractions.len() == 1 { "," } else { "" };
+                format!(", alert_at=({}{comma})", listed.join(", "))
+            }
+        };
         format!(
             // Names are plain ASCII (checked), so quoting them is enough.
-            "RateLimit('{}', {}, per={per}, algorithm='{}'{unit}{enforce})",
+            "RateLimit('{}', {}, per={per}, algorithm='{}'{unit}{enforce}{alert_at})",
             &*self.policy.name,
             self.policy.limit,
             self.policy.algorithm.name()
@@ -164,6 +195,16 @@ fn calendar_policy(
             "rate limit {name:?}: per={per:?} is a calendar window, a fixed window: leave algorithm out (or \"fixed_window\"), not {other:?}; for a sliding window give per in seconds"
         )),
     }
+}
+
+/// `alert_at` checked as every manager and policy checks it: the fractions kept, ascending,
+/// each to a millionth.
+#[pyfunction]
+pub fn checked_thresholds<'py>(
+    py: Python<'py>,
+    alert_at: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, args::thresholds(alert_at)?.fractions())
 }
 
 /// Checks the policies of a hit of `cost` as every hit does (at least one, each named once,
@@ -245,7 +286,8 @@ pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound
     let items = decisions
         .iter()
         .map(|d| {
-            // The policy as the app built it (alert thresholds are the manager's).
+            // The policy as the app built it (the thresholds applied are the manager's doing;
+            // its own stay in `own_alert_at`).
             let policy = RatePolicy {
                 alert_at: Thresholds::default(),
                 ..d.policy.clone()

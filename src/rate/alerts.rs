@@ -49,6 +49,11 @@ impl Thresholds {
             .map(move |parts| ((*parts as u128 * limit as u128).div_ceil(PARTS as u128)) as u64)
     }
 
+    /// The thresholds as fractions of a limit, ascending.
+    pub fn fractions(&self) -> Vec<f64> {
+        self.of_bits(u64::MAX)
+    }
+
     /// The thresholds whose bits are set in `told` (bit 0: the first), as fractions.
     pub fn of_bits(&self, told: u64) -> Vec<f64> {
         self.0
@@ -74,6 +79,7 @@ mod tests {
         assert_eq!(thresholds.marks(9).collect::<Vec<_>>(), [7, 8, 9]);
         assert_eq!(thresholds.marks(1).collect::<Vec<_>>(), [1, 1, 1]);
         assert_eq!(thresholds.of_bits(0b101), [0.7, 1.0]);
+        assert_eq!(thresholds.fractions(), [0.7, 0.8, 1.0]);
         let fine = Thresholds::new(&[0.123_456_7]).expect("a threshold");
         assert_eq!(fine.of_bits(1), [0.123_457], "kept to a millionth");
     }

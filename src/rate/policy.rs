@@ -123,9 +123,12 @@ pub struct RatePolicy {
     pub unit: Unit,
     /// False: a dry run, counted and reported (`Decision::would_refuse`) but never refusing.
     pub enforce: bool,
-    /// The thresholds of its limit at which an identity's use is told (the manager's
-    /// `alert_at` while the app listens; empty as the app builds it).
+    /// The thresholds of its limit at which an identity's use is told while the app listens
+    /// (its own or else the manager's `alert_at`, set by the manager; empty as the app builds it).
     pub alert_at: Thresholds,
+    /// The thresholds the app gave this policy (`RateLimit(alert_at=...)`), which it alerts at
+    /// in place of the manager's (none: silent); None: the manager's.
+    pub own_alert_at: Option<Thresholds>,
 }
 
 impl RatePolicy {
@@ -166,6 +169,7 @@ impl RatePolicy {
             unit,
             enforce: true,
             alert_at: Thresholds::default(),
+            own_alert_at: None,
         })
     }
 
