@@ -7,12 +7,12 @@ team of the organisation; a stream must fit
 * the organisation's spend on its model for the day,
 
 and 2 streams at once per user. One ``acquire`` checks and reserves every level in one atomic
-step: the prompt and ``max_tokens``, priced from the model's prices. The stream is counted
-chunk by chunk as it streams and settled at the end with the model's own ``usage`` (asked for
-with ``stream_options.include_usage``, cached prompt tokens at their own price); when the model
-sends no usage, the proxy's own count stands. Unused reservation comes back at once; a client
-that leaves is charged what it got. ``GET /usage`` tells the caller where each level stands,
-and a level that reaches 80 % or 100 % of its limit raises an alert.
+step: the prompt and ``max_tokens`` (``reserve="auto"``), priced from the model's prices. The
+stream is counted chunk by chunk as it streams and settled at the end with the model's own
+``usage`` (asked for with ``stream_options.include_usage``, cached prompt tokens at their own
+price); when the model sends no usage, the proxy's own count stands. Unused reservation comes
+back at once; a client that leaves is charged what it got. ``GET /usage`` tells the caller where
+each level stands, and a level that reaches 80 % or 100 % of its limit raises an alert.
 
 Run the story (a fake model and this proxy, on free ports):  .venv/bin/python examples/llm_proxy.py
 (``make demo`` runs it after the demo; set REDIS_URL=redis://... for a real Redis). Serve it:
@@ -64,7 +64,6 @@ user_spend_per_day = RateLimit("user_spend_per_day", 15_000, per="day", unit="co
 model_spend_per_day = RateLimit("model_spend_per_day", 100_000, per="day", unit="cost")
 tokens_per_minute = RateLimit("tokens_per_minute", 2_000, per=60, unit="tokens")
 requests_per_minute = RateLimit("requests_per_minute", 20, per=60)
-DEFAULT_MAX_TOKENS = 256
 alerts: list[ThresholdCrossed] = []
 
 
@@ -174,14 +173,17 @@ async def completions(request: Request) -> StreamingResponse:
         raise HTTPException(400, f"unknown model {model!r}: use one of {sorted(PRICES.models)}")
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
-    body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
     lease = await manager.acquire(
         user,
         request=request,
         rate_limits=[requests_per_minute],
         budgets=budgets(team, model),
-        reserve=(prompt_tokens(body), body["max_tokens"]),
+        # The prompt and the most the model may answer; without a limit in the request, 1,024
+        # answer tokens (at most what the budgets hold). Larger than a budget's whole limit: 400.
+        reserve="auto",
         model=model,
+        prompt_tokens=prompt_tokens(body),
+        max_tokens=body.get("max_tokens") or body.get("max_completion_tokens"),
     )
     answer = upstream.stream("POST", "/v1/chat/completions", json=body)
     response = await answer.__aenter__()
