@@ -41,10 +41,10 @@ SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 test: build redis browser ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)
 	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 	@if command -v redis-server >/dev/null; then \
 		echo "==> the server tests again, on Valkey"; \
-		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q $(SERVER_TESTS); \
+		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q --durations=10 $(SERVER_TESTS); \
 	fi
 
 CHAOS_MINUTES ?= 10
