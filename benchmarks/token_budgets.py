@@ -374,13 +374,18 @@ def summarize_costs(runs: Sequence[CostRun]) -> list[CostSummary]:
     return summaries
 
 
-async def measure_costs(
-    url: str, client: aioredis.Redis, key_prefix: str, repeats: int, streams: int
-) -> list[CostRun]:
+def uncapped_manager(url: str, key_prefix: str) -> StreamLeaseManager:
+    """A manager whose streams no slot cap refuses: only the budgets count."""
     config = LeaseConfig(
         max_per_user=0, max_global=0, key_prefix=key_prefix, identity_secret=SECRET
     )
-    manager = StreamLeaseManager(url=url, config=config)
+    return StreamLeaseManager(url=url, config=config)
+
+
+async def measure_costs(
+    url: str, client: aioredis.Redis, key_prefix: str, repeats: int, streams: int
+) -> list[CostRun]:
+    manager = uncapped_manager(url, key_prefix)
     try:
         # Connected, every script loaded (acquire, top-up, settle, release) before any reading:
         # one stream past its reservation, so that it waits for a top-up.
@@ -589,10 +594,7 @@ async def ours(
 
 async def measure_overshoot(url: str, counters: aioredis.Redis, key_prefix: str) -> list[Window]:
     client = redis_py_client(url)
-    config = LeaseConfig(
-        max_per_user=0, max_global=0, key_prefix=key_prefix, identity_secret=SECRET
-    )
-    manager = StreamLeaseManager(url=url, config=config)
+    manager = uncapped_manager(url, key_prefix)
     try:
         windows = [await charge_after_the_end(client, counters)]
         print(f"  {describe(windows[-1])}", flush=True)
@@ -740,10 +742,7 @@ async def level_run(
 async def measure_levels(
     url: str, client: aioredis.Redis, key_prefix: str, repeats: int, admissions: int
 ) -> list[LevelRun]:
-    config = LeaseConfig(
-        max_per_user=0, max_global=0, key_prefix=key_prefix, identity_secret=SECRET
-    )
-    manager = StreamLeaseManager(url=url, config=config)
+    manager = uncapped_manager(url, key_prefix)
     try:
         await level_run(manager, client, max(LEVELS), 0, 1)  # connected, scripts loaded
         runs = []
