@@ -44,7 +44,7 @@ test: build redis browser ## Run every test: Rust unit tests, the protocol model
 	$(BIN)/pytest --durations=15
 	@if command -v redis-server >/dev/null; then \
 		echo "==> the server tests again, on Valkey"; \
-		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q --durations=10 $(SERVER_TESTS); \
+		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q --durations=10 --server-only $(SERVER_TESTS); \
 	fi
 
 CHAOS_MINUTES ?= 10

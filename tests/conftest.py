@@ -20,6 +20,29 @@ def pytest_report_header() -> str:
     return f"server: {server_version()} ({server_binary()})"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--server-only",
+        action="store_true",
+        help="leave out the embedded store's cases (a second server's run: `make test` runs "
+        "the server tests again on Valkey, and the embedded store's cases are the first run's)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--server-only``, deselects the cases parametrized on the embedded store
+    (``"memory"``): they do not touch the server, so a second server's run would repeat them."""
+    if not config.getoption("--server-only"):
+        return
+    embedded, kept = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        (embedded if "memory" in params.values() else kept).append(item)
+    if embedded:
+        config.hook.pytest_deselected(items=embedded)
+        items[:] = kept
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
