@@ -404,11 +404,12 @@ def test_a_revoked_lease_of_the_dependency_is_released_as_lost_after_on_lost():
         await asyncio.sleep(3600)  # ended by the revoke
         yield {"tick": 2}
 
+    expected = [("on_lost", "revoked"), ("on_released", "lost")]
     with TestClient(app) as client:
         body = client.get("/sse").text
-    assert "event: error" in body and '"tick":2' not in body
-    expected = [("on_lost", "revoked"), ("on_released", "lost")]
-    wait_until(lambda: heard == expected, what="on_lost, then on_released")
+        assert "event: error" in body and '"tick":2' not in body
+        # The hooks run on the client's event loop, which ends with this block.
+        wait_until(lambda: heard == expected, what="on_lost, then on_released")
 
 
 def test_a_budget_cut_closes_a_websocket_with_1008_and_the_reason():
