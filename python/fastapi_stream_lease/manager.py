@@ -315,6 +315,7 @@ class StreamLeaseManager:
         telemetry = self._instruments()
         if telemetry is not None:
             span = telemetry.acquire_span(user_id, resources, policies)
+            waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             started = time.monotonic()
         try:
             # The core's awaitable itself, without a coroutine around it (at 64 streams at
@@ -323,7 +324,6 @@ class StreamLeaseManager:
             handle = await self._start_acquire(*arguments)
         except BaseException as error:
             if telemetry is not None:
-                waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
                 telemetry.admitted(started, waits, span, error)
             if isinstance(error, StreamLeaseError):
                 # The message names pools and policies, never the identity.
@@ -333,7 +333,6 @@ class StreamLeaseManager:
             raise
         if telemetry is None:
             return self._granted(handle, counted)
-        waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
         decisions = handle.rate_decisions if policies else ()
         telemetry.admitted(started, waits, span, None, decisions)
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
