@@ -11,10 +11,10 @@ from chaos.report import summary
 from chaos.run import ChaosRun
 from chaos.settings import Settings
 
-# This seed's 45 s draw each of them, and stall Redis, a worker and a worker's network past
-# lease_seconds (see chaos.faults.draw_schedule).
-SEED = 71
-SECONDS = 45
+# This seed's 40 s draw each of them, and stall Redis, a worker and a worker's network past
+# lease_seconds (see chaos.faults.draw_schedule); no seed below 20,000 draws all that in less.
+SEED = 14347
+SECONDS = 40
 WORKERS = 3
 
 

@@ -37,9 +37,9 @@ async def cli(url: str, *args: str, env: dict[str, str] | None = None):
     return process.returncode, out.decode(), err.decode()
 
 
-async def holding(url: str, key_prefix: str) -> tuple[StreamLeaseManager, object]:
+async def holding(url: str, key_prefix: str, **config: float) -> tuple[StreamLeaseManager, object]:
     manager = StreamLeaseManager(
-        url=url, config=LeaseConfig(key_prefix=key_prefix, identity_secret=SECRET)
+        url=url, config=LeaseConfig(key_prefix=key_prefix, identity_secret=SECRET, **config)
     )
     lease = await manager.acquire(
         USER,
@@ -84,7 +84,8 @@ async def test_inspect_shows_pools_holders_and_counters_without_identities(
 
 
 async def test_revoke_ends_the_users_streams_and_bans_them(redis_server, key_prefix):
-    manager, lease = await holding(redis_server.url, key_prefix)
+    # The CLI's revoke reaches the manager's lease within one renewal period.
+    manager, lease = await holding(redis_server.url, key_prefix, renew_every=0.5)
     code, out, err = await cli(
         redis_server.url,
         "--key-prefix",
