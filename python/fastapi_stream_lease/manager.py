@@ -614,6 +614,15 @@ class StreamLeaseManager:
         decisions = await self._core.hit(user_id, budgets, 0, False)
         return {decision.policy.name: decision for decision in decisions}
 
+    async def answer_estimate(self, model: str, user_id: str | None = None) -> int:
+        """The answer tokens ``reserve="auto"`` reserves for ``model`` when a request gives no
+        ``max_tokens``, before the cap of what its budgets hold: the bound of the size bucket
+        that holds the 95th percentile of the model's settled answers once it has 20 of them,
+        else 1,024. The figure streams use: on Redis this worker's, read again at most every
+        10 s. Without a global pool (``global_pool=False``) each user learns its own: pass
+        ``user_id``."""
+        return await self._core.answer_estimate(model, user_id)
+
     async def reset(self, identity: str, *policies: PolicyEntry) -> None:
         """Forgets ``identity``'s counts of ``policies`` (or, paired with one, the identity's
         own): a fresh allowance (for support staff)."""
