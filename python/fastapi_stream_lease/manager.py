@@ -278,8 +278,10 @@ class StreamLeaseManager:
         :class:`ReservationTooLarge` (400). ``reserve="auto"`` sizes it from the request:
         ``model`` (required), ``prompt_tokens`` and ``max_tokens`` (OpenAI's
         ``max_completion_tokens`` is passed as ``max_tokens``) reserve the prompt and
-        ``max_tokens``; without ``max_tokens``, the prompt and 1,024 answer tokens, at most what
-        the smallest budget holds after the prompt. Count
+        ``max_tokens``; without ``max_tokens``, the prompt and the model's learned answer size
+        (:meth:`answer_estimate`: 1,024 until 20 of its answers are settled), at most what
+        the smallest budget holds after the prompt. A stream that names its ``model`` and ends
+        on its own teaches the model its answer's size at settlement. Count
         the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
         when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
