@@ -71,6 +71,22 @@ async def test_a_model_reserves_1024_until_20_answers_then_the_bound_above_its_9
     await lease.release()
 
 
+async def test_the_estimate_is_the_bound_of_the_bucket_holding_the_95th_percentile(
+    make_manager,
+):
+    """With 20 answers the 95th percentile is the 19th smallest: one long answer among them
+    moves nothing; with a second long one among 21, the 20th smallest is long."""
+    manager = make_manager(max_per_user=0)
+    for user in range(MIN_SAMPLES - 1):
+        await answer(manager, f"short{user}", 300)
+    await answer(manager, "long0", 5_000)
+    assert await reader_of(manager, make_manager).answer_estimate("gpt-x") == BOUND_ABOVE_300
+    await answer(manager, "long1", 5_000)
+    assert await reader_of(manager, make_manager).answer_estimate("gpt-x") == 5_126, (
+        "5,000 is in the bucket (3,584, 5,126]"
+    )
+
+
 async def test_a_stream_cut_or_revoked_teaches_nothing(make_manager):
     """An answer cut short (its budget ran out, an operator revoked it, a drain or a loss
     ended it) is not the model's answer size: it is not counted."""
