@@ -115,12 +115,19 @@ impl Manager {
     }
 
     /// Reads a model's histogram (`key`) in the background, for the streams after this one.
-    pub(super) fn read_answer_sizes(&self, key: String) {
-        let (stores, estimates) = (Arc::clone(&self.stores), Arc::clone(&self.answer_estimates));
+    pub(super) fn read_answer_sizes(self: &Arc<Self>, key: String) {
+        let manager = Arc::clone(self);
         runtime::handle().spawn(async move {
-            let counts = stores.call(Store::Main, |main| main.answer_sizes(&key)).await;
-            estimates.read(&key, counts.as_deref().ok());
+            let _ = manager.read_estimate(&key).await;
         });
+    }
+
+    /// Reads a model's histogram (`key`) from Redis and keeps its estimate (a failed read
+    /// keeps the one it had).
+    async fn read_estimate(&self, key: &str) -> CoreResult<Option<u64>> {
+        let counts = self.stores.call(Store::Main, |main| main.answer_sizes(key)).await;
+        self.answer_estimates.read(key, counts.as_deref().ok());
+        Ok(answer_sizes::estimate(&counts?))
     }
 
     /// The embedded store's estimate of a histogram: read now (it never waits).
@@ -168,12 +175,7 @@ impl Manager {
             if !due {
                 return Ok(tokens.unwrap_or(AUTO_ANSWER));
             }
-            let counts = manager
-                .stores
-                .call(Store::Main, |main| main.answer_sizes(&key))
-                .await;
-            manager.answer_estimates.read(&key, counts.as_deref().ok());
-            Ok(answer_sizes::estimate(&counts?).unwrap_or(AUTO_ANSWER))
+            Ok(manager.read_estimate(&key).await?.unwrap_or(AUTO_ANSWER))
         })
     }
 }
