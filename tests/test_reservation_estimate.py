@@ -161,3 +161,15 @@ async def test_a_percentile_that_moved_is_in_use_within_10_s_and_one_read(make_r
         streams += 1
         assert loop.time() - taught <= 10 + 1.0 + 1.0, "10 s, one read, one stream between"
         await asyncio.sleep(0.1)
+
+
+async def test_a_bad_answer_estimate_call_says_what_to_pass(make_manager):
+    manager = make_manager()
+    with pytest.raises(TypeError, match="model must be a str"):
+        await manager.answer_estimate(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="model is empty"):
+        await manager.answer_estimate("")
+    spread = make_manager(global_pool=False)
+    with pytest.raises(ValueError, match="pass the user_id"):
+        await spread.answer_estimate("gpt-x")
+    assert await spread.answer_estimate("gpt-x", user_id="alice") == DEFAULT_ANSWER
