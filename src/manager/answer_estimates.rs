@@ -51,18 +51,23 @@ impl AnswerEstimates {
         let mut kept = lock(&self.0);
         kept.uses += 1;
         let used = kept.uses;
-        if !kept.by_key.contains_key(key) && kept.by_key.len() >= MAX_MODELS {
-            let oldest = kept.by_key.iter().min_by_key(|(_, estimate)| estimate.used);
-            if let Some(oldest) = oldest.map(|(key, _)| key.clone()) {
-                kept.by_key.remove(&oldest);
+        if !kept.by_key.contains_key(key) {
+            // A model not kept: the least recently used makes room (a scan, on a miss only).
+            if kept.by_key.len() >= MAX_MODELS {
+                let oldest = kept.by_key.iter().min_by_key(|(_, estimate)| estimate.used);
+                if let Some(oldest) = oldest.map(|(key, _)| key.clone()) {
+                    kept.by_key.remove(&oldest);
+                }
             }
+            let unread = Estimate {
+                tokens: None,
+                read_at: None,
+                reading: false,
+                used,
+            };
+            kept.by_key.insert(key.to_owned(), unread);
         }
-        let estimate = kept.by_key.entry(key.to_owned()).or_insert(Estimate {
-            tokens: None,
-            read_at: None,
-            reading: false,
-            used,
-        });
+        let estimate = kept.by_key.get_mut(key).expect("kept above");
         estimate.used = used;
         let due = !estimate.reading
             && estimate
