@@ -145,6 +145,23 @@ async def test_a_models_histogram_is_bounded_expires_in_a_week_and_never_names_i
     assert redis_client.memory_usage(histogram) <= MAX_HISTOGRAM_BYTES
 
 
+async def test_a_workers_first_stream_of_a_model_reserves_the_default_while_it_reads(
+    make_redis_manager,
+):
+    teaching = make_redis_manager(max_per_user=0)
+    for user in range(MIN_SAMPLES):
+        await answer(teaching, f"t{user}", 300)
+    worker = make_redis_manager(max_per_user=0)
+    assert await answer(worker, "first", 300) == DEFAULT_ANSWER, "no stream waits for a read"
+    reserved = []
+
+    async def learned() -> bool:
+        reserved.append(await answer(worker, f"next{len(reserved)}", 300))
+        return reserved[-1] == BOUND_ABOVE_300
+
+    await eventually(learned, what="the first read's figure in use")
+
+
 async def test_a_percentile_that_moved_is_in_use_within_10_s_and_one_read(make_redis_manager):
     """A process reads a model's histogram at the first stream of the model and again at the
     first stream 10 s or more after the last read, beside it: a percentile moved by another
