@@ -35,7 +35,7 @@ browser: ## Make sure chromium and chromedriver are installed where they can be 
 # scripts, which the other budget tests cover: it runs on the first server only.
 SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 	tests/test_rates.py tests/test_waiting.py tests/test_cluster.py tests/test_revoke.py \
-	tests/test_budgets.py tests/test_sentinel.py tests/test_cli.py \
+	tests/test_budgets.py tests/test_reservation_estimate.py tests/test_sentinel.py tests/test_cli.py \
 	--deselect tests/test_budgets.py::test_every_window_holds_the_bound_by_the_streams_own_counts
 
 test: build redis browser ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)

@@ -48,6 +48,11 @@ single-budget figure), all held until every admission is in, then released: the 
 commands, script calls, wall time and Redis CPU per admission, the acquires' median latency,
 and the commands of the releases and settlements per stream.
 
+**Answer sizes.** ``--admissions`` streams per run that each stream a 300-token answer within
+a 1,000-token reservation and end on their own, once without ``model=`` and once with it (its
+settlement counts the answer in the model's histogram of answer sizes, two commands inside the
+same script call): the commands and script calls of the releases and settlements per stream.
+
 Run it from the repository root with ``bash benchmarks/run.sh``, or alone against a Redis of
 your own (keys under ``{budgetbench-*}`` and ``budgetbench-*``, deleted at the end)::
 
@@ -372,6 +377,19 @@ def summarize_costs(runs: Sequence[CostRun]) -> list[CostSummary]:
             )
         )
     return summaries
+
+
+async def quiet(client: aioredis.Redis) -> Reading:
+    """The reading once Redis has gone quiet: two readings 0.3 s apart with no script call
+    between."""
+    last = await Reading.take(client)
+    for _ in range(int(PHASE_LIMIT_S / 0.3)):
+        await asyncio.sleep(0.3)
+        reading = await Reading.take(client)
+        if reading.script_calls == last.script_calls:
+            return last
+        last = reading
+    raise RuntimeError("Redis did not go quiet within the time limit")
 
 
 def uncapped_manager(url: str, key_prefix: str) -> StreamLeaseManager:
@@ -812,6 +830,103 @@ def print_levels(runs: Sequence[LevelRun]) -> list[dict[str, float]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Answer sizes: what counting a settled answer in its model's histogram adds to a settlement
+
+ANSWER_TOKENS = 300
+ANSWER_RESERVE = 1_000
+ANSWER_MODEL = "bench-model"
+
+
+@dataclass(frozen=True)
+class AnswerRun:
+    """``admissions`` streams of one answer each, settled with (``model``) or without their
+    answer counted."""
+
+    model: str | None
+    repeat: int
+    admissions: int
+    end: Phase
+
+
+async def answer_run(
+    manager: StreamLeaseManager,
+    client: aioredis.Redis,
+    model: str | None,
+    repeat: int,
+    admissions: int,
+) -> AnswerRun:
+    """``admissions`` streams, ``LEVEL_CONCURRENCY`` at a time, each counting an answer of
+    ``ANSWER_TOKENS`` within its reservation and released; then every settlement."""
+    tag = uuid.uuid4().hex[:8]
+    gate = asyncio.Semaphore(LEVEL_CONCURRENCY)
+    sized: dict[str, Any] = (
+        {"reserve": (0, ANSWER_RESERVE)}
+        if model is None
+        else {"reserve": "auto", "model": model, "max_tokens": ANSWER_RESERVE}
+    )
+
+    async def admit(n: int) -> Any:
+        async with gate:
+            lease = await manager.acquire(f"answer-{tag}-{n}", budgets=[PER_MINUTE], **sized)
+            lease.consume(ANSWER_TOKENS)
+            return lease
+
+    leases = await asyncio.gather(*(admit(n) for n in range(admissions)))
+    held = await quiet(client)  # the top-ups that move the streamed tokens are done
+    await asyncio.gather(*(lease.release() for lease in leases))
+    last = await settled(manager, client)
+    return AnswerRun(model=model, repeat=repeat, admissions=admissions, end=held.until(last))
+
+
+async def measure_answers(
+    url: str, client: aioredis.Redis, key_prefix: str, repeats: int, admissions: int
+) -> list[AnswerRun]:
+    manager = uncapped_manager(url, key_prefix)
+    try:
+        await answer_run(manager, client, ANSWER_MODEL, 0, 1)  # connected, scripts loaded
+        runs = []
+        for repeat in range(repeats):
+            for model in (None, ANSWER_MODEL):
+                runs.append(await answer_run(manager, client, model, repeat, admissions))
+        return runs
+    finally:
+        await manager.aclose()
+
+
+def print_answers(runs: Sequence[AnswerRun]) -> list[dict[str, Any]]:
+    """The medians without and with the answer counted, printed and returned."""
+    summaries = []
+    for model in (None, ANSWER_MODEL):
+        mine = [r for r in runs if r.model == model]
+        summaries.append(
+            {
+                "model": model,
+                "end_commands": statistics.median(r.end.commands / r.admissions for r in mine),
+                "end_script_calls": statistics.median(
+                    r.end.script_calls / r.admissions for r in mine
+                ),
+            }
+        )
+    print_table(
+        ["settlement", "commands / release + settlement", "script calls / release + settlement"],
+        [
+            [
+                "without model=" if s["model"] is None else "with model= (answer counted)",
+                f"{s['end_commands']:.1f}",
+                f"{s['end_script_calls']:.2f}",
+            ]
+            for s in summaries
+        ],
+        left=1,
+    )
+    print(
+        f"Answer sizes: {runs[0].admissions:,} streams per run, each a {ANSWER_TOKENS}-token"
+        f" answer within a {ANSWER_RESERVE:,}-token reservation, ended on its own. Medians."
+    )
+    return summaries
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 async def measure(url: str, repeats: int, streams: int, admissions: int) -> dict[str, Any]:
@@ -825,8 +940,12 @@ async def measure(url: str, repeats: int, streams: int, admissions: int) -> dict
         windows = await measure_overshoot(url, counters, f"{prefix}-over")
         print(f"nested levels: {admissions:,} admissions per run with {LEVELS} budget levels")
         level_runs = await measure_levels(url, counters, f"{prefix}-levels", repeats, admissions)
+        print(f"answer sizes: {admissions:,} streams per run, without and with model=")
+        answer_runs = await measure_answers(
+            url, counters, f"{prefix}-answers", repeats, admissions
+        )
     finally:
-        for name in ("cost", "over", "levels"):
+        for name in ("cost", "over", "levels", "answers"):
             await delete_keys(counters, f"{prefix}-{name}")
         await counters.aclose()
     return {
@@ -834,6 +953,7 @@ async def measure(url: str, repeats: int, streams: int, admissions: int) -> dict
         "cost_runs": cost_runs,
         "windows": windows,
         "level_runs": level_runs,
+        "answer_runs": answer_runs,
     }
 
 
@@ -854,6 +974,7 @@ def main() -> None:
     print_costs(summaries)
     broken = print_overshoot(measured["windows"])
     level_summaries = print_levels(measured["level_runs"])
+    answer_summaries = print_answers(measured["answer_runs"])
     write_json(
         args.output,
         {
@@ -894,6 +1015,8 @@ def main() -> None:
             "overshoot": [{**asdict(w), "bound": bound_of(w)} for w in measured["windows"]],
             "levels": level_summaries,
             "level_runs": [asdict(r) for r in measured["level_runs"]],
+            "answers": answer_summaries,
+            "answer_runs": [asdict(r) for r in measured["answer_runs"]],
         },
     )
     print(f"raw figures: {args.output}")

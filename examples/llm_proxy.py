@@ -178,8 +178,9 @@ async def completions(request: Request) -> StreamingResponse:
         request=request,
         rate_limits=[requests_per_minute],
         budgets=budgets(team, model),
-        # The prompt and the most the model may answer; without a limit in the request, 1,024
-        # answer tokens (at most what the budgets hold). Larger than a budget's whole limit: 400.
+        # The prompt and the most the model may answer; without a limit in the request, the
+        # model's learned answer size (1,024 until it has 20 answers; at most what the budgets
+        # hold). Larger than a budget's whole limit: 400.
         reserve="auto",
         model=model,
         prompt_tokens=prompt_tokens(body),

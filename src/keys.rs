@@ -171,6 +171,17 @@ impl KeySpace {
         }
     }
 
+    /// The histogram of a model's answer sizes that a stream's settlement counts in, in the tag
+    /// of `counter_key` (its first budget's counter): the model by its keyed digest, as an
+    /// identity, so no key shows a model name.
+    pub fn answers_key(&self, counter_key: &str, model: &str) -> String {
+        format!(
+            "{{{}}}:answers:{}",
+            hash_tag(counter_key),
+            self.identity_digest(model)
+        )
+    }
+
     /// None when the manager keeps no global pool (`global_pool=False`).
     pub fn global_pool(&self) -> Option<Pool> {
         self.global.clone()
@@ -357,6 +368,17 @@ mod tests {
             space(b"k").identity_digest("u1")
         );
         assert_eq!(space(b"k").identity_digest("u1").len(), 32);
+    }
+
+    #[test]
+    fn a_models_answers_live_in_the_tag_of_the_counter_and_hide_its_name() {
+        let keys = space(b"k");
+        let answers = keys.answers_key("{app:ab}:rate:tpm", "gpt-x");
+        assert_eq!(
+            answers,
+            format!("{{app:ab}}:answers:{}", keys.identity_digest("gpt-x"))
+        );
+        assert!(!answers.contains("gpt"));
     }
 
     #[test]

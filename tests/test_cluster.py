@@ -224,6 +224,36 @@ async def test_budgets_of_users_on_every_shard_top_up_and_settle(redis_cluster, 
     await spread.aclose()
 
 
+async def test_a_models_answer_sizes_are_counted_in_the_settlements_slot(
+    redis_cluster, key_prefix
+):
+    """Without a global pool each user's counters have a tag of their own: the model's
+    histogram of answer sizes is counted in the settlement's script, in that tag's slot, and
+    read there."""
+    tokens = RateLimit("tokens_per_minute", 10_000, per=60, unit="tokens")
+    spread = StreamLeaseManager(
+        url=redis_cluster.url,
+        config=LeaseConfig(key_prefix=key_prefix, global_pool=False, max_per_user=0),
+    )
+    users = [f"user{i}" for i in range(6)]
+    for user in users:
+        lease = await spread.acquire(user, budgets=[tokens], reserve="auto", model="gpt-x")
+        lease.consume(300)
+        await lease.release()
+    await eventually(lambda: spread.stats()["unsettled"] == 0, what="the settlements")
+    model = spread._core.identity_digest("gpt-x")
+    client = AsyncRedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port)
+    slots = set()
+    for user in users:
+        tag = f"{key_prefix}:{spread._core.identity_digest(user)}"
+        assert await client.hgetall(f"{{{tag}}}:answers:{model}") == {b"9": b"1"}
+        slots.add(await client.cluster_keyslot(tag))
+        assert await spread.answer_estimate("gpt-x", user_id=user) == 1_024, "read in its slot"
+    assert len(slots) > 1, "users on several slots"
+    await client.aclose()
+    await spread.aclose()
+
+
 async def _equal(figures, expected) -> bool:
     return await figures == expected
 

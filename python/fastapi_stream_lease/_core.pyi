@@ -19,6 +19,7 @@ __all__ = [
     "__version__",
     "_acquire_call",
     "_script_source",
+    "_settle_call",
     "check_rate_limits",
     "checked_thresholds",
     "redact_url",
@@ -207,6 +208,7 @@ class Manager:
     ) -> Awaitable[None]: ...
     def count(self, user_id: str | None = None) -> Awaitable[int]: ...
     def aclose(self) -> Awaitable[None]: ...
+    def answer_estimate(self, model: str, user_id: str | None = None) -> Awaitable[int]: ...
     def identity_digest(self, user_id: str) -> str: ...
     def slots_by_pool(self) -> list[tuple[str, int]]: ...
     def shared_usage(self) -> Awaitable[list[tuple[str, int, int]]]: ...
@@ -292,6 +294,13 @@ def checked_thresholds(alert_at: Sequence[float]) -> tuple[float, ...]:
 
 def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""
+
+def _settle_call(
+    settlement_id: str, answers_key: str, answer_tokens: int
+) -> tuple[list[bytes], list[bytes]]:
+    """The keys and arguments of the ``settle`` script's call that settles ``settlement_id`` by
+    counting an answer of ``answer_tokens`` tokens in the histogram ``answers_key`` (its bucket
+    computed as the store computes it), with nothing to charge or give back."""
 
 def _acquire_call(
     holder: int, ttl_ms: int, leases: list[tuple[str, int, list[tuple[str, int]]]]

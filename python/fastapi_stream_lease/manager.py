@@ -278,8 +278,10 @@ class StreamLeaseManager:
         :class:`ReservationTooLarge` (400). ``reserve="auto"`` sizes it from the request:
         ``model`` (required), ``prompt_tokens`` and ``max_tokens`` (OpenAI's
         ``max_completion_tokens`` is passed as ``max_tokens``) reserve the prompt and
-        ``max_tokens``; without ``max_tokens``, the prompt and 1,024 answer tokens, at most what
-        the smallest budget holds after the prompt. Count
+        ``max_tokens``; without ``max_tokens``, the prompt and the model's learned answer size
+        (:meth:`answer_estimate`: 1,024 until 20 of its answers are settled), at most what
+        the smallest budget holds after the prompt. A stream that names its ``model`` and ends
+        on its own teaches the model its answer's size at settlement. Count
         the stream's tokens with ``lease.wrap(stream, tokens=...)`` or :meth:`Lease.consume`;
         when it runs past its budget mid-stream, ``on_budget="cut"`` (the default) ends it with
         :class:`BudgetExhausted`, ``"finish"`` lets it finish and charges the overage. On
@@ -612,6 +614,15 @@ class StreamLeaseManager:
         ``remaining``, ``limit`` and ``reset``. Nothing is consumed."""
         decisions = await self._core.hit(user_id, budgets, 0, False)
         return {decision.policy.name: decision for decision in decisions}
+
+    async def answer_estimate(self, model: str, user_id: str | None = None) -> int:
+        """The answer tokens ``reserve="auto"`` reserves for ``model`` when a request gives no
+        ``max_tokens``, before the cap of what its budgets hold: the bound of the size bucket
+        that holds the 95th percentile of the model's settled answers once it has 20 of them,
+        else 1,024. The figure streams use: on Redis this worker's, read again at most every
+        10 s. Without a global pool (``global_pool=False``) each user learns its own: pass
+        ``user_id``."""
+        return await self._core.answer_estimate(model, user_id)
 
     async def reset(self, identity: str, *policies: PolicyEntry) -> None:
         """Forgets ``identity``'s counts of ``policies`` (or, paired with one, the identity's

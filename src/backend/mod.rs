@@ -23,7 +23,7 @@ use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp
 pub use self::acquire::{AcquireOutcome, InLine, Placed, Waiter, MAX_PRIORITY};
 pub use self::memory::MemoryBackend;
 pub use self::redis::{
-    acquire_call, redact, script_names, script_source, KeysAndArgs, RedisBackend, HOLDER_IDS,
+    acquire_call, redact, script_names, script_source, settle_call, KeysAndArgs, RedisBackend, HOLDER_IDS,
 };
 pub use self::renewal::{batches, Counted, Kept, RoundReport};
 pub use self::stores::Stores;
@@ -202,6 +202,10 @@ pub trait Backend: Send + Sync {
     /// Settles one ended stream's budgets (charges, refunds to their buckets), at most once
     /// however often it is sent.
     fn settle<'a>(&'a self, settlement: &'a Settlement) -> BoxFuture<'a, CoreResult<()>>;
+
+    /// The counts of a model's histogram of answer sizes (`key`), by bucket
+    /// (`rate::answer_sizes`), as settlements counted them.
+    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>>;
 
     /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
     /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.

@@ -327,6 +327,13 @@ impl Ledger {
         !fail_open
     }
 
+    /// The answer's tokens, as the settlement charges them, when they are an answer's whole
+    /// size: the stream started, was not cut for its budget, and counted (or reported) some.
+    pub fn answer(&self) -> Option<u64> {
+        let output = self.usage().output;
+        (self.held && !self.exhausted && output > 0).then_some(output)
+    }
+
     /// Ends the stream (once): the adjustments that settle each budget to what the stream used
     /// (nothing, if it was never held), or None if it had ended already.
     pub fn end(&mut self) -> Option<Vec<Adjustment>> {

@@ -23,6 +23,7 @@ fn stream(budgets: &[(&str, Unit)], (input, output): (u64, u64)) -> Ledger {
         output,
         on_budget: OnBudget::Cut,
         price: Some(PRICE),
+        ..BudgetRequest::default()
     };
     let accounts = budgets
         .iter()

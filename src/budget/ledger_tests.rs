@@ -30,6 +30,7 @@ fn stream(
         output,
         on_budget,
         price: None,
+        ..BudgetRequest::default()
     };
     let mut ledger = Ledger::new(vec![Account::new("key".into(), policy, reserved)], &request, room);
     ledger.hold();
@@ -357,4 +358,37 @@ fn a_failed_roll_keeps_its_charges_where_they_were() {
     ledger.top_up_failed(roll.want, false);
     assert_eq!(ledger.covered, 1_000);
     assert_eq!(totals(&ledger.end().unwrap()), (1_000, 0, 0));
+}
+
+#[test]
+fn an_answer_is_sized_only_when_the_stream_started_was_not_cut_and_counted_some() {
+    let mut finished = ledger(Unit::OutputTokens, 0, 1_000);
+    assert_eq!(finished.answer(), None, "nothing counted");
+    finished.consume(300).unwrap();
+    assert_eq!(finished.answer(), Some(300));
+    finished.report(usage(10, 320)).unwrap();
+    assert_eq!(finished.answer(), Some(320), "the model's figure, as charged");
+
+    let mut cut = ledger(Unit::OutputTokens, 0, 100);
+    cut.consume(400).unwrap();
+    let top_up = cut.take_due(0).unwrap();
+    cut.topped_up(top_up.want, &answer(0, B, 0), (0, 0));
+    assert!(cut.is_exhausted());
+    assert_eq!(cut.answer(), None, "cut for its budget");
+
+    let policy = RatePolicy::new(
+        "budget",
+        10_000,
+        60_000,
+        Algorithm::SlidingWindow,
+        Unit::OutputTokens,
+    );
+    let request = BudgetRequest {
+        output: 100,
+        ..BudgetRequest::default()
+    };
+    let account = Account::new("key".into(), policy.unwrap(), Vec::new());
+    let mut never_started = Ledger::new(vec![account], &request, ROOMY);
+    never_started.consume(5).unwrap();
+    assert_eq!(never_started.answer(), None, "never held");
 }

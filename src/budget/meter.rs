@@ -16,6 +16,8 @@ use crate::sync::lock;
 #[derive(Debug)]
 pub struct Meter {
     pub store: Store,
+    /// The histogram of answer sizes of the stream's model, if it names one.
+    pub answers_key: Option<String>,
     ledger: Mutex<Ledger>,
     /// Woken when a top-up answers or the meter ends.
     changed: Notify,
@@ -34,6 +36,7 @@ impl Meter {
     ) -> Self {
         Meter {
             store,
+            answers_key: request.answers_key.clone(),
             ledger: Mutex::new(Ledger::new(accounts, request, room)),
             changed: Notify::new(),
             due,
@@ -126,11 +129,16 @@ impl Meter {
         self.changed.notify_waiters();
     }
 
-    /// Ends the meter (once): the adjustments that settle each budget to what the stream used,
-    /// or None if it had ended already (`Ledger::end`).
-    pub(super) fn end(&self) -> Option<Vec<Adjustment>> {
-        let adjustments = lock(&self.ledger).end();
+    /// Ends the meter (once): the adjustments that settle each budget to what the stream used
+    /// (`Ledger::end`) and the size of its answer (`Ledger::answer`), or None if it had ended
+    /// already.
+    pub(super) fn end(&self) -> Option<(Vec<Adjustment>, Option<u64>)> {
+        let ended = {
+            let mut ledger = lock(&self.ledger);
+            let answer = ledger.answer();
+            ledger.end().map(|adjustments| (adjustments, answer))
+        };
         self.changed.notify_waiters();
-        adjustments
+        ended
     }
 }

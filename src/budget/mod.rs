@@ -26,7 +26,7 @@ pub use self::meter::Meter;
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
-use crate::rate::{Adjustment, RatePolicy, Settlement};
+use crate::rate::{answer_sizes, Adjustment, AnswerSample, RatePolicy, Settlement};
 pub use crate::rate::{Price, Usage};
 use crate::runtime;
 use crate::sync::lock;
@@ -46,10 +46,16 @@ pub const TOP_UP_EVERY: Duration = Duration::from_millis(250);
 /// (`Stats::settlements_dropped`).
 const MAX_RETRIES: usize = 10_000;
 
+/// Answer tokens `reserve="auto"` reserves when the request gives no `max_tokens` and its model
+/// has no learned size yet (`rate::answer_sizes`): LiteLLM's estimate for the same case, so a
+/// stream moved behind this library reserves what it did.
+pub const AUTO_ANSWER: u64 = 1_024;
+
 /// What a stream that runs out of budget mid-stream does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnBudget {
     /// Ends with `BudgetExhausted` at its next item (the default: a budget is a limit).
+    #[default]
     Cut,
     /// Finishes; its tokens are charged even above the limit, so the next request waits.
     Finish,
@@ -68,7 +74,7 @@ impl OnBudget {
 }
 
 /// What an acquire asks of its budgets (the policies are checked with its rate limits).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct BudgetRequest {
     pub policies: Vec<RatePolicy>,
     /// The estimate reserved at admission: the prompt's tokens, the answer's.
@@ -77,6 +83,15 @@ pub struct BudgetRequest {
     pub on_budget: OnBudget,
     /// The model's price, for the cost budgets (`unit="cost"`).
     pub price: Option<Price>,
+    /// The model the request names (`model=`): its settlement counts the answer's size there.
+    pub model: Option<String>,
+    /// `reserve="auto"` without `max_tokens`: the most answer tokens the budgets hold after the
+    /// prompt. The manager sizes the answer from the model's learned size, at most this
+    /// (`output` holds `AUTO_ANSWER` within it until then).
+    pub learned_within: Option<u64>,
+    /// The model's histogram of answer sizes, in the tag of the first budget's counter (set by
+    /// the manager from `model`).
+    pub answers_key: Option<String>,
 }
 
 /// The streams with budgets this process holds, and the loop that tops them up.
@@ -151,10 +166,23 @@ impl Budgets {
     /// runtime, returned so the release can wait for it; a failed call is retried later).
     pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<JoinHandle<()>> {
         let meter = lock(&self.meters).remove(&record.id)?;
-        let adjustments = meter.end().filter(|adjustments| !adjustments.is_empty())?;
+        let (adjustments, answer) = meter.end()?;
+        // A lost lease's stream (expired, revoked, drained) was cut short: its size is no
+        // answer's.
+        let answer = answer
+            .filter(|_| !record.is_lost())
+            .zip(meter.answers_key.clone())
+            .map(|(tokens, key)| AnswerSample {
+                key,
+                bucket: answer_sizes::bucket_of(tokens),
+            });
+        if adjustments.is_empty() && answer.is_none() {
+            return None;
+        }
         let settlement = Settlement {
             id: record.id.to_string(),
             adjustments,
+            answer,
         };
         self.apply(meter.store, settlement)
     }
@@ -270,6 +298,7 @@ mod tests {
         let settlement = Settlement {
             id: id.into(),
             adjustments: vec![adjustment],
+            answer: None,
         };
         (Store::Main, settlement)
     }

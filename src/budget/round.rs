@@ -111,6 +111,7 @@ impl Budgets {
             let settlement = Settlement {
                 id,
                 adjustments: refunds,
+                answer: None,
             };
             self.send_adjustments(store, settlement).await;
         }

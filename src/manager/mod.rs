@@ -1,11 +1,13 @@
 //! The manager: admits leases (the request, `request.rs`; admitting it, `admit.rs`, on the
 //! local floor while Redis is down, `local_floor.rs`; its end, `grant.rs`; undone if cancelled,
-//! `cancel_guard.rs`), decides request rates (`rate.rs`), counts pools, revokes, reports its
+//! `cancel_guard.rs`), sizes reservations from the answer sizes learned per model
+//! (`answer_estimates.rs`), decides request rates (`rate.rs`), counts pools, revokes, reports its
 //! counters and closes. It owns the backend (shared with renewal), the circuit breaker, this
 //! process's side of the waiting line (`waiting.rs`) and the leases it holds (`renewal`). Plain
 //! Rust: the binding (`py/manager.rs`) calls it and turns what it returns into Python objects.
 
 mod admit;
+mod answer_estimates;
 mod cancel_guard;
 mod grant;
 mod local_floor;
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use self::answer_estimates::AnswerEstimates;
 pub use self::grant::PoolUsage;
 pub use self::request::{AcquireRequest, MAX_WEIGHT};
 use self::waiting::LocalLine;
@@ -94,6 +97,8 @@ pub struct Manager {
     listener_stop: CancellationToken,
     leases: Arc<Leases>,
     budgets: Arc<Budgets>,
+    /// The answer sizes learned per model, as `reserve="auto"` uses them.
+    answer_estimates: Arc<AnswerEstimates>,
     /// The thresholds of every rate policy's limit at which hits and starts report their use
     /// (`alert_thresholds`); unset while nobody listens, so no call carries them.
     alert_at: OnceLock<Thresholds>,
@@ -133,6 +138,7 @@ impl Manager {
             listener_stop: CancellationToken::new(),
             leases,
             budgets,
+            answer_estimates: Arc::default(),
             alert_at: OnceLock::new(),
             used_in_pid: AtomicU32::new(0),
         }

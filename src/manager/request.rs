@@ -51,13 +51,14 @@ impl Manager {
     /// taken nor a place in line).
     pub fn acquire(
         self: &Arc<Self>,
-        request: AcquireRequest,
+        mut request: AcquireRequest,
     ) -> CoreResult<impl Future<Output = CoreResult<Granted>> + Send + 'static> {
         let record = Arc::new(LeaseRecord::new(
             self.pools_for(&request)?,
             request.weight,
             Store::Main,
         ));
+        let answers_due = self.learn_answers(&mut request);
         let rates = self.rate_check(
             request.identity.as_deref(),
             request.rate_limits,
@@ -69,6 +70,9 @@ impl Manager {
             return Err(CoreError::Closed);
         }
         self.start_here()?;
+        if let Some(key) = answers_due {
+            self.read_answer_sizes(key);
+        }
         let line_limits = self.line_limits(&record, &request.resource_lines);
         let admitted = Arc::clone(self).admit(
             record,
@@ -82,6 +86,21 @@ impl Manager {
         // A combinator, not an async block that awaits `admitted`: see `bridge::delivering`.
         Ok(admitted
             .map(move |granted| granted.map_err(|e| if disclose { e } else { e.without_shared_usage() })))
+    }
+
+    /// Sizes a budget's answer from its model's learned size (`answer_estimates.rs`) and names
+    /// the histogram its settlement counts in, in the tag of its first budget's counter (the
+    /// identity paired with that budget's, or the user's). Returns the histogram if a read of
+    /// it is due.
+    fn learn_answers(&self, request: &mut AcquireRequest) -> Option<String> {
+        let identity = request.identity.as_deref()?;
+        let budget = request.budget.as_mut()?;
+        let first = budget.policies.first()?;
+        let paired = request.policy_identities.get(request.rate_limits.len());
+        let counted = paired.and_then(Option::as_deref).unwrap_or(identity);
+        let counter = self.keys.rate_key(counted, first);
+        let due = self.size_by_answers(budget, &counter);
+        due.then(|| budget.answers_key.clone()).flatten()
     }
 
     /// The pools a request takes, its own quota first; refuses what could never be granted.

@@ -6,13 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use super::args::{self, type_name};
-use crate::budget::{BudgetRequest, OnBudget, Price, TOP_UP};
+use crate::budget::{BudgetRequest, OnBudget, Price, AUTO_ANSWER, TOP_UP};
 use crate::rate::price::{answer_price, answer_room, tokens_within};
 use crate::rate::{RatePolicy, MAX_LIMIT};
-
-/// Answer tokens `reserve="auto"` reserves when the request gives no `max_tokens`: LiteLLM's
-/// estimate for the same case, so a stream moved behind this library reserves what it did.
-pub const AUTO_ANSWER: u64 = 1_024;
 
 /// What a request says of its own size, for `reserve="auto"`: its model, the prompt's tokens
 /// and its `max_tokens`, each as given (or None).
@@ -25,7 +21,8 @@ pub struct Sizing<'a, 'py> {
 /// What an acquire asks of its budgets (`budgets`: each budget with the identity it counts, if
 /// not the user's), its cost budgets priced at `price` (the model's); None without any budget
 /// argument. Left out, the reservation is one top-up increment of answer tokens (at most what
-/// the smallest budget pays for).
+/// the smallest budget pays for). A model named (`model=`) learns its answers' sizes from the
+/// stream's settlement.
 pub fn request(
     budgets: Vec<RatePolicy>,
     reserve: Option<&Bound<'_, PyAny>>,
@@ -44,9 +41,13 @@ pub fn request(
         return Ok(None);
     }
     let policies = budgets;
-    let (input, output) = match reserve {
+    let model = args::choice("model", sizing.model)?.filter(|model| !model.is_empty());
+    let (input, output, learned_within) = match reserve {
         Some(reserve) if auto => auto_estimate(reserve, &policies, price.as_ref(), sizing)?,
-        Some(reserve) => estimate(reserve)?,
+        Some(reserve) => {
+            let (input, output) = estimate(reserve)?;
+            (input, output, None)
+        }
         // In answer tokens: what each budget's limit pays for at the model's price.
         None => (
             0,
@@ -54,6 +55,7 @@ pub fn request(
                 .iter()
                 .map(|p| tokens_within(p.limit, answer_price(p.unit, price.as_ref())))
                 .fold(TOP_UP, u64::min),
+            None,
         ),
     };
     let on_budget = match args::choice("on_budget", on_budget)? {
@@ -66,6 +68,9 @@ pub fn request(
         output,
         on_budget,
         price,
+        model,
+        learned_within,
+        answers_key: None,
     }))
 }
 
@@ -76,13 +81,15 @@ pub fn sized_by_request(reserve: Option<&Bound<'_, PyAny>>) -> bool {
 
 /// `reserve="auto"`: the prompt's tokens and the request's `max_tokens`, or without it
 /// `AUTO_ANSWER` answer tokens, at most what every budget holds after the prompt (a
-/// `max_tokens` above that is kept, to be refused as a reservation that never fits).
+/// `max_tokens` above that is kept, to be refused as a reservation that never fits); without
+/// it, what every budget holds after the prompt too, within which the manager puts the model's
+/// learned size in place of `AUTO_ANSWER`.
 fn auto_estimate(
     reserve: &Bound<'_, PyAny>,
     policies: &[RatePolicy],
     price: Option<&Price>,
     sizing: Sizing<'_, '_>,
-) -> PyResult<(u64, u64)> {
+) -> PyResult<(u64, u64, Option<u64>)> {
     if args::choice("reserve", Some(reserve))?.as_deref() != Some("auto") {
         return Err(PyValueError::new_err(format!(
             "reserve={} is not a size: pass \"auto\" (with model=, prompt_tokens= and max_tokens=), an int or a (prompt_tokens, answer_tokens) pair",
@@ -99,13 +106,13 @@ fn auto_estimate(
         .transpose()?
         .unwrap_or(0);
     if let Some(max_tokens) = args::given(sizing.max_tokens) {
-        return Ok((input, tokens("max_tokens", max_tokens)?));
+        return Ok((input, tokens("max_tokens", max_tokens)?, None));
     }
     let room = policies
         .iter()
         .map(|p| answer_room(p.unit, p.limit, price, input))
-        .fold(AUTO_ANSWER, u64::min);
-    Ok((input, room))
+        .fold(MAX_LIMIT, u64::min);
+    Ok((input, AUTO_ANSWER.min(room), Some(room)))
 }
 
 /// `reserve=n` (tokens of the answer, or of prompt and answer together for a `"tokens"` budget)

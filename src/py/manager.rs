@@ -131,6 +131,24 @@ impl Manager {
         }
     }
 
+    /// The answer tokens `reserve="auto"` reserves for `model` without `max_tokens` (before
+    /// the budgets' cap): learned from its settled streams, else 1,024.
+    #[pyo3(signature = (model, user_id = None))]
+    fn answer_estimate<'py>(
+        &self,
+        py: Python<'py>,
+        model: &Bound<'py, PyAny>,
+        user_id: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let model = args::choice("model", Some(model))?.unwrap_or_default();
+        let identity = args::identity(user_id)?;
+        let estimate = self.core.answer_estimate(identity.as_deref(), &model)?;
+        let op = bridge::delivering(estimate, |tokens| {
+            Box::new(move |py: Python<'_>| Ok(tokens.into_pyobject(py)?.into_any().unbind()))
+        });
+        bridge::submit(py, op, self.core.is_embedded(), true)
+    }
+
     /// From now on, every hit and stream start reports which of `alert_at` (fractions of each
     /// policy's limit; a policy's own `RateLimit(alert_at=...)` in their place) it reached
     /// first in the window, across every worker (`RateDecision.thresholds_reached`). The first

@@ -14,6 +14,7 @@ mod manager;
 mod prices;
 mod rate;
 mod scripts;
+mod settle_call;
 
 use pyo3::prelude::*;
 
@@ -30,6 +31,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
     m.add_function(wrap_pyfunction!(scripts::source, m)?)?;
+    m.add_function(wrap_pyfunction!(settle_call::settle_call, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;
     m.add("__version__", python_version(env!("CARGO_PKG_VERSION")))?;
     m.add("TOP_UP_INCREMENT", crate::budget::TOP_UP)?;

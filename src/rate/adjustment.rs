@@ -45,11 +45,21 @@ pub struct Adjustment {
 
 /// Adjustments applied at most once: a stream's settlement, or the give-back of a grant nobody
 /// took or of a top-up answered after the settlement. A call whose answer was lost is sent
-/// again, and the store recognises `id` (see `settle.lua`).
+/// again, and the store recognises `id` (see `settle.lua`), so its answer's size, if it has
+/// one, is counted once too.
 #[derive(Debug, Clone)]
 pub struct Settlement {
     pub id: String,
     pub adjustments: Vec<Adjustment>,
+    pub answer: Option<AnswerSample>,
+}
+
+/// The size of a settled stream's answer, counted in its model's histogram (`key`, in the tag
+/// of the settlement's counters) in `bucket` (`answer_sizes::bucket_of`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerSample {
+    pub key: String,
+    pub bucket: usize,
 }
 
 impl Settlement {
@@ -61,6 +71,7 @@ impl Settlement {
         Settlement {
             id: format!("{lease_id}:untaken"),
             adjustments: refunds,
+            answer: None,
         }
     }
 }

@@ -4,17 +4,19 @@
 //! A policy's definition and checks are in `policy.rs`, a hit's decisions in `decision.rs`, and
 //! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, what a
 //! stream's start is checked against in `start.rs`, how a cost budget prices tokens in
-//! `price.rs`, and the thresholds its use is told at in `alerts.rs`.
+//! `price.rs`, the thresholds its use is told at in `alerts.rs`, and the answer sizes learned
+//! per model from settled streams in `answer_sizes.rs`.
 
 mod adjustment;
 mod alerts;
+pub mod answer_sizes;
 mod calendar;
 mod decision;
 mod policy;
 pub mod price;
 mod start;
 
-pub use self::adjustment::{Adjustment, Settlement, TopUp, ToppedUp};
+pub use self::adjustment::{Adjustment, AnswerSample, Settlement, TopUp, ToppedUp};
 pub use self::alerts::Thresholds;
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{

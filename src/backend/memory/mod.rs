@@ -1,10 +1,11 @@
 //! The embedded store for one process (`memory://`, and the local floor while Redis is down):
 //! the same decisions as the scripts, under one mutex (admission in `acquire.rs`, the waiting
-//! lines in `line.rs`, rate counters in `rate.rs`). Its leases live as long as their holder,
+//! lines in `line.rs`, rate counters in `rate.rs`, answer sizes per model in `answers.rs`). Its leases live as long as their holder,
 //! this process: a lease dropped without a release releases itself, so nothing here expires or
 //! is renewed. Nothing in it ever waits.
 
 mod acquire;
+mod answers;
 mod line;
 mod rate;
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use self::answers::AnswerHistograms;
 use self::line::MemoryLines;
 use self::rate::RateCounters;
 use super::{answered, AcquireOutcome, Backend, InLine};
@@ -43,6 +45,7 @@ struct State {
 pub struct MemoryBackend {
     state: Mutex<State>,
     rates: Mutex<RateCounters>,
+    answers: Mutex<AnswerHistograms>,
 }
 
 impl MemoryBackend {
@@ -53,6 +56,12 @@ impl MemoryBackend {
     /// The rate counters; where the state is locked too, it is locked first.
     fn rates(&self) -> MutexGuard<'_, RateCounters> {
         self.rates.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The histograms of answer sizes; where the rate counters are locked too, they are locked
+    /// first.
+    fn answers(&self) -> MutexGuard<'_, AnswerHistograms> {
+        self.answers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Removes the leases; says whether each was still there.
@@ -166,7 +175,14 @@ impl Backend for MemoryBackend {
         for adjustment in &settlement.adjustments {
             rates.settle(adjustment);
         }
+        if let Some(answer) = &settlement.answer {
+            self.answers().count(answer);
+        }
         answered(Ok(()))
+    }
+
+    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
+        answered(Ok(self.answers().counts(key)))
     }
 
     fn revoke<'a>(

@@ -1,11 +1,14 @@
-//! Token budgets: `lua/topup.lua` (streams' budgets topped up, many in one call) and
-//! `lua/settle.lua` (an ended stream's budgets settled, at most once), both naming their
-//! counters by KEYS index.
+//! Token budgets: `lua/topup.lua` (streams' budgets topped up, many in one call),
+//! `lua/settle.lua` (an ended stream's budgets settled and its answer's size counted, at most
+//! once), both naming their counters by KEYS index, and `lua/answers.lua` (a model's histogram
+//! of answer sizes read).
 
+use super::acquire::KeysAndArgs;
 use super::layout::{unexpected_reply, KeyIndex};
 use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
 use crate::keys;
+use crate::rate::answer_sizes::BUCKETS;
 use crate::rate::{Bucket, Settlement, TopUp, ToppedUp};
 
 /// topup.lua's call: per top-up, the answer tokens it wants, whether it is forced and its count
@@ -66,15 +69,31 @@ pub fn decode_top_up(reply: &[u64], top_ups: &[&TopUp]) -> CoreResult<Vec<Topped
     Ok(answers)
 }
 
-/// settle.lua's call for a settlement (KEYS 1: its marker; then per adjustment the KEYS index
-/// of its counter, algorithm, window in ms, tokens, and the slot and epoch of the bucket to
-/// refund from, 0 0 to charge); None when it changes nothing.
+/// settle.lua's call for a settlement (KEYS 1: its marker, in the tag of its first counter, or
+/// of the histogram when it has none; the KEYS index of the model's histogram and the answer's
+/// bucket, 0 0 without an answer to count; then per adjustment the KEYS index of its counter,
+/// algorithm, window in ms, tokens, and the slot and epoch of the bucket to refund from, 0 0 to
+/// charge); None when it changes nothing.
 pub fn settle_invocation(settlement: &Settlement) -> Option<Invocation> {
-    let first = settlement.adjustments.first()?;
-    let marker = keys::settled_key(&first.key, &settlement.id);
+    let answer = settlement.answer.as_ref();
+    let first = settlement
+        .adjustments
+        .first()
+        .map(|adjustment| &adjustment.key)
+        .or(answer.map(|answer| &answer.key))?;
+    let marker = keys::settled_key(first, &settlement.id);
     let mut invocation = scripts::SETTLE.prepare_invoke();
     let mut keys = KeyIndex::default();
     keys.index(&mut invocation, &marker);
+    match answer {
+        Some(answer) => {
+            let index = keys.index(&mut invocation, &answer.key);
+            invocation.arg(index).arg(answer.bucket);
+        }
+        None => {
+            invocation.arg(0).arg(0);
+        }
+    }
     for adjustment in &settlement.adjustments {
         let index = keys.index(&mut invocation, &adjustment.key);
         invocation
@@ -88,12 +107,25 @@ pub fn settle_invocation(settlement: &Settlement) -> Option<Invocation> {
     Some(invocation)
 }
 
+/// settle.lua's keys and arguments for a settlement, as `settle_invocation` makes them, for
+/// tests that run the script alone; None when it changes nothing.
+pub fn settle_call(settlement: &Settlement) -> Option<KeysAndArgs> {
+    settle_invocation(settlement).map(|call| (call.keys, call.args))
+}
+
+/// answers.lua's call: the histogram of one model (`key`), all its buckets.
+pub fn answers_invocation(key: &str) -> Invocation {
+    let mut invocation = scripts::ANSWERS.prepare_invoke();
+    invocation.key(key).arg(BUCKETS);
+    invocation
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::hit::tests::policy;
     use super::super::layout::read;
     use super::*;
-    use crate::rate::Adjustment;
+    use crate::rate::{Adjustment, AnswerSample};
 
     fn top_up(keys: &[&str]) -> TopUp {
         TopUp {
@@ -147,17 +179,35 @@ mod tests {
         let settlement = Settlement {
             id: "lease-1".into(),
             adjustments: vec![adjustment(30, None), adjustment(20, Bucket::of(5, 1))],
+            answer: None,
         };
         let call = settle_invocation(&settlement).expect("a call");
         assert_eq!(read::keys(&call), ["{u}:settled:lease-1", "{u}:a"]);
         assert_eq!(
             read::args(&call),
-            ["2", "f", "60000", "30", "0", "0", "2", "f", "60000", "20", "5", "1"]
+            ["0", "0", "2", "f", "60000", "30", "0", "0", "2", "f", "60000", "20", "5", "1"]
         );
         let nothing = Settlement {
             id: "lease-2".into(),
             adjustments: Vec::new(),
+            answer: None,
         };
         assert!(settle_invocation(&nothing).is_none());
+    }
+
+    #[test]
+    fn a_settlement_counts_its_answer_in_its_models_histogram_even_with_nothing_to_adjust() {
+        let answer = AnswerSample {
+            key: "{u}:answers:ab".into(),
+            bucket: 9,
+        };
+        let settlement = Settlement {
+            id: "lease-3".into(),
+            adjustments: Vec::new(),
+            answer: Some(answer),
+        };
+        let call = settle_invocation(&settlement).expect("a call");
+        assert_eq!(read::keys(&call), ["{u}:settled:lease-3", "{u}:answers:ab"]);
+        assert_eq!(read::args(&call), ["2", "9"]);
     }
 }

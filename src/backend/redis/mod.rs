@@ -40,6 +40,7 @@ use crate::lease::LeaseRecord;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::acquire::{acquire_call, KeysAndArgs};
+pub use self::budget::settle_call;
 pub use self::scripts::{script_names, script_source};
 pub use self::url::redact;
 
@@ -250,6 +251,10 @@ impl Backend for RedisBackend {
                 None => Ok(()),
             }
         })
+    }
+
+    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
+        Box::pin(async move { self.link.run(&budget::answers_invocation(key)).await })
     }
 
     fn revoke<'a>(

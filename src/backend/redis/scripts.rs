@@ -44,7 +44,7 @@ pub struct Library {
 }
 
 /// Every script by name, with its parts in order: its helpers, then the script's file.
-const SOURCES: [(&str, &[&str]); 16] = [
+const SOURCES: [(&str, &[&str]); 17] = [
     (
         "acquire",
         &[
@@ -68,6 +68,7 @@ const SOURCES: [(&str, &[&str]); 16] = [
     ("revoke", &[include_str!("../../lua/revoke.lua")]),
     ("revoked", &[include_str!("../../lua/revoked.lua")]),
     ("depart", &[include_str!("../../lua/depart.lua")]),
+    ("answers", &[include_str!("../../lua/answers.lua")]),
 ];
 
 /// The names of the scripts, as `script_source` knows them.
@@ -145,6 +146,7 @@ scripts! {
     REVOKE = "revoke";
     REVOKED = "revoked";
     DEPART = "depart";
+    ANSWERS = "answers";
 }
 
 impl LuaScript {
