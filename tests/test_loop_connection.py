@@ -177,22 +177,31 @@ def test_a_loop_closed_with_calls_in_flight_leaks_no_lease(own_redis, key_prefix
         url=own_redis.url,
         config=LeaseConfig(key_prefix=key_prefix, max_per_user=0, max_global=0),
     )
+
+    async def connected() -> None:  # tokio's connection, which the releases take
+        assert await manager.get_active_count() == 0
+
+    asyncio.run(connected())
     loop = LOOP_FACTORIES[loop_name]()
-
-    async def warm() -> None:  # the loop's connection is open
-        await (await manager.acquire("warm")).release()
-
-    loop.run_until_complete(warm())
-    tasks = [loop.create_task(manager.acquire(f"user{i}")) for i in range(32)]
-    # One turn: the acquires' calls go out, and the loop closes before their replies are read.
-    loop.run_until_complete(asyncio.sleep(0))
-    loop.close()
-    del loop, tasks
-    gc.collect()
+    # The loop's connection opens while Redis is paused, and its calls run once the loop is
+    # gone: each grant must be read before its release goes on tokio's connection (Redis
+    # serves two connections in no set order).
+    own_redis.pause()
+    try:
+        tasks = [loop.create_task(manager.acquire(f"user{i}")) for i in range(32)]
+        # One turn: the acquires' calls go out, and the loop closes before their replies come.
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        del loop, tasks
+        gc.collect()
+    finally:
+        own_redis.resume()
 
     async def settled() -> None:
         await count_is(manager, 0)
         assert manager.stats()["held"] == 0
+        # Every grant was released by its own release, none left to the keep-alive's prune.
+        assert manager.stats()["pruned"] == 0
         # The calls cut short by their loop's end said nothing of Redis' health.
         assert not manager.stats()["breaker_open"]
         await manager.aclose()

@@ -10,7 +10,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
 
 use super::tasks::LoopTasks;
+use crate::runtime;
 use crate::sync::lock;
 
 /// Bytes read per `read` call.
@@ -37,6 +38,10 @@ pub struct LoopConnection {
     state: Mutex<State>,
     /// Closed by an error, or by its loop: calls go to a new connection.
     broken: AtomicBool,
+    /// How long a call may take (`redis_timeout`): bounds the reads of a closed loop's replies.
+    limit: Duration,
+    /// Its loop closed: the replies still due are read on a thread of the core's runtime.
+    draining: AtomicBool,
 }
 
 #[derive(Default)]
@@ -66,6 +71,8 @@ impl LoopConnection {
                         stream,
                         state: Mutex::new(State::default()),
                         broken: AtomicBool::new(false),
+                        limit: timeout,
+                        draining: AtomicBool::new(false),
                     });
                 }
                 Err(error) => last = error,
@@ -123,7 +130,7 @@ impl LoopConnection {
             let got = match outcome {
                 Ok(n) => n,
                 Err(ref e) if e.kind() == ErrorKind::Interrupted => 0,
-                Err(ref e) if e.kind() == ErrorKind::WouldBlock => {
+                Err(ref e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                     state.read.truncate(start);
                     return;
                 }
@@ -158,12 +165,47 @@ impl LoopConnection {
                     }
                 }
             }
+            // Read with blocking calls once its loop closed: no more than is due.
+            if self.draining.load(Ordering::Acquire) && state.pending.is_empty() {
+                return;
+            }
         }
     }
 
-    /// Fails every call in flight, and the connection: its loop closed. The error says so (a
-    /// client-side error, `LOOP_CLOSED`): it tells nothing of Redis' health.
-    pub fn close_for_loop(&self) {
+    /// Its loop closed: no call comes any more, and the replies still due are read on a
+    /// blocking thread of the core's runtime, each within the call limit, so that their
+    /// callers (finishing on tokio) learn what Redis did. A grant must come back to be released
+    /// after it: a release sent on another connection could run before it. What does not come
+    /// within the limit fails as `LOOP_CLOSED` (a client-side error: it tells nothing of Redis'
+    /// health).
+    pub fn close_for_loop(self: &Arc<Self>) {
+        self.broken.store(true, Ordering::Release);
+        if lock(&self.state).pending.is_empty() {
+            return;
+        }
+        self.draining.store(true, Ordering::Release);
+        let connection = Arc::clone(self);
+        runtime::handle().spawn_blocking(move || connection.read_what_is_due());
+    }
+
+    fn read_what_is_due(&self) {
+        let blocking = self
+            .stream
+            .set_nonblocking(false)
+            .and_then(|()| self.stream.set_read_timeout(Some(self.limit)))
+            .and_then(|()| self.stream.set_write_timeout(Some(self.limit)));
+        if blocking.is_ok() && !self.flush() {
+            loop {
+                let due = lock(&self.state).pending.len();
+                if due == 0 {
+                    break;
+                }
+                self.readable();
+                if lock(&self.state).pending.len() == due {
+                    break; // nothing came within the limit
+                }
+            }
+        }
         let closed = (redis::ErrorKind::Client, LOOP_CLOSED).into();
         self.fail_with(lock(&self.state), closed);
     }
@@ -217,19 +259,19 @@ impl LoopTasks {
         owner: u64,
         address: &str,
         timeout: Duration,
-    ) -> std::io::Result<std::sync::Arc<LoopConnection>> {
+    ) -> std::io::Result<Arc<LoopConnection>> {
         let mut connections = lock(&self.shared().connections);
         if let Some(open) = connections.iter().find(|c| c.owner == owner && !c.is_broken()) {
-            return Ok(std::sync::Arc::clone(open));
+            return Ok(Arc::clone(open));
         }
-        let opened = std::sync::Arc::new(LoopConnection::open(owner, address, timeout)?);
-        connections.push(std::sync::Arc::clone(&opened));
+        let opened = Arc::new(LoopConnection::open(owner, address, timeout)?);
+        connections.push(Arc::clone(&opened));
         Ok(opened)
     }
 
     /// The loop's connections, for the binding to watch (broken ones too: it stops watching
     /// them, then `retire`s them).
-    pub fn connections(&self) -> Vec<std::sync::Arc<LoopConnection>> {
+    pub fn connections(&self) -> Vec<Arc<LoopConnection>> {
         lock(&self.shared().connections).clone()
     }
 

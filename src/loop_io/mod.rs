@@ -8,7 +8,7 @@
 mod connection;
 mod tasks;
 
-pub use self::connection::LOOP_CLOSED;
+pub use self::connection::{Reply, LOOP_CLOSED};
 pub use self::tasks::{here, LoopPlace, LoopTasks};
 
 /// The environment variable that turns the loop-thread path on (`1`), read when a manager is

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis::{ConnectionAddr, FromRedisValue};
 
 use super::connection::{is_missing_function, is_without_functions, Link};
-use super::scripts::Invocation;
+use super::scripts::{Invocation, LIBRARY};
 use crate::errors::{CoreError, CoreResult};
-use crate::loop_io::{self, LoopTasks};
+use crate::loop_io::{self, LoopTasks, Reply};
 
 /// Where a link's calls go from an event loop's thread: the address of its Redis, and the key
 /// of its connection there (one per link and loop).
@@ -52,8 +52,8 @@ impl Link {
     }
 
     /// One script call on the loop's connection (opened if needed), within `redis_timeout`. A
-    /// server without the library's function gets it from the tokio path, which loads it (or
-    /// finds the server has no functions) and makes the call.
+    /// server without the library's function gets it on this connection; one without functions
+    /// gets the call from the tokio path, which sends the scripts as scripts from then on.
     pub(super) async fn run_on_loop<T: FromRedisValue>(
         &self,
         tasks: &LoopTasks,
@@ -71,12 +71,27 @@ impl Link {
                     error => error,
                 })?;
             sending.store(true, Ordering::Relaxed);
-            let reply = connection
-                .call(&invocation.fcall())
-                .await
-                .unwrap_or_else(|_| Err((redis::ErrorKind::Client, loop_io::LOOP_CLOSED).into()));
-            match reply.and_then(|value| value.extract_error()) {
-                Err(e) if is_missing_function(&e) || is_without_functions(&e) => Ok(None),
+            let replied = |reply: Result<Reply, _>| {
+                reply
+                    .unwrap_or_else(|_| Err((redis::ErrorKind::Client, loop_io::LOOP_CLOSED).into()))
+                    .and_then(|value| value.extract_error())
+            };
+            let mut reply = replied(connection.call(&invocation.fcall()).await);
+            if matches!(&reply, Err(e) if is_missing_function(e)) {
+                // A server that lost the library (a restart without persistence) gets it on
+                // this connection, then the call again, both in one write.
+                let load = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&LIBRARY.code)
+                    .clone();
+                let (loaded, again) = (connection.call(&load), connection.call(&invocation.fcall()));
+                reply = replied(loaded.await).and(replied(again.await));
+            }
+            match reply {
+                // Redis without functions, or a user not allowed them: the tokio path sends
+                // the scripts as scripts.
+                Err(e) if is_without_functions(&e) => Ok(None),
                 // Not a failure of Redis (it does not open the breaker); the call may have run,
                 // so an acquire gives back what it may have taken.
                 Err(e) if e.kind() == redis::ErrorKind::Client => {
