@@ -9,6 +9,7 @@ import asyncio
 import gc
 import random
 import threading
+import time
 
 import pytest
 
@@ -194,6 +195,7 @@ def test_a_loop_closed_with_calls_in_flight_leaks_no_lease(own_redis, key_prefix
         loop.close()
         del loop, tasks
         gc.collect()
+        time.sleep(0.2)  # what the loop's end sends on tokio's connection reaches Redis first
     finally:
         own_redis.resume()
 
