@@ -126,12 +126,16 @@ async def test_a_stopped_redis_is_unavailable_and_a_restarted_one_admits_again(
     await count_is(manager, 0)
 
 
+@pytest.mark.parametrize("db", [0, 1])
 @pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
 def test_loops_in_threads_have_a_connection_each_closed_with_their_loop(
-    own_redis, key_prefix, loop_name
+    own_redis, key_prefix, loop_name, db
 ):
+    """On db 0, a connection per loop; on another db (outside the switch's scope), the calls
+    stay on tokio's one connection."""
     manager = StreamLeaseManager(
-        url=own_redis.url, config=LeaseConfig(key_prefix=key_prefix, max_global=0)
+        url=own_redis.url.removesuffix("/0") + f"/{db}",
+        config=LeaseConfig(key_prefix=key_prefix, max_global=0),
     )
     loops = 4
     all_connected = threading.Barrier(loops + 1, timeout=30)
@@ -166,7 +170,10 @@ def test_loops_in_threads_have_a_connection_each_closed_with_their_loop(
     for thread in threads:
         thread.join(timeout=30)
     assert not failures, failures
-    assert during >= loops + 1, f"{during} clients: one connection per loop, and the asker"
+    if db == 0:
+        assert during >= loops + 1, f"{during} clients: one connection per loop, and the asker"
+    else:
+        assert during <= 2, f"{during} clients: tokio's connection and the asker, no more"
     gc.collect()  # the loops go, and their connections with them
     wait_until(lambda: connections(own_redis) <= 2, what="the loops' connections to close")
     asyncio.run(manager.aclose())
