@@ -24,6 +24,8 @@ pub struct LeaseHandle {
     usage: Vec<PoolUsage>,
     /// The stream's token budgets (None without any).
     meter: Option<Arc<Meter>>,
+    /// Whether its release makes its call on the event loop's own thread (`crate::loop_io`).
+    on_loop: bool,
 }
 
 impl LeaseHandle {
@@ -33,6 +35,7 @@ impl LeaseHandle {
         rates: Vec<Decision>,
         usage: Vec<PoolUsage>,
         meter: Option<Arc<Meter>>,
+        on_loop: bool,
     ) -> Self {
         LeaseHandle {
             held,
@@ -40,6 +43,7 @@ impl LeaseHandle {
             rates,
             meter,
             usage,
+            on_loop,
         }
     }
 }
@@ -116,6 +120,9 @@ impl LeaseHandle {
         }
         match self.held.release() {
             Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
+            Releasing::Call(call) if self.on_loop => {
+                bridge::run_on_loop(py, bridge::delivering(call, deliver))
+            }
             Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
         }
     }

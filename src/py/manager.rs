@@ -102,6 +102,7 @@ impl Manager {
         let waits = !request.wait.is_zero();
         let acquired = self.core.acquire(request)?;
         let embedded = self.core.is_embedded();
+        let on_loop = self.core.io_on_loop_thread();
         // Held as soon as granted, on the runtime; a result nobody receives (loop gone, future
         // cancelled) drops its handle, which releases the lease, and its grant, which gives back
         // the start's rate units.
@@ -117,7 +118,8 @@ impl Manager {
                 let usage = granted.usage().to_vec();
                 let meter = granted.meter().cloned();
                 let fencing_token = granted.fencing_token();
-                let lease = Py::new(py, LeaseHandle::new(handle, fencing_token, rates, usage, meter))?;
+                let lease = LeaseHandle::new(handle, fencing_token, rates, usage, meter, on_loop);
+                let lease = Py::new(py, lease)?;
                 granted.delivered();
                 Ok(lease.into_any())
             })
@@ -126,6 +128,8 @@ impl Manager {
         // does not wait runs to completion, so it can give back what it took.
         if waits {
             bridge::spawn(py, op, true)
+        } else if on_loop {
+            bridge::run_on_loop(py, op)
         } else {
             bridge::submit(py, op, embedded, false)
         }

@@ -17,6 +17,7 @@ use crate::errors::CoreResult;
 use crate::group_commit::GroupCommit;
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
+use crate::loop_io;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -37,6 +38,8 @@ pub(super) struct Releases {
     pub tracker: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
     calls: Arc<GroupCommit<ReleaseCalls>>,
+    /// The key of the group commit each event loop keeps for releases made on its thread.
+    on_loop: u64,
 }
 
 impl Releases {
@@ -46,8 +49,26 @@ impl Releases {
             calls: Arc::new(GroupCommit::new(ReleaseCalls {
                 stores: Arc::clone(stores),
                 line,
+                on_loop: None,
             })),
+            on_loop: loop_io::owner_id(),
         }
+    }
+
+    /// The group commit where this release runs: its event loop's, on a loop whose thread
+    /// makes the store's calls (`crate::loop_io`), else tokio's.
+    fn calls_here(&self) -> Arc<GroupCommit<ReleaseCalls>> {
+        let Some(tasks) = self.calls.batches().stores.main().loop_here() else {
+            return Arc::clone(&self.calls);
+        };
+        tasks.local(self.on_loop, || {
+            let tokio = self.calls.batches();
+            Arc::new(GroupCommit::new(ReleaseCalls {
+                stores: Arc::clone(&tokio.stores),
+                line: tokio.line.clone(),
+                on_loop: Some(tasks.place()),
+            }))
+        })
     }
 }
 
@@ -102,7 +123,7 @@ impl Leases {
         record: Arc<LeaseRecord>,
         settlement: Option<JoinHandle<()>>,
     ) -> CoreResult<bool> {
-        let released = self.releases.calls.submit(Arc::clone(&record)).await;
+        let released = self.releases.calls_here().submit(Arc::clone(&record)).await;
         self.after_release(&record, released, settlement).await
     }
 

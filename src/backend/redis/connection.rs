@@ -14,6 +14,7 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
+use super::loop_link::LoopTarget;
 use super::scripts::{Invocation, LIBRARY};
 use super::subscription::Subscription;
 use crate::backend::CallStats;
@@ -86,11 +87,18 @@ pub struct Link {
     calls: AtomicU64,
     failed: AtomicU64,
     micros: AtomicU64,
+    /// Where calls made on an event loop's thread go (None: every call goes on tokio).
+    pub(super) on_loop: Option<LoopTarget>,
 }
 
 impl Link {
     pub fn new(endpoint: Endpoint, target: String, timeout: Duration) -> Self {
+        let on_loop = match &endpoint {
+            Endpoint::Standalone(client) => LoopTarget::of(client),
+            _ => None,
+        };
         Link {
+            on_loop,
             endpoint,
             connection: Mutex::new(None),
             target,
@@ -163,7 +171,10 @@ impl Link {
     /// `redis_timeout`.
     pub async fn run<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         let started = Instant::now();
-        let outcome = self.run_bounded(invocation).await;
+        let outcome = match self.loop_here() {
+            Some((tasks, target)) => self.run_on_loop(&tasks, target, invocation).await,
+            None => self.run_bounded(invocation).await,
+        };
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.failed
             .fetch_add(u64::from(outcome.is_err()), Ordering::Relaxed);
@@ -172,7 +183,16 @@ impl Link {
         outcome
     }
 
-    async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
+    /// Whether the scripts go as scripts of their own (EVALSHA), which only the tokio path sends.
+    pub(super) fn scripts_only(&self) -> bool {
+        self.scripts_only.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn deadlines(&self) -> &Deadlines {
+        &self.deadlines
+    }
+
+    pub(super) async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         // Whether the call may have reached Redis (it may then have run there).
         let sending = AtomicBool::new(false);
         let call = async {
@@ -286,7 +306,7 @@ impl Link {
             .map_err(|e| self.error(&e))
     }
 
-    fn timed_out(&self) -> CoreError {
+    pub(super) fn timed_out(&self) -> CoreError {
         CoreError::Unavailable(format!(
             "Redis at {} did not answer within {:.3} s; check that it is running and reachable, or raise LeaseConfig(redis_timeout=...)",
             self.target,
@@ -365,13 +385,13 @@ impl Link {
 }
 
 /// The server has not got the library's function (it never had, or lost it).
-fn is_missing_function(e: &RedisError) -> bool {
+pub(super) fn is_missing_function(e: &RedisError) -> bool {
     e.detail()
         .is_some_and(|detail| detail.contains("Function not found"))
 }
 
 /// The server has no functions (Redis 6: unknown command) or this user may not use them.
-fn is_without_functions(e: &RedisError) -> bool {
+pub(super) fn is_without_functions(e: &RedisError) -> bool {
     e.code() == Some("NOPERM")
         || e.detail()
             .is_some_and(|d| d.contains("unknown command") || d.contains("unknown subcommand"))

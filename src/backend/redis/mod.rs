@@ -14,6 +14,7 @@ mod hit;
 mod keepalive;
 mod layout;
 mod line;
+mod loop_link;
 mod release;
 mod revoke;
 mod scripts;
@@ -37,6 +38,7 @@ use crate::errors::{CoreError, CoreResult};
 use crate::group_commit::GroupCommit;
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
+use crate::loop_io::LoopTasks;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::acquire::{acquire_call, KeysAndArgs};
@@ -67,8 +69,8 @@ impl RedisBackend {
             1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
                 % (HOLDER_IDS - 1);
         Ok(RedisBackend {
-            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link, holder),
-            hits: BatchedCalls::of(&scripts::HIT, &link, holder),
+            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link, holder, None),
+            hits: BatchedCalls::of(&scripts::HIT, &link, holder, None),
             link,
             holder,
             cursors: Mutex::new(HashMap::new()),
@@ -76,9 +78,30 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// The acquires' group commit where this call runs: the event loop's own, on its thread
+    /// (`loop_link.rs`), else the one of tokio.
+    fn acquires_here(&self) -> Arc<GroupCommit<BatchedCalls>> {
+        match self.link.loop_here() {
+            Some((tasks, target)) => tasks.local(target.owner, || {
+                BatchedCalls::of(&scripts::ACQUIRE, &self.link, self.holder, Some(tasks.place()))
+            }),
+            None => Arc::clone(&self.acquires),
+        }
+    }
+}
+
 impl Backend for RedisBackend {
     fn describe(&self) -> String {
         self.link.target.clone()
+    }
+
+    fn io_on_loop_thread(&self) -> bool {
+        self.link.on_loop.is_some()
+    }
+
+    fn loop_here(&self) -> Option<LoopTasks> {
+        self.link.loop_here().map(|(tasks, _)| tasks)
     }
 
     fn is_cluster(&self) -> bool {
@@ -110,7 +133,7 @@ impl Backend for RedisBackend {
                 waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
                 rates: rates.clone(),
             }));
-            let Replied { sent_at_ms, reply } = self.acquires.submit(request).await?;
+            let Replied { sent_at_ms, reply } = self.acquires_here().submit(request).await?;
             decode_acquire(&reply, lease, in_line, &rates.policies, sent_at_ms)
         })
     }

@@ -44,6 +44,26 @@ impl Inbox {
         self.wake(&finished);
     }
 
+    /// Delivers a result on the loop's own thread, which drains the inbox after running its
+    /// tasks: no wake-up needed.
+    pub fn deliver_here(&self, id: u64, completion: Completion) {
+        let mut finished = lock(&self.finished);
+        if self.closed.load(Ordering::Acquire) {
+            drop(finished);
+            drop(completion);
+            return;
+        }
+        finished.push((id, Some(completion)));
+    }
+
+    /// Wakes the loop for its tasks (woken from another thread) unless a wake-up is pending.
+    pub fn wake_loop(&self) {
+        let finished = lock(&self.finished);
+        if !self.closed.load(Ordering::Acquire) {
+            self.wake(&finished);
+        }
+    }
+
     /// Lets the loop drop its hold on a future nothing will resolve, at its next wake-up: no
     /// need to wake it for that, unless forgotten futures pile up (a loop that nothing else
     /// wakes, the embedded store's, would keep them all).

@@ -11,6 +11,7 @@
 
 mod inbox;
 mod loops;
+mod turn;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -65,6 +66,12 @@ impl Resolver {
         self.used = true;
         self.inbox.deliver(self.id, completion);
     }
+
+    /// Resolves from a task on the future's own loop, which resolves it at the end of its turn.
+    fn resolve_here(mut self, completion: Completion) {
+        self.used = true;
+        self.inbox.deliver_here(self.id, completion);
+    }
 }
 
 impl Drop for Resolver {
@@ -77,6 +84,11 @@ impl Drop for Resolver {
 
 /// An asyncio future of the running loop and what resolves it.
 pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver)> {
+    promise_on_loop(py).map(|(future, resolver, _)| (future, resolver))
+}
+
+/// An asyncio future of the running loop, what resolves it, and the loop's bridge.
+fn promise_on_loop(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver, Py<LoopBridge>)> {
     let event_loop = running_loop(py)?;
     let bridge = bridge_for(&event_loop)?;
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
@@ -84,14 +96,12 @@ pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver)> {
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
     let inbox = Arc::clone(&shared.inbox);
-    Ok((
-        future,
-        Resolver {
-            inbox,
-            id,
-            used: false,
-        },
-    ))
+    let resolver = Resolver {
+        inbox,
+        id,
+        used: false,
+    };
+    Ok((future, resolver, bridge))
 }
 
 /// Runs `op` on the core's runtime and returns an asyncio future for its result.
@@ -121,6 +131,34 @@ where
         };
         future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
     }
+    Ok(future)
+}
+
+/// Runs `op` on the running loop's own thread (`crate::loop_io`: its Redis calls go on the
+/// loop's connection) and returns an asyncio future for its result; the op starts at once and
+/// runs to its end, as `spawn`'s that are not abortable (outside a running loop, on the core's
+/// runtime).
+pub fn run_on_loop<'py, F>(py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Completion> + Send + 'static,
+{
+    let (future, resolver, bridge) = match promise_on_loop(py) {
+        Ok(made) => made,
+        Err(error) => {
+            runtime::handle().spawn(op);
+            return Err(error);
+        }
+    };
+    let bridge = bridge.into_bound(py);
+    bridge
+        .get()
+        .tasks
+        .spawn(AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
+            resolver.resolve_here(
+                outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))),
+            );
+        }));
+    LoopBridge::turn(&bridge);
     Ok(future)
 }
 

@@ -1,0 +1,118 @@
+//! A link's calls from an event loop's own thread (`crate::loop_io`, behind the switch): on
+//! that loop's connection to a plain TCP Redis without a password, db 0. Every other URL, and
+//! every call made on tokio (keep-alives, top-ups, waiting, revocations, reaping), goes on
+//! the link's tokio connection. Deadlines and errors are those of the tokio path.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::{ConnectionAddr, FromRedisValue};
+
+use super::connection::{is_missing_function, is_without_functions, Link};
+use super::scripts::{Invocation, LIBRARY};
+use crate::errors::{CoreError, CoreResult};
+use crate::loop_io::{self, LoopTasks, Reply};
+
+/// Where a link's calls go from an event loop's thread: the address of its Redis, and the key
+/// of its connection there (one per link and loop).
+pub struct LoopTarget {
+    pub owner: u64,
+    address: String,
+}
+
+impl LoopTarget {
+    /// The target of `client` when the switch is on and its URL is plain TCP without a
+    /// password, db 0; None otherwise (the link stays on tokio).
+    pub fn of(client: &redis::Client) -> Option<Self> {
+        if !loop_io::switched_on() {
+            return None;
+        }
+        let info = client.get_connection_info();
+        let settings = info.redis_settings();
+        if settings.password().is_some() || settings.username().is_some() || settings.db() != 0 {
+            return None;
+        }
+        match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Some(LoopTarget {
+                owner: loop_io::owner_id(),
+                address: format!("{}:{port}", host.trim_start_matches('[').trim_end_matches(']')),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Link {
+    /// The loop whose thread runs this call, when the link's calls may go on its connection.
+    pub fn loop_here(&self) -> Option<(LoopTasks, &LoopTarget)> {
+        let target = self.on_loop.as_ref()?;
+        if self.scripts_only() {
+            return None;
+        }
+        Some((loop_io::here()?, target))
+    }
+
+    /// One script call on the loop's connection (opened if needed), within `redis_timeout`. A
+    /// server without the library's function gets it on this connection; one without functions
+    /// gets the call from the tokio path, which sends the scripts as scripts from then on.
+    pub(super) async fn run_on_loop<T: FromRedisValue>(
+        &self,
+        tasks: &LoopTasks,
+        target: &LoopTarget,
+        invocation: &Invocation,
+    ) -> CoreResult<T> {
+        // Whether the call may have reached Redis (it may then have run there).
+        let sending = AtomicBool::new(false);
+        let call = async {
+            let connection = tasks
+                .connection(target.owner, &target.address, self.deadlines().limit())
+                .map_err(|e| match self.error(&e.into()) {
+                    // Nothing was sent on a connection that did not open.
+                    CoreError::Unavailable(message) => CoreError::Unreached(message),
+                    error => error,
+                })?;
+            sending.store(true, Ordering::Relaxed);
+            let replied = |reply: Result<Reply, _>| {
+                reply
+                    .unwrap_or_else(|_| Err((redis::ErrorKind::Client, loop_io::LOOP_CLOSED).into()))
+                    .and_then(|value| value.extract_error())
+            };
+            let mut reply = replied(connection.call(&invocation.fcall()).await);
+            if matches!(&reply, Err(e) if is_missing_function(e)) {
+                // A server that lost the library (a restart without persistence) gets it on
+                // this connection, then the call again, both in one write.
+                let load = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&LIBRARY.code)
+                    .clone();
+                let (loaded, again) = (connection.call(&load), connection.call(&invocation.fcall()));
+                reply = replied(loaded.await).and(replied(again.await));
+            }
+            match reply {
+                // Redis without functions, or a user not allowed them: the tokio path sends
+                // the scripts as scripts.
+                Err(e) if is_without_functions(&e) => Ok(None),
+                // Not a failure of Redis (it does not open the breaker); the call may have run,
+                // so an acquire gives back what it may have taken.
+                Err(e) if e.kind() == redis::ErrorKind::Client => {
+                    Err(CoreError::Backend(loop_io::LOOP_CLOSED.into()))
+                }
+                Err(e) => Err(self.error(&e)),
+                Ok(value) => T::from_redis_value(value)
+                    .map(Some)
+                    .map_err(|e| self.error(&e.into())),
+            }
+        };
+        match self.deadlines().within(call).await {
+            Some(Ok(Some(answer))) => Ok(answer),
+            Some(Ok(None)) => self.run_bounded(invocation).await,
+            Some(Err(error)) => Err(error),
+            None => Err(match self.timed_out() {
+                CoreError::Unavailable(message) if !sending.load(Ordering::Relaxed) => {
+                    CoreError::Unreached(message)
+                }
+                timed_out => timed_out,
+            }),
+        }
+    }
+}

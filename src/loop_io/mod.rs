@@ -1,0 +1,27 @@
+//! The core's Redis I/O on an event loop's own thread (experimental, behind the switch
+//! `STREAM_LEASE_IO_ON_LOOP_THREAD=1`): the loop's tasks (`tasks.rs`, a single-threaded
+//! executor the binding runs when the loop wakes it) and its own non-blocking Redis connection
+//! (`connection.rs`, watched by the loop's selector). A call then crosses no thread: the loop
+//! writes the command, reads the reply and resolves its future in one turn. Plain Rust: the
+//! binding (`py/bridge/`) watches the sockets and runs the tasks.
+
+mod connection;
+mod tasks;
+
+pub use self::connection::{Reply, LOOP_CLOSED};
+pub use self::tasks::{here, LoopPlace, LoopTasks};
+
+/// The environment variable that turns the loop-thread path on (`1`), read when a manager is
+/// built.
+pub const SWITCH: &str = "STREAM_LEASE_IO_ON_LOOP_THREAD";
+
+/// A new key for what an owner keeps per loop (`LoopTasks::local`, `LoopTasks::connection`).
+pub fn owner_id() -> u64 {
+    static OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether the switch is on now.
+pub fn switched_on() -> bool {
+    std::env::var(SWITCH).is_ok_and(|value| value.trim() == "1")
+}

@@ -1,0 +1,376 @@
+//! `LoopTasks`: a single-threaded executor of the core's futures on one event loop's thread.
+//! A task woken on that thread is queued and runs at the loop's next turn through the binding
+//! (which runs the queue after every call and callback it serves there); woken from another
+//! thread (a tokio timer, a reply read by tokio), it is queued and the loop is woken once, by
+//! the wake-up the binding gives (its socketpair), until the loop runs its queue again.
+
+use std::any::{Any, TypeId};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Wake, Waker};
+use std::thread::ThreadId;
+
+use super::connection::LoopConnection;
+use crate::runtime;
+use crate::sync::lock;
+
+type Boxed = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The tasks of one event loop, and what they keep per loop (its connections, its batches).
+#[derive(Clone)]
+pub struct LoopTasks {
+    shared: Arc<Shared>,
+}
+
+pub(super) struct Shared {
+    /// The loop's thread: wakers from any other thread also wake the loop.
+    owner: ThreadId,
+    ready: Mutex<VecDeque<Arc<Task>>>,
+    /// Every unfinished task, so that closing drops them all (a task waiting on something that
+    /// never comes would otherwise keep itself alive through its own waker).
+    live: Mutex<HashMap<u64, Arc<Task>>>,
+    next_id: AtomicU64,
+    /// The loop is woken from another thread once until it runs its queue again.
+    wake_sent: AtomicBool,
+    wake_loop: Box<dyn Fn() + Send + Sync>,
+    closed: AtomicBool,
+    /// What the core keeps per loop (a store's batches), by its owner (`owner_id`) and type,
+    /// made on first use on the loop's thread.
+    locals: Mutex<HashMap<(u64, TypeId), Arc<dyn Any + Send + Sync>>>,
+    pub(super) connections: Mutex<Vec<Arc<LoopConnection>>>,
+}
+
+struct Task {
+    id: u64,
+    future: Mutex<Option<Boxed>>,
+    /// In the ready queue (or being run): a wake-up then queues nothing more.
+    queued: AtomicBool,
+    tasks: Weak<Shared>,
+}
+
+impl Wake for Task {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(shared) = self.tasks.upgrade() else {
+            return;
+        };
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        lock(&shared.ready).push_back(Arc::clone(self));
+        if std::thread::current().id() != shared.owner && !shared.wake_sent.swap(true, Ordering::AcqRel) {
+            (shared.wake_loop)();
+        }
+    }
+}
+
+thread_local! {
+    /// The tasks being run on this thread (set while `run_ready` runs).
+    static RUNNING: std::cell::RefCell<Option<LoopTasks>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Clears `RUNNING` when a run ends, a panicking one included.
+struct Running;
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.with(|running| *running.borrow_mut() = None);
+    }
+}
+
+/// The loop whose tasks this thread is running now, if any: what a task polled there uses to
+/// reach its loop's connection and batches.
+pub fn here() -> Option<LoopTasks> {
+    RUNNING.with(|running| running.borrow().clone())
+}
+
+impl LoopTasks {
+    /// The tasks of the loop whose thread calls this; `wake_loop` wakes that loop from another
+    /// thread (the loop then has the binding call `run_ready`).
+    pub fn new(wake_loop: impl Fn() + Send + Sync + 'static) -> Self {
+        LoopTasks {
+            shared: Arc::new(Shared {
+                owner: std::thread::current().id(),
+                ready: Mutex::new(VecDeque::new()),
+                live: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(0),
+                wake_sent: AtomicBool::new(false),
+                wake_loop: Box::new(wake_loop),
+                closed: AtomicBool::new(false),
+                locals: Mutex::new(HashMap::new()),
+                connections: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Queues `future` to run at the next `run_ready`; once the loop closed, it runs on the
+    /// core's runtime instead, so that it finishes (and gives back what it took).
+    pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        if self.shared.closed.load(Ordering::Acquire) {
+            runtime::handle().spawn(future);
+            return;
+        }
+        let task = Arc::new(Task {
+            id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+            future: Mutex::new(Some(Box::pin(future))),
+            queued: AtomicBool::new(true),
+            tasks: Arc::downgrade(&self.shared),
+        });
+        lock(&self.shared.live).insert(task.id, Arc::clone(&task));
+        lock(&self.shared.ready).push_back(task);
+    }
+
+    /// Runs the queued tasks, those they wake included, until none is queued; on the loop's
+    /// thread, inside the core's runtime (so tokio's timers and spawns work from here). A call
+    /// from inside a task (nested) only leaves the queue to the outer one.
+    pub fn run_ready(&self) {
+        if RUNNING.with(|running| running.borrow().is_some()) {
+            return;
+        }
+        // Cleared on every run, an empty one included: a task woken from another thread while
+        // an earlier run ran it leaves the flag set and the queue empty, and a flag left set
+        // would keep every later wake-up from waking the loop.
+        self.shared.wake_sent.store(false, Ordering::Release);
+        if !self.has_ready() {
+            return;
+        }
+        RUNNING.with(|running| *running.borrow_mut() = Some(self.clone()));
+        let _running = Running;
+        let _runtime = runtime::handle().enter();
+        loop {
+            let Some(task) = lock(&self.shared.ready).pop_front() else {
+                break;
+            };
+            // Cleared before the poll: a wake-up during the poll queues the task again.
+            task.queued.store(false, Ordering::Release);
+            let waker = Waker::from(Arc::clone(&task));
+            let mut slot = lock(&task.future);
+            let done = match slot.as_mut() {
+                Some(future) => future.as_mut().poll(&mut Context::from_waker(&waker)).is_ready(),
+                None => false,
+            };
+            if done {
+                let finished = slot.take();
+                drop(slot);
+                lock(&self.shared.live).remove(&task.id);
+                drop(finished);
+            }
+        }
+    }
+
+    /// Whether tasks wait in the queue.
+    pub fn has_ready(&self) -> bool {
+        !lock(&self.shared.ready).is_empty()
+    }
+
+    /// The `T` that `owner` (an `owner_id`) keeps on this loop, made by `make` on first use.
+    pub fn local<T: Send + Sync + 'static>(&self, owner: u64, make: impl FnOnce() -> Arc<T>) -> Arc<T> {
+        let key = (owner, TypeId::of::<T>());
+        let mut locals = lock(&self.shared.locals);
+        if let Some(kept) = locals
+            .get(&key)
+            .and_then(|kept| Arc::clone(kept).downcast::<T>().ok())
+        {
+            return kept;
+        }
+        let made = make();
+        locals.insert(key, Arc::clone(&made) as Arc<dyn Any + Send + Sync>);
+        made
+    }
+
+    /// A handle that spawns on this loop while it lives, without keeping it alive.
+    pub fn place(&self) -> LoopPlace {
+        LoopPlace(Arc::downgrade(&self.shared))
+    }
+
+    /// The loop closed or went away: its connections fail the calls in flight, and its tasks
+    /// finish on the core's runtime (an acquire whose reply is lost gives back what its call may
+    /// have taken, as one whose connection broke; batches still queued go on tokio's
+    /// connection), so none hangs or leaks a lease.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let connections = std::mem::take(&mut *lock(&self.shared.connections));
+        for connection in &connections {
+            connection.close_for_loop();
+        }
+        let tasks: Vec<Arc<Task>> = lock(&self.shared.live).drain().map(|(_, task)| task).collect();
+        lock(&self.shared.ready).clear();
+        for task in tasks {
+            let future = lock(&task.future).take();
+            if let Some(future) = future {
+                runtime::handle().spawn(future);
+            }
+        }
+        let locals = std::mem::take(&mut *lock(&self.shared.locals));
+        drop(locals);
+    }
+}
+
+/// Where a task of a loop goes: spawned there while the loop lives, on the core's runtime once
+/// it closed or went away.
+#[derive(Clone)]
+pub struct LoopPlace(Weak<Shared>);
+
+impl LoopPlace {
+    pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        match self.0.upgrade() {
+            Some(shared) => LoopTasks { shared }.spawn(future),
+            None => drop(runtime::handle().spawn(future)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    fn counted_tasks() -> (LoopTasks, Arc<AtomicUsize>) {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&wakes);
+        let tasks = LoopTasks::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        (tasks, wakes)
+    }
+
+    #[test]
+    fn tasks_run_on_the_loop_thread_and_wake_it_once_from_another() {
+        let (tasks, wakes) = counted_tasks();
+        let (first, first_answer) = tokio::sync::oneshot::channel::<u32>();
+        let (second, second_answer) = tokio::sync::oneshot::channel::<u32>();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        for answer in [first_answer, second_answer] {
+            let got = Arc::clone(&got);
+            tasks.spawn(async move {
+                let value = answer.await.unwrap();
+                lock(&got).push((value, std::thread::current().id()));
+            });
+        }
+        tasks.run_ready();
+        assert!(
+            lock(&got).is_empty() && !tasks.has_ready(),
+            "both wait for their answer"
+        );
+        std::thread::spawn(move || {
+            first.send(1).unwrap();
+            second.send(2).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            wakes.load(Ordering::SeqCst),
+            1,
+            "two wake-ups from another thread, one wake"
+        );
+        tasks.run_ready();
+        let me = std::thread::current().id();
+        assert_eq!(*lock(&got), [(1, me), (2, me)]);
+        assert!(
+            lock(&tasks.shared.live).is_empty(),
+            "finished tasks are forgotten"
+        );
+    }
+
+    #[test]
+    fn a_task_run_before_its_wake_up_arrives_leaves_later_wake_ups_working() {
+        let (tasks, wakes) = counted_tasks();
+        let (first, first_answer) = tokio::sync::oneshot::channel::<u32>();
+        let (second, second_answer) = tokio::sync::oneshot::channel::<u32>();
+        tasks.spawn(async move {
+            first_answer.await.unwrap();
+            second_answer.await.unwrap();
+        });
+        // Another task wakes the first from another thread during the run, which then runs it.
+        tasks.spawn(async move {
+            std::thread::spawn(move || first.send(1).unwrap()).join().unwrap();
+        });
+        tasks.run_ready();
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        tasks.run_ready(); // the loop's wake-up: its run finds nothing queued
+        std::thread::spawn(move || second.send(2).unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(
+            wakes.load(Ordering::SeqCst),
+            2,
+            "the next wake-up from another thread wakes the loop"
+        );
+        tasks.run_ready();
+        assert!(lock(&tasks.shared.live).is_empty());
+    }
+
+    #[test]
+    fn a_wake_up_on_the_loop_thread_queues_without_waking_the_loop() {
+        let (tasks, wakes) = counted_tasks();
+        let (sender, answer) = tokio::sync::oneshot::channel::<u32>();
+        tasks.spawn(async move {
+            answer.await.unwrap();
+        });
+        tasks.run_ready();
+        sender.send(1).unwrap();
+        assert!(tasks.has_ready());
+        assert_eq!(wakes.load(Ordering::SeqCst), 0);
+        tasks.run_ready();
+        assert!(lock(&tasks.shared.live).is_empty());
+    }
+
+    #[test]
+    fn the_tasks_of_a_closed_loop_finish_on_the_runtime() {
+        let (tasks, _) = counted_tasks();
+        let (sender, answer) = tokio::sync::oneshot::channel::<u32>();
+        let (finished, finished_on) = std::sync::mpsc::channel();
+        let mine = std::thread::current().id();
+        tasks.spawn({
+            let finished = finished.clone();
+            async move {
+                let value = answer.await.unwrap();
+                finished.send((value, std::thread::current().id())).unwrap();
+            }
+        });
+        tasks.run_ready();
+        tasks.close();
+        sender.send(5).unwrap();
+        let (value, thread) = finished_on
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(value, 5);
+        assert_ne!(
+            thread, mine,
+            "it finished on the runtime, not on the closed loop's thread"
+        );
+        tasks.spawn(async move { finished.send((6, std::thread::current().id())).unwrap() });
+        tasks.run_ready();
+        let (value, thread) = finished_on
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(value, 6);
+        assert_ne!(thread, mine, "a task spawned later runs there too");
+    }
+
+    #[test]
+    fn a_loop_keeps_one_of_each_local_per_owner() {
+        let (tasks, _) = counted_tasks();
+        let first = tasks.local(7, || Arc::new(AtomicUsize::new(1)));
+        let again = tasks.local(7, || Arc::new(AtomicUsize::new(2)));
+        assert!(Arc::ptr_eq(&first, &again));
+        let other = tasks.local(8, || Arc::new(AtomicUsize::new(3)));
+        assert_eq!(other.load(Ordering::SeqCst), 3);
+        let another_type = tasks.local(7, || Arc::new(AtomicBool::new(true)));
+        assert!(another_type.load(Ordering::SeqCst), "one of each type per owner");
+    }
+}

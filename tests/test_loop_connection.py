@@ -1,0 +1,218 @@
+"""The hot path on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``, read when
+a manager is built): acquires that do not wait and releases make their Redis calls on a
+connection of the loop's own, one per loop; everything else stays on the core's runtime. Each
+case runs with the switch on, on asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import threading
+import time
+
+import pytest
+
+from fastapi_stream_lease import BackendUnavailable, LeaseConfig, StreamLeaseManager
+
+from support.loops import LOOP_FACTORIES, on_every_loop
+from support.redis_servers import RedisServer
+from support.waiting import count_is, eventually, wait_until
+
+SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
+
+
+@pytest.fixture(autouse=True)
+def io_on_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SWITCH, "1")
+
+
+def connections(server: RedisServer) -> int:
+    """Clients connected to ``server``, the one that asks included."""
+    return server.cli("CLIENT", "LIST").count("id=")
+
+
+async def admits_again(manager: StreamLeaseManager) -> None:
+    async def admitted() -> bool:
+        try:
+            await (await manager.acquire("probe")).release()
+        except BackendUnavailable:
+            return False
+        return True
+
+    await eventually(admitted, what="admissions to resume once Redis answers")
+
+
+@on_every_loop
+async def test_lease_cycles_one_at_a_time_and_many_at_once(make_own_redis_manager):
+    manager = make_own_redis_manager(max_per_user=0, max_global=64)
+    for _ in range(30):
+        lease = await manager.acquire("alice")
+        assert await lease.release() is True
+    leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(64)))
+    assert manager.stats()["held"] == 64
+    await count_is(manager, 64)
+    assert all(await asyncio.gather(*(lease.release() for lease in leases)))
+    await count_is(manager, 0)
+    assert manager.stats()["held"] == 0
+    assert manager.stats()["redis_call_failures"] == 0
+
+
+@on_every_loop
+async def test_a_wrapped_stream_releases_its_lease_at_its_end(make_own_redis_manager):
+    manager = make_own_redis_manager(max_per_user=1)
+    lease = await manager.acquire("alice")
+    assert [x async for x in lease.wrap(["x", "y"])] == ["x", "y"]
+    await count_is(manager, 0, "alice")
+    again = await manager.acquire("alice")  # the slot is free
+    await again.release()
+
+
+@on_every_loop
+async def test_acquires_cancelled_mid_call_leave_no_ghost_lease(make_own_redis_manager):
+    manager = make_own_redis_manager(max_per_user=0, max_global=0)
+    rng = random.Random(7)
+    kept = []
+
+    async def one(i: int) -> None:
+        task = asyncio.create_task(manager.acquire(f"user{i % 11}"))
+        await asyncio.sleep(rng.random() * 0.003)
+        task.cancel()
+        try:
+            kept.append(await task)
+        except asyncio.CancelledError:
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(200)))
+    await count_is(manager, len(kept))
+    for lease in kept:
+        await lease.release()
+    await count_is(manager, 0)
+    assert manager.stats()["held"] == 0
+
+
+@on_every_loop
+async def test_a_paused_redis_costs_one_timeout_then_the_breaker_answers(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(redis_timeout=0.3)
+    await (await manager.acquire("alice")).release()  # the loop's connection is open
+    own_redis.pause()
+    try:
+        with pytest.raises(BackendUnavailable, match="did not answer"):
+            await manager.acquire("alice")
+        assert manager.stats()["breaker_open"]
+        with pytest.raises(BackendUnavailable, match="circuit breaker"):
+            await manager.acquire("alice")
+    finally:
+        own_redis.resume()
+    await admits_again(manager)
+    assert not manager.stats()["breaker_open"]
+
+
+@on_every_loop
+async def test_a_stopped_redis_is_unavailable_and_a_restarted_one_admits_again(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(redis_timeout=0.3)
+    held = await manager.acquire("alice")
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable) as refused:
+        await manager.acquire("bob")
+    assert refused.value.as_response().status_code == 503
+    own_redis.start()
+    await admits_again(manager)
+    await held.release()
+    await count_is(manager, 0)
+
+
+@pytest.mark.parametrize("db", [0, 1])
+@pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
+def test_loops_in_threads_have_a_connection_each_closed_with_their_loop(
+    own_redis, key_prefix, loop_name, db
+):
+    """On db 0, a connection per loop; on another db (outside the switch's scope), the calls
+    stay on tokio's one connection."""
+    manager = StreamLeaseManager(
+        url=own_redis.url.removesuffix("/0") + f"/{db}",
+        config=LeaseConfig(key_prefix=key_prefix, max_global=0),
+    )
+    loops = 4
+    all_connected = threading.Barrier(loops + 1, timeout=30)
+    counted = threading.Barrier(loops + 1, timeout=30)
+    failures: list[BaseException] = []
+
+    async def cycles(worker: int) -> None:
+        for _ in range(20):
+            lease = await manager.acquire(f"user{worker}")
+            await lease.release()
+        # Each loop keeps its connection while it lives; the main thread counts them.
+        await asyncio.get_running_loop().run_in_executor(None, all_connected.wait)
+        await asyncio.get_running_loop().run_in_executor(None, counted.wait)
+
+    def worker(i: int) -> None:
+        loop = LOOP_FACTORIES[loop_name]()
+        try:
+            loop.run_until_complete(cycles(i))
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+            all_connected.abort()
+            counted.abort()
+        finally:
+            loop.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(loops)]
+    for thread in threads:
+        thread.start()
+    all_connected.wait()
+    during = connections(own_redis)
+    counted.wait()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not failures, failures
+    if db == 0:
+        assert during >= loops + 1, f"{during} clients: one connection per loop, and the asker"
+    else:
+        assert during <= 2, f"{during} clients: tokio's connection and the asker, no more"
+    gc.collect()  # the loops go, and their connections with them
+    wait_until(lambda: connections(own_redis) <= 2, what="the loops' connections to close")
+    asyncio.run(manager.aclose())
+
+
+@pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
+def test_a_loop_closed_with_calls_in_flight_leaks_no_lease(own_redis, key_prefix, loop_name):
+    manager = StreamLeaseManager(
+        url=own_redis.url,
+        config=LeaseConfig(key_prefix=key_prefix, max_per_user=0, max_global=0),
+    )
+
+    async def connected() -> None:  # tokio's connection, which the releases take
+        assert await manager.get_active_count() == 0
+
+    asyncio.run(connected())
+    loop = LOOP_FACTORIES[loop_name]()
+    # The loop's connection opens while Redis is paused, and its calls run once the loop is
+    # gone: each grant must be read before its release goes on tokio's connection (Redis
+    # serves two connections in no set order).
+    own_redis.pause()
+    try:
+        tasks = [loop.create_task(manager.acquire(f"user{i}")) for i in range(32)]
+        # One turn: the acquires' calls go out, and the loop closes before their replies come.
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        del loop, tasks
+        gc.collect()
+        time.sleep(0.2)  # what the loop's end sends on tokio's connection reaches Redis first
+    finally:
+        own_redis.resume()
+
+    async def settled() -> None:
+        await count_is(manager, 0)
+        assert manager.stats()["held"] == 0
+        # Every grant was released by its own release, none left to the keep-alive's prune.
+        assert manager.stats()["pruned"] == 0
+        # The calls cut short by their loop's end said nothing of Redis' health.
+        assert not manager.stats()["breaker_open"]
+        await manager.aclose()
+
+    asyncio.run(settled())
