@@ -17,7 +17,7 @@ from fastapi_stream_lease import BackendUnavailable, LeaseConfig, StreamLeaseMan
 
 from support.loops import LOOP_FACTORIES, on_every_loop
 from support.redis_servers import RedisServer
-from support.waiting import count_is, eventually, wait_until
+from support.waiting import admits_again, count_is, wait_until
 
 SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
 
@@ -30,17 +30,6 @@ def io_on_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 def connections(server: RedisServer) -> int:
     """Clients connected to ``server``, the one that asks included."""
     return server.cli("CLIENT", "LIST").count("id=")
-
-
-async def admits_again(manager: StreamLeaseManager) -> None:
-    async def admitted() -> bool:
-        try:
-            await (await manager.acquire("probe")).release()
-        except BackendUnavailable:
-            return False
-        return True
-
-    await eventually(admitted, what="admissions to resume once Redis answers")
 
 
 @on_every_loop

@@ -24,23 +24,10 @@ from fastapi_stream_lease import (
 
 from support.redis_servers import RedisServer
 from support.tls import require_tls, tls_server
-from support.waiting import eventually, renewals_ran
+from support.waiting import admits_again, eventually, renewals_ran
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SECRET_VARIABLE = "STREAM_LEASE_IDENTITY_SECRET"
-
-
-async def admits_again(manager: StreamLeaseManager, what: str) -> None:
-    """Waits until an acquire (released at once) works again after an outage."""
-
-    async def admitted() -> bool:
-        try:
-            await (await manager.acquire("probe")).release()
-        except BackendUnavailable:
-            return False
-        return True
-
-    await eventually(admitted, what=what)
 
 
 async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_manager,

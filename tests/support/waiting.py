@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -66,3 +66,17 @@ async def renewals_ran(manager, calls: int = 2, timeout: float = 10.0) -> None:
         lambda: manager.stats()["redis_calls"] >= start + calls, timeout,
         what=f"{calls} renewal calls",
     )
+
+
+async def admits_again(manager: Any, what: str = "admissions to resume once Redis answers") -> None:
+    """Waits until an acquire (released at once) works again after an outage."""
+    from fastapi_stream_lease import BackendUnavailable
+
+    async def admitted() -> bool:
+        try:
+            await (await manager.acquire("probe")).release()
+        except BackendUnavailable:
+            return False
+        return True
+
+    await eventually(admitted, what=what)

@@ -13,10 +13,12 @@ use crate::sync::lock;
 /// drop its hold on them.
 const FORGOTTEN_BEFORE_A_WAKE_UP: usize = 64;
 
+/// Results for the loop's futures by id; None forgets a future nothing will resolve.
+type Finished = Vec<(u64, Option<Completion>)>;
+
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 pub(super) struct Inbox {
-    /// Results for the loop's futures by id; None forgets a future nothing will resolve.
-    pub finished: Mutex<Vec<(u64, Option<Completion>)>>,
+    pub finished: Mutex<Finished>,
     pub wake_pending: AtomicBool,
     waker: UnixStream,
     /// The loop closed or went away: results are dropped on arrival (a grant releases itself).
@@ -34,26 +36,28 @@ impl Inbox {
     }
 
     pub fn deliver(&self, id: u64, completion: Completion) {
-        let mut finished = lock(&self.finished);
-        if self.closed.load(Ordering::Acquire) {
-            drop(finished);
-            drop(completion);
-            return;
+        if let Some(finished) = self.push(id, completion) {
+            self.wake(&finished);
         }
-        finished.push((id, Some(completion)));
-        self.wake(&finished);
     }
 
     /// Delivers a result on the loop's own thread, which drains the inbox after running its
     /// tasks: no wake-up needed.
     pub fn deliver_here(&self, id: u64, completion: Completion) {
+        self.push(id, completion);
+    }
+
+    /// Queues a result, or drops it (outside the lock) when the loop is gone; the queue stays
+    /// locked for the caller's wake-up.
+    fn push(&self, id: u64, completion: Completion) -> Option<MutexGuard<'_, Finished>> {
         let mut finished = lock(&self.finished);
         if self.closed.load(Ordering::Acquire) {
             drop(finished);
             drop(completion);
-            return;
+            return None;
         }
         finished.push((id, Some(completion)));
+        Some(finished)
     }
 
     /// Wakes the loop for its tasks (woken from another thread) unless a wake-up is pending.
@@ -80,7 +84,7 @@ impl Inbox {
 
     /// Wakes the loop unless a wake-up is pending. Takes the guard of `finished` to be written
     /// under the lock that `close` takes, so never after the loop's end is gone (no SIGPIPE).
-    fn wake(&self, _finished: &MutexGuard<'_, Vec<(u64, Option<Completion>)>>) {
+    fn wake(&self, _finished: &MutexGuard<'_, Finished>) {
         if !self.wake_pending.swap(true, Ordering::AcqRel) {
             // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
             let _ = (&self.waker).write(&[1]);
