@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::batched::{batch_call, OneCall, Undo};
 use super::budget::settle_invocation;
 use super::hit::{decisions, rate_args, RATE_ANSWER_LEN};
-use super::layout::{unexpected_reply, Shape};
+use super::layout::{unexpected_reply, KeysAndArgs, Shape};
 use super::line::{leave_invocation, line_keys};
 use super::release::release_invocation;
 use super::scripts::{self, Invocation};
@@ -84,9 +84,6 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
     rate_args(&mut invocation, &rates.policies, &rates.costs);
     OneCall::of(invocation, Some(head), &lease.holders, None)
 }
-
-/// A call's keys and arguments, as sent.
-pub type KeysAndArgs = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 /// The keys and arguments of the call that decides `leases` (each under its id, at least one,
 /// all in one tag) in order for `holder`, leases of `ttl_ms`, without a line or rate policies:

@@ -3,7 +3,7 @@
 //! once), both naming their counters by KEYS index, and `lua/answers.lua` (a model's histogram
 //! of answer sizes read).
 
-use super::acquire::KeysAndArgs;
+use super::layout::KeysAndArgs;
 use super::layout::{unexpected_reply, KeyIndex};
 use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;

@@ -12,6 +12,10 @@ use crate::errors::CoreError;
 #[derive(Default)]
 pub struct Shape(String);
 
+/// A call's keys and arguments, as sent (what the private functions of tests and benchmarks
+/// answer).
+pub type KeysAndArgs = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// What a shape holds: `shape_of` reads runs of digits, so a sign or a fraction would shift
 /// every number after it.
 pub trait Unsigned: std::fmt::Display {}

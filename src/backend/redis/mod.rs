@@ -41,8 +41,9 @@ use crate::lease::LeaseRecord;
 use crate::loop_io::LoopTasks;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
-pub use self::acquire::{acquire_call, KeysAndArgs};
+pub use self::acquire::acquire_call;
 pub use self::budget::settle_call;
+pub use self::layout::KeysAndArgs;
 pub use self::scripts::{script_names, script_source};
 pub use self::url::redact;
 
