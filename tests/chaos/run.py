@@ -25,8 +25,9 @@ from chaos.settings import Settings
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY = 0.3
-# How long a settlement's marker lives (settle.lua).
+# How long a settlement's marker and a model's answer sizes live (settle.lua).
 SETTLED_MS = 600_000
+ANSWERS_MS = 7 * 86_400_000
 RSS_EVERY = 2.0
 # Read by the auditor's own script: Redis' clock, the holders, every pool, in one atomic step.
 SAMPLE_SCRIPT = """
@@ -303,8 +304,10 @@ class ChaosRun:
         markers it leaves expire (1 s). The tag's
         clock (``holders:clock``, the clock-step guard's) is written by any call in the tag and
         lives 1 h; a budgeted stream's settlement marker (``settled:<id>``, which keeps a
-        retried settlement from counting twice) lives 10 minutes. Every key seen meanwhile must
-        have a TTL, those two within their lifetimes."""
+        retried settlement from counting twice) lives 10 minutes, and a model's answer sizes
+        (``answers:<model>``, what ``reserve="auto"`` learns from) a week after its last
+        settlement. Every key seen meanwhile must have a TTL, those three within their
+        lifetimes."""
         b = self.bounds
         t_gone = now()
         kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
@@ -330,9 +333,10 @@ class ChaosRun:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
                     if await client.pttl(key) == -1:
                         no_ttl.add(key)
-                left = [key for key in keys if key != clock and b":settled:" not in key]
+                left = [key for key in keys if key != clock and _outlives_drain(key) is None]
                 for key in keys:
-                    if b":settled:" in key and await client.pttl(key) > SETTLED_MS:
+                    lifetime = _outlives_drain(key)
+                    if lifetime is not None and await client.pttl(key) > lifetime:
                         no_ttl.add(key)
                 counting = counting or any(b":walked:" not in key for key in left)
                 if not left or now() > deadline:
@@ -368,6 +372,8 @@ class ChaosRun:
                     held: object = await client.zrange(key, 0, 9, withscores=True)
                 elif kind == "set":
                     held = sorted(await client.smembers(key))[:10]  # type: ignore[misc]
+                elif kind == "hash":
+                    held = await client.hgetall(key)  # type: ignore[misc]
                 else:
                     held = await client.get(key)
                 parts.append(f"{key.decode()} ({kind}, pttl {await client.pttl(key)}): {held}")
@@ -395,6 +401,15 @@ class ChaosRun:
             f"{self.redis_memory_before >> 10} -> {self.redis_memory_after >> 10}")
 
 
+def _outlives_drain(key: bytes) -> int | None:
+    """The lifetime (ms) of a key meant to outlast the streams that wrote it, else None."""
+    if b":settled:" in key:
+        return SETTLED_MS
+    if b":answers:" in key:
+        return ANSWERS_MS
+    return None
+
+
 def _kind_of_key(key: str, tag: str) -> str:
     """A key's family: ``holders:*``, ``line``, ``user:*``..."""
     parts = key[len(tag) + 1:].split(":")
@@ -404,8 +419,8 @@ def _kind_of_key(key: str, tag: str) -> str:
         return "holders:<id>:members" if parts[-1] == "members" else "holders:<id>"
     if parts[0] == "user":
         return "user:*"
-    if parts[0] == "settled":
-        return "settled:<id>"
+    if parts[0] in ("settled", "answers"):
+        return f"{parts[0]}:<id>"
     return ":".join(parts)
 
 
