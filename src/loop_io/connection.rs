@@ -89,6 +89,12 @@ impl LoopConnection {
         self.broken.load(Ordering::Acquire)
     }
 
+    /// Whether a command waits for its reply, or to be written.
+    pub fn is_waiting(&self) -> bool {
+        let state = lock(&self.state);
+        !state.pending.is_empty() || state.written < state.out.len()
+    }
+
     /// Queues `cmd`, to be written at the end of the loop's turn; resolves to its reply.
     pub fn call(&self, cmd: &Cmd) -> oneshot::Receiver<Reply> {
         let (sender, reply) = oneshot::channel();
@@ -266,6 +272,8 @@ impl LoopTasks {
         }
         let opened = Arc::new(LoopConnection::open(owner, address, timeout)?);
         connections.push(Arc::clone(&opened));
+        drop(connections);
+        self.start_relief();
         Ok(opened)
     }
 

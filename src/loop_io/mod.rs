@@ -1,11 +1,13 @@
 //! The core's Redis I/O on an event loop's own thread (experimental, behind the switch
 //! `STREAM_LEASE_IO_ON_LOOP_THREAD=1`): the loop's tasks (`tasks.rs`, a single-threaded
 //! executor the binding runs when the loop wakes it) and its own non-blocking Redis connection
-//! (`connection.rs`, watched by the loop's selector). A call then crosses no thread: the loop
+//! (`connection.rs`, watched by the loop's selector), and the relief of a loop its application
+//! blocks (`relief.rs`). A call then crosses no thread: the loop
 //! writes the command, reads the reply and resolves its future in one turn. Plain Rust: the
 //! binding (`py/bridge/`) watches the sockets and runs the tasks.
 
 mod connection;
+mod relief;
 mod tasks;
 
 pub use self::connection::{Reply, LOOP_CLOSED};

@@ -35,8 +35,13 @@ pub(super) struct Shared {
     next_id: AtomicU64,
     /// The loop is woken from another thread once until it runs its queue again.
     wake_sent: AtomicBool,
-    wake_loop: Box<dyn Fn() + Send + Sync>,
-    closed: AtomicBool,
+    pub(super) wake_loop: Box<dyn Fn() + Send + Sync>,
+    pub(super) closed: AtomicBool,
+    /// The loop's turns so far, for the relief to tell a blocked loop (`relief.rs`).
+    pub(super) turns: AtomicU64,
+    /// Held by whoever runs the queue: the loop, or the relief while the loop is blocked.
+    pub(super) runner: Mutex<()>,
+    pub(super) relief_started: AtomicBool,
     /// What the core keeps per loop (a store's batches), by its owner (`owner_id`) and type,
     /// made on first use on the loop's thread.
     locals: Mutex<HashMap<(u64, TypeId), Arc<dyn Any + Send + Sync>>>,
@@ -106,6 +111,9 @@ impl LoopTasks {
                 wake_sent: AtomicBool::new(false),
                 wake_loop: Box::new(wake_loop),
                 closed: AtomicBool::new(false),
+                turns: AtomicU64::new(0),
+                runner: Mutex::new(()),
+                relief_started: AtomicBool::new(false),
                 locals: Mutex::new(HashMap::new()),
                 connections: Mutex::new(Vec::new()),
             }),
@@ -114,6 +122,10 @@ impl LoopTasks {
 
     pub(super) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    pub(super) fn from_shared(shared: Arc<Shared>) -> Self {
+        LoopTasks { shared }
     }
 
     /// Queues `future` to run at the next `run_ready`; once the loop closed, it runs on the
@@ -135,7 +147,8 @@ impl LoopTasks {
 
     /// Runs the queued tasks, those they wake included, until none is queued; on the loop's
     /// thread, inside the core's runtime (so tokio's timers and spawns work from here). A call
-    /// from inside a task (nested) only leaves the queue to the outer one.
+    /// from inside a task (nested) only leaves the queue to the outer one. Counts a turn of the
+    /// loop.
     pub fn run_ready(&self) {
         if RUNNING.with(|running| running.borrow().is_some()) {
             return;
@@ -144,9 +157,16 @@ impl LoopTasks {
         // an earlier run ran it leaves the flag set and the queue empty, and a flag left set
         // would keep every later wake-up from waking the loop.
         self.shared.wake_sent.store(false, Ordering::Release);
+        self.shared.turns.fetch_add(1, Ordering::Relaxed);
         if !self.has_ready() {
             return;
         }
+        let runner = lock(&self.shared.runner);
+        self.run_queue(&runner);
+    }
+
+    /// Runs the queue until it is empty, on this thread, by whoever holds the runner.
+    pub(super) fn run_queue(&self, _runner: &std::sync::MutexGuard<'_, ()>) {
         RUNNING.with(|running| *running.borrow_mut() = Some(self.clone()));
         let _running = Running;
         let _runtime = runtime::handle().enter();
