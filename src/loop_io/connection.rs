@@ -4,6 +4,9 @@
 //! that the loop writes once per turn, whatever number of calls its tasks made; replies are
 //! parsed by redis-rs's own decoder (`ValueCodec`, which resumes a reply split across reads)
 //! and go to their callers in order: Redis answers a connection's commands in the order sent.
+//! A connection opens with the URL's handshake (`HELLO`, `AUTH`, `SELECT`) queued before any
+//! call, in the same write: an error reply to it fails the connection and every call behind it
+//! with that error, so that no call runs unauthenticated or on the wrong database.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -51,12 +54,20 @@ struct State {
     written: usize,
     read: BytesMut,
     codec: ValueCodec,
-    /// The callers of the commands sent, in order.
-    pending: VecDeque<oneshot::Sender<Reply>>,
+    /// Who waits for each reply, in the order sent.
+    pending: VecDeque<Caller>,
+}
+
+/// Who waits for a reply.
+enum Caller {
+    /// A call: the reply goes to it.
+    Call(oneshot::Sender<Reply>),
+    /// A command of the handshake: an error fails the connection.
+    Handshake,
 }
 
 impl LoopConnection {
-    fn open(owner: u64, address: &str, timeout: Duration) -> std::io::Result<Self> {
+    fn open(owner: u64, address: &str, timeout: Duration, handshake: &[Cmd]) -> std::io::Result<Self> {
         let addresses: Vec<SocketAddr> = address.to_socket_addrs()?.collect();
         let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{address} resolves to no address"));
         for at in addresses {
@@ -66,10 +77,15 @@ impl LoopConnection {
                 Ok(stream) => {
                     stream.set_nodelay(true)?;
                     stream.set_nonblocking(true)?;
+                    let mut state = State::default();
+                    for cmd in handshake {
+                        cmd.write_packed_command(&mut state.out);
+                        state.pending.push_back(Caller::Handshake);
+                    }
                     return Ok(LoopConnection {
                         owner,
                         stream,
-                        state: Mutex::new(State::default()),
+                        state: Mutex::new(state),
                         broken: AtomicBool::new(false),
                         limit: timeout,
                         draining: AtomicBool::new(false),
@@ -104,7 +120,7 @@ impl LoopConnection {
         }
         let mut state = lock(&self.state);
         cmd.write_packed_command(&mut state.out);
-        state.pending.push_back(sender);
+        state.pending.push_back(Caller::Call(sender));
         reply
     }
 
@@ -158,7 +174,13 @@ impl LoopConnection {
                 match codec.decode(read) {
                     Ok(Some(value)) => match pending.pop_front() {
                         // A caller gone (its deadline passed) leaves its reply unread.
-                        Some(caller) => drop(caller.send(Ok(value))),
+                        Some(Caller::Call(caller)) => drop(caller.send(Ok(value))),
+                        Some(Caller::Handshake) => {
+                            if let Value::ServerError(refused) = value {
+                                self.refuse_all(state, refused);
+                                return;
+                            }
+                        }
                         None => {
                             self.fail(state, "Redis sent a reply nobody asked for");
                             return;
@@ -223,16 +245,30 @@ impl LoopConnection {
     /// Marks the connection broken and fails its callers with `error`; the socket itself is
     /// closed when the loop has stopped watching it (`LoopTasks::retire`). False: nothing more
     /// to write.
-    fn fail_with(&self, mut state: std::sync::MutexGuard<'_, State>, error: RedisError) -> bool {
+    fn fail_with(&self, state: std::sync::MutexGuard<'_, State>, error: RedisError) -> bool {
+        self.answer_all(state, || Err(clone_error(&error)));
+        false
+    }
+
+    /// The handshake was refused (a wrong password, a database that does not exist): every call
+    /// behind it gets the server's error as its reply, so that it says what to fix as on the
+    /// tokio path.
+    fn refuse_all(&self, state: std::sync::MutexGuard<'_, State>, refused: redis::ServerError) {
+        self.answer_all(state, || Ok(Value::ServerError(refused.clone())));
+    }
+
+    /// Marks the connection broken and answers every caller waiting on it with `reply()`.
+    fn answer_all(&self, mut state: std::sync::MutexGuard<'_, State>, reply: impl Fn() -> Reply) {
         self.broken.store(true, Ordering::Release);
         let pending = std::mem::take(&mut state.pending);
         state.out.clear();
         state.written = 0;
         drop(state);
         for caller in pending {
-            let _ = caller.send(Err(clone_error(&error)));
+            if let Caller::Call(caller) = caller {
+                let _ = caller.send(reply());
+            }
         }
-        false
     }
 }
 
@@ -265,12 +301,13 @@ impl LoopTasks {
         owner: u64,
         address: &str,
         timeout: Duration,
+        handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
         let mut connections = lock(&self.shared().connections);
         if let Some(open) = connections.iter().find(|c| c.owner == owner && !c.is_broken()) {
             return Ok(Arc::clone(open));
         }
-        let opened = Arc::new(LoopConnection::open(owner, address, timeout)?);
+        let opened = Arc::new(LoopConnection::open(owner, address, timeout, handshake)?);
         connections.push(Arc::clone(&opened));
         drop(connections);
         self.start_relief();
@@ -336,7 +373,7 @@ mod tests {
             let _ = peer.read(&mut third);
             // Closed with the third command unanswered.
         });
-        let connection = LoopConnection::open(1, &address, Duration::from_secs(5)).unwrap();
+        let connection = LoopConnection::open(1, &address, Duration::from_secs(5), &[]).unwrap();
         let mut first = connection.call(&redis::cmd("PING"));
         let mut second = connection.call(&redis::cmd("PING"));
         assert!(!connection.flush(), "two small commands go in one write");

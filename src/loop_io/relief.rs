@@ -108,7 +108,9 @@ mod tests {
                 wakes.fetch_add(1, Ordering::SeqCst);
             }
         });
-        let connection = tasks.connection(1, &address, Duration::from_secs(5)).unwrap();
+        let connection = tasks
+            .connection(1, &address, Duration::from_secs(5), &[])
+            .unwrap();
         let (finished, finished_on) = std::sync::mpsc::channel();
         tasks.spawn(async move {
             let reply = connection.call(&redis::cmd("PING")).await.unwrap().unwrap();

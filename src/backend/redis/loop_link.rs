@@ -1,44 +1,72 @@
 //! A link's calls from an event loop's own thread (`crate::loop_io`, behind the switch): on
-//! that loop's connection to a plain TCP Redis without a password, db 0. Every other URL, and
+//! that loop's connection to a plain TCP Redis, opened with the URL's handshake (its protocol,
+//! user and password, database). Every other URL, and
 //! every call made on tokio (keep-alives, top-ups, waiting, revocations, reaping), goes on
 //! the link's tokio connection. Deadlines and errors are those of the tokio path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis::{ConnectionAddr, FromRedisValue};
+use redis::{Cmd, ConnectionAddr, FromRedisValue, RedisConnectionInfo};
 
 use super::connection::{is_missing_function, is_without_functions, Link};
 use super::scripts::{Invocation, LIBRARY};
 use crate::errors::{CoreError, CoreResult};
 use crate::loop_io::{self, LoopTasks, Reply};
 
-/// Where a link's calls go from an event loop's thread: the address of its Redis, and the key
-/// of its connection there (one per link and loop).
+/// Where a link's calls go from an event loop's thread: the address of its Redis, what a new
+/// connection sends first, and the key of its connection there (one per link and loop).
 pub struct LoopTarget {
     pub owner: u64,
     address: String,
+    handshake: Vec<Cmd>,
 }
 
 impl LoopTarget {
-    /// The target of `client` when the switch is on and its URL is plain TCP without a
-    /// password, db 0; None otherwise (the link stays on tokio).
+    /// The target of `client` when the switch is on and its URL is plain TCP; None otherwise
+    /// (the link stays on tokio).
     pub fn of(client: &redis::Client) -> Option<Self> {
         if !loop_io::switched_on() {
             return None;
         }
         let info = client.get_connection_info();
-        let settings = info.redis_settings();
-        if settings.password().is_some() || settings.username().is_some() || settings.db() != 0 {
-            return None;
-        }
         match info.addr() {
             ConnectionAddr::Tcp(host, port) => Some(LoopTarget {
                 owner: loop_io::owner_id(),
                 address: format!("{}:{port}", host.trim_start_matches('[').trim_end_matches(']')),
+                handshake: handshake(info.redis_settings()),
             }),
             _ => None,
         }
     }
+}
+
+/// What a connection sends before its first call, as redis-rs's own connections do: `HELLO 3`
+/// for RESP3 (with the credentials), else `AUTH` when the URL has a password; `SELECT` for a
+/// database other than 0.
+fn handshake(settings: &RedisConnectionInfo) -> Vec<Cmd> {
+    let mut commands = Vec::new();
+    let credentials = settings
+        .password()
+        .map(|password| (settings.username().unwrap_or("default"), password));
+    if settings.protocol().supports_resp3() {
+        let mut hello = redis::cmd("HELLO");
+        hello.arg(3);
+        if let Some((user, password)) = credentials {
+            hello.arg("AUTH").arg(user).arg(password);
+        }
+        commands.push(hello);
+    } else if let Some((user, password)) = credentials {
+        let mut auth = redis::cmd("AUTH");
+        if settings.username().is_some() {
+            auth.arg(user);
+        }
+        auth.arg(password);
+        commands.push(auth);
+    }
+    if settings.db() != 0 {
+        commands.push(redis::cmd("SELECT").arg(settings.db()).clone());
+    }
+    commands
 }
 
 impl Link {
@@ -64,7 +92,12 @@ impl Link {
         let sending = AtomicBool::new(false);
         let call = async {
             let connection = tasks
-                .connection(target.owner, &target.address, self.deadlines().limit())
+                .connection(
+                    target.owner,
+                    &target.address,
+                    self.deadlines().limit(),
+                    &target.handshake,
+                )
                 .map_err(|e| match self.error(&e.into()) {
                     // Nothing was sent on a connection that did not open.
                     CoreError::Unavailable(message) => CoreError::Unreached(message),
@@ -114,5 +147,32 @@ impl Link {
                 timed_out => timed_out,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commands(url: &str) -> Vec<String> {
+        let client = redis::Client::open(url).expect("a valid URL");
+        handshake(client.get_connection_info().redis_settings())
+            .iter()
+            .map(|cmd| String::from_utf8_lossy(&cmd.get_packed_command()).replace("\r\n", " "))
+            .collect()
+    }
+
+    #[test]
+    fn a_connection_opens_with_the_urls_credentials_protocol_and_database() {
+        assert!(commands("redis://127.0.0.1:6379/0").is_empty());
+        assert_eq!(
+            commands("redis://ann:pw@127.0.0.1:6379/4"),
+            ["*3 $4 AUTH $3 ann $2 pw ", "*2 $6 SELECT $1 4 "]
+        );
+        assert_eq!(commands("redis://:pw@127.0.0.1:6379/0"), ["*2 $4 AUTH $2 pw "]);
+        assert_eq!(
+            commands("redis://:pw@127.0.0.1:6379/0?protocol=resp3"),
+            ["*5 $5 HELLO $1 3 $4 AUTH $7 default $2 pw "]
+        );
     }
 }
