@@ -21,7 +21,6 @@ use redis::{Cmd, RedisError, RedisResult, Value, ValueCodec};
 use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
 
-use super::tasks::LoopTasks;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -67,7 +66,12 @@ enum Caller {
 }
 
 impl LoopConnection {
-    fn open(owner: u64, address: &str, timeout: Duration, handshake: &[Cmd]) -> std::io::Result<Self> {
+    pub(super) fn open(
+        owner: u64,
+        address: &str,
+        timeout: Duration,
+        handshake: &[Cmd],
+    ) -> std::io::Result<Self> {
         let addresses: Vec<SocketAddr> = address.to_socket_addrs()?.collect();
         let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{address} resolves to no address"));
         for at in addresses {
@@ -243,8 +247,8 @@ impl LoopConnection {
     }
 
     /// Marks the connection broken and fails its callers with `error`; the socket itself is
-    /// closed when the loop has stopped watching it (`LoopTasks::retire`). False: nothing more
-    /// to write.
+    /// closed when the loop has stopped watching it (`LoopConnections::retire`). False: nothing
+    /// more to write.
     fn fail_with(&self, state: std::sync::MutexGuard<'_, State>, error: RedisError) -> bool {
         self.answer_all(state, || Err(clone_error(&error)));
         false
@@ -290,40 +294,6 @@ fn clone_error(error: &RedisError) -> RedisError {
             error.to_string(),
         )
             .into()
-    }
-}
-
-impl LoopTasks {
-    /// `owner`'s connection on this loop to `address`, opened now if it has none (or a broken
-    /// one); new connections are listed for the binding to watch (`connections`).
-    pub fn connection(
-        &self,
-        owner: u64,
-        address: &str,
-        timeout: Duration,
-        handshake: &[Cmd],
-    ) -> std::io::Result<Arc<LoopConnection>> {
-        let mut connections = lock(&self.shared().connections);
-        if let Some(open) = connections.iter().find(|c| c.owner == owner && !c.is_broken()) {
-            return Ok(Arc::clone(open));
-        }
-        let opened = Arc::new(LoopConnection::open(owner, address, timeout, handshake)?);
-        connections.push(Arc::clone(&opened));
-        drop(connections);
-        self.start_relief();
-        Ok(opened)
-    }
-
-    /// The loop's connections, for the binding to watch (broken ones too: it stops watching
-    /// them, then `retire`s them).
-    pub fn connections(&self) -> Vec<Arc<LoopConnection>> {
-        lock(&self.shared().connections).clone()
-    }
-
-    /// Forgets the broken connections once the loop stops watching them (their sockets close
-    /// with the last reference).
-    pub fn retire(&self) {
-        lock(&self.shared().connections).retain(|c| !c.is_broken());
     }
 }
 

@@ -1,12 +1,13 @@
 //! The core's Redis I/O on an event loop's own thread (experimental, behind the switch
 //! `STREAM_LEASE_IO_ON_LOOP_THREAD=1`): the loop's tasks (`tasks.rs`, a single-threaded
-//! executor the binding runs when the loop wakes it) and its own non-blocking Redis connection
-//! (`connection.rs`, watched by the loop's selector), and the relief of a loop its application
-//! blocks (`relief.rs`). A call then crosses no thread: the loop
-//! writes the command, reads the reply and resolves its future in one turn. Plain Rust: the
-//! binding (`py/bridge/`) watches the sockets and runs the tasks.
+//! executor the binding runs when the loop wakes it), the Redis connections it holds
+//! (`connections.rs`, one per store) and each of them (`connection.rs`, non-blocking, watched by
+//! the loop's selector), and the relief of a loop its application blocks (`relief.rs`). A call
+//! then crosses no thread: the loop writes the command, reads the reply and resolves its future
+//! in one turn. Plain Rust: the binding (`py/bridge/`) watches the sockets and runs the tasks.
 
 mod connection;
+mod connections;
 mod relief;
 mod tasks;
 
@@ -17,7 +18,7 @@ pub use self::tasks::{here, LoopPlace, LoopTasks};
 /// built.
 pub const SWITCH: &str = "STREAM_LEASE_IO_ON_LOOP_THREAD";
 
-/// A new key for what an owner keeps per loop (`LoopTasks::local`, `LoopTasks::connection`).
+/// A new key for what an owner keeps per loop (`LoopTasks::local`, `LoopConnections::open`).
 pub fn owner_id() -> u64 {
     static OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

@@ -6,12 +6,16 @@
 //! came, runs the tasks they wake (a grant is then held, and renewed, on the core's runtime),
 //! writes what those queued, and wakes the loop so that it resolves their futures when it runs
 //! again. One runner at a time: the loop waits for a relief in progress, and a relief gives way
-//! to a loop that turns.
+//! to a loop that turns. It starts with the loop's first connection, which the loop's tasks open
+//! here (`LoopTasks::connection`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use redis::Cmd;
+
+use super::connection::LoopConnection;
 use super::tasks::{LoopTasks, Shared};
 use crate::runtime;
 
@@ -20,9 +24,24 @@ use crate::runtime;
 pub const BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl LoopTasks {
-    /// Starts the loop's relief (once, with its first connection); it ends with the loop.
-    pub(super) fn start_relief(&self) {
-        if !self.shared().relief_started.swap(true, Ordering::AcqRel) {
+    /// `owner`'s connection on this loop to `address`, opened now if needed
+    /// (`LoopConnections::open`); the loop's relief starts with its first connection.
+    pub fn connection(
+        &self,
+        owner: u64,
+        address: &str,
+        timeout: Duration,
+        handshake: &[Cmd],
+    ) -> std::io::Result<Arc<LoopConnection>> {
+        let connection = self.connections().open(owner, address, timeout, handshake)?;
+        self.start_relief();
+        Ok(connection)
+    }
+
+    /// Starts the loop's relief, once; it ends with the loop.
+    fn start_relief(&self) {
+        let started = &self.shared().relief_started;
+        if !started.load(Ordering::Acquire) && !started.swap(true, Ordering::AcqRel) {
             runtime::handle().spawn(relieve_while_open(Arc::downgrade(self.shared())));
         }
     }
@@ -32,6 +51,7 @@ impl LoopTasks {
         self.has_ready()
             || self
                 .connections()
+                .all()
                 .iter()
                 .any(|c| !c.is_broken() && c.is_waiting())
     }
@@ -41,13 +61,13 @@ impl LoopTasks {
         let Ok(runner) = self.shared().runner.try_lock() else {
             return;
         };
-        for connection in self.connections() {
+        for connection in self.connections().all() {
             if !connection.is_broken() {
                 connection.readable();
             }
         }
         self.run_queue(&runner);
-        for connection in self.connections() {
+        for connection in self.connections().all() {
             if !connection.is_broken() {
                 connection.flush();
             }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Wake, Waker};
 use std::thread::ThreadId;
 
-use super::connection::LoopConnection;
+use super::connections::LoopConnections;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -45,7 +45,7 @@ pub(super) struct Shared {
     /// What the core keeps per loop (a store's batches), by its owner (`owner_id`) and type,
     /// made on first use on the loop's thread.
     locals: Mutex<HashMap<(u64, TypeId), Arc<dyn Any + Send + Sync>>>,
-    pub(super) connections: Mutex<Vec<Arc<LoopConnection>>>,
+    connections: LoopConnections,
 }
 
 struct Task {
@@ -115,13 +115,18 @@ impl LoopTasks {
                 runner: Mutex::new(()),
                 relief_started: AtomicBool::new(false),
                 locals: Mutex::new(HashMap::new()),
-                connections: Mutex::new(Vec::new()),
+                connections: LoopConnections::default(),
             }),
         }
     }
 
     pub(super) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The loop's Redis connections: its tasks call on them, the binding watches them.
+    pub fn connections(&self) -> &LoopConnections {
+        &self.shared.connections
     }
 
     pub(super) fn from_shared(shared: Arc<Shared>) -> Self {
@@ -222,10 +227,7 @@ impl LoopTasks {
     /// connection), so none hangs or leaks a lease.
     pub fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
-        let connections = std::mem::take(&mut *lock(&self.shared.connections));
-        for connection in &connections {
-            connection.close_for_loop();
-        }
+        self.shared.connections.close_all();
         let tasks: Vec<Arc<Task>> = lock(&self.shared.live).drain().map(|(_, task)| task).collect();
         lock(&self.shared.ready).clear();
         for task in tasks {

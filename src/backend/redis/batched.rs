@@ -159,7 +159,7 @@ impl Batches for BatchedCalls {
                 .map(|reply| match decode_one(reply) {
                     Some(Ok(reply)) => Ok(Replied { sent_at_ms, reply }),
                     // As Redis would have answered it for a call of its own.
-                    Some(Err(message)) => Err(self.link.error_text(&message)),
+                    Some(Err(message)) => Err(self.link.errors.error_text(&message)),
                     None => Err(unexpected_reply(self.name(), reply)),
                 })
                 .collect(),

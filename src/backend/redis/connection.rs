@@ -1,7 +1,8 @@
 //! One multiplexed connection to Redis (standalone, cluster or behind Sentinel), opened lazily
-//! (the manager is built at import time, outside any event loop), and the mapping of redis-rs
-//! errors to what the user can act on. Every call, the connect included, is bounded by
-//! `redis_timeout`.
+//! (the manager is built at import time, outside any event loop); a call made on an event loop's
+//! thread goes on that loop's connection instead, when the switch allows (`loop_link.rs`). Every
+//! call, the connect included, is bounded by `redis_timeout`, and its errors are said for the user
+//! (`link_errors.rs`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,15 +12,17 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
+use super::link_errors::{is_missing_function, is_without_functions, unsent, LinkErrors};
 use super::loop_link::LoopTarget;
 use super::scripts::{Invocation, LIBRARY};
 use super::subscription::Subscription;
 use crate::backend::CallStats;
 use crate::deadline::Deadlines;
-use crate::errors::{CoreError, CoreResult};
+use crate::errors::CoreResult;
+use crate::loop_io::{self, LoopTasks};
 
 pub enum Endpoint {
     Standalone(Box<redis::Client>),
@@ -76,8 +79,8 @@ pub struct Link {
     /// Opened on first use; behind Sentinel, dropped when the master fails so the next call
     /// asks the sentinels for the new one.
     connection: Mutex<Option<Connection>>,
-    /// The URL without its password, for error messages.
-    pub target: String,
+    /// What its failures say, naming its Redis by the URL without the password.
+    pub errors: LinkErrors,
     /// Bounds every call, the connect included, by `redis_timeout`.
     deadlines: Deadlines,
     /// Set once the server turned out to have no functions (Redis 6) or to refuse them to this
@@ -101,7 +104,7 @@ impl Link {
             on_loop,
             endpoint,
             connection: Mutex::new(None),
-            target,
+            errors: LinkErrors::new(target, timeout),
             deadlines: Deadlines::new(timeout),
             scripts_only: AtomicBool::new(false),
             calls: AtomicU64::new(0),
@@ -144,11 +147,8 @@ impl Link {
                 }
             }
         }
-        .map_err(|e| match self.error(&e) {
-            // Nothing was sent on a connection that did not open.
-            CoreError::Unavailable(message) => CoreError::Unreached(message),
-            error => error,
-        })?;
+        // Nothing was sent on a connection that did not open.
+        .map_err(|e| unsent(self.errors.error(&e)))?;
         *slot = Some(opened.clone());
         Ok(opened)
     }
@@ -172,7 +172,15 @@ impl Link {
     pub async fn run<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         let started = Instant::now();
         let outcome = match self.loop_here() {
-            Some((tasks, target)) => self.run_on_loop(&tasks, target, invocation).await,
+            Some((tasks, target)) => match target
+                .call(&tasks, invocation, &self.deadlines, &self.errors)
+                .await
+            {
+                Ok(Some(answer)) => Ok(answer),
+                // A server without functions: the tokio path sends the scripts as scripts.
+                Ok(None) => self.run_bounded(invocation).await,
+                Err(error) => Err(error),
+            },
             None => self.run_bounded(invocation).await,
         };
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -183,16 +191,17 @@ impl Link {
         outcome
     }
 
-    /// Whether the scripts go as scripts of their own (EVALSHA), which only the tokio path sends.
-    pub(super) fn scripts_only(&self) -> bool {
-        self.scripts_only.load(Ordering::Relaxed)
+    /// The loop whose thread runs this call, when the link's calls may go on its connection:
+    /// not once the scripts go as scripts of their own (EVALSHA), which only tokio sends.
+    pub fn loop_here(&self) -> Option<(LoopTasks, &LoopTarget)> {
+        let target = self.on_loop.as_ref()?;
+        if self.scripts_only.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some((loop_io::here()?, target))
     }
 
-    pub(super) fn deadlines(&self) -> &Deadlines {
-        &self.deadlines
-    }
-
-    pub(super) async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
+    async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         // Whether the call may have reached Redis (it may then have run there).
         let sending = AtomicBool::new(false);
         let call = async {
@@ -212,18 +221,20 @@ impl Link {
                 if e.is_io_error() || e.is_timeout() || e.code() == Some("READONLY") {
                     self.forget_master();
                 }
-                self.error(&e)
+                self.errors.error(&e)
             })
         };
         let outcome = self.deadlines.within(call).await;
         if outcome.is_none() {
             self.forget_master();
         }
-        outcome.ok_or_else(|| match self.timed_out() {
-            CoreError::Unavailable(message) if !sending.load(Ordering::Relaxed) => {
-                CoreError::Unreached(message)
+        outcome.ok_or_else(|| {
+            let timed_out = self.errors.timed_out();
+            if sending.load(Ordering::Relaxed) {
+                timed_out
+            } else {
+                unsent(timed_out)
             }
-            timed_out => timed_out,
         })?
     }
 
@@ -275,7 +286,7 @@ impl Link {
                 .await
                 .async_get_client()
                 .await
-                .map_err(|e| self.error(&e))?,
+                .map_err(|e| self.errors.error(&e))?,
             Endpoint::Cluster(cluster) => {
                 let pushes = cluster.pushes.subscribe();
                 let subscribe = async {
@@ -302,97 +313,7 @@ impl Link {
         self.deadlines
             .within(call)
             .await
-            .ok_or_else(|| self.timed_out())?
-            .map_err(|e| self.error(&e))
+            .ok_or_else(|| self.errors.timed_out())?
+            .map_err(|e| self.errors.error(&e))
     }
-
-    pub(super) fn timed_out(&self) -> CoreError {
-        CoreError::Unavailable(format!(
-            "Redis at {} did not answer within {:.3} s; check that it is running and reachable, or raise LeaseConfig(redis_timeout=...)",
-            self.target,
-            self.deadlines.limit().as_secs_f64()
-        ))
-    }
-
-    /// An error a script caught and answered as text (one request's of a batch), mapped as if
-    /// Redis had answered it for a call of its own.
-    pub fn error_text(&self, message: &str) -> CoreError {
-        match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
-            Ok(redis::Value::ServerError(error)) => self.error(&error.into()),
-            _ => CoreError::Backend(format!("Redis answered with an error: {message}")),
-        }
-    }
-
-    /// Maps a redis-rs error to what the user can act on.
-    pub fn error(&self, err: &redis::RedisError) -> CoreError {
-        let target = &self.target;
-        if err.is_timeout() {
-            return CoreError::Unavailable(format!(
-                "Redis at {target} did not answer in time ({err}); check that it is running and not overloaded, or raise LeaseConfig(redis_timeout=...)"
-            ));
-        }
-        if matches!(
-            err.kind(),
-            redis::ErrorKind::MasterNameNotFoundBySentinel | redis::ErrorKind::NoValidReplicasFoundBySentinel
-        ) {
-            return CoreError::Unavailable(format!(
-                "the sentinels of {target} name no reachable master ({err}); a failover may be under way"
-            ));
-        }
-        // A cluster whose shard is down (MOVED back to it once redirects run out, CLUSTERDOWN),
-        // a master loading its data or cut from its own: answers, but about availability.
-        if err.is_cluster_error()
-            || matches!(
-                err.kind(),
-                redis::ErrorKind::ClusterConnectionNotFound
-                    | redis::ErrorKind::Server(
-                        redis::ServerErrorKind::MasterDown | redis::ServerErrorKind::BusyLoading
-                    )
-            )
-        {
-            return CoreError::Unavailable(format!(
-                "Redis at {target} cannot serve the call now ({err}); a node may be down, loading its data or failing over"
-            ));
-        }
-        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-            let message = format!(
-                "cannot reach Redis at {target} ({err}); check the URL and that the server is running"
-            );
-            return if err.is_connection_refusal() {
-                CoreError::Unreached(message)
-            } else {
-                CoreError::Unavailable(message)
-            };
-        }
-        // A failed AUTH during the handshake has a kind but no server code.
-        let code = match err.kind() {
-            redis::ErrorKind::AuthenticationFailed => Some("NOAUTH"),
-            _ => err.code(),
-        };
-        let hint = match code {
-            Some("NOAUTH") | Some("WRONGPASS") => {
-                "; put the right user and password in the URL (redis://user:password@host:port)"
-            }
-            Some("WRONGTYPE") => {
-                "; another program uses keys under this key_prefix: choose another LeaseConfig(key_prefix=...)"
-            }
-            Some("READONLY") => "; the URL points at a replica: point it at the master",
-            Some("CROSSSLOT") => "; this is a bug in fastapi_stream_lease's key layout, please report it",
-            _ => "",
-        };
-        CoreError::Backend(format!("Redis at {target} answered with an error: {err}{hint}"))
-    }
-}
-
-/// The server has not got the library's function (it never had, or lost it).
-pub(super) fn is_missing_function(e: &RedisError) -> bool {
-    e.detail()
-        .is_some_and(|detail| detail.contains("Function not found"))
-}
-
-/// The server has no functions (Redis 6: unknown command) or this user may not use them.
-pub(super) fn is_without_functions(e: &RedisError) -> bool {
-    e.code() == Some("NOPERM")
-        || e.detail()
-            .is_some_and(|d| d.contains("unknown command") || d.contains("unknown subcommand"))
 }

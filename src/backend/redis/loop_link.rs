@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::{Cmd, ConnectionAddr, FromRedisValue, RedisConnectionInfo};
 
-use super::connection::{is_missing_function, is_without_functions, Link};
+use super::link_errors::{is_missing_function, is_without_functions, unsent, LinkErrors};
 use super::scripts::{Invocation, LIBRARY};
+use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
 use crate::loop_io::{self, LoopTasks, Reply};
 
@@ -37,6 +38,67 @@ impl LoopTarget {
             }),
             _ => None,
         }
+    }
+
+    /// One script call on `tasks`' connection to this target (opened if needed), within
+    /// `deadlines`, its errors said by `errors` as on the tokio path. A server without the
+    /// library's function gets it on this connection; one without functions answers None: the
+    /// tokio path makes the call, and sends the scripts as scripts from then on.
+    pub(super) async fn call<T: FromRedisValue>(
+        &self,
+        tasks: &LoopTasks,
+        invocation: &Invocation,
+        deadlines: &Deadlines,
+        errors: &LinkErrors,
+    ) -> CoreResult<Option<T>> {
+        // Whether the call may have reached Redis (it may then have run there).
+        let sending = AtomicBool::new(false);
+        let call = async {
+            let connection = tasks
+                .connection(self.owner, &self.address, deadlines.limit(), &self.handshake)
+                // Nothing was sent on a connection that did not open.
+                .map_err(|e| unsent(errors.error(&e.into())))?;
+            sending.store(true, Ordering::Relaxed);
+            let replied = |reply: Result<Reply, _>| {
+                reply
+                    .unwrap_or_else(|_| Err((redis::ErrorKind::Client, loop_io::LOOP_CLOSED).into()))
+                    .and_then(|value| value.extract_error())
+            };
+            let mut reply = replied(connection.call(&invocation.fcall()).await);
+            if matches!(&reply, Err(e) if is_missing_function(e)) {
+                // A server that lost the library (a restart without persistence) gets it on
+                // this connection, then the call again, both in one write.
+                let load = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&LIBRARY.code)
+                    .clone();
+                let (loaded, again) = (connection.call(&load), connection.call(&invocation.fcall()));
+                reply = replied(loaded.await).and(replied(again.await));
+            }
+            match reply {
+                // Redis without functions, or a user not allowed them: the tokio path sends
+                // the scripts as scripts.
+                Err(e) if is_without_functions(&e) => Ok(None),
+                // Not a failure of Redis (it does not open the breaker); the call may have run,
+                // so an acquire gives back what it may have taken.
+                Err(e) if e.kind() == redis::ErrorKind::Client => {
+                    Err(CoreError::Backend(loop_io::LOOP_CLOSED.into()))
+                }
+                Err(e) => Err(errors.error(&e)),
+                Ok(value) => T::from_redis_value(value)
+                    .map(Some)
+                    .map_err(|e| errors.error(&e.into())),
+            }
+        };
+        deadlines.within(call).await.unwrap_or_else(|| {
+            let timed_out = errors.timed_out();
+            Err(if sending.load(Ordering::Relaxed) {
+                timed_out
+            } else {
+                unsent(timed_out)
+            })
+        })
     }
 }
 
@@ -67,87 +129,6 @@ fn handshake(settings: &RedisConnectionInfo) -> Vec<Cmd> {
         commands.push(redis::cmd("SELECT").arg(settings.db()).clone());
     }
     commands
-}
-
-impl Link {
-    /// The loop whose thread runs this call, when the link's calls may go on its connection.
-    pub fn loop_here(&self) -> Option<(LoopTasks, &LoopTarget)> {
-        let target = self.on_loop.as_ref()?;
-        if self.scripts_only() {
-            return None;
-        }
-        Some((loop_io::here()?, target))
-    }
-
-    /// One script call on the loop's connection (opened if needed), within `redis_timeout`. A
-    /// server without the library's function gets it on this connection; one without functions
-    /// gets the call from the tokio path, which sends the scripts as scripts from then on.
-    pub(super) async fn run_on_loop<T: FromRedisValue>(
-        &self,
-        tasks: &LoopTasks,
-        target: &LoopTarget,
-        invocation: &Invocation,
-    ) -> CoreResult<T> {
-        // Whether the call may have reached Redis (it may then have run there).
-        let sending = AtomicBool::new(false);
-        let call = async {
-            let connection = tasks
-                .connection(
-                    target.owner,
-                    &target.address,
-                    self.deadlines().limit(),
-                    &target.handshake,
-                )
-                .map_err(|e| match self.error(&e.into()) {
-                    // Nothing was sent on a connection that did not open.
-                    CoreError::Unavailable(message) => CoreError::Unreached(message),
-                    error => error,
-                })?;
-            sending.store(true, Ordering::Relaxed);
-            let replied = |reply: Result<Reply, _>| {
-                reply
-                    .unwrap_or_else(|_| Err((redis::ErrorKind::Client, loop_io::LOOP_CLOSED).into()))
-                    .and_then(|value| value.extract_error())
-            };
-            let mut reply = replied(connection.call(&invocation.fcall()).await);
-            if matches!(&reply, Err(e) if is_missing_function(e)) {
-                // A server that lost the library (a restart without persistence) gets it on
-                // this connection, then the call again, both in one write.
-                let load = redis::cmd("FUNCTION")
-                    .arg("LOAD")
-                    .arg("REPLACE")
-                    .arg(&LIBRARY.code)
-                    .clone();
-                let (loaded, again) = (connection.call(&load), connection.call(&invocation.fcall()));
-                reply = replied(loaded.await).and(replied(again.await));
-            }
-            match reply {
-                // Redis without functions, or a user not allowed them: the tokio path sends
-                // the scripts as scripts.
-                Err(e) if is_without_functions(&e) => Ok(None),
-                // Not a failure of Redis (it does not open the breaker); the call may have run,
-                // so an acquire gives back what it may have taken.
-                Err(e) if e.kind() == redis::ErrorKind::Client => {
-                    Err(CoreError::Backend(loop_io::LOOP_CLOSED.into()))
-                }
-                Err(e) => Err(self.error(&e)),
-                Ok(value) => T::from_redis_value(value)
-                    .map(Some)
-                    .map_err(|e| self.error(&e.into())),
-            }
-        };
-        match self.deadlines().within(call).await {
-            Some(Ok(Some(answer))) => Ok(answer),
-            Some(Ok(None)) => self.run_bounded(invocation).await,
-            Some(Err(error)) => Err(error),
-            None => Err(match self.timed_out() {
-                CoreError::Unavailable(message) if !sending.load(Ordering::Relaxed) => {
-                    CoreError::Unreached(message)
-                }
-                timed_out => timed_out,
-            }),
-        }
-    }
 }
 
 #[cfg(test)]

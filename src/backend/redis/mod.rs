@@ -14,6 +14,7 @@ mod hit;
 mod keepalive;
 mod layout;
 mod line;
+mod link_errors;
 mod loop_link;
 mod release;
 mod revoke;
@@ -94,7 +95,7 @@ impl RedisBackend {
 
 impl Backend for RedisBackend {
     fn describe(&self) -> String {
-        self.link.target.clone()
+        self.link.errors.target().to_owned()
     }
 
     fn io_on_loop_thread(&self) -> bool {
@@ -233,7 +234,7 @@ impl Backend for RedisBackend {
                 .ok_or_else(|| unexpected_reply("release", &reply))?;
             Ok(answers
                 .into_iter()
-                .map(|answer| answer.map_err(|message| self.link.error_text(&message)))
+                .map(|answer| answer.map_err(|message| self.link.errors.error_text(&message)))
                 .collect())
         })
     }

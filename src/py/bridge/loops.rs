@@ -70,7 +70,7 @@ impl LoopBridge {
 
     /// Called by the event loop when a connection of its tasks is readable.
     fn _readable(slf: &Bound<'_, Self>, fd: RawFd) {
-        if let Some(connection) = slf.get().tasks.connections().iter().find(|c| c.fd() == fd) {
+        if let Some(connection) = slf.get().tasks.connections().all().iter().find(|c| c.fd() == fd) {
             connection.readable();
         }
         LoopBridge::turn(slf);

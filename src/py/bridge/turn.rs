@@ -30,7 +30,7 @@ impl LoopBridge {
     /// too while a write is partial) and stops watching the broken ones, which then close.
     fn watch(&self, me: &Bound<'_, LoopBridge>) -> PyResult<()> {
         let py = me.py();
-        let connections = self.tasks.connections();
+        let connections = self.tasks.connections().all();
         if connections.is_empty() {
             return Ok(());
         }
@@ -77,7 +77,7 @@ impl LoopBridge {
             };
         }
         if connections.iter().any(|c| c.is_broken()) {
-            self.tasks.retire();
+            self.tasks.connections().retire();
         }
         Ok(())
     }
