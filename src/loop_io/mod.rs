@@ -10,6 +10,8 @@ mod connection;
 mod connections;
 mod relief;
 mod tasks;
+#[cfg(all(test, target_os = "linux"))]
+mod turn_tests;
 
 pub use self::connection::{Reply, LOOP_CLOSED};
 pub use self::tasks::{here, LoopPlace, LoopTasks};
