@@ -120,6 +120,22 @@ async def test_a_stopped_redis_is_unavailable_and_a_restarted_one_admits_again(
     await count_is(manager, 0)
 
 
+@on_every_loop
+async def test_a_refused_connect_is_unreached(own_redis, make_own_redis_manager):
+    """Nobody listens on the port: the acquire's error is the ``Unreached`` kind (raised as
+    ``BackendUnavailable``), a call that never left this process, so nothing was counted in
+    Redis and there is nothing to give back."""
+    manager = make_own_redis_manager()
+    own_redis.stop()
+    with pytest.raises(BackendUnavailable, match="cannot reach Redis") as refused:
+        await manager.acquire("alice")
+    assert "refused" in str(refused.value).lower(), refused.value
+    await manager.aclose()  # waits for the releases in flight, a give-back's included
+    assert manager.stats()["unremoved"] == 0, "an unreached acquire gives nothing back"
+    own_redis.start()
+    assert await make_own_redis_manager().get_active_count() == 0
+
+
 @pytest.mark.parametrize("db", [0, 1])
 @pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
 def test_loops_in_threads_have_a_connection_each_closed_with_their_loop(
