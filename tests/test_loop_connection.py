@@ -1,5 +1,5 @@
 """The hot path on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``, read when
-a manager is built): acquires that do not wait and releases make their Redis calls on a
+a manager is built): acquires that do not wait, releases and hits make their Redis calls on a
 connection of the loop's own, one per loop; everything else stays on the core's runtime. Each
 case runs with the switch on, on asyncio and uvloop."""
 
@@ -17,6 +17,8 @@ from fastapi_stream_lease import (
     BackendError,
     BackendUnavailable,
     LeaseConfig,
+    RateLimit,
+    RateLimited,
     StreamLeaseManager,
 )
 
@@ -134,6 +136,24 @@ async def test_a_refused_connect_is_unreached(own_redis, make_own_redis_manager)
     assert manager.stats()["unremoved"] == 0, "an unreached acquire gives nothing back"
     own_redis.start()
     assert await make_own_redis_manager().get_active_count() == 0
+
+
+@on_every_loop
+async def test_hits_go_on_the_loops_connection_and_refuse_at_the_limit(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager()
+    await manager.get_active_count()  # a call on tokio: its connection opens
+    before = connections(own_redis)
+    per_minute = RateLimit("api", 50, per=60)
+    decisions = await asyncio.gather(*(manager.hit("alice", per_minute) for _ in range(40)))
+    assert sorted(d[0].remaining for d in decisions) == list(range(10, 50))
+    assert connections(own_redis) == before + 1, "the loop's connection took the hits"
+    for _ in range(10):
+        await manager.hit("alice", per_minute)
+    with pytest.raises(RateLimited) as refused:
+        await manager.hit("alice", per_minute)
+    assert refused.value.as_response().status_code == 429
 
 
 @pytest.mark.parametrize("db", [0, 1])

@@ -182,7 +182,11 @@ impl Manager {
         let op = bridge::delivering(hit, |outcome| {
             Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        if self.core.io_on_loop_thread() {
+            bridge::run_on_loop(py, op)
+        } else {
+            bridge::submit(py, op, self.core.is_embedded(), true)
+        }
     }
 
     /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).

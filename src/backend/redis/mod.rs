@@ -80,16 +80,34 @@ impl RedisBackend {
     }
 }
 
+/// The group commits of one event loop (`loop_link.rs`), made on its first call there.
+struct LoopBatches {
+    acquires: Arc<GroupCommit<BatchedCalls>>,
+    hits: Arc<GroupCommit<BatchedCalls>>,
+}
+
 impl RedisBackend {
-    /// The acquires' group commit where this call runs: the event loop's own, on its thread
-    /// (`loop_link.rs`), else the one of tokio.
+    /// The group commits where this call runs: the event loop's own, on its thread, else None
+    /// (those of tokio).
+    fn loop_batches(&self) -> Option<Arc<LoopBatches>> {
+        let (tasks, target) = self.link.loop_here()?;
+        Some(tasks.local(target.owner, || {
+            let on_loop = || Some(tasks.place());
+            Arc::new(LoopBatches {
+                acquires: BatchedCalls::of(&scripts::ACQUIRE, &self.link, self.holder, on_loop()),
+                hits: BatchedCalls::of(&scripts::HIT, &self.link, self.holder, on_loop()),
+            })
+        }))
+    }
+
     fn acquires_here(&self) -> Arc<GroupCommit<BatchedCalls>> {
-        match self.link.loop_here() {
-            Some((tasks, target)) => tasks.local(target.owner, || {
-                BatchedCalls::of(&scripts::ACQUIRE, &self.link, self.holder, Some(tasks.place()))
-            }),
-            None => Arc::clone(&self.acquires),
-        }
+        self.loop_batches()
+            .map_or_else(|| Arc::clone(&self.acquires), |here| Arc::clone(&here.acquires))
+    }
+
+    fn hits_here(&self) -> Arc<GroupCommit<BatchedCalls>> {
+        self.loop_batches()
+            .map_or_else(|| Arc::clone(&self.hits), |here| Arc::clone(&here.hits))
     }
 }
 
@@ -257,7 +275,7 @@ impl Backend for RedisBackend {
             let Some(request) = hit::hit_request(keys, policies, cost, consume) else {
                 return Err(CoreError::Panic("a hit without a policy".into()));
             };
-            let Replied { reply, .. } = self.hits.submit(request).await?;
+            let Replied { reply, .. } = self.hits_here().submit(request).await?;
             hit::decode_hit(&reply, policies)
         })
     }
