@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import socket
 import threading
 import time
 
@@ -136,6 +137,38 @@ async def test_a_refused_connect_is_unreached(own_redis, make_own_redis_manager)
     assert manager.stats()["unremoved"] == 0, "an unreached acquire gives nothing back"
     own_redis.start()
     assert await make_own_redis_manager().get_active_count() == 0
+
+
+@on_every_loop
+async def test_a_connect_that_gets_no_answer_leaves_the_loop_running(key_prefix):
+    """A port whose accept queue is full takes no new connection (the kernel drops the
+    handshake), so a connect to it waits. It waits on the core's runtime: the loop runs its
+    other coroutines meanwhile, and the acquire fails as ``Unreached`` once ``redis_timeout``
+    passes, nothing taken."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        manager = StreamLeaseManager(
+            url=f"redis://127.0.0.1:{port}",
+            config=LeaseConfig(key_prefix=key_prefix, redis_timeout=1.0),
+        )
+        try:
+            acquiring = asyncio.create_task(manager.acquire("alice"))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert not acquiring.done(), "the acquire waits for the connect without the loop"
+            with pytest.raises(BackendUnavailable):
+                await acquiring
+            await manager.aclose()
+            assert manager.stats()["unremoved"] == 0, "an unreached acquire gives nothing back"
+        finally:
+            for filler in fillers:
+                filler.close()
 
 
 @on_every_loop

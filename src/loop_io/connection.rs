@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,39 +66,28 @@ enum Caller {
 }
 
 impl LoopConnection {
-    pub(super) fn open(
+    /// A connection on `stream`, made non-blocking; `handshake` is queued before any call.
+    pub(super) fn new(
         owner: u64,
-        address: &str,
-        timeout: Duration,
+        stream: TcpStream,
+        limit: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Self> {
-        let addresses: Vec<SocketAddr> = address.to_socket_addrs()?.collect();
-        let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{address} resolves to no address"));
-        for at in addresses {
-            // Blocking, bounded by the call's limit: a refusal (the usual failure, a server
-            // down) answers at once.
-            match TcpStream::connect_timeout(&at, timeout) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    stream.set_nonblocking(true)?;
-                    let mut state = State::default();
-                    for cmd in handshake {
-                        cmd.write_packed_command(&mut state.out);
-                        state.pending.push_back(Caller::Handshake);
-                    }
-                    return Ok(LoopConnection {
-                        owner,
-                        stream,
-                        state: Mutex::new(state),
-                        broken: AtomicBool::new(false),
-                        limit: timeout,
-                        draining: AtomicBool::new(false),
-                    });
-                }
-                Err(error) => last = error,
-            }
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        let mut state = State::default();
+        for cmd in handshake {
+            cmd.write_packed_command(&mut state.out);
+            state.pending.push_back(Caller::Handshake);
         }
-        Err(last)
+        Ok(LoopConnection {
+            owner,
+            stream,
+            state: Mutex::new(state),
+            broken: AtomicBool::new(false),
+            limit,
+            draining: AtomicBool::new(false),
+        })
     }
 
     pub fn fd(&self) -> RawFd {
@@ -343,7 +332,8 @@ mod tests {
             let _ = peer.read(&mut third);
             // Closed with the third command unanswered.
         });
-        let connection = LoopConnection::open(1, &address, Duration::from_secs(5), &[]).unwrap();
+        let stream = TcpStream::connect(&address).unwrap();
+        let connection = LoopConnection::new(1, stream, Duration::from_secs(5), &[]).unwrap();
         let mut first = connection.call(&redis::cmd("PING"));
         let mut second = connection.call(&redis::cmd("PING"));
         assert!(!connection.flush(), "two small commands go in one write");

@@ -1,56 +1,137 @@
 //! `LoopConnections`: the Redis connections one event loop holds, one per owner (a store), that
 //! its tasks call on (`LoopTasks::connection`) and the binding watches. `LoopTasks` keeps one and
 //! closes it with the loop.
+//!
+//! A connection is opened on the core's runtime (the name's lookup, then a connect to each of
+//! its addresses in turn, bounded by the call's limit) and handed to the loop: the loop's thread
+//! never waits for a server that does not answer. The loop's tasks that want the connection
+//! meanwhile await the same opening.
 
+use std::io::ErrorKind;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::Cmd;
 
 use super::connection::LoopConnection;
+use crate::runtime;
 use crate::sync::lock;
 
+/// A connection opened, or why none could be (`std::io::Error` is not `Clone`, and the tasks
+/// awaiting one opening each get its outcome).
+type Opened = Result<Arc<LoopConnection>, (ErrorKind, String)>;
+
+type Opening = Shared<BoxFuture<'static, Opened>>;
+
 #[derive(Default)]
-pub struct LoopConnections(Mutex<Vec<Arc<LoopConnection>>>);
+pub struct LoopConnections(Mutex<Held>);
+
+#[derive(Default)]
+struct Held {
+    open: Vec<Arc<LoopConnection>>,
+    /// Connections being opened on the core's runtime, by owner.
+    opening: Vec<(u64, Opening)>,
+}
 
 impl LoopConnections {
     /// `owner`'s connection on this loop to `address`, opened now (sending `handshake` first)
     /// if it has none, or a broken one; new connections are listed for the binding to watch
     /// (`all`).
-    pub(super) fn open(
+    pub(super) async fn open(
         &self,
         owner: u64,
         address: &str,
         timeout: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
-        let mut connections = lock(&self.0);
-        if let Some(open) = connections.iter().find(|c| c.owner == owner && !c.is_broken()) {
-            return Ok(Arc::clone(open));
+        let opening = {
+            let mut held = lock(&self.0);
+            if let Some(open) = held.open.iter().find(|c| c.owner == owner && !c.is_broken()) {
+                return Ok(Arc::clone(open));
+            }
+            // An opening that failed is not waited for again: a new one starts.
+            held.opening
+                .retain(|(of, opening)| *of != owner || !matches!(opening.peek(), Some(Err(_))));
+            match held.opening.iter().find(|(of, _)| *of == owner) {
+                Some((_, opening)) => opening.clone(),
+                None => {
+                    let opening = connect(owner, address.to_owned(), timeout, handshake.to_vec());
+                    held.opening.push((owner, opening.clone()));
+                    opening
+                }
+            }
+        };
+        let opened = opening
+            .clone()
+            .await
+            .map_err(|(kind, why)| std::io::Error::new(kind, why))?;
+        let mut held = lock(&self.0);
+        // The first task to see the opening finish lists the connection; a loop closed
+        // meanwhile took its openings away, and the connection goes with its last task.
+        if let Some(at) = held.opening.iter().position(|(_, o)| o.ptr_eq(&opening)) {
+            drop(held.opening.swap_remove(at));
+            held.open.push(Arc::clone(&opened));
         }
-        let opened = Arc::new(LoopConnection::open(owner, address, timeout, handshake)?);
-        connections.push(Arc::clone(&opened));
         Ok(opened)
     }
 
     /// The loop's connections, for the binding to watch (broken ones too: it stops watching
     /// them, then `retire`s them).
     pub fn all(&self) -> Vec<Arc<LoopConnection>> {
-        lock(&self.0).clone()
+        lock(&self.0).open.clone()
     }
 
     /// Forgets the broken connections once the loop stops watching them (their sockets close
     /// with the last reference).
     pub fn retire(&self) {
-        lock(&self.0).retain(|c| !c.is_broken());
+        lock(&self.0).open.retain(|c| !c.is_broken());
     }
 
     /// The loop closed: every connection is forgotten and fails or drains its calls in flight
-    /// (`LoopConnection::close_for_loop`).
+    /// (`LoopConnection::close_for_loop`); openings under way are dropped with their tasks.
     pub(super) fn close_all(&self) {
-        let connections = std::mem::take(&mut *lock(&self.0));
-        for connection in &connections {
+        let Held { open, .. } = std::mem::take(&mut *lock(&self.0));
+        for connection in &open {
             connection.close_for_loop();
         }
     }
+}
+
+/// Opens `owner`'s connection to `address` on the core's runtime, within `timeout`: the name's
+/// addresses are tried in turn, as a blocking connect would.
+fn connect(owner: u64, address: String, timeout: Duration, handshake: Vec<Cmd>) -> Opening {
+    let opened = runtime::handle().spawn(async move {
+        let connected = tokio::time::timeout(timeout, connect_any(&address))
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!("connecting to {address} took longer than {timeout:?}"),
+                ))
+            });
+        connected
+            .and_then(|stream| stream.into_std())
+            .and_then(|stream| LoopConnection::new(owner, stream, timeout, &handshake))
+            .map(Arc::new)
+            .map_err(|e| (e.kind(), e.to_string()))
+    });
+    opened
+        .map(|joined| {
+            joined.unwrap_or_else(|e| Err((ErrorKind::Other, format!("opening a connection failed: {e}"))))
+        })
+        .boxed()
+        .shared()
+}
+
+/// A connection to the first of `address`'s addresses that accepts one.
+async fn connect_any(address: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{address} resolves to no address"));
+    for at in tokio::net::lookup_host(address).await? {
+        match tokio::net::TcpStream::connect(at).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
 }

@@ -6,8 +6,8 @@
 //! came, runs the tasks they wake (a grant is then held, and renewed, on the core's runtime),
 //! writes what those queued, and wakes the loop so that it resolves their futures when it runs
 //! again. One runner at a time: the loop waits for a relief in progress, and a relief gives way
-//! to a loop that turns. It starts with the loop's first connection, which the loop's tasks open
-//! here (`LoopTasks::connection`).
+//! to a loop that turns. It starts when the loop's tasks first ask for a connection
+//! (`LoopTasks::connection`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -25,17 +25,16 @@ pub const BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl LoopTasks {
     /// `owner`'s connection on this loop to `address`, opened now if needed
-    /// (`LoopConnections::open`); the loop's relief starts with its first connection.
-    pub fn connection(
+    /// (`LoopConnections::open`); the loop's relief starts with its first call for one.
+    pub async fn connection(
         &self,
         owner: u64,
         address: &str,
         timeout: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
-        let connection = self.connections().open(owner, address, timeout, handshake)?;
         self.start_relief();
-        Ok(connection)
+        self.connections().open(owner, address, timeout, handshake).await
     }
 
     /// Starts the loop's relief, once; it ends with the loop.
@@ -105,6 +104,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::loop_io::here;
 
     #[test]
     fn a_reply_that_comes_while_the_loop_is_blocked_reaches_its_task_and_the_loop_is_woken() {
@@ -128,15 +128,19 @@ mod tests {
                 wakes.fetch_add(1, Ordering::SeqCst);
             }
         });
-        let connection = tasks
-            .connection(1, &address, Duration::from_secs(5), &[])
-            .unwrap();
         let (finished, finished_on) = std::sync::mpsc::channel();
         tasks.spawn(async move {
+            let connection = here()
+                .expect("run by its loop")
+                .connection(1, &address, Duration::from_secs(5), &[])
+                .await
+                .unwrap();
             let reply = connection.call(&redis::cmd("PING")).await.unwrap().unwrap();
             finished.send((reply, std::thread::current().id())).unwrap();
         });
-        // The loop never turns: its thread is this test's, which only waits.
+        // The loop turns once (its task asks for the connection), then never again: its
+        // thread is this test's, which only waits.
+        tasks.run_ready();
         let (reply, thread) = finished_on
             .recv_timeout(Duration::from_secs(10))
             .expect("the relief ran the task and read its reply");

@@ -7,8 +7,10 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use redis::Value;
 
+use super::connection::LoopConnection;
 use super::tasks::{here, LoopTasks};
 use crate::sync::lock;
 
@@ -58,6 +60,14 @@ fn serve(listener: TcpListener, turns: &'static [usize]) -> std::thread::JoinHan
     })
 }
 
+async fn connect(address: String) -> Arc<LoopConnection> {
+    here()
+        .expect("run by its loop")
+        .connection(1, &address, Duration::from_secs(10), &[])
+        .await
+        .unwrap()
+}
+
 #[test]
 fn ready_tasks_run_then_what_they_queued_goes_in_one_write_per_turn_whatever_the_number_of_calls() {
     const TURNS: &[usize] = &[1, 2, 50];
@@ -65,15 +75,20 @@ fn ready_tasks_run_then_what_they_queued_goes_in_one_write_per_turn_whatever_the
     let address = listener.local_addr().unwrap().to_string();
     let server = serve(listener, TURNS);
     let tasks = LoopTasks::new(|| {});
+    // The connection opens first, on the core's runtime.
+    tasks.spawn(connect(address.clone()).map(drop));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tasks.connections().all().is_empty() {
+        assert!(Instant::now() < deadline, "the connection did not open");
+        tasks.run_ready();
+        std::thread::sleep(Duration::from_millis(1));
+    }
     for &calls in TURNS {
         let answers = Arc::new(Mutex::new(Vec::new()));
         for _ in 0..calls {
             let (address, answers) = (address.clone(), Arc::clone(&answers));
             tasks.spawn(async move {
-                let connection = here()
-                    .expect("run by its loop")
-                    .connection(1, &address, Duration::from_secs(10), &[])
-                    .unwrap();
+                let connection = connect(address).await;
                 let reply = connection.call(&redis::cmd("PING")).await.unwrap().unwrap();
                 lock(&answers).push(reply);
             });

@@ -56,6 +56,7 @@ impl LoopTarget {
         let call = async {
             let connection = tasks
                 .connection(self.owner, &self.address, deadlines.limit(), &self.handshake)
+                .await
                 // Nothing was sent on a connection that did not open.
                 .map_err(|e| unsent(errors.error(&e.into())))?;
             sending.store(true, Ordering::Relaxed);
