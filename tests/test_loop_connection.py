@@ -234,7 +234,8 @@ def test_loops_in_threads_have_a_connection_each_closed_with_their_loop(
     assert not failures, failures
     assert during >= loops + 1, f"{during} clients: one connection per loop, and the asker"
     assert any(f"db{db}" in line for line in own_redis.cli("INFO", "keyspace").splitlines()), (
-        f"the leases' keys were written to db {db}")
+        f"the leases' keys were written to db {db}"
+    )
     gc.collect()  # the loops go, and their connections with them
     wait_until(lambda: connections(own_redis) <= 2, what="the loops' connections to close")
     asyncio.run(manager.aclose())
@@ -303,7 +304,8 @@ async def test_a_server_with_a_password_takes_the_loops_calls_after_its_handshak
             with pytest.raises(BackendError) as refused:
                 await m.acquire("alice")
             assert "WRONGPASS" in str(refused.value) and "put the right user and password" in str(
-                refused.value), str(refused.value)
+                refused.value
+            ), str(refused.value)
             assert "guess" not in str(refused.value)
     finally:
         server.cleanup()
