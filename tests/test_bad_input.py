@@ -192,6 +192,10 @@ def test_the_core_acquire_takes_one_checked_value_not_loose_positional_arguments
         ("localhost:6379", "unsupported URL"),
         ("redis+cluster://", "names no node"),
         ("redis://:hunter2@/x", "cannot use Redis URL"),
+        # A password in a parameter the client does not read would be left out of the
+        # connection; other clients' URLs write it so.
+        ("redis://127.0.0.1:6379/0?password=hunter2", r"Put the password in the URL"),
+        ("unix:///run/redis.sock?db=2&password=hunter2", r"unix:///path/to/redis.sock\?pass="),
     ],
 )
 def test_bad_urls_are_refused_without_leaking_passwords(url, message):

@@ -172,6 +172,29 @@ async def test_a_connect_that_gets_no_answer_leaves_the_loop_running(key_prefix)
 
 
 @on_every_loop
+async def test_a_unix_socket_takes_the_loops_calls(key_prefix, tmp_path):
+    """A URL of a Unix socket, with a password and another database, takes the loop-thread path:
+    the loop's connection is one more client of the server, and the keys are on that database."""
+    socket_path = tmp_path / "redis.sock"
+    server = RedisServer("--unixsocket", str(socket_path), "--requirepass", "pw").start()
+    manager = StreamLeaseManager(
+        url=f"unix://{socket_path}?db=3&pass=pw",
+        config=LeaseConfig(key_prefix=key_prefix, max_global=0),
+    )
+    try:
+        await manager.get_active_count()  # a call on tokio: its connection opens
+        before = connections(server)
+        leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(8)))
+        assert connections(server) == before + 1, "the loop's connection took the acquires"
+        assert "db3:keys=" in server.cli("INFO", "keyspace")
+        assert all(await asyncio.gather(*(lease.release() for lease in leases)))
+        await count_is(manager, 0)
+    finally:
+        await manager.aclose()
+        server.cleanup()
+
+
+@on_every_loop
 async def test_hits_go_on_the_loops_connection_and_refuse_at_the_limit(
     own_redis, make_own_redis_manager
 ):

@@ -1,6 +1,6 @@
-//! A Redis connection owned by one event loop: a non-blocking `TcpStream` whose readiness the
-//! loop's selector reports (the binding watches it with `add_reader`, and with `add_writer`
-//! only while a write is partial). Commands are encoded by redis-rs (`Cmd`) into one buffer
+//! A Redis connection owned by one event loop: a non-blocking socket (TCP or Unix, `socket.rs`)
+//! whose readiness the loop's selector reports (the binding watches it with `add_reader`, and
+//! with `add_writer` only while a write is partial). Commands are encoded by redis-rs (`Cmd`) into one buffer
 //! that the loop writes once per turn, whatever number of calls its tasks made; replies are
 //! parsed by redis-rs's own decoder (`ValueCodec`, which resumes a reply split across reads)
 //! and go to their callers in order: Redis answers a connection's commands in the order sent.
@@ -10,7 +10,6 @@
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +19,8 @@ use bytes::BytesMut;
 use redis::{Cmd, RedisError, RedisResult, Value, ValueCodec};
 use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
+
+use super::socket::Socket;
 
 use crate::runtime;
 use crate::sync::lock;
@@ -36,7 +37,7 @@ pub type Reply = RedisResult<Value>;
 pub struct LoopConnection {
     /// Which store the connection serves (a loop may hold one per store).
     pub owner: u64,
-    stream: TcpStream,
+    stream: Socket,
     state: Mutex<State>,
     /// Closed by an error, or by its loop: calls go to a new connection.
     broken: AtomicBool,
@@ -69,11 +70,10 @@ impl LoopConnection {
     /// A connection on `stream`, made non-blocking; `handshake` is queued before any call.
     pub(super) fn new(
         owner: u64,
-        stream: TcpStream,
+        stream: Socket,
         limit: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Self> {
-        stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
         let mut state = State::default();
         for cmd in handshake {
@@ -213,8 +213,7 @@ impl LoopConnection {
         let blocking = self
             .stream
             .set_nonblocking(false)
-            .and_then(|()| self.stream.set_read_timeout(Some(self.limit)))
-            .and_then(|()| self.stream.set_write_timeout(Some(self.limit)));
+            .and_then(|()| self.stream.set_timeouts(self.limit));
         if blocking.is_ok() && !self.flush() {
             loop {
                 let due = lock(&self.state).pending.len();
@@ -332,7 +331,7 @@ mod tests {
             let _ = peer.read(&mut third);
             // Closed with the third command unanswered.
         });
-        let stream = TcpStream::connect(&address).unwrap();
+        let stream = Socket::Tcp(std::net::TcpStream::connect(&address).unwrap());
         let connection = LoopConnection::new(1, stream, Duration::from_secs(5), &[]).unwrap();
         let mut first = connection.call(&redis::cmd("PING"));
         let mut second = connection.call(&redis::cmd("PING"));

@@ -2,8 +2,8 @@
 //! its tasks call on (`LoopTasks::connection`) and the binding watches. `LoopTasks` keeps one and
 //! closes it with the loop.
 //!
-//! A connection is opened on the core's runtime (the name's lookup, then a connect to each of
-//! its addresses in turn, bounded by the call's limit) and handed to the loop: the loop's thread
+//! A connection is opened on the core's runtime (`socket.rs`, bounded by the call's limit) and
+//! handed to the loop: the loop's thread
 //! never waits for a server that does not answer. The loop's tasks that want the connection
 //! meanwhile await the same opening.
 
@@ -15,6 +15,7 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::Cmd;
 
 use super::connection::LoopConnection;
+use super::socket::{Address, Socket};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -41,7 +42,7 @@ impl LoopConnections {
     pub(super) async fn open(
         &self,
         owner: u64,
-        address: &str,
+        address: &Address,
         timeout: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
@@ -56,7 +57,7 @@ impl LoopConnections {
             match held.opening.iter().find(|(of, _)| *of == owner) {
                 Some((_, opening)) => opening.clone(),
                 None => {
-                    let opening = connect(owner, address.to_owned(), timeout, handshake.to_vec());
+                    let opening = connect(owner, address.clone(), timeout, handshake.to_vec());
                     held.opening.push((owner, opening.clone()));
                     opening
                 }
@@ -98,11 +99,10 @@ impl LoopConnections {
     }
 }
 
-/// Opens `owner`'s connection to `address` on the core's runtime, within `timeout`: the name's
-/// addresses are tried in turn, as a blocking connect would.
-fn connect(owner: u64, address: String, timeout: Duration, handshake: Vec<Cmd>) -> Opening {
+/// Opens `owner`'s connection to `address` on the core's runtime, within `timeout`.
+fn connect(owner: u64, address: Address, timeout: Duration, handshake: Vec<Cmd>) -> Opening {
     let opened = runtime::handle().spawn(async move {
-        let connected = tokio::time::timeout(timeout, connect_any(&address))
+        let connected = tokio::time::timeout(timeout, Socket::connect(&address))
             .await
             .unwrap_or_else(|_| {
                 Err(std::io::Error::new(
@@ -111,8 +111,7 @@ fn connect(owner: u64, address: String, timeout: Duration, handshake: Vec<Cmd>) 
                 ))
             });
         connected
-            .and_then(|stream| stream.into_std())
-            .and_then(|stream| LoopConnection::new(owner, stream, timeout, &handshake))
+            .and_then(|socket| LoopConnection::new(owner, socket, timeout, &handshake))
             .map(Arc::new)
             .map_err(|e| (e.kind(), e.to_string()))
     });
@@ -122,16 +121,4 @@ fn connect(owner: u64, address: String, timeout: Duration, handshake: Vec<Cmd>) 
         })
         .boxed()
         .shared()
-}
-
-/// A connection to the first of `address`'s addresses that accepts one.
-async fn connect_any(address: &str) -> std::io::Result<tokio::net::TcpStream> {
-    let mut last = std::io::Error::new(ErrorKind::NotFound, format!("{address} resolves to no address"));
-    for at in tokio::net::lookup_host(address).await? {
-        match tokio::net::TcpStream::connect(at).await {
-            Ok(stream) => return Ok(stream),
-            Err(error) => last = error,
-        }
-    }
-    Err(last)
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::Cmd;
 
 use super::connection::LoopConnection;
+use super::socket::Address;
 use super::tasks::{LoopTasks, Shared};
 use crate::runtime;
 
@@ -29,7 +30,7 @@ impl LoopTasks {
     pub async fn connection(
         &self,
         owner: u64,
-        address: &str,
+        address: &Address,
         timeout: Duration,
         handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
@@ -109,7 +110,7 @@ mod tests {
     #[test]
     fn a_reply_that_comes_while_the_loop_is_blocked_reaches_its_task_and_the_loop_is_woken() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap().to_string();
+        let address = Address::Tcp(listener.local_addr().unwrap().to_string());
         let server = std::thread::spawn(move || {
             let (mut peer, _) = listener.accept().unwrap();
             let mut got = Vec::new();

@@ -11,6 +11,7 @@ use futures_util::FutureExt;
 use redis::Value;
 
 use super::connection::LoopConnection;
+use super::socket::Address;
 use super::tasks::{here, LoopTasks};
 use crate::sync::lock;
 
@@ -60,7 +61,7 @@ fn serve(listener: TcpListener, turns: &'static [usize]) -> std::thread::JoinHan
     })
 }
 
-async fn connect(address: String) -> Arc<LoopConnection> {
+async fn connect(address: Address) -> Arc<LoopConnection> {
     here()
         .expect("run by its loop")
         .connection(1, &address, Duration::from_secs(10), &[])
@@ -72,7 +73,7 @@ async fn connect(address: String) -> Arc<LoopConnection> {
 fn ready_tasks_run_then_what_they_queued_goes_in_one_write_per_turn_whatever_the_number_of_calls() {
     const TURNS: &[usize] = &[1, 2, 50];
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap().to_string();
+    let address = Address::Tcp(listener.local_addr().unwrap().to_string());
     let server = serve(listener, TURNS);
     let tasks = LoopTasks::new(|| {});
     // The connection opens first, on the core's runtime.

@@ -1,8 +1,8 @@
 //! A link's calls from an event loop's own thread (`crate::loop_io`, behind the switch): on
-//! that loop's connection to a plain TCP Redis, opened with the URL's handshake (its protocol,
-//! user and password, database). Every other URL, and
-//! every call made on tokio (keep-alives, top-ups, waiting, revocations, reaping), goes on
-//! the link's tokio connection. Deadlines and errors are those of the tokio path.
+//! that loop's connection to a Redis over plain TCP or a Unix socket, opened with the URL's
+//! handshake (its protocol, user and password, database). Every other URL (TLS, Sentinel,
+//! Cluster), and every call made on tokio (keep-alives, top-ups, waiting, revocations, reaping),
+//! goes on the link's tokio connection. Deadlines and errors are those of the tokio path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,32 +12,37 @@ use super::link_errors::{is_missing_function, is_without_functions, unsent, Link
 use super::scripts::{Invocation, LIBRARY};
 use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
-use crate::loop_io::{self, LoopTasks, Reply};
+use crate::loop_io::{self, Address, LoopTasks, Reply};
 
 /// Where a link's calls go from an event loop's thread: the address of its Redis, what a new
 /// connection sends first, and the key of its connection there (one per link and loop).
 pub struct LoopTarget {
     pub owner: u64,
-    address: String,
+    address: Address,
     handshake: Vec<Cmd>,
 }
 
 impl LoopTarget {
-    /// The target of `client` when the switch is on and its URL is plain TCP; None otherwise
-    /// (the link stays on tokio).
+    /// The target of `client` when the switch is on and its URL is plain TCP or a Unix socket;
+    /// None otherwise (the link stays on tokio).
     pub fn of(client: &redis::Client) -> Option<Self> {
         if !loop_io::switched_on() {
             return None;
         }
         let info = client.get_connection_info();
-        match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Some(LoopTarget {
-                owner: loop_io::owner_id(),
-                address: format!("{}:{port}", host.trim_start_matches('[').trim_end_matches(']')),
-                handshake: handshake(info.redis_settings()),
-            }),
-            _ => None,
-        }
+        let address = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Address::Tcp(format!(
+                "{}:{port}",
+                host.trim_start_matches('[').trim_end_matches(']')
+            )),
+            ConnectionAddr::Unix(path) => Address::Unix(path.clone()),
+            _ => return None,
+        };
+        Some(LoopTarget {
+            owner: loop_io::owner_id(),
+            address,
+            handshake: handshake(info.redis_settings()),
+        })
     }
 
     /// One script call on `tasks`' connection to this target (opened if needed), within

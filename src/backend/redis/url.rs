@@ -27,6 +27,14 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
     let target = redact(url);
     let bad_url =
         |e: redis::RedisError| CoreError::InvalidInput(format!("cannot use Redis URL {target:?}: {e}"));
+    if let Some(name) = unread_password_parameter(url) {
+        return Err(CoreError::InvalidInput(format!(
+            "cannot use Redis URL {target:?}: its `{name}=` query parameter is not read, so the \
+             connection would go without a password. Put the password in the URL, percent-encoded: \
+             redis://:PASSWORD@host:port/0 (or redis://USER:PASSWORD@...), or for a Unix socket \
+             unix:///path/to/redis.sock?pass=PASSWORD"
+        )));
+    }
     let certificates = ca_pem.map(|pem| TlsCertificates {
         client_tls: None,
         root_cert: Some(pem),
@@ -189,25 +197,44 @@ pub fn redact(url: &str) -> String {
     format!("{scheme}://{shown}@{}", hide_pass_parameter(after))
 }
 
-/// `path?a=1&pass=secret` -> `path?a=1&pass=***` (also `sentinel_password=`).
+/// `path?a=1&pass=secret` -> `path?a=1&pass=***`: every parameter whose name says it holds a
+/// secret (`pass=` and `sentinel_password=`, which are read, and the `password=` or `token=` of
+/// other clients' URLs, which are refused but shown in the refusal).
 fn hide_pass_parameter(text: &str) -> String {
     let Some((path, query)) = text.split_once('?') else {
         return text.to_owned();
     };
-    let query: Vec<&str> = query
+    let query: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some(("pass", _)) => "pass=***",
-            Some(("sentinel_password", _)) => "sentinel_password=***",
-            _ => pair,
+            Some((name, _)) if holds_a_secret(name) => format!("{name}=***"),
+            _ => pair.to_owned(),
         })
         .collect();
     format!("{path}?{}", query.join("&"))
 }
 
+fn holds_a_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+/// A password given as a query parameter that redis-rs does not read (`password=`, as other
+/// clients' URLs have it): the connection would go without it, and fail as unauthenticated.
+fn unread_password_parameter(url: &str) -> Option<&str> {
+    let after_credentials = url.rsplit_once('@').map_or(url, |(_, after)| after);
+    let (_, query) = after_credentials.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').map(|(name, _)| name))
+        .find(|name| holds_a_secret(name) && !["pass", "sentinel_password"].contains(name))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{credentials, redact};
+    use super::{credentials, redact, unread_password_parameter};
 
     #[test]
     fn sentinel_credentials_are_percent_decoded() {
@@ -223,6 +250,27 @@ mod tests {
         assert_eq!(credentials("app"), Ok((Some("app".to_owned()), None)));
         assert_eq!(credentials(""), Ok((None, None)));
         assert!(credentials(":%FF").unwrap_err().contains("password is not UTF-8"));
+    }
+
+    #[test]
+    fn a_password_in_a_query_parameter_that_is_not_read_is_refused_and_hidden() {
+        for url in [
+            "redis://h:1/0?password=pw",
+            "unix:///tmp/r.sock?db=2&password=pw",
+            "redis+unix:///tmp/r.sock?passwd=pw",
+            "rediss://u:p?w@h:1/0?token=pw",
+        ] {
+            assert!(unread_password_parameter(url).is_some(), "{url}");
+            assert!(!redact(url).contains("=pw"), "{url}: {}", redact(url));
+        }
+        for url in [
+            "unix:///tmp/r.sock?db=2&pass=pw",
+            "redis+sentinel://a:1/m?sentinel_username=s&sentinel_password=pw",
+            "redis://u:pa?ssword=x@h:1/0",
+            "redis://h:1/0?protocol=resp3",
+        ] {
+            assert_eq!(unread_password_parameter(url), None, "{url}");
+        }
     }
 
     #[test]
