@@ -132,7 +132,9 @@ async def test_cancelled_acquires_give_back_their_reservations_and_rate_units(ma
     came back but before its caller took it gives back its slot, and must give back all else
     the grant took: its token reservation and its start's request-rate unit, at every level
     (the team's, paired with the team's id, as the user's). A stream that never started is
-    charged nothing; one that started and streamed nothing, only its start."""
+    charged nothing; one that started and streamed nothing, only its start. Guards the bug
+    where a grant whose future had resolved, its task cancelled before it ran again (seen about
+    one run in ten on uvloop), gave back its slot and reservation but kept its start charged."""
     manager = make_manager(max_per_user=0, max_global=10)
     starts = RateLimit("starts", 10**6, per=3600)
     tokens = RateLimit("tokens", 10**9, per=3600, unit="tokens")

@@ -1,18 +1,23 @@
 """The hot path on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``, read when
-a manager is built): acquires that do not wait, releases and hits make their Redis calls on a
-connection of the loop's own, one per loop; everything else stays on the core's runtime. Each
+a manager is built): acquires that do not wait, releases (with their budgets' settlement) and
+hits make their Redis calls on a connection of the loop's own, one per loop; everything else stays on the core's runtime. Each
 case runs with the switch on, on asyncio and uvloop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import random
 import socket
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis as redis_py
 
 from fastapi_stream_lease import (
     BackendError,
@@ -192,6 +197,59 @@ async def test_a_unix_socket_takes_the_loops_calls(key_prefix, tmp_path):
     finally:
         await manager.aclose()
         server.cleanup()
+
+
+@contextlib.contextmanager
+def commands_seen(server: RedisServer) -> Iterator[list[dict[str, Any]]]:
+    """The commands ``server`` runs while the block runs, as its ``MONITOR`` tells them (each
+    with the port of the client that sent it)."""
+    seen: list[dict[str, Any]] = []
+    marker = f"end-of-monitor-{uuid.uuid4()}"
+    client = redis_py.Redis(port=server.port, decode_responses=True)
+    ready = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            ready.set()
+            for command in monitor.listen():
+                if marker in command["command"]:
+                    return
+                seen.append(command)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    ready.wait(timeout=10)
+    try:
+        yield seen
+    finally:
+        redis_py.Redis(port=server.port).echo(marker)
+        watcher.join(timeout=10)
+        client.close()
+
+
+@on_every_loop
+async def test_a_budgeted_release_settles_beside_it_on_the_loops_connection(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager()
+    tokens = RateLimit("tokens", 10_000, per=3600, unit="tokens")
+    await manager.get_active_count()  # a call on tokio: its connection opens
+    with commands_seen(own_redis) as seen:
+        lease = await manager.acquire("alice", budgets=[tokens], reserve=(0, 100))
+        lease.consume(7)
+        await lease.release()
+        assert manager.stats()["unsettled"] == 0, "the release resolves once settled"
+    sent_by = {
+        script: {
+            c["client_port"]
+            for c in seen
+            if c["command"].startswith("FCALL") and c["command"].split()[1].endswith(f"_{script}")
+        }
+        for script in ("acquire", "release", "settle")
+    }
+    assert len(sent_by["acquire"]) == 1, sent_by
+    assert sent_by["release"] == sent_by["settle"] == sent_by["acquire"], sent_by
+    assert (await manager.peek("alice", tokens)).used == 7
 
 
 @on_every_loop

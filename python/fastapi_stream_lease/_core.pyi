@@ -154,6 +154,7 @@ class LeaseConfig:
 class LeaseHandle:
     """A slot held in every pool of one acquire, renewed by the manager until released."""
 
+    def _take(self) -> None: ...
     @property
     def lease_id(self) -> str: ...
     @property

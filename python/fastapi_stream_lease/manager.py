@@ -333,6 +333,9 @@ class StreamLeaseManager:
                 if self._lifecycle is not None:
                     self._lifecycle.refused(user_id, error)
             raise
+        # Taken: its start counts. A grant that came back but was never taken (this task
+        # cancelled before it ran again) gives its start back when dropped.
+        handle._take()
         if telemetry is None:
             return self._granted(handle, counted)
         decisions = handle.rate_decisions if policies else ()

@@ -162,9 +162,10 @@ impl Budgets {
     }
 
     /// Settles the meter of a released lease: charges what it used beyond its reservation and
-    /// gives back the rest, at once (the embedded store on the spot, Redis in a task of the
-    /// runtime, returned so the release can wait for it; a failed call is retried later).
-    pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<JoinHandle<()>> {
+    /// gives back the rest: the embedded store on the spot, Redis by the returned call, which
+    /// the release runs beside its own (on its event loop's connection when it runs there),
+    /// or which is spawned; a failed call is retried later.
+    pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<SettlementCall> {
         let meter = lock(&self.meters).remove(&record.id)?;
         let (adjustments, answer) = meter.end()?;
         // A lost lease's stream (expired, revoked, drained) was cut short: its size is no
@@ -192,20 +193,23 @@ impl Budgets {
     /// like a settlement.
     pub fn give_back(self: &Arc<Self>, record: &LeaseRecord, refunds: Vec<Adjustment>) {
         if !refunds.is_empty() {
-            drop(self.apply(record.store, Settlement::untaken(record.id.as_str(), refunds)));
+            if let Some(call) = self.apply(record.store, Settlement::untaken(record.id.as_str(), refunds)) {
+                runtime::handle().spawn(call);
+            }
         }
     }
 
     /// Applies adjustments (a settlement or a give-back): on the embedded store at once, on
-    /// Redis in a task of the runtime (returned; a failed call is tried again later).
-    fn apply(self: &Arc<Self>, store: Store, settlement: Settlement) -> Option<JoinHandle<()>> {
+    /// Redis by the returned call, which the caller must run (a failed call is tried again
+    /// later); `close` waits for it.
+    fn apply(self: &Arc<Self>, store: Store, settlement: Settlement) -> Option<SettlementCall> {
         if self.stores.get(store).is_embedded() {
             let settled = futures_util::FutureExt::now_or_never(self.stores.get(store).settle(&settlement));
             debug_assert!(settled.is_some(), "the memory backend never waits");
             return None;
         }
         let budgets = Arc::clone(self);
-        Some(runtime::handle().spawn(self.calls.track_future(async move {
+        Some(Box::pin(self.calls.track_future(async move {
             budgets.send_adjustments(store, settlement).await;
         })))
     }
@@ -254,6 +258,9 @@ impl Budgets {
         )
     }
 }
+
+/// A settlement's call to Redis, to be run to its end.
+pub type SettlementCall = futures_util::future::BoxFuture<'static, ()>;
 
 /// Adjustments whose call failed, and the store they are for.
 type Retry = (Store, Settlement);

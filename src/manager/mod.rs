@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use self::answer_estimates::AnswerEstimates;
-pub use self::grant::PoolUsage;
+pub use self::grant::{Granted, PoolUsage};
 pub use self::request::{AcquireRequest, MAX_WEIGHT};
 use self::waiting::LocalLine;
 use crate::backend::{Backend, CallStats, Stores};

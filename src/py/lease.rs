@@ -1,7 +1,7 @@
 //! The core handle behind the Python `Lease` (`fastapi_stream_lease/lease.py`), which adds
 //! `wrap()` and the lost watch. Dropped without a release, it frees its slot.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -9,9 +9,10 @@ use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
 use crate::budget::{Meter, Usage};
-use crate::manager::PoolUsage;
+use crate::manager::{Granted, PoolUsage};
 use crate::rate::Decision;
 use crate::renewal::{HeldLease, Releasing};
+use crate::sync::lock;
 
 /// A slot held in every pool of one acquire, renewed by the manager until released.
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
@@ -26,24 +27,23 @@ pub struct LeaseHandle {
     meter: Option<Arc<Meter>>,
     /// Whether its release makes its call on the event loop's own thread (`crate::loop_io`).
     on_loop: bool,
+    /// The grant, until its caller takes the handle (`_take`): a handle its caller never took
+    /// (the awaiting task cancelled after the grant came, before it ran again) gives back its
+    /// start's rate units when dropped, as its release gives back the rest.
+    untaken: Mutex<Option<Granted>>,
 }
 
 impl LeaseHandle {
-    pub fn new(
-        held: HeldLease,
-        fencing_token: u64,
-        rates: Vec<Decision>,
-        usage: Vec<PoolUsage>,
-        meter: Option<Arc<Meter>>,
-        on_loop: bool,
-    ) -> Self {
+    /// The handle of `granted`, held by `held`.
+    pub fn new(held: HeldLease, granted: Granted, on_loop: bool) -> Self {
         LeaseHandle {
             held,
-            fencing_token,
-            rates,
-            meter,
-            usage,
+            fencing_token: granted.fencing_token(),
+            rates: granted.rate_decisions().to_vec(),
+            usage: granted.usage().to_vec(),
+            meter: granted.meter().cloned(),
             on_loop,
+            untaken: Mutex::new(Some(granted)),
         }
     }
 }
@@ -60,6 +60,13 @@ impl LeaseHandle {
 
 #[pymethods]
 impl LeaseHandle {
+    /// The caller has the handle: its start counts from now on.
+    fn _take(&self) {
+        if let Some(granted) = lock(&self.untaken).take() {
+            granted.delivered();
+        }
+    }
+
     /// Random id of this lease (the member stored in each pool).
     #[getter]
     fn lease_id(&self) -> &str {

@@ -104,8 +104,8 @@ impl Manager {
         let embedded = self.core.is_embedded();
         let on_loop = self.core.io_on_loop_thread();
         // Held as soon as granted, on the runtime; a result nobody receives (loop gone, future
-        // cancelled) drops its handle, which releases the lease, and its grant, which gives back
-        // the start's rate units.
+        // cancelled), or a handle its caller never takes (`LeaseHandle::_take`), is dropped,
+        // which releases the lease and gives back the start's rate units.
         let held = acquired.map(|outcome| {
             outcome.and_then(|mut granted| {
                 let handle = granted.hold()?;
@@ -114,14 +114,7 @@ impl Manager {
         });
         let op = bridge::delivering(held, move |(granted, handle)| {
             Box::new(move |py: Python<'_>| {
-                let rates = granted.rate_decisions().to_vec();
-                let usage = granted.usage().to_vec();
-                let meter = granted.meter().cloned();
-                let fencing_token = granted.fencing_token();
-                let lease = LeaseHandle::new(handle, fencing_token, rates, usage, meter, on_loop);
-                let lease = Py::new(py, lease)?;
-                granted.delivered();
-                Ok(lease.into_any())
+                Ok(Py::new(py, LeaseHandle::new(handle, granted, on_loop))?.into_any())
             })
         });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that

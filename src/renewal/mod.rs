@@ -37,6 +37,7 @@ use crate::budget::Budgets;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
 use crate::lease::{monotonic_ms, LeaseRecord, Store};
+use crate::runtime;
 use crate::sync::lock;
 
 pub struct Leases {
@@ -161,7 +162,9 @@ impl Leases {
             .collect();
         for record in &held {
             // `Budgets::close` waits for these.
-            drop(self.budgets.settle(record));
+            if let Some(settlement) = self.budgets.settle(record) {
+                runtime::handle().spawn(settlement);
+            }
         }
         let leases = Arc::clone(self);
         async move {

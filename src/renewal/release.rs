@@ -6,13 +6,13 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures_util::FutureExt;
-use tokio::task::JoinHandle;
+use futures_util::{future, FutureExt};
 use tokio_util::task::TaskTracker;
 
 use super::release_calls::ReleaseCalls;
 use super::{counters, Leases};
 use crate::backend::{batches, Stores};
+use crate::budget::SettlementCall;
 use crate::errors::CoreResult;
 use crate::group_commit::GroupCommit;
 use crate::keys::LineKeys;
@@ -107,40 +107,43 @@ impl Leases {
                 .now_or_never()
                 .expect("the memory backend never waits")
                 .map(|answers| answers.into_iter().next().unwrap_or(Ok(false)));
-            let done = self.after_release(record, released, settlement).now_or_never();
-            return Some(Releasing::Done(done.expect("the memory backend never waits")));
+            debug_assert!(settlement.is_none(), "the embedded store settles at once");
+            return Some(Releasing::Done(self.after_release(record, released)));
         }
         // Tracked, so that closing the manager waits for it.
         let release = Arc::clone(self).release_task(Arc::clone(record), settlement);
         Some(Releasing::Call(self.releases.tracker.track_future(release)))
     }
 
-    /// A release through Redis, as its task runs it: the call (batched), then `after_release`.
-    /// Only what this path awaits is in it (the embedded store's call in the same block made
-    /// every release's task 4 KB).
+    /// A release through Redis, as its task runs it: the call (batched), then `after_release`,
+    /// and beside it the budgets' settlement, both on the connection of wherever the task runs
+    /// (its event loop's, or tokio's); it resolves once both are done (`usage()` then tells the
+    /// settlement). Only what this path awaits is in it (the embedded store's call in the same
+    /// block made every release's task 4 KB).
     pub(crate) async fn release_task(
         self: Arc<Self>,
         record: Arc<LeaseRecord>,
-        settlement: Option<JoinHandle<()>>,
+        settlement: Option<SettlementCall>,
     ) -> CoreResult<bool> {
-        let released = self.releases.calls_here().submit(Arc::clone(&record)).await;
-        self.after_release(&record, released, settlement).await
+        let calls = self.releases.calls_here();
+        let release = calls
+            .submit(Arc::clone(&record))
+            .map(|released| self.after_release(&record, released));
+        match settlement {
+            Some(settlement) => future::join(release, settlement).await.0,
+            None => release.await,
+        }
     }
 
     /// What follows a release's call (`released`: the call's answer for this lease, see
-    /// `answered`): waiters woken, and its budgets settled too when the release resolves
-    /// (usage() then tells it).
-    async fn after_release(
+    /// `answered`): waiters woken.
+    fn after_release(
         &self,
         record: &Arc<LeaseRecord>,
         released: CoreResult<CoreResult<bool>>,
-        settlement: Option<JoinHandle<()>>,
     ) -> CoreResult<bool> {
         self.answered(record, released.as_ref().ok());
         self.wake();
-        if let Some(settlement) = settlement {
-            let _ = settlement.await;
-        }
         released.and_then(|answer| answer)
     }
 
