@@ -1,7 +1,7 @@
 """The hot path on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``, read when
 a manager is built): acquires that do not wait, releases (with their budgets' settlement) and
-hits make their Redis calls on a connection of the loop's own, one per loop; everything else stays on the core's runtime. Each
-case runs with the switch on, on asyncio and uvloop."""
+hits make their Redis calls on a connection of the loop's own, one per loop; everything else
+stays on the core's runtime. Each case runs with the switch on, on asyncio and uvloop."""
 
 from __future__ import annotations
 
