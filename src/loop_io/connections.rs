@@ -25,6 +25,16 @@ type Opened = Result<Arc<LoopConnection>, (ErrorKind, String)>;
 
 type Opening = Shared<BoxFuture<'static, Opened>>;
 
+/// What a loop's connection goes to: its server, what it sends first, and whose it is (one per
+/// owner, a store, and loop).
+#[derive(Clone)]
+pub struct Endpoint {
+    pub owner: u64,
+    pub address: Address,
+    /// Sent before any call (`HELLO`, `AUTH`, `SELECT`).
+    pub handshake: Vec<Cmd>,
+}
+
 #[derive(Default)]
 pub struct LoopConnections(Mutex<Held>);
 
@@ -36,16 +46,14 @@ struct Held {
 }
 
 impl LoopConnections {
-    /// `owner`'s connection on this loop to `address`, opened now (sending `handshake` first)
-    /// if it has none, or a broken one; new connections are listed for the binding to watch
-    /// (`all`).
+    /// The connection on this loop to `endpoint`, opened now (within `timeout`) if it has none,
+    /// or a broken one; new connections are listed for the binding to watch (`all`).
     pub(super) async fn open(
         &self,
-        owner: u64,
-        address: &Address,
+        endpoint: &Endpoint,
         timeout: Duration,
-        handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
+        let owner = endpoint.owner;
         let opening = {
             let mut held = lock(&self.0);
             if let Some(open) = held.open.iter().find(|c| c.owner == owner && !c.is_broken()) {
@@ -57,7 +65,7 @@ impl LoopConnections {
             match held.opening.iter().find(|(of, _)| *of == owner) {
                 Some((_, opening)) => opening.clone(),
                 None => {
-                    let opening = connect(owner, address.clone(), timeout, handshake.to_vec());
+                    let opening = connect(endpoint.clone(), timeout);
                     held.opening.push((owner, opening.clone()));
                     opening
                 }
@@ -99,9 +107,14 @@ impl LoopConnections {
     }
 }
 
-/// Opens `owner`'s connection to `address` on the core's runtime, within `timeout`.
-fn connect(owner: u64, address: Address, timeout: Duration, handshake: Vec<Cmd>) -> Opening {
+/// Opens a connection to `endpoint` on the core's runtime, within `timeout`.
+fn connect(endpoint: Endpoint, timeout: Duration) -> Opening {
     let opened = runtime::handle().spawn(async move {
+        let Endpoint {
+            owner,
+            address,
+            handshake,
+        } = endpoint;
         let connected = tokio::time::timeout(timeout, Socket::connect(&address))
             .await
             .unwrap_or_else(|_| {

@@ -15,6 +15,7 @@ mod tasks;
 mod turn_tests;
 
 pub use self::connection::{Reply, LOOP_CLOSED};
+pub use self::connections::Endpoint;
 pub use self::socket::Address;
 pub use self::tasks::{here, LoopPlace, LoopTasks};
 

@@ -13,10 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::Cmd;
-
 use super::connection::LoopConnection;
-use super::socket::Address;
+use super::connections::Endpoint;
 use super::tasks::{LoopTasks, Shared};
 use crate::runtime;
 
@@ -25,17 +23,15 @@ use crate::runtime;
 pub const BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl LoopTasks {
-    /// `owner`'s connection on this loop to `address`, opened now if needed
-    /// (`LoopConnections::open`); the loop's relief starts with its first call for one.
+    /// The connection on this loop to `endpoint`, opened now if needed (`LoopConnections::open`);
+    /// the loop's relief starts with its first call for one.
     pub async fn connection(
         &self,
-        owner: u64,
-        address: &Address,
+        endpoint: &Endpoint,
         timeout: Duration,
-        handshake: &[Cmd],
     ) -> std::io::Result<Arc<LoopConnection>> {
         self.start_relief();
-        self.connections().open(owner, address, timeout, handshake).await
+        self.connections().open(endpoint, timeout).await
     }
 
     /// Starts the loop's relief, once; it ends with the loop.
@@ -105,12 +101,16 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::loop_io::here;
+    use crate::loop_io::{here, Address};
 
     #[test]
     fn a_reply_that_comes_while_the_loop_is_blocked_reaches_its_task_and_the_loop_is_woken() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = Address::Tcp(listener.local_addr().unwrap().to_string());
+        let endpoint = Endpoint {
+            owner: 1,
+            address: Address::Tcp(listener.local_addr().unwrap().to_string()),
+            handshake: Vec::new(),
+        };
         let server = std::thread::spawn(move || {
             let (mut peer, _) = listener.accept().unwrap();
             let mut got = Vec::new();
@@ -133,7 +133,7 @@ mod tests {
         tasks.spawn(async move {
             let connection = here()
                 .expect("run by its loop")
-                .connection(1, &address, Duration::from_secs(5), &[])
+                .connection(&endpoint, Duration::from_secs(5))
                 .await
                 .unwrap();
             let reply = connection.call(&redis::cmd("PING")).await.unwrap().unwrap();

@@ -11,6 +11,7 @@ use futures_util::FutureExt;
 use redis::Value;
 
 use super::connection::LoopConnection;
+use super::connections::Endpoint;
 use super::socket::Address;
 use super::tasks::{here, LoopTasks};
 use crate::sync::lock;
@@ -62,9 +63,14 @@ fn serve(listener: TcpListener, turns: &'static [usize]) -> std::thread::JoinHan
 }
 
 async fn connect(address: Address) -> Arc<LoopConnection> {
+    let endpoint = Endpoint {
+        owner: 1,
+        address,
+        handshake: Vec::new(),
+    };
     here()
         .expect("run by its loop")
-        .connection(1, &address, Duration::from_secs(10), &[])
+        .connection(&endpoint, Duration::from_secs(10))
         .await
         .unwrap()
 }

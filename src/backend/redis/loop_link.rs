@@ -12,14 +12,12 @@ use super::link_errors::{is_missing_function, is_without_functions, unsent, Link
 use super::scripts::{Invocation, LIBRARY};
 use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
-use crate::loop_io::{self, Address, LoopTasks, Reply};
+use crate::loop_io::{self, Address, Endpoint, LoopTasks, Reply};
 
-/// Where a link's calls go from an event loop's thread: the address of its Redis, what a new
-/// connection sends first, and the key of its connection there (one per link and loop).
+/// Where a link's calls go from an event loop's thread: its Redis, what a new connection sends
+/// first, and the key of its connection there (one per link and loop).
 pub struct LoopTarget {
-    pub owner: u64,
-    address: Address,
-    handshake: Vec<Cmd>,
+    pub endpoint: Endpoint,
 }
 
 impl LoopTarget {
@@ -39,9 +37,11 @@ impl LoopTarget {
             _ => return None,
         };
         Some(LoopTarget {
-            owner: loop_io::owner_id(),
-            address,
-            handshake: handshake(info.redis_settings()),
+            endpoint: Endpoint {
+                owner: loop_io::owner_id(),
+                address,
+                handshake: handshake(info.redis_settings()),
+            },
         })
     }
 
@@ -60,7 +60,7 @@ impl LoopTarget {
         let sending = AtomicBool::new(false);
         let call = async {
             let connection = tasks
-                .connection(self.owner, &self.address, deadlines.limit(), &self.handshake)
+                .connection(&self.endpoint, deadlines.limit())
                 .await
                 // Nothing was sent on a connection that did not open.
                 .map_err(|e| unsent(errors.error(&e.into())))?;
