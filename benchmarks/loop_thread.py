@@ -1,16 +1,17 @@
 """The core's Redis I/O on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``,
 experimental) against the default path through tokio, in the same run.
 
-With the switch off, every acquire and release crosses threads twice (the loop wakes a tokio
-worker, which writes the socket, reads the reply and wakes the loop through the bridge's
-socketpair); with it on, acquires that do not wait and releases go on a connection the loop's
-own selector watches. This benchmark runs the same acquire + release loop (16 users, unlimited
-pools) in child processes of itself, switch off and on taking turns, at 1 and at 64 coroutines,
-on asyncio's default loop and on uvloop, and prints the medians: cycles per second, the p50 of
-a cycle, the process's CPU per cycle (every thread), and redis-server's CPU per cycle. The
-machine is shared and noisy: read the two rows of one scenario against each other.
+With the switch off, every acquire, release and hit crosses threads twice (the loop wakes a
+tokio worker, which writes the socket, reads the reply and wakes the loop through the bridge's
+socketpair); with it on, acquires that do not wait, releases and hits go on a connection the
+loop's own selector watches. This benchmark runs the same loop of operations (acquire +
+release, 16 users, unlimited pools; or one rate-limit hit, 16 users) in child processes of
+itself, switch off and on taking turns, at 1 and at 64 coroutines, on asyncio's default loop and
+on uvloop, and prints the medians: operations per second, the p50 of one, the process's CPU per
+operation (every thread), and redis-server's CPU per operation. The machine is shared and
+noisy: read the two rows of one scenario against each other.
 
-Run it alone against a Redis of your own (plain TCP, no password, db 0: the switch's scope)::
+Run it alone against a Redis of your own (plain TCP or a Unix socket: the switch's scope)::
 
     benchmarks/.venv/bin/python benchmarks/loop_thread.py --url redis://127.0.0.1:6380/0
 """
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager
 
 from common import (
     RESULTS_DIR,
@@ -42,10 +43,12 @@ from common import (
 USERS = 16
 SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
 LOOPS = ("asyncio", "uvloop")
+WORKS = ("acquire + release", "hit")
+RATE = RateLimit("loopthread", 10**12, per=3600)
 
 
-async def cycles(url: str, coroutines: int, seconds: float) -> dict[str, float]:
-    """Runs acquire + release cycles for ``seconds``; what they cost, per cycle."""
+async def cycles(url: str, work: str, coroutines: int, seconds: float) -> dict[str, float]:
+    """Runs ``work`` (acquire + release, or a hit) for ``seconds``; what it costs, per op."""
     manager = StreamLeaseManager(
         url=url, config=LeaseConfig(key_prefix="loopthread", max_per_user=0, max_global=0)
     )
@@ -57,9 +60,13 @@ async def cycles(url: str, coroutines: int, seconds: float) -> dict[str, float]:
 
     async def worker(w: int) -> None:
         nonlocal done
+        user = f"user{w % USERS}"
         while not stop:
             started = time.perf_counter()
-            await (await manager.acquire(f"user{w % USERS}")).release()
+            if work == "hit":
+                await manager.hit(user, RATE)
+            else:
+                await (await manager.acquire(user)).release()
             durations.append(time.perf_counter() - started)
             done += 1
 
@@ -82,10 +89,12 @@ async def cycles(url: str, coroutines: int, seconds: float) -> dict[str, float]:
     }
 
 
-def child_run(url: str, loop: str, switch: bool, coroutines: int, seconds: float) -> dict:
+def child_run(
+    url: str, work: str, loop: str, switch: bool, coroutines: int, seconds: float
+) -> dict:
     env = {**os.environ, SWITCH: "1" if switch else "0"}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", "--url", url, "--loop", loop,
+        [sys.executable, __file__, "--child", "--url", url, "--work", work, "--loop", loop,
          "--coroutines", str(coroutines), "--seconds", str(seconds)],
         env=env, check=True, capture_output=True, text=True,
     )
@@ -99,10 +108,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--coroutines", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--loop", choices=LOOPS, default="asyncio", help=argparse.SUPPRESS)
+    parser.add_argument("--work", choices=WORKS, default=WORKS[0], help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        run = cycles(args.url, args.coroutines, args.seconds)
+        run = cycles(args.url, args.work, args.coroutines, args.seconds)
         if args.loop == "uvloop":
             import uvloop
 
@@ -110,27 +120,30 @@ def main() -> None:
         else:
             print(json.dumps(asyncio.run(run)))
         return
-    runs: dict[tuple[str, int, bool], list[dict[str, float]]] = {}
-    for coroutines in (1, 64):
-        for _ in range(args.repeats):
-            for loop in LOOPS:
-                for switch in (False, True):  # in turns, so a slow minute weighs on both
-                    runs.setdefault((loop, coroutines, switch), []).append(
-                        child_run(args.url, loop, switch, coroutines, args.seconds)
-                    )
+    runs: dict[tuple[str, str, int, bool], list[dict[str, float]]] = {}
+    for work in WORKS:
+        for coroutines in (1, 64):
+            for _ in range(args.repeats):
+                for loop in LOOPS:
+                    for switch in (False, True):  # in turns, so a slow minute weighs on both
+                        runs.setdefault((work, loop, coroutines, switch), []).append(
+                            child_run(args.url, work, loop, switch, coroutines, args.seconds)
+                        )
     rows, summary = [], []
-    for (loop, coroutines, switch), results in sorted(runs.items()):
+    for (work, loop, coroutines, switch), results in sorted(runs.items()):
         median = {k: statistics.median(r[k] for r in results) for k in results[0]}
-        summary.append({"loop": loop, "coroutines": coroutines, "switch": switch, **median})
+        summary.append(
+            {"work": work, "loop": loop, "coroutines": coroutines, "switch": switch, **median}
+        )
         rows.append([
-            loop, scenario_name(coroutines), "on" if switch else "off",
+            work, loop, scenario_name(coroutines), "on" if switch else "off",
             f"{median['cycles_per_s']:,.0f}", f"{median['p50_ms']:.2f}",
             f"{median['process_us']:.1f}", f"{median['redis_us']:.1f}",
         ])
-    print(f"\nacquire + release, {SWITCH} off (tokio) and on (the loop's thread) in turns; "
-          f"medians of {args.repeats} runs of {args.seconds:g} s (CPU in µs per cycle)")
-    print_table(["loop", "scenario", "switch", "cycles/s", "p50 ms", "process CPU",
-                 "Redis CPU"], rows, left=3)
+    print(f"\n{SWITCH} off (tokio) and on (the loop's thread) in turns; medians of "
+          f"{args.repeats} runs of {args.seconds:g} s (CPU in µs per operation)")
+    print_table(["work", "loop", "scenario", "switch", "ops/s", "p50 ms", "process CPU",
+                 "Redis CPU"], rows, left=4)
     today = datetime.date.today().isoformat()
     write_json(RESULTS_DIR / f"loop_thread-{today}.json",
                {"machine": {**machine_info(), "event_loop": "asyncio's default loop and uvloop"},
