@@ -45,6 +45,8 @@ mod runtime;
 mod sync;
 
 #[cfg(test)]
+mod file_lengths;
+#[cfg(test)]
 mod layering;
 
 use pyo3::prelude::*;
