@@ -1,5 +1,5 @@
 """The hot path on the event loop's own thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``, read when
-a manager is built): acquires that do not wait, releases (with their budgets' settlement) and
+a manager is built): acquires (waiting ones too), releases (with their budgets' settlement) and
 hits make their Redis calls on a connection of the loop's own, one per loop; everything else
 stays on the core's runtime. Each case runs with the switch on, on asyncio and uvloop."""
 
@@ -30,7 +30,7 @@ from fastapi_stream_lease import (
 
 from support.loops import LOOP_FACTORIES, on_every_loop
 from support.redis_servers import RedisServer
-from support.waiting import admits_again, count_is, wait_until
+from support.waiting import admits_again, count_is, eventually, wait_until
 
 SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
 
@@ -250,6 +250,34 @@ async def test_a_budgeted_release_settles_beside_it_on_the_loops_connection(
     assert len(sent_by["acquire"]) == 1, sent_by
     assert sent_by["release"] == sent_by["settle"] == sent_by["acquire"], sent_by
     assert (await manager.peek("alice", tokens)).used == 7
+
+
+@on_every_loop
+async def test_waiting_acquires_go_on_the_loops_connection_and_leave_the_line_when_cancelled(
+    own_redis, make_own_redis_manager
+):
+    manager = make_own_redis_manager(max_per_user=0, max_global=1)
+    await manager.get_active_count()  # a call on tokio: its connection opens
+    with commands_seen(own_redis) as seen:
+        held = await manager.acquire("alice")
+        bob = asyncio.create_task(manager.acquire("bob", wait_timeout=30))
+        carol = asyncio.create_task(manager.acquire("carol", wait_timeout=30))
+        await eventually(lambda: manager.stats()["waiting"] == 2, what="both in line")
+        carol.cancel()
+        await eventually(lambda: manager.stats()["waiting"] == 1, what="carol out of line")
+        await held.release()
+        lease = await bob
+    acquires_from = {
+        c["client_port"]
+        for c in seen
+        if c["command"].startswith("FCALL") and c["command"].split()[1].endswith("_acquire")
+    }
+    assert len(acquires_from) == 1, f"every acquire, waiting ones too, from one client: {seen}"
+    with pytest.raises(asyncio.CancelledError):
+        await carol
+    await lease.release()
+    await count_is(manager, 0)
+    assert own_redis.cli("ZCARD", f"{{{manager.config.key_prefix}}}:global|line") == "0"
 
 
 @on_every_loop

@@ -17,7 +17,7 @@ mod turn_tests;
 pub use self::connection::{Reply, LOOP_CLOSED};
 pub use self::connections::Endpoint;
 pub use self::socket::Address;
-pub use self::tasks::{here, LoopPlace, LoopTasks};
+pub use self::tasks::{here, Abort, LoopPlace, LoopTasks};
 
 /// The environment variable that turns the loop-thread path on (`1`), read when a manager is
 /// built.

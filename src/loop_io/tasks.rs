@@ -19,6 +19,9 @@ use crate::sync::lock;
 
 type Boxed = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// What stops a task (`LoopTasks::spawn_abortable`).
+pub type Abort = Box<dyn Fn() + Send + Sync>;
+
 /// The tasks of one event loop, and what they keep per loop (its connections, its batches).
 #[derive(Clone)]
 pub struct LoopTasks {
@@ -136,18 +139,47 @@ impl LoopTasks {
     /// Queues `future` to run at the next `run_ready`; once the loop closed, it runs on the
     /// core's runtime instead, so that it finishes (and gives back what it took).
     pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
-        if self.shared.closed.load(Ordering::Acquire) {
+        if let Err(future) = self.queue(Box::pin(future)) {
             runtime::handle().spawn(future);
-            return;
+        }
+    }
+
+    /// As `spawn`, and returns what stops the task: its future is dropped (at once, or when a
+    /// poll under way ends), which ends it; on the core's runtime, tokio's abort.
+    pub fn spawn_abortable(&self, future: impl Future<Output = ()> + Send + 'static) -> Abort {
+        match self.queue(Box::pin(future)) {
+            Ok(id) => {
+                let tasks = Arc::downgrade(&self.shared);
+                Box::new(move || {
+                    let task = tasks.upgrade().and_then(|shared| lock(&shared.live).remove(&id));
+                    if let Some(task) = task {
+                        let future = lock(&task.future).take();
+                        drop(future);
+                    }
+                })
+            }
+            Err(future) => {
+                let task = runtime::handle().spawn(future).abort_handle();
+                Box::new(move || task.abort())
+            }
+        }
+    }
+
+    /// Queues `future` as a task of the loop (its id); the future back once the loop closed.
+    fn queue(&self, future: Boxed) -> Result<u64, Boxed> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(future);
         }
         let task = Arc::new(Task {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
-            future: Mutex::new(Some(Box::pin(future))),
+            future: Mutex::new(Some(future)),
             queued: AtomicBool::new(true),
             tasks: Arc::downgrade(&self.shared),
         });
-        lock(&self.shared.live).insert(task.id, Arc::clone(&task));
+        let id = task.id;
+        lock(&self.shared.live).insert(id, Arc::clone(&task));
         lock(&self.shared.ready).push_back(task);
+        Ok(id)
     }
 
     /// Runs the queued tasks, those they wake included, until none is queued; on the loop's
@@ -256,143 +288,5 @@ impl LoopPlace {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-
-    use super::*;
-
-    fn counted_tasks() -> (LoopTasks, Arc<AtomicUsize>) {
-        let wakes = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&wakes);
-        let tasks = LoopTasks::new(move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        });
-        (tasks, wakes)
-    }
-
-    #[test]
-    fn tasks_run_on_the_loop_thread_and_wake_it_once_from_another() {
-        let (tasks, wakes) = counted_tasks();
-        let (first, first_answer) = tokio::sync::oneshot::channel::<u32>();
-        let (second, second_answer) = tokio::sync::oneshot::channel::<u32>();
-        let got = Arc::new(Mutex::new(Vec::new()));
-        for answer in [first_answer, second_answer] {
-            let got = Arc::clone(&got);
-            tasks.spawn(async move {
-                let value = answer.await.unwrap();
-                lock(&got).push((value, std::thread::current().id()));
-            });
-        }
-        tasks.run_ready();
-        assert!(
-            lock(&got).is_empty() && !tasks.has_ready(),
-            "both wait for their answer"
-        );
-        std::thread::spawn(move || {
-            first.send(1).unwrap();
-            second.send(2).unwrap();
-        })
-        .join()
-        .unwrap();
-        assert_eq!(
-            wakes.load(Ordering::SeqCst),
-            1,
-            "two wake-ups from another thread, one wake"
-        );
-        tasks.run_ready();
-        let me = std::thread::current().id();
-        assert_eq!(*lock(&got), [(1, me), (2, me)]);
-        assert!(
-            lock(&tasks.shared.live).is_empty(),
-            "finished tasks are forgotten"
-        );
-    }
-
-    #[test]
-    fn a_task_run_before_its_wake_up_arrives_leaves_later_wake_ups_working() {
-        let (tasks, wakes) = counted_tasks();
-        let (first, first_answer) = tokio::sync::oneshot::channel::<u32>();
-        let (second, second_answer) = tokio::sync::oneshot::channel::<u32>();
-        tasks.spawn(async move {
-            first_answer.await.unwrap();
-            second_answer.await.unwrap();
-        });
-        // Another task wakes the first from another thread during the run, which then runs it.
-        tasks.spawn(async move {
-            std::thread::spawn(move || first.send(1).unwrap()).join().unwrap();
-        });
-        tasks.run_ready();
-        assert_eq!(wakes.load(Ordering::SeqCst), 1);
-        tasks.run_ready(); // the loop's wake-up: its run finds nothing queued
-        std::thread::spawn(move || second.send(2).unwrap())
-            .join()
-            .unwrap();
-        assert_eq!(
-            wakes.load(Ordering::SeqCst),
-            2,
-            "the next wake-up from another thread wakes the loop"
-        );
-        tasks.run_ready();
-        assert!(lock(&tasks.shared.live).is_empty());
-    }
-
-    #[test]
-    fn a_wake_up_on_the_loop_thread_queues_without_waking_the_loop() {
-        let (tasks, wakes) = counted_tasks();
-        let (sender, answer) = tokio::sync::oneshot::channel::<u32>();
-        tasks.spawn(async move {
-            answer.await.unwrap();
-        });
-        tasks.run_ready();
-        sender.send(1).unwrap();
-        assert!(tasks.has_ready());
-        assert_eq!(wakes.load(Ordering::SeqCst), 0);
-        tasks.run_ready();
-        assert!(lock(&tasks.shared.live).is_empty());
-    }
-
-    #[test]
-    fn the_tasks_of_a_closed_loop_finish_on_the_runtime() {
-        let (tasks, _) = counted_tasks();
-        let (sender, answer) = tokio::sync::oneshot::channel::<u32>();
-        let (finished, finished_on) = std::sync::mpsc::channel();
-        let mine = std::thread::current().id();
-        tasks.spawn({
-            let finished = finished.clone();
-            async move {
-                let value = answer.await.unwrap();
-                finished.send((value, std::thread::current().id())).unwrap();
-            }
-        });
-        tasks.run_ready();
-        tasks.close();
-        sender.send(5).unwrap();
-        let (value, thread) = finished_on
-            .recv_timeout(std::time::Duration::from_secs(10))
-            .unwrap();
-        assert_eq!(value, 5);
-        assert_ne!(
-            thread, mine,
-            "it finished on the runtime, not on the closed loop's thread"
-        );
-        tasks.spawn(async move { finished.send((6, std::thread::current().id())).unwrap() });
-        tasks.run_ready();
-        let (value, thread) = finished_on
-            .recv_timeout(std::time::Duration::from_secs(10))
-            .unwrap();
-        assert_eq!(value, 6);
-        assert_ne!(thread, mine, "a task spawned later runs there too");
-    }
-
-    #[test]
-    fn a_loop_keeps_one_of_each_local_per_owner() {
-        let (tasks, _) = counted_tasks();
-        let first = tasks.local(7, || Arc::new(AtomicUsize::new(1)));
-        let again = tasks.local(7, || Arc::new(AtomicUsize::new(2)));
-        assert!(Arc::ptr_eq(&first, &again));
-        let other = tasks.local(8, || Arc::new(AtomicUsize::new(3)));
-        assert_eq!(other.load(Ordering::SeqCst), 3);
-        let another_type = tasks.local(7, || Arc::new(AtomicBool::new(true)));
-        assert!(another_type.load(Ordering::SeqCst), "one of each type per owner");
-    }
-}
+#[path = "tasks_tests.rs"]
+mod tests;

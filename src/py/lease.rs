@@ -128,7 +128,7 @@ impl LeaseHandle {
         match self.held.release() {
             Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
             Releasing::Call(call) if self.on_loop => {
-                bridge::run_on_loop(py, bridge::delivering(call, deliver))
+                bridge::run_on_loop(py, bridge::delivering(call, deliver), false)
             }
             Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
         }

@@ -119,12 +119,10 @@ impl Manager {
         });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
         // does not wait runs to completion, so it can give back what it took.
-        if waits {
-            bridge::spawn(py, op, true)
-        } else if on_loop {
-            bridge::run_on_loop(py, op)
-        } else {
-            bridge::submit(py, op, embedded, false)
+        match (on_loop, waits) {
+            (true, abortable) => bridge::run_on_loop(py, op, abortable),
+            (false, true) => bridge::spawn(py, op, true),
+            (false, false) => bridge::submit(py, op, embedded, false),
         }
     }
 
@@ -176,7 +174,7 @@ impl Manager {
             Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
         });
         if self.core.io_on_loop_thread() {
-            bridge::run_on_loop(py, op)
+            bridge::run_on_loop(py, op, true)
         } else {
             bridge::submit(py, op, self.core.is_embedded(), true)
         }

@@ -22,12 +22,12 @@ use futures_util::FutureExt;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
-use tokio::task::AbortHandle;
 
 use self::inbox::Inbox;
 pub use self::loops::LoopBridge;
 use self::loops::{bridge_for, resolve, running_loop};
 use crate::errors::CoreError;
+use crate::loop_io::Abort;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -39,15 +39,24 @@ pub type Completion = Result<Delivery, CoreError>;
 /// resolver, dropped with the task, has the loop forget the future).
 #[pyclass(frozen)]
 struct AbortOnCancel {
-    task: AbortHandle,
+    abort: Abort,
 }
 
 #[pymethods]
 impl AbortOnCancel {
     fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
         if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
-            self.task.abort();
+            (self.abort)();
         }
+        Ok(())
+    }
+}
+
+impl AbortOnCancel {
+    /// Has `future` stop its task with `abort` when it is cancelled.
+    fn watch(future: &Bound<'_, PyAny>, abort: Abort) -> PyResult<()> {
+        let on_cancel = AbortOnCancel { abort };
+        future.call_method1(intern!(future.py(), "add_done_callback"), (on_cancel,))?;
         Ok(())
     }
 }
@@ -126,38 +135,41 @@ where
             .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
     }));
     if abortable {
-        let on_cancel = AbortOnCancel {
-            task: task.abort_handle(),
-        };
-        future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
+        let task = task.abort_handle();
+        AbortOnCancel::watch(&future, Box::new(move || task.abort()))?;
     }
     Ok(future)
 }
 
 /// Runs `op` on the running loop's own thread (`crate::loop_io`: its Redis calls go on the
-/// loop's connection) and returns an asyncio future for its result; the op starts at once and
-/// runs to its end, as `spawn`'s that are not abortable (outside a running loop, on the core's
-/// runtime).
-pub fn run_on_loop<'py, F>(py: Python<'py>, op: F) -> PyResult<Bound<'py, PyAny>>
+/// loop's connection) and returns an asyncio future for its result; the op starts at once. As
+/// `spawn`'s, an `abortable` op is cancelled with its Python future, and the others run to
+/// their end (outside a running loop, on the core's runtime).
+pub fn run_on_loop<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Completion> + Send + 'static,
 {
     let (future, resolver, bridge) = match promise_on_loop(py) {
         Ok(made) => made,
         Err(error) => {
-            runtime::handle().spawn(op);
+            if !abortable {
+                runtime::handle().spawn(op);
+            }
             return Err(error);
         }
     };
     let bridge = bridge.into_bound(py);
-    bridge
-        .get()
-        .tasks
-        .spawn(AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
-            resolver.resolve_here(
-                outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))),
-            );
-        }));
+    let task = AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
+        resolver.resolve_here(
+            outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))),
+        );
+    });
+    let tasks = &bridge.get().tasks;
+    if abortable {
+        AbortOnCancel::watch(&future, tasks.spawn_abortable(task))?;
+    } else {
+        tasks.spawn(task);
+    }
     LoopBridge::turn(&bridge);
     Ok(future)
 }
