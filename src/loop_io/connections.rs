@@ -3,9 +3,8 @@
 //! closes it with the loop.
 //!
 //! A connection is opened on the core's runtime (`socket.rs`, bounded by the call's limit) and
-//! handed to the loop: the loop's thread
-//! never waits for a server that does not answer. The loop's tasks that want the connection
-//! meanwhile await the same opening.
+//! handed to the loop: the loop's thread never waits for a server that does not answer. The
+//! loop's tasks that want the connection meanwhile await the same opening.
 
 use std::io::ErrorKind;
 use std::sync::{Arc, Mutex};

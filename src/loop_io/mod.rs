@@ -4,7 +4,8 @@
 //! (`connections.rs`, one per store) and each of them (`connection.rs`, non-blocking, watched by
 //! the loop's selector, on a TCP or Unix socket, `socket.rs`), and the relief of a loop its
 //! application blocks (`relief.rs`). A call then crosses no thread: the loop writes the
-//! command, reads the reply and resolves its future in one turn. Plain Rust: the binding (`py/bridge/`) watches the sockets and runs the tasks.
+//! command, reads the reply and resolves its future in one turn. Plain Rust: the binding
+//! (`py/bridge/`) watches the sockets and runs the tasks.
 
 mod connection;
 mod connections;
