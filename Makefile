@@ -40,7 +40,7 @@ SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 # The hot path's tests again with its Redis I/O on the event loop's thread (design.md §15), on
 # uvloop, the loop uvicorn runs on when it is installed.
 LOOP_THREAD_TESTS := tests/test_loop_connection.py tests/test_leases.py tests/test_holders.py \
-	tests/test_cancellation.py tests/test_rates.py tests/test_waiting.py
+	tests/test_cancellation.py tests/test_rates.py tests/test_waiting.py tests/test_sentinel.py
 
 # The Redis run spreads its tests over two processes (pytest-xdist), one per core of CI's machine;
 # the Valkey run, shorter, runs in one.

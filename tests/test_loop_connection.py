@@ -29,7 +29,7 @@ from fastapi_stream_lease import (
 )
 
 from support.loops import LOOP_FACTORIES, on_every_loop
-from support.redis_servers import RedisServer
+from support.redis_servers import RedisServer, SentinelSetup
 from support.waiting import admits_again, count_is, eventually, wait_until
 
 SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
@@ -197,6 +197,54 @@ async def test_a_unix_socket_takes_the_loops_calls(key_prefix, tmp_path):
     finally:
         await manager.aclose()
         server.cleanup()
+
+
+async def test_behind_sentinel_the_loops_calls_follow_the_master_through_a_switchover(
+    tmp_path, key_prefix
+):
+    """Behind Sentinel the loop's connection goes to the master the sentinels name; once they
+    switch it over (the old master demoted, still up), the next calls go to the new master."""
+    setup = SentinelSetup(tmp_path).start()
+    manager = StreamLeaseManager(url=setup.url, config=LeaseConfig(key_prefix=key_prefix,
+                                                                   max_global=0))
+    held_on = lambda server: int(server.cli("ZCARD", f"{{{key_prefix}}}:global"))  # noqa: E731
+    try:
+        await manager.get_active_count()  # a call on tokio: its connection opens
+        before = connections(setup.master)
+        leases = await asyncio.gather(*(manager.acquire(f"user{i}") for i in range(8)))
+        assert connections(setup.master) == before + 1, "the loop's connection took the acquires"
+        assert held_on(setup.master) == 8
+        assert all(await asyncio.gather(*(lease.release() for lease in leases)))
+
+        old_master = setup.master_port()
+        def switched_over() -> bool:
+            try:
+                return setup.sentinel_node().cli("SENTINEL", "FAILOVER", "lease-master") == "OK"
+            except redis_py.ResponseError:  # NOGOODSLAVE until it has seen the replica's state
+                return False
+
+        await eventually(switched_over, what="the sentinel to accept a switchover")
+        await eventually(lambda: setup.master_port() != old_master, timeout=30,
+                         what="the sentinel to name the replica the master")
+        # Until the old master is demoted, it takes writes that its resync then drops.
+        await eventually(lambda: "role:slave" in setup.master.cli("INFO", "replication"),
+                         timeout=30, what="the old master to be demoted")
+
+        async def acquired() -> bool:
+            try:
+                kept.append(await manager.acquire("alice"))
+            except BackendError:
+                return False
+            return True
+
+        kept: list[Any] = []
+        await eventually(acquired, timeout=30, what="an acquire on the new master")
+        assert held_on(setup.replica) == 1, "the lease is on the new master"
+        await kept[0].release()
+        assert held_on(setup.replica) == 0
+    finally:
+        await manager.aclose()
+        setup.cleanup()
 
 
 @contextlib.contextmanager

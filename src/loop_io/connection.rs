@@ -20,7 +20,7 @@ use redis::{Cmd, RedisError, RedisResult, Value, ValueCodec};
 use tokio::sync::oneshot;
 use tokio_util::codec::Decoder;
 
-use super::socket::Socket;
+use super::socket::{Address, Socket};
 
 use crate::runtime;
 use crate::sync::lock;
@@ -37,6 +37,8 @@ pub type Reply = RedisResult<Value>;
 pub struct LoopConnection {
     /// Which store the connection serves (a loop may hold one per store).
     pub owner: u64,
+    /// The server it goes to (behind Sentinel, the master when it opened).
+    pub address: Address,
     stream: Socket,
     state: Mutex<State>,
     /// Closed by an error, or by its loop: calls go to a new connection.
@@ -70,6 +72,7 @@ impl LoopConnection {
     /// A connection on `stream`, made non-blocking; `handshake` is queued before any call.
     pub(super) fn new(
         owner: u64,
+        address: Address,
         stream: Socket,
         limit: Duration,
         handshake: &[Cmd],
@@ -82,6 +85,7 @@ impl LoopConnection {
         }
         Ok(LoopConnection {
             owner,
+            address,
             stream,
             state: Mutex::new(state),
             broken: AtomicBool::new(false),
@@ -230,6 +234,12 @@ impl LoopConnection {
         self.fail_with(lock(&self.state), closed);
     }
 
+    /// Gives the connection up (its server is no longer the one to call): the calls in flight
+    /// fail with `why`, and the next calls open a new connection.
+    pub(super) fn abandon(&self, why: &str) {
+        self.fail(lock(&self.state), why);
+    }
+
     fn fail(&self, state: std::sync::MutexGuard<'_, State>, why: &str) -> bool {
         self.fail_with(state, dropped(why))
     }
@@ -332,7 +342,8 @@ mod tests {
             // Closed with the third command unanswered.
         });
         let stream = Socket::Tcp(std::net::TcpStream::connect(&address).unwrap());
-        let connection = LoopConnection::new(1, stream, Duration::from_secs(5), &[]).unwrap();
+        let connection =
+            LoopConnection::new(1, Address::Tcp(address), stream, Duration::from_secs(5), &[]).unwrap();
         let mut first = connection.call(&redis::cmd("PING"));
         let mut second = connection.call(&redis::cmd("PING"));
         assert!(!connection.flush(), "two small commands go in one write");

@@ -40,8 +40,8 @@ pub struct LoopConnections(Mutex<Held>);
 #[derive(Default)]
 struct Held {
     open: Vec<Arc<LoopConnection>>,
-    /// Connections being opened on the core's runtime, by owner.
-    opening: Vec<(u64, Opening)>,
+    /// Connections being opened on the core's runtime, by owner and server.
+    opening: Vec<(u64, Address, Opening)>,
 }
 
 impl LoopConnections {
@@ -52,20 +52,25 @@ impl LoopConnections {
         endpoint: &Endpoint,
         timeout: Duration,
     ) -> std::io::Result<Arc<LoopConnection>> {
-        let owner = endpoint.owner;
+        let Endpoint { owner, address, .. } = endpoint;
         let opening = {
             let mut held = lock(&self.0);
-            if let Some(open) = held.open.iter().find(|c| c.owner == owner && !c.is_broken()) {
-                return Ok(Arc::clone(open));
+            if let Some(open) = held.open.iter().find(|c| c.owner == *owner && !c.is_broken()) {
+                if open.address == *address {
+                    return Ok(Arc::clone(open));
+                }
+                // Its server is no longer the owner's (behind Sentinel, another master).
+                open.abandon(&format!("{} is no longer the server to call", open.address));
             }
-            // An opening that failed is not waited for again: a new one starts.
-            held.opening
-                .retain(|(of, opening)| *of != owner || !matches!(opening.peek(), Some(Err(_))));
-            match held.opening.iter().find(|(of, _)| *of == owner) {
-                Some((_, opening)) => opening.clone(),
+            // An opening that failed, or to another server, is not waited for again.
+            held.opening.retain(|(of, to, opening)| {
+                *of != *owner || (to == address && !matches!(opening.peek(), Some(Err(_))))
+            });
+            match held.opening.iter().find(|(of, _, _)| of == owner) {
+                Some((_, _, opening)) => opening.clone(),
                 None => {
                     let opening = connect(endpoint.clone(), timeout);
-                    held.opening.push((owner, opening.clone()));
+                    held.opening.push((*owner, address.clone(), opening.clone()));
                     opening
                 }
             }
@@ -77,7 +82,7 @@ impl LoopConnections {
         let mut held = lock(&self.0);
         // The first task to see the opening finish lists the connection; a loop closed
         // meanwhile took its openings away, and the connection goes with its last task.
-        if let Some(at) = held.opening.iter().position(|(_, o)| o.ptr_eq(&opening)) {
+        if let Some(at) = held.opening.iter().position(|(_, _, o)| o.ptr_eq(&opening)) {
             drop(held.opening.swap_remove(at));
             held.open.push(Arc::clone(&opened));
         }
@@ -123,7 +128,7 @@ fn connect(endpoint: Endpoint, timeout: Duration) -> Opening {
                 ))
             });
         connected
-            .and_then(|socket| LoopConnection::new(owner, socket, timeout, &handshake))
+            .and_then(|socket| LoopConnection::new(owner, address, socket, timeout, &handshake))
             .map(Arc::new)
             .map_err(|e| (e.kind(), e.to_string()))
     });

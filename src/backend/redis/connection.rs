@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -28,7 +29,7 @@ pub enum Endpoint {
     Standalone(Box<redis::Client>),
     Cluster(Box<ClusterEndpoint>),
     /// The sentinels and the name of the master they watch.
-    Sentinel(Box<Mutex<SentinelClient>>),
+    Sentinel(Arc<Mutex<SentinelClient>>),
 }
 
 /// A Redis Cluster: the client of the scripts, and a RESP3 client for sharded subscriptions,
@@ -98,7 +99,8 @@ impl Link {
     pub fn new(endpoint: Endpoint, target: String, timeout: Duration) -> Self {
         let on_loop = match &endpoint {
             Endpoint::Standalone(client) => LoopTarget::of(client),
-            _ => None,
+            Endpoint::Sentinel(sentinels) => LoopTarget::behind(sentinels),
+            Endpoint::Cluster(_) => None,
         };
         Link {
             on_loop,
@@ -272,6 +274,9 @@ impl Link {
         if matches!(self.endpoint, Endpoint::Sentinel(_)) {
             if let Ok(mut slot) = self.connection.try_lock() {
                 *slot = None;
+            }
+            if let Some(target) = &self.on_loop {
+                target.forget_master();
             }
         }
     }

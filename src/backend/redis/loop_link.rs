@@ -1,23 +1,37 @@
 //! A link's calls from an event loop's own thread (`crate::loop_io`, behind the switch): on
 //! that loop's connection to a Redis over plain TCP or a Unix socket, opened with the URL's
-//! handshake (its protocol, user and password, database). Every other URL (TLS, Sentinel,
-//! Cluster), and every call made on tokio (keep-alives, top-ups, waiting, revocations, reaping),
-//! goes on the link's tokio connection. Deadlines and errors are those of the tokio path.
+//! handshake (its protocol, user and password, database); behind Sentinel, to the master the
+//! sentinels name, asked for on the core's runtime and kept until a call finds it gone or
+//! demoted. Every other URL (TLS, Cluster), and every call made on tokio (keep-alives, top-ups,
+//! waiting, revocations, reaping), goes on the link's tokio connection. Deadlines and errors are
+//! those of the tokio path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-use redis::{Cmd, ConnectionAddr, FromRedisValue, RedisConnectionInfo};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, RedisConnectionInfo, RedisError};
 
 use super::link_errors::{is_missing_function, is_without_functions, unsent, LinkErrors};
 use super::scripts::{Invocation, LIBRARY};
 use crate::deadline::Deadlines;
 use crate::errors::{CoreError, CoreResult};
 use crate::loop_io::{self, Address, Endpoint, LoopTasks, Reply};
+use crate::runtime;
+use crate::sync::lock;
 
-/// Where a link's calls go from an event loop's thread: its Redis, what a new connection sends
-/// first, and the key of its connection there (one per link and loop).
-pub struct LoopTarget {
-    pub endpoint: Endpoint,
+/// Where a link's calls go from an event loop's thread (one connection per link and loop).
+pub enum LoopTarget {
+    /// The URL's own server.
+    Server(Arc<Endpoint>),
+    /// The master that the sentinels name.
+    Master {
+        sentinels: Arc<tokio::sync::Mutex<SentinelClient>>,
+        owner: u64,
+        /// The master last named, until a call finds it gone or demoted.
+        known: std::sync::Mutex<Option<Arc<Endpoint>>>,
+    },
 }
 
 impl LoopTarget {
@@ -27,22 +41,78 @@ impl LoopTarget {
         if !loop_io::switched_on() {
             return None;
         }
-        let info = client.get_connection_info();
-        let address = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Address::Tcp(format!(
-                "{}:{port}",
-                host.trim_start_matches('[').trim_end_matches(']')
-            )),
-            ConnectionAddr::Unix(path) => Address::Unix(path.clone()),
-            _ => return None,
-        };
-        Some(LoopTarget {
-            endpoint: Endpoint {
-                owner: loop_io::owner_id(),
-                address,
-                handshake: handshake(info.redis_settings()),
-            },
+        let endpoint = endpoint(loop_io::owner_id(), client.get_connection_info())?;
+        Some(LoopTarget::Server(Arc::new(endpoint)))
+    }
+
+    /// The target of the master that `sentinels` name, when the switch is on.
+    pub fn behind(sentinels: &Arc<tokio::sync::Mutex<SentinelClient>>) -> Option<Self> {
+        loop_io::switched_on().then(|| LoopTarget::Master {
+            sentinels: Arc::clone(sentinels),
+            owner: loop_io::owner_id(),
+            known: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The key of the link's connection, and of its batches, on each loop.
+    pub fn owner(&self) -> u64 {
+        match self {
+            LoopTarget::Server(endpoint) => endpoint.owner,
+            LoopTarget::Master { owner, .. } => *owner,
+        }
+    }
+
+    /// Where the calls go now: behind Sentinel, the master last named, or the one the sentinels
+    /// name now, asked on the core's runtime within `limit`. True: not a master named before
+    /// (the URL's own server, or one named just now).
+    async fn endpoint(&self, limit: Duration) -> Result<(Arc<Endpoint>, bool), RedisError> {
+        let (sentinels, owner, known) = match self {
+            LoopTarget::Server(endpoint) => return Ok((Arc::clone(endpoint), true)),
+            LoopTarget::Master {
+                sentinels,
+                owner,
+                known,
+            } => (sentinels, *owner, known),
+        };
+        if let Some(master) = lock(known).as_ref() {
+            return Ok((Arc::clone(master), false));
+        }
+        let sentinels = Arc::clone(sentinels);
+        let asked = runtime::handle().spawn(async move {
+            let mut sentinels = sentinels.lock().await;
+            tokio::time::timeout(limit, sentinels.async_get_client()).await
+        });
+        let master = match asked.await {
+            Ok(Ok(client)) => client?,
+            Ok(Err(_)) => {
+                let why = format!("the sentinels did not name the master within {limit:?}");
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why).into());
+            }
+            Err(e) => {
+                return Err((
+                    redis::ErrorKind::Client,
+                    "asking the sentinels failed",
+                    e.to_string(),
+                )
+                    .into())
+            }
+        };
+        let master = endpoint(owner, master.get_connection_info()).ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "the master is reached over TLS",
+            ))
+        })?;
+        let master = Arc::new(master);
+        *lock(known) = Some(Arc::clone(&master));
+        Ok((master, true))
+    }
+
+    /// Behind Sentinel, the master is asked for again by the next call.
+    pub fn forget_master(&self) {
+        if let LoopTarget::Master { known, .. } = self {
+            *lock(known) = None;
+        }
     }
 
     /// One script call on `tasks`' connection to this target (opened if needed), within
@@ -59,11 +129,22 @@ impl LoopTarget {
         // Whether the call may have reached Redis (it may then have run there).
         let sending = AtomicBool::new(false);
         let call = async {
-            let connection = tasks
-                .connection(&self.endpoint, deadlines.limit())
-                .await
-                // Nothing was sent on a connection that did not open.
-                .map_err(|e| unsent(errors.error(&e.into())))?;
+            // Nothing is sent on a connection that does not open.
+            let limit = deadlines.limit();
+            let (endpoint, named_now) = self.endpoint(limit).await.map_err(|e| unsent(errors.error(&e)))?;
+            let opened = match tasks.connection(&endpoint, limit).await {
+                // A master named before may be gone (a failover): the sentinels are asked again.
+                Err(_) if !named_now => {
+                    self.forget_master();
+                    let (endpoint, _) = self.endpoint(limit).await.map_err(|e| unsent(errors.error(&e)))?;
+                    tasks.connection(&endpoint, limit).await
+                }
+                opened => opened,
+            };
+            let connection = opened.map_err(|e| {
+                self.forget_master();
+                unsent(errors.error(&e.into()))
+            })?;
             sending.store(true, Ordering::Relaxed);
             let replied = |reply: Result<Reply, _>| {
                 reply
@@ -91,13 +172,20 @@ impl LoopTarget {
                 Err(e) if e.kind() == redis::ErrorKind::Client => {
                     Err(CoreError::Backend(loop_io::LOOP_CLOSED.into()))
                 }
-                Err(e) => Err(errors.error(&e)),
+                Err(e) => {
+                    // Behind Sentinel a dead or demoted master means asking the sentinels again.
+                    if e.is_io_error() || e.code() == Some("READONLY") {
+                        self.forget_master();
+                    }
+                    Err(errors.error(&e))
+                }
                 Ok(value) => T::from_redis_value(value)
                     .map(Some)
                     .map_err(|e| errors.error(&e.into())),
             }
         };
         deadlines.within(call).await.unwrap_or_else(|| {
+            self.forget_master();
             let timed_out = errors.timed_out();
             Err(if sending.load(Ordering::Relaxed) {
                 timed_out
@@ -106,6 +194,24 @@ impl LoopTarget {
             })
         })
     }
+}
+
+/// The loop's endpoint of a server: its address when plain TCP or a Unix socket (None for
+/// TLS), and the handshake of its settings.
+fn endpoint(owner: u64, info: &ConnectionInfo) -> Option<Endpoint> {
+    let address = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => Address::Tcp(format!(
+            "{}:{port}",
+            host.trim_start_matches('[').trim_end_matches(']')
+        )),
+        ConnectionAddr::Unix(path) => Address::Unix(path.clone()),
+        _ => return None,
+    };
+    Some(Endpoint {
+        owner,
+        address,
+        handshake: handshake(info.redis_settings()),
+    })
 }
 
 /// What a connection sends before its first call, as redis-rs's own connections do: `HELLO 3`

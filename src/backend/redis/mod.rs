@@ -91,7 +91,7 @@ impl RedisBackend {
     /// (those of tokio).
     fn loop_batches(&self) -> Option<Arc<LoopBatches>> {
         let (tasks, target) = self.link.loop_here()?;
-        Some(tasks.local(target.endpoint.owner, || {
+        Some(tasks.local(target.owner(), || {
             let on_loop = || Some(tasks.place());
             Arc::new(LoopBatches {
                 acquires: BatchedCalls::of(&scripts::ACQUIRE, &self.link, self.holder, on_loop()),

@@ -1,20 +1,19 @@
 //! Redis URLs: parsed into an endpoint, and shown without their password.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 use redis::cluster::ClusterClient;
-
-use super::connection::ClusterEndpoint;
-
-/// Wake-ups a cluster's subscriber keeps for a listener that lags (more are counted as one).
-const PUSHES_BUFFERED: usize = 64;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{IntoConnectionInfo, TlsCertificates};
 use tokio::sync::Mutex;
 
-use super::connection::{Endpoint, Link};
+use super::connection::{ClusterEndpoint, Endpoint, Link};
 use crate::errors::{CoreError, CoreResult};
+
+/// Wake-ups a cluster's subscriber keeps for a listener that lags (more are counted as one).
+const PUSHES_BUFFERED: usize = 64;
 
 /// Parses `redis://`, `rediss://`, `unix://`, `redis+unix://`,
 /// `redis[s]+cluster://[user:password@]host:port,host:port` and
@@ -44,7 +43,7 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
         .map(|rest| ("redis", rest))
         .or_else(|| url.strip_prefix("rediss+cluster://").map(|rest| ("rediss", rest)));
     let endpoint = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        Endpoint::Sentinel(Box::new(Mutex::new(sentinel_client(rest, &target)?)))
+        Endpoint::Sentinel(Arc::new(Mutex::new(sentinel_client(rest, &target)?)))
     } else if let Some((scheme, rest)) = cluster {
         let (userinfo, hosts) = match rest.rsplit_once('@') {
             Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
