@@ -1,4 +1,4 @@
-//! The core's Redis I/O on an event loop's own thread (experimental, behind the switch
+//! The core's Redis I/O on an event loop's own thread (opt-in, behind the switch
 //! `STREAM_LEASE_IO_ON_LOOP_THREAD=1`): the loop's tasks (`tasks.rs`, a single-threaded
 //! executor the binding runs when the loop wakes it), the Redis connections it holds
 //! (`connections.rs`, one per store) and each of them (`connection.rs`, non-blocking, watched by
