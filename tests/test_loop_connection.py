@@ -247,6 +247,40 @@ async def test_behind_sentinel_the_loops_calls_follow_the_master_through_a_switc
         setup.cleanup()
 
 
+async def test_behind_sentinel_a_master_that_stops_answering_is_left_for_the_new_one(
+    tmp_path, key_prefix
+):
+    """A master that stops answering (paused: its connections stay open) costs the loop's calls
+    their timeout; the next calls ask the sentinels again, give the old master's connection up,
+    and go to the master they promote."""
+    setup = SentinelSetup(tmp_path).start()
+    manager = StreamLeaseManager(url=setup.url, config=LeaseConfig(
+        key_prefix=key_prefix, max_global=0, redis_timeout=0.5))
+    old_master = setup.master_port()
+    try:
+        await (await manager.acquire("alice")).release()  # the loop's connection to the master
+        setup.master.pause()
+        with pytest.raises(BackendError):
+            await manager.acquire("alice")
+
+        async def acquired() -> bool:
+            try:
+                kept.append(await manager.acquire("alice"))
+            except BackendError:
+                return False
+            return True
+
+        kept: list[Any] = []
+        await eventually(acquired, timeout=30, what="an acquire on the promoted master")
+        assert setup.master_port() != old_master
+        assert int(setup.replica.cli("ZCARD", f"{{{key_prefix}}}:global")) == 1
+        await kept[0].release()
+    finally:
+        setup.master.resume()
+        await manager.aclose()
+        setup.cleanup()
+
+
 @contextlib.contextmanager
 def commands_seen(server: RedisServer) -> Iterator[list[dict[str, Any]]]:
     """The commands ``server`` runs while the block runs, as its ``MONITOR`` tells them (each
