@@ -30,7 +30,7 @@ pub enum LoopTarget {
         sentinels: Arc<tokio::sync::Mutex<SentinelClient>>,
         owner: u64,
         /// The master last named, until a call finds it gone or demoted.
-        known: std::sync::Mutex<Option<Arc<Endpoint>>>,
+        known: Arc<std::sync::Mutex<Option<Arc<Endpoint>>>>,
     },
 }
 
@@ -50,7 +50,7 @@ impl LoopTarget {
         loop_io::switched_on().then(|| LoopTarget::Master {
             sentinels: Arc::clone(sentinels),
             owner: loop_io::owner_id(),
-            known: std::sync::Mutex::new(None),
+            known: Arc::default(),
         })
     }
 
@@ -63,8 +63,9 @@ impl LoopTarget {
     }
 
     /// Where the calls go now: behind Sentinel, the master last named, or the one the sentinels
-    /// name now, asked on the core's runtime within `limit`. True: not a master named before
-    /// (the URL's own server, or one named just now).
+    /// name now, asked on the core's runtime within `limit` (calls that find none meanwhile wait
+    /// for that question and take its answer). True: not a master named before (the URL's own
+    /// server, or one named just now).
     async fn endpoint(&self, limit: Duration) -> Result<(Arc<Endpoint>, bool), RedisError> {
         let (sentinels, owner, known) = match self {
             LoopTarget::Server(endpoint) => return Ok((Arc::clone(endpoint), true)),
@@ -77,34 +78,15 @@ impl LoopTarget {
         if let Some(master) = lock(known).as_ref() {
             return Ok((Arc::clone(master), false));
         }
-        let sentinels = Arc::clone(sentinels);
-        let asked = runtime::handle().spawn(async move {
-            let mut sentinels = sentinels.lock().await;
-            tokio::time::timeout(limit, sentinels.async_get_client()).await
-        });
-        let master = match asked.await {
-            Ok(Ok(client)) => client?,
-            Ok(Err(_)) => {
-                let why = format!("the sentinels did not name the master within {limit:?}");
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why).into());
-            }
-            Err(e) => {
-                return Err((
-                    redis::ErrorKind::Client,
-                    "asking the sentinels failed",
-                    e.to_string(),
-                )
-                    .into())
-            }
-        };
-        let master = endpoint(owner, master.get_connection_info()).ok_or_else(|| {
-            RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "the master is reached over TLS",
-            ))
+        let asked = ask_sentinels(Arc::clone(sentinels), Arc::clone(known), owner, limit);
+        let master = runtime::handle().spawn(asked).await.unwrap_or_else(|e| {
+            Err((
+                redis::ErrorKind::Client,
+                "asking the sentinels failed",
+                e.to_string(),
+            )
+                .into())
         })?;
-        let master = Arc::new(master);
-        *lock(known) = Some(Arc::clone(&master));
         Ok((master, true))
     }
 
@@ -194,6 +176,33 @@ impl LoopTarget {
             })
         })
     }
+}
+
+/// The master that `sentinels` name now, within `limit`, kept in `known` for the calls after;
+/// one question at a time: a call that waited for another's finds its answer there.
+async fn ask_sentinels(
+    sentinels: Arc<tokio::sync::Mutex<SentinelClient>>,
+    known: Arc<std::sync::Mutex<Option<Arc<Endpoint>>>>,
+    owner: u64,
+    limit: Duration,
+) -> Result<Arc<Endpoint>, RedisError> {
+    let mut sentinels = sentinels.lock().await;
+    if let Some(master) = lock(&known).as_ref() {
+        return Ok(Arc::clone(master));
+    }
+    let Ok(client) = tokio::time::timeout(limit, sentinels.async_get_client()).await else {
+        let why = format!("the sentinels did not name the master within {limit:?}");
+        return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why).into());
+    };
+    let master = endpoint(owner, client?.get_connection_info()).ok_or_else(|| {
+        RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "the master is reached over TLS",
+        ))
+    })?;
+    let master = Arc::new(master);
+    *lock(&known) = Some(Arc::clone(&master));
+    Ok(master)
 }
 
 /// The loop's endpoint of a server: its address when plain TCP or a Unix socket (None for
