@@ -38,8 +38,8 @@ SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 	tests/test_budgets.py tests/test_reservation_estimate.py tests/test_sentinel.py tests/test_cli.py \
 	--deselect tests/test_budgets.py::test_every_window_holds_the_bound_by_the_streams_own_counts
 # The hot path's tests again with its Redis I/O on the event loop's thread (design.md §15), on
-# uvloop, the loop uvicorn runs on when it is installed; the short chaos run's workers (uvicorn
-# processes) inherit the switch, so its faults meet the loop's connections too.
+# uvloop, the loop uvicorn runs on when it is installed; the short chaos run's worker processes
+# (asyncio's default loop) inherit the switch, so its faults meet the loops' connections too.
 LOOP_THREAD_TESTS := tests/test_loop_connection.py tests/test_leases.py tests/test_holders.py \
 	tests/test_cancellation.py tests/test_rates.py tests/test_waiting.py tests/test_sentinel.py \
 	tests/test_chaos.py
