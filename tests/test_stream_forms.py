@@ -31,8 +31,7 @@ from fastapi_stream_lease import (
     install_exception_handler,
 )
 
-from support.apps import APPS_DIR
-from support.uvicorn_server import Uvicorn
+from support.app_server import AppServer
 from support.waiting import eventually, wait_until
 
 PREFIX = f"forms{uuid.uuid4().hex[:8]}"
@@ -41,32 +40,16 @@ REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-re
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 
-class Server:
+def forms_server(redis_url: str, log: Path, *args: str) -> AppServer:
     """The app of tests/apps/stream_forms.py under uvicorn, its log in a file."""
-
-    def __init__(self, redis_url: str, log: Path, *args: str) -> None:
-        env = {
-            "STREAM_LEASE_URL": redis_url,
-            "STREAM_LEASE_PREFIX": PREFIX,
-            "STREAM_LEASE_SECRET": SECRET,
-        }
-        self.log_path = log
-        self.uvicorn = Uvicorn("stream_forms:app", APPS_DIR, env, *args, log=log)
-        self.base_url = self.uvicorn.base_url
-        self._read = 0
-
-    def new_log(self) -> str:
-        """What the server logged since the last call."""
-        text = self.log_path.read_text()
-        new, self._read = text[self._read :], len(text)
-        return new
+    return AppServer("stream_forms", redis_url, log, PREFIX, SECRET, *args)
 
 
 @pytest.fixture(scope="module")
-def server(redis_server, tmp_path_factory) -> Iterator[Server]:
-    started = Server(redis_server.url, tmp_path_factory.mktemp("forms") / "uvicorn.log")
+def server(redis_server, tmp_path_factory) -> Iterator[AppServer]:
+    started = forms_server(redis_server.url, tmp_path_factory.mktemp("forms") / "uvicorn.log")
     yield started
-    started.uvicorn.stop()
+    started.stop()
 
 
 @pytest.fixture
@@ -139,7 +122,7 @@ def ended_with_problem(form: str, last: object) -> dict[str, object]:
     return last["error"]  # type: ignore[return-value]
 
 
-async def assert_logged_one_end(server: Server, error: str, user: str) -> None:
+async def assert_logged_one_end(server: AppServer, error: str, user: str) -> None:
     """One line for the end (INFO for a revoke or a drain, WARNING otherwise), written once
     the response ended; no traceback; never the user's identity."""
     level = "INFO" if error == "LeaseRevoked" else "WARNING"
@@ -195,7 +178,7 @@ async def test_a_revoke_ends_an_idle_byte_stream_with_its_end(server, store):
     await assert_logged_one_end(server, "LeaseRevoked", user)
 
 
-def ws_url(server: Server, user: str, **params: str) -> str:
+def ws_url(server: AppServer, user: str, **params: str) -> str:
     query = "&".join(f"{k}={v}" for k, v in {"user": user, **params}.items())
     return server.base_url.replace("http://", "ws://") + f"/ws?{query}"
 
@@ -297,7 +280,7 @@ async def test_each_form_holds_its_slot_while_it_streams_and_frees_it_after(serv
 async def test_the_cap_holds_across_three_worker_processes(redis_server, store, tmp_path):
     """Two streams per user across every worker: the third is refused with 429, a fresh one
     is admitted once one ends."""
-    workers = Server(redis_server.url, tmp_path / "uvicorn.log", "--workers", "3")
+    workers = forms_server(redis_server.url, tmp_path / "uvicorn.log", "--workers", "3")
     user = new_user()
     try:
         async with httpx.AsyncClient(base_url=workers.base_url, timeout=10) as client:
@@ -315,7 +298,7 @@ async def test_the_cap_holds_across_three_worker_processes(redis_server, store, 
             await opened[1].aclose()
         assert "Traceback" not in workers.new_log()
     finally:
-        workers.uvicorn.stop()
+        workers.stop()
 
 
 def test_scope_function_makes_the_dependency_an_admission_check():

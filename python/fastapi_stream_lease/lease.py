@@ -64,7 +64,7 @@ class Lease:
 
     __slots__ = (
         "__weakref__", "_cancel_on_lost", "_handle", "_lease_headers", "_lifecycle", "_loss_logged",
-        "_on_release",
+        "_on_release", "_releasing",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +85,8 @@ class Lease:
         self._lease_headers = lease_headers
         # Its loss is logged once, by whichever watch learns of it first.
         self._loss_logged = False
+        # The release its response's end started, awaited where the lease's block ends.
+        self._releasing: Awaitable[bool] | None = None
 
     @property
     def lease_id(self) -> str:
@@ -356,10 +358,17 @@ class Lease:
                 values.append((f"X-Stream-Lease-{name}-Limit", str(caps[pool])))
         return values
 
+    def _end_with_response(self, how: str) -> None:
+        """Starts the release when the response that holds the lease ends (``how``:
+        ``"completed"``, or ``"cancelled"`` when the client left); the block that holds it
+        awaits that release when it ends."""
+        if not self._handle.released:
+            self._releasing = self._release(how)
+
     async def _release_quietly(self, reason: str) -> None:
         # The release starts before the first await, so a cancellation cannot undo it; a failed
         # one only logs: the lease expires by itself, and the work's own outcome matters more.
-        released = self._release(reason)
+        released, self._releasing = self._releasing or self._release(reason), None
         try:
             await released
         except StreamLeaseError as error:
@@ -412,10 +421,10 @@ class LostWatch:
     manager cost more than the rest of the item's way through ``wrap()``.
     """
 
-    __slots__ = ("_cancelled_by_us", "_lease", "_loop", "_task", "_waiter")
+    __slots__ = ("_cancelled_by_us", "_loop", "_task", "_waiter", "lease")
 
     def __init__(self, lease: Lease) -> None:
-        self._lease = lease
+        self.lease = lease
         self._task: asyncio.Task[object] | None = None
         self._cancelled_by_us = False
         self._waiter: asyncio.Future[None] = lease._handle.wait_lost()
@@ -423,7 +432,7 @@ class LostWatch:
         self._waiter.add_done_callback(self._on_lost)
 
     def _ends_work(self) -> bool:
-        return self._lease._cancel_on_lost or self._lease.revoked
+        return self.lease._cancel_on_lost or self.lease.revoked
 
     def _on_lost(self, waiter: asyncio.Future[None]) -> None:
         if waiter.cancelled():
@@ -445,7 +454,7 @@ class LostWatch:
     def cover(self, task: asyncio.Task[Any] | None) -> None:
         """Starts watching for ``task``: a loss that ends work cancels it until :meth:`settle`.
         Raises at once if the lease is already lost that way."""
-        if self._lease.lost and self._ends_work():
+        if self.lease.lost and self._ends_work():
             self._log_loss()
             raise self._ended()
         self._task = task
@@ -454,7 +463,7 @@ class LostWatch:
         """Logs the lease's loss, once for the lease however many watches it has (a
         ``manager.lease()`` block around ``lease.wrap()``, a dependency's lease streamed with
         ``wrap()``)."""
-        lease = self._lease
+        lease = self.lease
         if lease._loss_logged:
             return
         lease._loss_logged = True
@@ -467,6 +476,11 @@ class LostWatch:
             "ends" if self._ends_work() else "goes on (on_lost='continue')",
             extra={"lease_id": lease.lease_id, "lease_end": how},
         )
+
+    @property
+    def fired(self) -> bool:
+        """True once the watch cancelled its task, until :meth:`settle`."""
+        return self._cancelled_by_us
 
     def settle(self) -> LeaseLost | None:
         """Stops watching for the task; if the watch cancelled it, takes that cancellation back
@@ -482,7 +496,7 @@ class LostWatch:
         return self._ended()
 
     def _ended(self) -> LeaseLost:
-        if self._lease.revoked:
+        if self.lease.revoked:
             return LeaseRevoked(REVOKED_MESSAGE)
         return LeaseLost(LOST_MESSAGE)
 

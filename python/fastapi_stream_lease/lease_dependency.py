@@ -5,11 +5,13 @@ the response is sent (before 0.118 it ran before the body streamed, which would 
 stream without its lease: :func:`lease_dependency` refuses older versions), whatever the
 endpoint is: one that ``yield``s Server-Sent Events
 (``response_class=EventSourceResponse``) or JSON Lines, one that returns a
-``StreamingResponse``, a WebSocket route. So the dependency acquires before the endpoint runs,
-yields the :class:`Lease`, and releases it when the response ended or the client left; in
-between :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware` watches the lease and
-ends the response cleanly if it is lost or revoked. ``Depends(..., scope="function")`` needs
-FastAPI 0.121, native Server-Sent Events (``fastapi.sse``) 0.135.
+``StreamingResponse``, a WebSocket route. That exit also comes after the request's background
+tasks, so it is not where the lease ends: the dependency acquires before the endpoint runs and
+yields the :class:`Lease`; :class:`~fastapi_stream_lease.stream_end.StreamEndMiddleware`
+watches it, ends the response cleanly if it is lost or revoked, and releases it when the
+response ends or the client leaves; the exit awaits that release.
+``Depends(..., scope="function")`` needs FastAPI 0.121, native Server-Sent Events
+(``fastapi.sse``) 0.135.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the dependency's parameters from
@@ -35,9 +37,13 @@ NEEDS_MIDDLEWARE = (
 
 
 def lease_dependency(
-    acquire: Callable[..., Awaitable[Lease]], user: Callable[..., Any], options: dict[str, Any]
+    acquire: Callable[..., Awaitable[Lease]],
+    requests: set[Lease],
+    user: Callable[..., Any],
+    options: dict[str, Any],
 ) -> Callable[..., AsyncIterator[Lease]]:
-    """See :meth:`StreamLeaseManager.stream_lease`; ``acquire`` is the manager's."""
+    """See :meth:`StreamLeaseManager.stream_lease`; ``acquire`` is the manager's, ``requests``
+    the manager's record of the requests not finished yet (a drain waits for them)."""
     import fastapi
     from fastapi import Depends
 
@@ -64,8 +70,12 @@ def lease_dependency(
         # handshake too).
         request = connection if isinstance(connection, Request | WebSocket) else None
         lease = await acquire(user_id, request=request, **options)
-        async with lease._released_at_end():
-            guard.watch(lease)
-            yield lease
+        requests.add(lease)
+        try:
+            async with lease._released_at_end():
+                guard.watch(lease)
+                yield lease
+        finally:
+            requests.discard(lease)
 
     return stream_lease

@@ -199,6 +199,9 @@ class StreamLeaseManager:
         self._lifecycle = Lifecycle(config, on_threshold) if wanted else None
         self._lease_headers = config.include_lease_headers
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        # The requests of stream_lease() not finished yet, their leases released or not (their
+        # background tasks run after the response): a drain waits for them too.
+        self._requests: set[Lease] = set()
         self._closing = False
         self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
         self._telemetry: Telemetry | None = None
@@ -522,7 +525,9 @@ class StreamLeaseManager:
         dependency (FastAPI resolves it) that returns the user id; the other arguments are
         :meth:`acquire`'s. It acquires before the endpoint runs (a refusal answers 429 or 503
         through :func:`install_exception_handler`, which it needs), yields the :class:`Lease`,
-        and releases it when the response ends or the client leaves: a path operation that
+        and releases it when the response ends (its last body message is sent) or the client
+        leaves: the request's background tasks run after that without a slot, and no revoke,
+        lost lease or drain cancels them. It serves a path operation that
         ``yield``s Server-Sent Events (``response_class=EventSourceResponse``, GET or POST) or
         JSON Lines, one that returns a ``StreamingResponse``, a WebSocket route. Count tokens
         with :meth:`Lease.consume` (or ``lease.wrap(source, tokens=...)``) in the endpoint.
@@ -546,7 +551,7 @@ class StreamLeaseManager:
             "model": model, "prices": prices,
             "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
         }  # fmt: skip
-        return lease_dependency(self.acquire, user, options)
+        return lease_dependency(self.acquire, self._requests, user, options)
 
     async def stream(
         self,
@@ -808,7 +813,8 @@ class StreamLeaseManager:
         """Drains this worker for a rolling deploy: stops admitting at once (new acquires get
         :class:`ManagerClosed`, 503 with ``Retry-After``, so a load balancer retries elsewhere;
         acquires waiting in line end with it at once, giving up their places), waits up to
-        ``timeout`` seconds for the streams it holds to end, ends the rest as revoked
+        ``timeout`` seconds for the streams it holds to end (and for the requests of
+        :meth:`stream_lease` to finish their background tasks), ends the rest as revoked
         (:class:`LeaseRevoked` at each stream's edge, whatever ``on_lost`` says), and closes the
         manager, releasing everything. Call it when the server is told to stop (SIGTERM), as
         :meth:`lifespan` does: by the lifespan's shutdown, uvicorn and gunicorn have already
@@ -823,7 +829,7 @@ class StreamLeaseManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         # The count lives in the core, which has no event to await.
-        while self._core.stats()["held"] and loop.time() < deadline:  # noqa: ASYNC110
+        while (self._core.stats()["held"] or self._requests) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(DRAIN_CHECK_SECONDS)
         revoked = self._core.revoke_held()
         if revoked:

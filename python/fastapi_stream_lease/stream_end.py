@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from typing import TYPE_CHECKING
+
+import anyio
 
 from .errors import LeaseRevoked, ManagerClosed, StreamLeaseError
 from .lease import LostWatch
@@ -50,18 +53,21 @@ GUARD_KEY = "fastapi_stream_lease.stream_end"
 class StreamEndGuard:
     """A request served by :class:`StreamEndMiddleware`: how far its response went, and the
     leases it holds through its dependency, watched for the task that serves the request (a
-    loss that ends work cancels that task)."""
+    loss that ends work cancels that task) until the response ends. When it ends (its last
+    body message goes out, or the client leaves), those leases are released: the work that
+    runs after the body (the request's background tasks, a dependency's exit) holds no slot,
+    and no revoke, lost lease or drain cancels it."""
 
     __slots__ = ("_task", "_watches", "response")
 
-    def __init__(self, task: asyncio.Task[object] | None, response: _ResponseState) -> None:
+    def __init__(self, task: asyncio.Task[object] | None, send: Send, receive: Receive) -> None:
         self._task = task
         self._watches: list[LostWatch] = []
-        self.response = response
+        self.response = _ResponseState(send, receive, self)
 
     def watch(self, lease: Lease) -> None:
         """Ends the request when ``lease`` is lost (``on_lost="cancel"``) or revoked; raises at
-        once if it already is."""
+        once if it already is. Releases ``lease`` when the response ends."""
         watch = LostWatch(lease)
         try:
             watch.cover(self._task)
@@ -69,6 +75,19 @@ class StreamEndGuard:
             watch.close()
             raise
         self._watches.append(watch)
+
+    def response_ended(self, how: str) -> None:
+        """The response ended (``how``: ``"completed"``, or ``"cancelled"`` when the client
+        left): stops watching the leases and starts their releases. A watch that has already
+        cancelled the request stays, for :meth:`settle` to take that cancellation back."""
+        fired = []
+        for watch in self._watches:
+            if watch.fired:
+                fired.append(watch)
+                continue
+            watch.close()
+            watch.lease._end_with_response(how)
+        self._watches = fired
 
     def settle(self) -> StreamLeaseError | None:
         """Stops watching; the error of the first lease whose loss cancelled the request, or
@@ -135,14 +154,19 @@ class StreamEndMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        response = _ResponseState(send)
-        guard = StreamEndGuard(asyncio.current_task(), response)
+        guard = StreamEndGuard(asyncio.current_task(), send, receive)
         scope[GUARD_KEY] = guard
+        response = guard.response
         try:
-            await self.app(scope, receive, response.send)
+            await self.app(scope, response.receive, response.send)
         except BaseException as error:
-            ended = guard.settle() or end_in(error)
+            # A loss that cancelled the request; else a library error the work ended with,
+            # unless the response had ended (a background task's error is the app's own).
+            ended = guard.settle()
+            if ended is None and not response.closed:
+                ended = end_in(error)
             if ended is None:
+                # The server reports the app's own failures as it reports any other.
                 await response.finish()
                 raise
             await response.end(scope, receive, ended)
@@ -153,17 +177,22 @@ class StreamEndMiddleware:
 
 class _ResponseState:
     """How far the response went: whether it started, with which media type, and whether it
-    ended.
+    ended; its end (the last body message, a WebSocket's close, the client gone) is told to
+    the guard.
 
-    The empty last message of a Server-Sent Events body is held until the app returns:
-    FastAPI runs a ``yield`` endpoint's generator in a task of its own and ends the body
-    normally when that task fails, before the failure reaches this middleware, so the final
-    event goes before that message."""
+    FastAPI runs a ``yield`` endpoint's Server-Sent Events generator in a task of its own; when
+    that task fails, the task group around it is cancelled and the body may still end normally
+    before the failure reaches this middleware. So the empty last message of such a body, sent
+    in a cancelled scope, is held until the app returns: a final event can go before it. A body
+    that ended in a scope not cancelled is complete, and its last message goes at once (the
+    request's background tasks run after it)."""
 
-    __slots__ = ("_send", "closed", "held", "media_type", "started")
+    __slots__ = ("_guard", "_receive", "_send", "closed", "held", "media_type", "started")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, receive: Receive, guard: StreamEndGuard) -> None:
         self._send = send
+        self._receive = receive
+        self._guard = guard
         self.started = False
         self.closed = False
         self.held: Message | None = None
@@ -179,13 +208,29 @@ class _ResponseState:
         elif kind == "websocket.accept":
             self.started = True
         elif kind == "http.response.body" and not message.get("more_body", False):
-            if self.media_type == "text/event-stream" and not message.get("body"):
+            if (
+                self.media_type == "text/event-stream"
+                and not message.get("body")
+                and anyio.current_effective_deadline() == -math.inf
+            ):
                 self.held = message
                 return
-            self.closed = True
+            self._ended("completed")
         elif kind in ("websocket.close", "websocket.http.response.start"):
-            self.closed = True
+            self._ended("completed")
         await self._send(message)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] in ("http.disconnect", "websocket.disconnect"):
+            self._guard.response_ended("cancelled")
+        return message
+
+    def _ended(self, how: str) -> None:
+        # The releases start before the last message goes, so a client that reads the end and
+        # comes straight back finds its slot free.
+        self.closed = True
+        self._guard.response_ended(how)
 
     async def finish(self) -> None:
         """Sends the held last message, if any."""
