@@ -395,6 +395,43 @@ async def test_waiting_for_ones_own_quota_is_an_option(make_manager):
     await held.release()
 
 
+@pytest.mark.parametrize(
+    "waits",
+    [{"wait_for_own_quota": True, "wait_timeout": 0.3}, {"acquire_timeout": 0.3}],
+    ids=["wait_for_own_quota", "acquire_timeout"],
+)
+@pytest.mark.parametrize("max_global", [500, 0])
+async def test_a_wait_for_ones_own_quota_that_runs_out_is_refused_for_that_quota(
+    make_manager, waits, max_global
+):
+    """Regression: a user at their own cap whose wait ran out was told 503 "global stream
+    limit reached (500 of 500 in use)" (with no global cap: "0 of 0"), not 429 for their own
+    quota with its true count."""
+    manager = make_manager(max_per_user=1, max_global=max_global, **waits)
+    mine = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice")
+    assert (refused.value.status_code, refused.value.reason) == (429, "user_limit")
+    assert (refused.value.limit, refused.value.capacity, refused.value.current) == (
+        "per_user", 1, 1
+    )
+    assert str(refused.value).startswith("per_user stream limit reached (1 of 1 in use)")
+    await mine.release()
+
+
+async def test_a_wait_for_a_full_shared_pool_that_runs_out_names_that_pool(make_manager):
+    """The pool that had no room is the one named, with its count: a resource, not the global
+    pool that had room."""
+    manager = make_manager(max_per_user=0, max_global=10, wait_timeout=0.3)
+    db = Resource(capacity=1, name="db")
+    held = await manager.acquire("alice", resources=[db])
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("bob", resources=[db])
+    assert (refused.value.limit, refused.value.capacity, refused.value.current) == ("db", 1, 1)
+    assert refused.value.status_code == 503
+    await held.release()
+
+
 async def test_without_a_global_pool_resources_still_have_lines(make_manager):
     manager = make_manager(global_pool=False, max_per_user=1)
     db = Resource(capacity=1, name="db")

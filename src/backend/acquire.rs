@@ -62,10 +62,14 @@ pub struct InLine<'a> {
     pub own_waits: bool,
 }
 
-/// Where a waiter stands: its ticket, and its place in the line of each of its pools (0 for a
-/// pool without a line); lower places are earlier.
+/// Where a waiter stands: its ticket, its place in the line of each of its pools (0 for a
+/// pool without a line; lower places are earlier), and the pool that had no room for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
     pub ticket: u64,
     pub places: Vec<u64>,
+    /// The first pool without room for the waiter (its index among the lease's pools) and its
+    /// slots in use and kept by earlier waiters, at most its capacity: what a refusal says
+    /// when the wait runs out.
+    pub full: (usize, u64),
 }

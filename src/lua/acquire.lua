@@ -51,8 +51,10 @@
 -- gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch, over} when rate policy i refuses;
--- {WAIT, ticket, place_1, ..., place_n} when the caller is in line and should wait (its place in
--- the line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
+-- {WAIT, ticket, i, used_i, place_1, ..., place_n} when the caller is in line and should wait
+-- (i: the first pool without room for it, used_i its slots in use and kept by the waiters before
+-- it, at most its capacity, what a refusal says when the wait runs out; then its place in the
+-- line of each pool, 0 for a pool without one; lower is earlier); {LINE_FULL, i, waiting,
 -- retry_ms} when the line of pool i holds max_waiting waiters already and has no place to give
 -- up to the caller (see make_room; retry_ms: the time those would take at the line's recent
 -- service rate, or a lease duration before it has one), {LINE_FULL, i, waiting, retry_ms, 1} to
@@ -144,7 +146,7 @@ local function check_pools(ticket, lined)
         -- A slot frees when a lease is released or, at the latest, when a dead holder expires.
         return used, refuse({REFUSED, i, math.min(capacity, used[i] + promised), ttl})
       end
-      local wait = {WAIT, ticket}
+      local wait = {WAIT, ticket, i, math.min(capacity, used[i] + promised)}
       for _, place in ipairs(places(lined)) do
         wait[#wait + 1] = place
       end

@@ -29,6 +29,8 @@ struct Place<'a> {
     priority: u8,
     limits: Vec<u64>,
     turn: Option<LocalTurn<'a>>,
+    /// The pool that had no room at the last try, and its slots in use (see `Placed::full`).
+    full: Option<(usize, u64)>,
 }
 
 impl Manager {
@@ -51,6 +53,7 @@ impl Manager {
             priority,
             limits: line_limits,
             turn: None,
+            full: None,
         };
         let _present = waiter.as_ref().map(|w| self.local_line.arrive(&w.id));
         let mut freed = self.leases.subscribe();
@@ -65,7 +68,7 @@ impl Manager {
                 if self.until_turn(turn, deadline).await {
                     continue;
                 }
-                return Err(self.waited_too_long(&record, wait));
+                return Err(self.waited_too_long(&record, place.full, wait));
             }
             freed.borrow_and_update();
             match self.send_acquire(&record, &place, &rates, &mut guard).await {
@@ -88,7 +91,7 @@ impl Manager {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(self.waited_too_long(&record, wait));
+                return Err(self.waited_too_long(&record, place.full, wait));
             }
             if Box::pin(self.heartbeat_found_displaced()).await {
                 continue;
@@ -154,6 +157,7 @@ impl Manager {
     /// here too, so this process's order stays the shared line's.
     fn stay_in_line<'a>(&'a self, record: &LeaseRecord, placed: Placed, place: &mut Place<'a>) {
         self.leases.flight_end(record, false);
+        place.full = Some(placed.full);
         let same = place.turn.as_ref().is_some_and(|t| t.ticket() == placed.ticket);
         let Some(waiter) = place.waiter.filter(|_| !same) else {
             return;
@@ -205,13 +209,28 @@ impl Manager {
         }
     }
 
-    /// The refusal for a waiter whose time ran out: the shared pool it waited for is full.
-    fn waited_too_long(&self, record: &LeaseRecord, waited: Duration) -> CoreError {
-        let pool = record.pools.get(record.own_pools).unwrap_or(&record.pools[0]);
+    /// The refusal for a waiter whose time ran out: the pool that had no room at its last try
+    /// (its own quota under `wait_for_own_quota`, or a shared pool), with the slots it had in
+    /// use; a shared pool, full, if it never got an answer (its turn among this process's
+    /// waiters never came).
+    fn waited_too_long(
+        &self,
+        record: &LeaseRecord,
+        full: Option<(usize, u64)>,
+        waited: Duration,
+    ) -> CoreError {
+        let shared = || {
+            let index = record.own_pools.min(record.pools.len() - 1);
+            (index, record.pools[index].capacity)
+        };
+        let (index, current) = full
+            .filter(|(i, _)| *i < record.pools.len())
+            .unwrap_or_else(shared);
+        let pool = &record.pools[index];
         CoreError::Rejected(Rejection {
             limit: pool.name.clone(),
             capacity: pool.capacity,
-            current: pool.capacity,
+            current,
             retry_after_ms: self.config.retry_after_ms().min(waited.as_millis() as u64).max(1),
             usage_shown: true,
         })

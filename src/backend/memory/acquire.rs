@@ -146,21 +146,26 @@ impl MemoryBackend {
             line.enter(waiter, user, weight, &lined, in_line);
         }
         let mut passing = Vec::new();
-        let full = lease.pools.iter().zip(&used).find_map(|(pool, used)| {
-            let promised = match &in_line {
-                Some(in_line) if lined.contains(&pool) => {
-                    line.promised(pool, *used, waiter, user, in_line, &mut passing)
-                }
-                // The user's waiters keep their room in its own quota.
-                Some(_) if pool.role == PoolRole::Own && waiter.is_none() => line.users_waiting(user),
-                _ => 0,
-            };
-            (pool.capacity > 0 && used + promised + weight > pool.capacity)
-                .then(|| (pool, (used + promised).min(pool.capacity)))
-        });
-        if let Some((pool, taken)) = full {
+        let full = lease
+            .pools
+            .iter()
+            .zip(&used)
+            .enumerate()
+            .find_map(|(i, (pool, used))| {
+                let promised = match &in_line {
+                    Some(in_line) if lined.contains(&pool) => {
+                        line.promised(pool, *used, waiter, user, in_line, &mut passing)
+                    }
+                    // The user's waiters keep their room in its own quota.
+                    Some(_) if pool.role == PoolRole::Own && waiter.is_none() => line.users_waiting(user),
+                    _ => 0,
+                };
+                (pool.capacity > 0 && used + promised + weight > pool.capacity)
+                    .then(|| (i, pool, (used + promised).min(pool.capacity)))
+            });
+        if let Some((i, pool, taken)) = full {
             if let (true, Some(waiter)) = (pool.role == PoolRole::Shared || own_waits, waiter) {
-                return AcquireOutcome::Wait(line.placed(waiter, &lease.pools));
+                return AcquireOutcome::Wait(line.placed(waiter, &lease.pools, (i, taken)));
             }
             if let Some(waiter) = waiter {
                 line.leave(&waiter.id);

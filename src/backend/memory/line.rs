@@ -226,9 +226,10 @@ impl MemoryLines {
         }
     }
 
-    /// Where a waiter stands, for its process.
-    pub fn placed(&self, waiter: &Waiter, pools: &[Pool]) -> Placed {
+    /// Where a waiter stands, for its process; `full`: the pool without room for it.
+    pub fn placed(&self, waiter: &Waiter, pools: &[Pool], full: (usize, u64)) -> Placed {
         Placed {
+            full,
             ticket: self.tickets.get(&waiter.id).copied().unwrap_or(0),
             places: pools
                 .iter()

@@ -136,10 +136,15 @@ pub fn decode_acquire(
                 refused: Some((*index as usize - 1, *retry_ms)),
             }))
         }
-        [WAIT, ticket, places @ ..] if places.len() == n => Ok(AcquireOutcome::Wait(Placed {
-            ticket: *ticket,
-            places: places.to_vec(),
-        })),
+        [WAIT, ticket, index, current, places @ ..]
+            if places.len() == n && (1..=n as u64).contains(index) =>
+        {
+            Ok(AcquireOutcome::Wait(Placed {
+                ticket: *ticket,
+                places: places.to_vec(),
+                full: (*index as usize - 1, *current),
+            }))
+        }
         [BANNED, ms_left] => Ok(AcquireOutcome::Banned(*ms_left)),
         [code @ (REFUSED | LINE_FULL), index, current, retry_after_ms, displaced @ ..]
             if displaced.len() <= usize::from(*code == LINE_FULL) =>

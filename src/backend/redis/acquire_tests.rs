@@ -123,10 +123,11 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
     assert_eq!(limited.refused, Some((0, 800)));
     assert!(limited.decisions[0].would_refuse);
     assert_eq!(
-        decode(&[WAIT, 12, 0, 3]).ok(),
+        decode(&[WAIT, 12, 2, 50, 0, 3]).ok(),
         Some(AcquireOutcome::Wait(Placed {
             ticket: 12,
             places: vec![0, 3],
+            full: (1, 50),
         }))
     );
     assert_eq!(decode(&[BANNED, 1500]).ok(), Some(AcquireOutcome::Banned(1500)));
@@ -157,7 +158,8 @@ fn a_reply_of_another_shape_is_an_error() {
         &[GRANTED, 1, 7, 1, 4, 2, 500, 3, 1],
         &[GRANTED, 2, 7, 1, 4, 2, 500, 3, 1, 0],
         &[RATE_LIMITED, 2, 800, 5, 800, 0, 0, 1],
-        &[WAIT, 12, 0],
+        &[WAIT, 12, 2, 50, 0],
+        &[WAIT, 12, 3, 50, 0, 3],
         &[REFUSED, 3, 2, 30_000],
         &[REFUSED, 1, 2, 30_000, 1],
         &[9],
@@ -194,9 +196,9 @@ fn a_grant_nobody_takes_is_released_and_a_place_nobody_takes_is_left() {
         ["release"]
     );
     assert_eq!(
-        names(undo(waiting.clone()).invocations(&[WAIT, 12, 0, 3], 7)),
+        names(undo(waiting.clone()).invocations(&[WAIT, 12, 2, 50, 0, 3], 7)),
         ["leave"]
     );
-    assert!(undo(None).invocations(&[WAIT, 12, 0, 3], 7).is_empty());
+    assert!(undo(None).invocations(&[WAIT, 12, 2, 50, 0, 3], 7).is_empty());
     assert!(undo(waiting).invocations(&[REFUSED, 1, 2, 30_000], 7).is_empty());
 }
