@@ -38,6 +38,20 @@ impl Network {
         (prefix <= bits).then_some(Network { address, prefix })
     }
 
+    /// The IPv4 form of a network of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104` is
+    /// `10.0.0.0/8`): such a network never matches, since peers and forwarded addresses are
+    /// compared in their IPv4 form.
+    fn ipv4_form(&self) -> Option<String> {
+        let IpAddr::V6(address) = self.address else {
+            return None;
+        };
+        let ipv4 = address.to_ipv4_mapped().filter(|_| self.prefix >= 96)?;
+        Some(match self.prefix {
+            128 => ipv4.to_string(),
+            prefix => format!("{ipv4}/{}", prefix - 96),
+        })
+    }
+
     fn contains(&self, address: IpAddr) -> bool {
         match (self.address, address) {
             (IpAddr::V4(net), IpAddr::V4(a)) => {
@@ -58,6 +72,9 @@ impl Network {
 pub enum ProxyRuleError {
     /// A trusted proxy that is not an address or a CIDR network.
     Network(String),
+    /// A trusted proxy written as IPv4-mapped IPv6 (the entry, its IPv4 form): it would never
+    /// match.
+    Mapped(String, String),
     /// A header name that is empty or not an HTTP token.
     Header(String),
 }
@@ -68,6 +85,11 @@ impl fmt::Display for ProxyRuleError {
             ProxyRuleError::Network(entry) => write!(
                 f,
                 "trusted proxy '{}' is not a network: use an address or CIDR such as '10.0.0.0/8', '192.168.1.7' or 'fd00::/8'",
+                entry.escape_debug()
+            ),
+            ProxyRuleError::Mapped(entry, ipv4) => write!(
+                f,
+                "trusted proxy '{}' is written as IPv4-mapped IPv6 and would never match: client and proxy addresses are compared in their IPv4 form; write it as '{ipv4}'",
                 entry.escape_debug()
             ),
             ProxyRuleError::Header(name) => write!(
@@ -101,7 +123,13 @@ impl ProxyRule {
     pub fn new(proxies: Vec<String>, header_name: &str) -> Result<Self, ProxyRuleError> {
         let networks = proxies
             .iter()
-            .map(|entry| Network::parse(entry).ok_or_else(|| ProxyRuleError::Network(entry.clone())))
+            .map(|entry| match Network::parse(entry) {
+                None => Err(ProxyRuleError::Network(entry.clone())),
+                Some(network) => match network.ipv4_form() {
+                    Some(ipv4) => Err(ProxyRuleError::Mapped(entry.clone(), ipv4)),
+                    None => Ok(network),
+                },
+            })
             .collect::<Result<_, _>>()?;
         if !is_token(header_name) {
             return Err(ProxyRuleError::Header(header_name.to_owned()));
@@ -377,6 +405,22 @@ mod tests {
         assert!(Network::parse("0.0.0.0/0")
             .unwrap()
             .contains("203.0.113.9".parse().unwrap()));
+        for (mapped, ipv4) in [
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("::FFFF:0.0.0.0/96", "0.0.0.0/0"),
+        ] {
+            let refused = ProxyRule::new(vec![mapped.to_owned()], DEFAULT_PROXY_HEADER);
+            assert_eq!(
+                refused,
+                Err(ProxyRuleError::Mapped(mapped.to_owned(), ipv4.to_owned()))
+            );
+            assert!(refused
+                .unwrap_err()
+                .to_string()
+                .contains(&format!("write it as '{ipv4}'")));
+        }
+        assert!(ProxyRule::new(vec!["::/0".to_owned(), "::ffff:0:0/95".to_owned()], "Forwarded").is_ok());
         let error = ProxyRule::new(vec![], "X Real IP").unwrap_err();
         assert!(error.to_string().contains("is not a header name"));
         assert_eq!(

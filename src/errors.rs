@@ -133,7 +133,7 @@ impl fmt::Display for CoreError {
             ),
             CoreError::Banned(ms_left) => write!(
                 f,
-                "an operator ended this user's streams and refuses new ones for {} s more (StreamLeaseManager.revoke with ban_seconds)",
+                "this user's streams were ended by the service's operator, and new ones are refused for {} s more",
                 retry_after_seconds(*ms_left)
             ),
             CoreError::Unavailable(m)

@@ -202,6 +202,13 @@ def test_only_the_named_header_from_a_trusted_proxy_names_the_client(peer, heade
         ({"proxy_header": "X Real IP"}, ValueError, "'X Real IP' is not a header name: name the"),
         ({"proxy_header": b"X-Real-IP"}, TypeError, "proxy_header must be a str"),
         ({"trusted_proxies": ["10.0.0.0/33"]}, ValueError, "'10.0.0.0/33' is not a network"),
+        # Regression: an IPv4-mapped network was accepted and never matched (every client
+        # behind such a proxy shared one bucket, the proxy's).
+        (
+            {"trusted_proxies": ["::ffff:10.0.0.0/104"]},
+            ValueError,
+            "never match.*write it as '10.0.0.0/8'",
+        ),
         ({"trusted_proxies": "10.0.0.0/8"}, TypeError, "must be a list of networks"),
         ({"trusted_proxies": [ip_network("10.0.0.0/8")]}, TypeError, "write each network as a str"),
     ],

@@ -30,6 +30,7 @@ from fastapi_stream_lease import (
     CircuitState,
     LeaseConfig,
     LeaseRevoked,
+    PoolFull,
     ProtectedStreamingResponse,
     RateLimit,
     Resource,
@@ -516,8 +517,30 @@ async def test_a_fakeredis_client_is_served_by_the_embedded_store():
 
     fake = FakeRedis()
     manager = StreamLeaseManager(fake, LeaseConfig(max_per_user=1))
-    assert manager.backend == "memory://"
+    assert manager.backend.startswith("memory://fakeredis-")
     lease = await manager.acquire("u1")
     assert await fake.keys() == [], "nothing is written to the FakeRedis"
     await lease.release()
     await manager.aclose()
+
+
+async def test_managers_given_one_fakeredis_client_share_one_store():
+    """Regression: two managers handed one fakeredis client each had a store of their own, so
+    their caps were not shared as they are on the server the client stands in for; a client
+    of its own is a store of its own."""
+    from fakeredis.aioredis import FakeRedis
+
+    fake, other = FakeRedis(), FakeRedis()
+    config = LeaseConfig(max_per_user=1)
+    first, second = StreamLeaseManager(fake, config), StreamLeaseManager(fake, config)
+    apart = StreamLeaseManager(other, config)
+    assert first.backend == second.backend != apart.backend
+    lease = await first.acquire("u1")
+    with pytest.raises(PoolFull):
+        await second.acquire("u1")
+    assert await second.get_active_count("u1") == 1
+    await (await apart.acquire("u1")).release()
+    await lease.release()
+    await (await second.acquire("u1")).release()
+    for manager in (first, second, apart):
+        await manager.aclose()

@@ -74,7 +74,10 @@ async def test_a_ban_refuses_the_users_new_streams_until_it_ends(make_manager):
     with pytest.raises(UserBanned) as banned:
         await manager.acquire("alice")
     assert banned.value.status_code == 403 and banned.value.retry_after in (1, 2)
-    assert "revoke" in str(banned.value) and "alice" not in str(banned.value)
+    # Spoken to the client: neither the identity nor the library's API (regression: the body
+    # named StreamLeaseManager.revoke to end users).
+    assert "new ones are refused for" in str(banned.value) and "alice" not in str(banned.value)
+    assert "StreamLeaseManager" not in str(banned.value.body())
     assert manager.stats()["held"] == 0, "a refusal takes nothing"
     bob = await manager.acquire("bob")
     await manager.revoke("alice", ban_seconds=0.1)  # a shorter ban never cuts a longer one

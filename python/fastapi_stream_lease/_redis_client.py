@@ -3,21 +3,31 @@ the same server with the same credentials and TLS settings."""
 
 from __future__ import annotations
 
+import itertools
 import ssl
+import weakref
 from typing import Any
 from urllib.parse import quote, urlencode
+
+#: The embedded store of each ``fakeredis`` client given so far, by name: one client, one store.
+_FAKE_STORES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_FAKE_NUMBERS = itertools.count(1)
 
 
 def connection_of_redis_client(client: Any) -> tuple[str, str | None]:
     """The URL (and CA file, for TLS) of the server a ``redis.asyncio`` client talks to.
 
-    A ``fakeredis`` client, an in-process stand-in for tests, is served by the embedded
-    store (``memory://``) instead: there is no server to connect to.
+    A ``fakeredis`` client, an in-process stand-in for tests, is served by an embedded store
+    instead (``memory://fakeredis-<n>``): there is no server to connect to. Every manager
+    given the same client shares that store, as they would share the server.
 
     Raises ``TypeError`` for clients whose connection cannot be carried over faithfully.
     """
     if type(client).__module__.partition(".")[0] == "fakeredis":
-        return "memory://", None
+        store = _FAKE_STORES.get(client)
+        if store is None:
+            store = _FAKE_STORES[client] = f"memory://fakeredis-{next(_FAKE_NUMBERS)}"
+        return store, None
     nodes_manager = getattr(client, "nodes_manager", None)
     if nodes_manager is not None:
         kwargs = client.get_connection_kwargs()

@@ -184,7 +184,7 @@ class StreamLeaseManager:
                 )
             meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
         self._core = _core.Manager(url, config, tls_ca_file)
-        if self._core.backend == "memory://":
+        if self._core.backend.startswith("memory://"):
             warn_if_several_workers(defaulted)
         self._config = config
         self._adapter = adapter

@@ -35,13 +35,13 @@ pub fn open(
     redis_timeout: std::time::Duration,
     ca_pem: Option<Vec<u8>>,
 ) -> CoreResult<Box<dyn Backend>> {
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("memory") => Ok(Box::new(MemoryBackend::default())),
-        Some("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel") => {
+    match url.split_once("://") {
+        Some(("memory", name)) => Ok(Box::new(MemoryBackend::named(name))),
+        Some(("redis" | "rediss" | "unix" | "redis+unix" | "redis+cluster" | "rediss+cluster" | "redis+sentinel", _)) => {
             Ok(Box::new(RedisBackend::new(url, redis_timeout, ca_pem)?))
         }
         _ => Err(CoreError::InvalidInput(format!(
-            "unsupported URL {:?}: use memory://, redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port or redis+sentinel://host:port,host:port/master_name",
+            "unsupported URL {:?}: use memory:// (or memory://<name>, shared by the managers of one process that name it), redis://host:port/db, rediss://host:port/db (TLS), unix:///path/to/socket, redis+cluster://host:port,host:port or redis+sentinel://host:port,host:port/master_name",
             redact(url)
         ))),
     }

@@ -10,7 +10,7 @@ mod line;
 mod rate;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -41,27 +41,61 @@ struct State {
     fenced: u64,
 }
 
+/// What the store holds, shared by every manager that opened it by one name.
 #[derive(Default)]
-pub struct MemoryBackend {
+struct Tables {
     state: Mutex<State>,
     rates: Mutex<RateCounters>,
     answers: Mutex<AnswerHistograms>,
 }
 
+/// The stores opened by name (`memory://<name>`), each as long as a manager holds it.
+static NAMED: LazyLock<Mutex<HashMap<String, Weak<Tables>>>> = LazyLock::new(Mutex::default);
+
+/// An embedded store: `memory://` is a store of its own; `memory://<name>` the process's store
+/// of that name, shared by every manager opened with it while one of them lives (two managers
+/// handed one `fakeredis` client share its caps).
+#[derive(Default)]
+pub struct MemoryBackend {
+    name: String,
+    tables: Arc<Tables>,
+}
+
 impl MemoryBackend {
+    /// The store `name` names (empty: a store of its own).
+    pub fn named(name: &str) -> MemoryBackend {
+        if name.is_empty() {
+            return MemoryBackend::default();
+        }
+        let mut named = NAMED.lock().unwrap_or_else(PoisonError::into_inner);
+        named.retain(|_, tables| tables.strong_count() > 0);
+        let tables = match named.get(name).and_then(Weak::upgrade) {
+            Some(tables) => tables,
+            None => {
+                let tables = Arc::default();
+                named.insert(name.to_owned(), Arc::downgrade(&tables));
+                tables
+            }
+        };
+        MemoryBackend {
+            name: name.to_owned(),
+            tables,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.tables.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The rate counters; where the state is locked too, it is locked first.
     fn rates(&self) -> MutexGuard<'_, RateCounters> {
-        self.rates.lock().unwrap_or_else(PoisonError::into_inner)
+        self.tables.rates.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The histograms of answer sizes; where the rate counters are locked too, they are locked
     /// first.
     fn answers(&self) -> MutexGuard<'_, AnswerHistograms> {
-        self.answers.lock().unwrap_or_else(PoisonError::into_inner)
+        self.tables.answers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Removes the leases; says whether each was still there.
@@ -113,7 +147,7 @@ impl MemoryBackend {
 /// Every answer is there at once; the waiters live and die with the process.
 impl Backend for MemoryBackend {
     fn describe(&self) -> String {
-        "memory://".into()
+        format!("memory://{}", self.name)
     }
 
     fn is_embedded(&self) -> bool {
