@@ -20,7 +20,12 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from fastapi_stream_lease import StreamLeaseManager, StreamLeaseRejected, StreamLeaseWarning
+from fastapi_stream_lease import (
+    LeaseConfig,
+    StreamLeaseManager,
+    StreamLeaseRejected,
+    StreamLeaseWarning,
+)
 
 from support.apps import APPS_DIR, app_command
 from support.ports import free_port
@@ -149,6 +154,39 @@ def test_one_worker_or_redis_under_several_warns_of_nothing(redis_server, tmp_pa
         load_as_uvicorn_does(tmp_path, monkeypatch, APP_ON_THE_DEFAULT_STORE, reload=True)
         with pytest.warns(StreamLeaseWarning, match="no identity_secret"):
             load_as_uvicorn_does(tmp_path, monkeypatch, on_redis, workers=2)
+
+
+def test_fail_open_with_fewer_fallback_workers_than_workers_warns_naming_the_fleet_bound(
+    redis_server, monkeypatch
+):
+    """Regression: ``fail_open=True`` with the default ``fallback_workers=1`` admitted 18
+    streams against ``max_global=6`` on three workers while Redis was down, with no warning."""
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    config = LeaseConfig(
+        fail_open=True, max_per_user=2, max_global=6, identity_secret="x" * 32
+    )
+    with pytest.warns(StreamLeaseWarning) as seen:
+        StreamLeaseManager(url=redis_server.url, config=config)
+    (warning,) = seen
+    assert "the fleet may admit 3 times each cap (max_per_user=2: up to 6, max_global=6: up to " \
+        "18). Set fallback_workers to the worker processes of every machine" in str(warning.message)
+    right = LeaseConfig(
+        fail_open=True, max_per_user=3, max_global=6, fallback_workers=3, identity_secret="x" * 32
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StreamLeaseManager(url=redis_server.url, config=right)
+
+
+def test_fail_open_with_a_cap_below_fallback_workers_warns_that_it_admits_nothing(redis_server):
+    """Regression: with ``fallback_workers=3`` a ``max_per_user=2`` has a share of 0, so fail
+    open admitted nothing at all while Redis was down, with no warning."""
+    config = LeaseConfig(
+        fail_open=True, max_per_user=2, fallback_workers=3, identity_secret="x" * 32
+    )
+    with pytest.warns(StreamLeaseWarning, match=r"the share of max_per_user=2 is 0, so while "
+                      r"Redis is down nothing is admitted under it"):
+        StreamLeaseManager(url=redis_server.url, config=config)
 
 
 # What each worker logs once it serves, and what the server logs when its graceful timeout runs

@@ -1,5 +1,7 @@
 """Whether this process is one of several worker processes of one server: the embedded store
-counts in one process, so under several workers each would enforce the caps on its own."""
+counts in one process, so under several workers each would enforce the caps on its own; and
+under ``failure_mode="open"`` each worker admits its share of every cap while Redis is down,
+so ``fallback_workers`` below the workers multiplies the caps."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import sys
 import warnings
 from types import FrameType
+from typing import Any
 
 from .errors import StreamLeaseWarning
 
@@ -63,3 +66,38 @@ def warn_if_several_workers(defaulted: bool) -> None:
         StreamLeaseWarning,
         stacklevel=3,
     )
+
+
+def warn_about_the_local_floor(config: Any) -> None:
+    """Warns the line that built a manager under ``failure_mode="open"`` (two frames up) when,
+    while Redis is down, its caps would not hold across the fleet: ``fallback_workers`` below
+    the worker processes this server runs (each admits up to ``cap / fallback_workers``), or a
+    cap below ``fallback_workers`` (its share is 0: nothing is admitted under it, as under
+    ``"closed"``)."""
+    workers = config.fallback_workers
+    caps = {"max_per_user": config.max_per_user, "max_global": config.max_global}
+    found = several_workers()
+    if found is not None and found[0] > workers:
+        running, evidence = found
+        bounds = ", ".join(
+            f"{name}={cap}: up to {cap // workers * running}" for name, cap in caps.items() if cap
+        )
+        warnings.warn(
+            f"failure_mode='open' with fallback_workers={workers}, but {evidence}: while "
+            f"Redis is down each admits up to cap / fallback_workers of every cap, so the "
+            f"fleet may admit {running / workers:g} times each cap ({bounds}). Set "
+            f"fallback_workers to the worker processes of every machine that serves this app "
+            f"(at least {running}).",
+            StreamLeaseWarning,
+            stacklevel=3,
+        )
+    zero = [f"{name}={cap}" for name, cap in caps.items() if 0 < cap < workers]
+    if zero:
+        warnings.warn(
+            f"failure_mode='open' with fallback_workers={workers}: the share of "
+            f"{' and '.join(zero)} is 0, so while Redis is down nothing is admitted under it "
+            "(the shares round down so that all the workers' add up to at most the cap); "
+            "raise the cap or lower fallback_workers if that is not what you want.",
+            StreamLeaseWarning,
+            stacklevel=3,
+        )

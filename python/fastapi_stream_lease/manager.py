@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 from . import _core
 from ._core import LeaseConfig
 from ._redis_client import connection_of_redis_client
-from ._server_workers import warn_if_several_workers
+from ._server_workers import warn_about_the_local_floor, warn_if_several_workers
 from ._stop_signals import calling_on_stop_signals
 from .alerts import ThresholdCrossed, crossed, identities_of
 from .client_ip import client_of
@@ -186,6 +186,8 @@ class StreamLeaseManager:
         self._core = _core.Manager(url, config, tls_ca_file)
         if self._core.backend.startswith("memory://"):
             warn_if_several_workers(defaulted)
+        elif config.failure_mode == "open":
+            warn_about_the_local_floor(config)
         self._config = config
         self._adapter = adapter
         # Anything but "continue": "cancel", or a 0.6 on_lost hook (0.6 ended the stream).
