@@ -36,6 +36,7 @@ browser: ## Make sure chromium and chromedriver are installed where they can be 
 SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 	tests/test_rates.py tests/test_waiting.py tests/test_cluster.py tests/test_revoke.py \
 	tests/test_budgets.py tests/test_reservation_estimate.py tests/test_sentinel.py tests/test_cli.py \
+	tests/test_store_agreement.py \
 	--deselect tests/test_budgets.py::test_every_window_holds_the_bound_by_the_streams_own_counts
 # The hot path's tests again with its Redis I/O on the event loop's thread (design.md §15), on
 # uvloop, the loop uvicorn runs on when it is installed; the short chaos run's worker processes
@@ -59,8 +60,10 @@ test: build redis browser ## Run every test: Rust unit tests, the protocol model
 
 CHAOS_MINUTES ?= 10
 CHAOS_SEEDS ?= 1 2 3
-chaos: build redis ## Randomized fault run, CHAOS_MINUTES (10) over CHAOS_SEEDS ("1 2 3"), Redis then cluster
+AGREEMENT_MINUTES ?= 3
+chaos: build redis ## Randomized fault run, CHAOS_MINUTES (10) over CHAOS_SEEDS ("1 2 3"), Redis then cluster; then the stores' agreement, AGREEMENT_MINUTES (3)
 	$(BIN)/python -m tests.chaos --minutes $(CHAOS_MINUTES) --seeds $(CHAOS_SEEDS)
+	$(BIN)/python -m tests.agreement --minutes $(AGREEMENT_MINUTES) --seeds $(CHAOS_SEEDS)
 
 lint: venv ## cargo fmt --check, clippy, ruff, mypy, and the GitHub workflows (schema, zizmor)
 	cargo fmt --all --check

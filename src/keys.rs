@@ -182,6 +182,12 @@ impl KeySpace {
         )
     }
 
+    /// An identity's own histogram of a model's answer sizes, beside the model's (`answers`):
+    /// keyed by the identity's hash, never its name.
+    pub fn own_answers_key(&self, answers: &str, identity: &str) -> String {
+        format!("{answers}:{}", self.identity_digest(identity))
+    }
+
     /// None when the manager keeps no global pool (`global_pool=False`).
     pub fn global_pool(&self) -> Option<Pool> {
         self.global.clone()
@@ -305,93 +311,5 @@ pub fn check_resource(name: &str, capacity: u64) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn space(secret: &[u8]) -> KeySpace {
-        KeySpace::with("app", secret, 2, Some(0))
-    }
-
-    #[test]
-    fn without_a_global_pool_each_user_has_a_tag_of_its_own() {
-        let space = KeySpace::with("app", b"", 2, None);
-        let pools = space.pools_for(Some("alice"), &[]);
-        assert_eq!(pools.len(), 1);
-        let digest = space.identity_digest("alice");
-        assert_eq!(&*pools[0].key, format!("{{app:{digest}}}:user"));
-        assert_eq!(&*pools[0].holders, format!("{{app:{digest}}}:holders"));
-    }
-
-    #[test]
-    fn keys_share_one_hash_tag_and_hide_the_identity() {
-        let pools = space(b"").pools_for(Some("alice@example.com"), &[]);
-        assert!(pools.iter().all(|p| p.key.starts_with("{app}:")));
-        assert!(pools.iter().all(|p| !p.key.contains("alice")));
-        assert_eq!(pools[0].capacity, 2);
-        assert_eq!(pools[1].capacity, 0);
-    }
-
-    #[test]
-    fn resources_share_the_tag_and_need_no_identity() {
-        let pools = space(b"").pools_for(None, &[("db".into(), 5)]);
-        let db = Pool::new("db", "{app}:resource:db".into(), 5, PoolRole::Shared);
-        assert_eq!(pools, vec![db]);
-        assert_eq!(space(b"").pools_for(Some("u"), &[("db".into(), 5)]).len(), 3);
-        assert!(check_resource("db", 5).is_ok());
-        assert!(check_resource("a b", 5).is_err() && check_resource("db", 0).is_err());
-        assert!(
-            check_resource("per_user", 5).is_err(),
-            "reserved for the user's own quota"
-        );
-    }
-
-    #[test]
-    fn a_digest_is_the_identitys_hmac_sha256() {
-        // RFC 4231, test case 2, its first 128 bits; twice, from the one keyed state.
-        let keys = space(b"Jefe");
-        for _ in 0..2 {
-            assert_eq!(
-                keys.identity_digest("what do ya want for nothing?"),
-                "5bdcc146bf60754e6a042426089575c7"
-            );
-        }
-    }
-
-    #[test]
-    fn the_secret_changes_every_digest() {
-        assert_ne!(
-            space(b"").identity_digest("u1"),
-            space(b"s3cret").identity_digest("u1")
-        );
-        assert_eq!(
-            space(b"k").identity_digest("u1"),
-            space(b"k").identity_digest("u1")
-        );
-        assert_eq!(space(b"k").identity_digest("u1").len(), 32);
-    }
-
-    #[test]
-    fn a_models_answers_live_in_the_tag_of_the_counter_and_hide_its_name() {
-        let keys = space(b"k");
-        let answers = keys.answers_key("{app:ab}:rate:tpm", "gpt-x");
-        assert_eq!(
-            answers,
-            format!("{{app:ab}}:answers:{}", keys.identity_digest("gpt-x"))
-        );
-        assert!(!answers.contains("gpt"));
-    }
-
-    #[test]
-    fn holders_share_the_tag_of_their_pools() {
-        assert_eq!(holders_key("{app}:user:ab"), "{app}:holders");
-        assert_eq!(holders_key("{app:ab}:user"), "{app:ab}:holders");
-        assert_eq!(hash_tag("plain"), "plain");
-    }
-
-    #[test]
-    fn identities_are_checked() {
-        assert!(check_identity("").is_err());
-        assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES + 1)).is_err());
-        assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES)).is_ok());
-    }
-}
+#[path = "keys_tests.rs"]
+mod tests;

@@ -12,9 +12,11 @@ from fastapi_stream_lease import BudgetExhausted, RateLimit, StreamLeaseManager,
 
 from support.waiting import eventually
 
-TPM = RateLimit("tokens_per_minute", 100_000, per=60, unit="tokens")
+TPM = RateLimit("tokens_per_minute", 10_000_000, per=60, unit="tokens")
 # The bucket of a 300-token answer is (292, 418]: its bound is what the model learns.
 BOUND_ABOVE_300 = 418
+# The bucket of an 8,000-token answer is (7,331, 10,484].
+BOUND_ABOVE_8000 = 10_484
 DEFAULT_ANSWER = 1_024
 MIN_SAMPLES = 20
 WEEK_MS = 7 * 86_400_000
@@ -114,13 +116,16 @@ async def test_a_stream_cut_or_revoked_teaches_nothing(make_manager):
 async def test_a_retried_settlement_counts_its_answer_once(redis_client, key_prefix):
     settle = redis_client.register_script(_core._script_source("settle"))
     histogram = f"{{{key_prefix}}}:answers:digest"
-    keys, args = _core._settle_call("lease-1", histogram, 300)
+    own = f"{histogram}:alice"
+    keys, args = _core._settle_call("lease-1", histogram, own, 300)
     for _ in range(2):  # the answer of the first call lost: sent again
         settle(keys=keys, args=args)
-    assert redis_client.hgetall(histogram) == {b"9": b"1"}, "bucket 9: (292, 418]"
-    keys, args = _core._settle_call("lease-2", histogram, 300)
+    assert redis_client.hgetall(own) == {b"9": b"1", b"r": b"9"}, "bucket 9: (292, 418]"
+    assert redis_client.hgetall(histogram) == {b"9": b"1"}, "alice, once, at her size"
+    keys, args = _core._settle_call("lease-2", histogram, own, 300)
     settle(keys=keys, args=args)
-    assert redis_client.hgetall(histogram) == {b"9": b"2"}
+    assert redis_client.hgetall(own) == {b"9": b"2", b"r": b"9"}
+    assert redis_client.hgetall(histogram) == {b"9": b"1"}, "still one count for alice"
 
 
 async def test_a_models_histogram_is_bounded_expires_in_a_week_and_never_names_it(
@@ -132,17 +137,21 @@ async def test_a_models_histogram_is_bounded_expires_in_a_week_and_never_names_i
     keys = [key.decode() for key in redis_client.keys(f"*{key_prefix}*")]
     assert not any(model in key for key in keys), keys
     histogram = f"{{{key_prefix}}}:answers:{manager._core.identity_digest(model)}"
-    assert histogram in keys
+    own = f"{histogram}:{manager._core.identity_digest('alice')}"
+    assert histogram in keys and own in keys
+    assert not any("alice" in key for key in keys), keys
     settle = redis_client.register_script(_core._script_source("settle"))
     tokens = 1.0
     while tokens < 3_000_000:  # answers of every size, 1.2 times apart: every bucket counted
-        call_keys, args = _core._settle_call(f"size-{tokens}", histogram, int(tokens))
+        call_keys, args = _core._settle_call(f"size-{tokens}", histogram, own, int(tokens))
         settle(keys=call_keys, args=args)
         tokens *= 1.2
-    assert redis_client.hlen(histogram) == 32, "a fixed count of buckets"
-    assert 0 < redis_client.pttl(histogram) <= WEEK_MS
-    assert redis_client.pttl(histogram) > WEEK_MS - 60_000, "a week from the last answer"
-    assert redis_client.memory_usage(histogram) <= MAX_HISTOGRAM_BYTES
+    assert redis_client.hlen(own) == 32 + 1, "a fixed count of buckets, and the user's size"
+    assert sum(int(count) for count in redis_client.hvals(histogram)) == 1, "one per user"
+    for key in (histogram, own):
+        assert 0 < redis_client.pttl(key) <= WEEK_MS
+        assert redis_client.pttl(key) > WEEK_MS - 60_000, "a week from the last answer"
+        assert redis_client.memory_usage(key) <= MAX_HISTOGRAM_BYTES
 
 
 async def test_a_workers_first_stream_of_a_model_reserves_the_default_while_it_reads(
@@ -190,3 +199,39 @@ async def test_a_bad_answer_estimate_call_says_what_to_pass(make_manager):
     with pytest.raises(ValueError, match="pass the user_id"):
         await spread.answer_estimate("gpt-x")
     assert await spread.answer_estimate("gpt-x", user_id="alice") == DEFAULT_ANSWER
+
+
+async def test_one_users_answers_never_size_another_users_reservations(make_manager):
+    """Regression: the learned size was one histogram per model for all users: one user's 20
+    answers of 8,000 tokens raised everyone's reservation from 1,024 to 10,484. Each user is
+    sized by their own answers once they have 20; before that by the model's figure, which
+    counts each user once and needs 20 users: one user cannot set it."""
+    manager = make_manager(max_per_user=0)
+    for _ in range(MIN_SAMPLES):
+        await answer(manager, "victim", 300)
+        await answer(manager, "heavy", 8_000)
+    reader = reader_of(manager, make_manager)
+    assert await reader.answer_estimate("gpt-x", user_id="victim") == BOUND_ABOVE_300
+    assert await reader.answer_estimate("gpt-x", user_id="heavy") == BOUND_ABOVE_8000
+    assert await reader.answer_estimate("gpt-x", user_id="newcomer") == DEFAULT_ANSWER, (
+        "two users are too few for the model's figure"
+    )
+    assert await reader.answer_estimate("gpt-x") == DEFAULT_ANSWER
+
+
+@pytest.mark.parametrize("extreme", [8_000, 1], ids=["long", "short"])
+async def test_one_user_moves_the_models_figure_by_at_most_one_rank(make_manager, extreme):
+    """Nineteen users who each answered 300 tokens once, and one who answered ``extreme``
+    tokens a hundred times: the model's figure is the 95th percentile of the 20 users' sizes,
+    the 19th smallest, so a newcomer reserves 418 either way (one user's 100 answers of 1
+    token used to drop it to 16, admitting streams their budget could not serve)."""
+    manager = make_manager(max_per_user=0)
+    for user in range(MIN_SAMPLES - 1):
+        await answer(manager, f"u{user}", 300)
+    for _ in range(100):
+        await answer(manager, "extreme", extreme)
+    reader = reader_of(manager, make_manager)
+    assert await reader.answer_estimate("gpt-x", user_id="newcomer") == BOUND_ABOVE_300
+    assert await answer(reader, "newcomer", 300) == BOUND_ABOVE_300
+    own = BOUND_ABOVE_8000 if extreme > 1 else 16
+    assert await reader.answer_estimate("gpt-x", user_id="extreme") == own, "its own, only"

@@ -299,11 +299,12 @@ def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""
 
 def _settle_call(
-    settlement_id: str, answers_key: str, answer_tokens: int
+    settlement_id: str, answers_key: str, own_key: str, answer_tokens: int
 ) -> tuple[list[bytes], list[bytes]]:
     """The keys and arguments of the ``settle`` script's call that settles ``settlement_id`` by
-    counting an answer of ``answer_tokens`` tokens in the histogram ``answers_key`` (its bucket
-    computed as the store computes it), with nothing to charge or give back."""
+    counting an answer of ``answer_tokens`` tokens in the identity's histogram ``own_key`` and
+    so in its model's ``answers_key`` (its bucket computed as the store computes it), with
+    nothing to charge or give back."""
 
 def _acquire_call(
     holder: int, ttl_ms: int, leases: list[tuple[str, int, list[tuple[str, int]]]]

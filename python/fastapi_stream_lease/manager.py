@@ -626,12 +626,14 @@ class StreamLeaseManager:
         return {decision.policy.name: decision for decision in decisions}
 
     async def answer_estimate(self, model: str, user_id: str | None = None) -> int:
-        """The answer tokens ``reserve="auto"`` reserves for ``model`` when a request gives no
-        ``max_tokens``, before the cap of what its budgets hold: the bound of the size bucket
-        that holds the 95th percentile of the model's settled answers once it has 20 of them,
-        else 1,024. The figure streams use: on Redis this worker's, read again at most every
-        10 s. Without a global pool (``global_pool=False``) each user learns its own: pass
-        ``user_id``."""
+        """The answer tokens ``reserve="auto"`` reserves for ``model`` when a request of
+        ``user_id`` gives no ``max_tokens``, before the cap of what its budgets hold: the bound
+        of the size bucket that holds the 95th percentile of the user's own settled answers of
+        the model once it has 20 of them; else the model's figure, the same percentile of the
+        users' sizes (each user counted once, at the bucket of their own 95th percentile) once
+        20 users have answered; else 1,024. Without ``user_id``, the model's figure. The figure
+        streams use: on Redis this worker's, read again at most every 10 s. Without a global
+        pool (``global_pool=False``) ``user_id`` is needed."""
         return await self._core.answer_estimate(model, user_id)
 
     async def reset(self, identity: str, *policies: PolicyEntry) -> None:

@@ -215,9 +215,14 @@ pub trait Backend: Send + Sync {
     /// however often it is sent.
     fn settle<'a>(&'a self, settlement: &'a Settlement) -> BoxFuture<'a, CoreResult<()>>;
 
-    /// The counts of a model's histogram of answer sizes (`key`), by bucket
-    /// (`rate::answer_sizes`), as settlements counted them.
-    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>>;
+    /// The counts of a model's histogram of answer sizes (`model`), by bucket
+    /// (`rate::answer_sizes`), as settlements counted them, then those of an identity's own
+    /// when `own` is given.
+    fn answer_sizes<'a>(
+        &'a self,
+        model: &'a str,
+        own: Option<&'a str>,
+    ) -> BoxFuture<'a, CoreResult<Vec<u64>>>;
 
     /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
     /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.

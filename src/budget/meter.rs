@@ -10,14 +10,14 @@ use super::ledger::Ledger;
 use super::{Account, BudgetRequest, Usage};
 use crate::errors::CoreError;
 use crate::lease::Store;
-use crate::rate::{Adjustment, TopUp, ToppedUp};
+use crate::rate::{Adjustment, AnswerKeys, TopUp, ToppedUp};
 use crate::sync::lock;
 
 #[derive(Debug)]
 pub struct Meter {
     pub store: Store,
-    /// The histogram of answer sizes of the stream's model, if it names one.
-    pub answers_key: Option<String>,
+    /// Where the stream's answer sizes are learned, if it names a model.
+    pub answers: Option<AnswerKeys>,
     ledger: Mutex<Ledger>,
     /// Woken when a top-up answers or the meter ends.
     changed: Notify,
@@ -36,7 +36,7 @@ impl Meter {
     ) -> Self {
         Meter {
             store,
-            answers_key: request.answers_key.clone(),
+            answers: request.answers.clone(),
             ledger: Mutex::new(Ledger::new(accounts, request, room)),
             changed: Notify::new(),
             due,

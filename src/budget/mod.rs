@@ -26,7 +26,7 @@ pub use self::meter::Meter;
 use crate::backend::Stores;
 use crate::config::FailureMode;
 use crate::lease::{LeaseId, LeaseRecord, Store};
-use crate::rate::{answer_sizes, Adjustment, AnswerSample, RatePolicy, Settlement};
+use crate::rate::{answer_sizes, Adjustment, AnswerKeys, AnswerSample, RatePolicy, Settlement};
 pub use crate::rate::{Price, Usage};
 use crate::runtime;
 use crate::sync::lock;
@@ -89,9 +89,9 @@ pub struct BudgetRequest {
     /// prompt. The manager sizes the answer from the model's learned size, at most this
     /// (`output` holds `AUTO_ANSWER` within it until then).
     pub learned_within: Option<u64>,
-    /// The model's histogram of answer sizes, in the tag of the first budget's counter (set by
-    /// the manager from `model`).
-    pub answers_key: Option<String>,
+    /// Where the stream's answer sizes are learned, in the tag of the first budget's counter
+    /// (set by the manager from `model` and the identity).
+    pub answers: Option<AnswerKeys>,
 }
 
 /// The streams with budgets this process holds, and the loop that tops them up.
@@ -172,9 +172,9 @@ impl Budgets {
         // answer's.
         let answer = answer
             .filter(|_| !record.is_lost())
-            .zip(meter.answers_key.clone())
-            .map(|(tokens, key)| AnswerSample {
-                key,
+            .zip(meter.answers.clone())
+            .map(|(tokens, keys)| AnswerSample {
+                keys,
                 bucket: answer_sizes::bucket_of(tokens),
             });
         if adjustments.is_empty() && answer.is_none() {

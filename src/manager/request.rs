@@ -14,7 +14,7 @@ use crate::budget::BudgetRequest;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, check_resource, Pool};
 use crate::lease::{LeaseRecord, Store};
-use crate::rate::RatePolicy;
+use crate::rate::{AnswerKeys, RatePolicy};
 
 /// A lease of weight w is w members per pool: keep scripts short (the binding checks weights).
 pub const MAX_WEIGHT: u32 = 100;
@@ -88,19 +88,19 @@ impl Manager {
             .map(move |granted| granted.map_err(|e| if disclose { e } else { e.without_shared_usage() })))
     }
 
-    /// Sizes a budget's answer from its model's learned size (`answer_estimates.rs`) and names
-    /// the histogram its settlement counts in, in the tag of its first budget's counter (the
-    /// identity paired with that budget's, or the user's). Returns the histogram if a read of
-    /// it is due.
-    fn learn_answers(&self, request: &mut AcquireRequest) -> Option<String> {
+    /// Sizes a budget's answer from the user's learned size (`answer_estimates.rs`) and names
+    /// the histograms its settlement counts in, in the tag of its first budget's counter (the
+    /// identity paired with that budget's, or the user's). Returns the histograms if a read of
+    /// them is due.
+    fn learn_answers(&self, request: &mut AcquireRequest) -> Option<AnswerKeys> {
         let identity = request.identity.as_deref()?;
         let budget = request.budget.as_mut()?;
         let first = budget.policies.first()?;
         let paired = request.policy_identities.get(request.rate_limits.len());
         let counted = paired.and_then(Option::as_deref).unwrap_or(identity);
         let counter = self.keys.rate_key(counted, first);
-        let due = self.size_by_answers(budget, &counter);
-        due.then(|| budget.answers_key.clone()).flatten()
+        let due = self.size_by_answers(budget, &counter, identity);
+        due.then(|| budget.answers.clone()).flatten()
     }
 
     /// The pools a request takes, its own quota first; refuses what could never be granted.

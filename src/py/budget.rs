@@ -70,7 +70,7 @@ pub fn request(
         price,
         model,
         learned_within,
-        answers_key: None,
+        answers: None,
     }))
 }
 

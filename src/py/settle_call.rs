@@ -6,18 +6,27 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::backend::{settle_call as encoded, KeysAndArgs};
-use crate::rate::{answer_sizes, AnswerSample, Settlement};
+use crate::rate::{answer_sizes, AnswerKeys, AnswerSample, Settlement};
 
 /// The keys and arguments of the ``settle`` script's call that settles ``settlement_id`` by
-/// counting an answer of ``answer_tokens`` tokens in the histogram ``answers_key`` (its bucket
-/// computed as the store computes it), with nothing to charge or give back.
+/// counting an answer of ``answer_tokens`` tokens in the identity's histogram ``own_key`` and
+/// so in its model's ``answers_key`` (its bucket computed as the store computes it), with
+/// nothing to charge or give back.
 #[pyfunction(name = "_settle_call")]
-pub fn settle_call(settlement_id: String, answers_key: String, answer_tokens: u64) -> PyResult<KeysAndArgs> {
+pub fn settle_call(
+    settlement_id: String,
+    answers_key: String,
+    own_key: String,
+    answer_tokens: u64,
+) -> PyResult<KeysAndArgs> {
     let settlement = Settlement {
         id: settlement_id,
         adjustments: Vec::new(),
         answer: Some(AnswerSample {
-            key: answers_key,
+            keys: AnswerKeys {
+                model: answers_key,
+                own: own_key,
+            },
             bucket: answer_sizes::bucket_of(answer_tokens),
         }),
     };

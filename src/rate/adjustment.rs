@@ -54,11 +54,20 @@ pub struct Settlement {
     pub answer: Option<AnswerSample>,
 }
 
-/// The size of a settled stream's answer, counted in its model's histogram (`key`, in the tag
-/// of the settlement's counters) in `bucket` (`answer_sizes::bucket_of`).
+/// Where a stream's answer sizes are learned, in the tag of its first budget's counter: its
+/// model's histogram (one count per identity, see `answer_sizes`) and its identity's own
+/// histogram of that model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerKeys {
+    pub model: String,
+    pub own: String,
+}
+
+/// The size of a settled stream's answer, counted in its identity's histogram (`keys.own`) in
+/// `bucket` (`answer_sizes::bucket_of`), and so in its model's (`keys.model`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AnswerSample {
-    pub key: String,
+    pub keys: AnswerKeys,
     pub bucket: usize,
 }
 

@@ -1,8 +1,13 @@
-//! Answer sizes learned from settled streams, per model: a histogram of their answer tokens in
-//! `BUCKETS` log-spaced buckets (a small hash in Redis, `lua/settle.lua`; a map in the embedded
-//! store), and the reservation it suggests, the upper bound of the bucket that holds the
-//! `PERCENTILE`th answer. Pure: the bucket of a size is computed here only, and passed to the
-//! scripts as a number.
+//! Answer sizes learned from settled streams, per identity and model, so that one identity's
+//! answers never size another's reservations. Each identity has a histogram of its own answers'
+//! tokens in `BUCKETS` log-spaced buckets (a small hash in Redis, `lua/settle.lua`; a map in the
+//! embedded store); its **size** is the bucket that holds its `PERCENTILE`th answer. The model's
+//! histogram holds **one count per identity**, at that identity's size: the prior. A stream's
+//! reservation is the upper bound of its identity's size once the identity has `MIN_SAMPLES`
+//! answers; before that, the bound of the prior's `PERCENTILE`th identity once `MIN_SAMPLES`
+//! identities have answered; before that, the default. So an identity moves the prior by at
+//! most one rank among the others' sizes, whatever its answers. Pure: the bucket of a size is
+//! computed here only, and passed to the scripts as a number.
 
 /// Buckets per model: a fixed count, so a model's histogram never grows past them.
 pub const BUCKETS: usize = 32;
@@ -10,7 +15,8 @@ pub const BUCKETS: usize = 32;
 /// The percentile of answer sizes a learned reservation covers.
 pub const PERCENTILE: u64 = 95;
 
-/// Samples a model needs before its estimate replaces the default.
+/// Answers an identity needs before its own estimate is used, and identities the model's prior
+/// needs before it replaces the default.
 pub const MIN_SAMPLES: u64 = 20;
 
 /// Each bucket's upper bound in answer tokens (inclusive): 16, then each 1.43 times the last,
@@ -37,16 +43,33 @@ pub fn estimate(counts: &[u64]) -> Option<u64> {
     if total < MIN_SAMPLES {
         return None;
     }
+    percentile_bucket(counts).map(|bucket| BOUNDS[bucket])
+}
+
+/// The bucket that holds the `PERCENTILE`th answer of a histogram (nearest rank), None for an
+/// empty one: an identity's size, its one count in its model's histogram (`lua/settle.lua`
+/// finds it the same way).
+pub fn percentile_bucket(counts: &[u64]) -> Option<usize> {
+    let total: u128 = counts.iter().map(|&count| u128::from(count)).sum();
+    if total == 0 {
+        return None;
+    }
     // The rank of the percentile's answer, counted from 1 (nearest rank).
-    let rank = (u128::from(total) * u128::from(PERCENTILE)).div_ceil(100);
+    let rank = (total * u128::from(PERCENTILE)).div_ceil(100);
     let mut seen = 0u128;
     for (bucket, &count) in counts.iter().enumerate().take(BUCKETS) {
         seen += u128::from(count);
         if seen >= rank {
-            return Some(BOUNDS[bucket]);
+            return Some(bucket);
         }
     }
-    Some(BOUNDS[BUCKETS - 1])
+    Some(BUCKETS - 1)
+}
+
+/// The answer size a stream of an identity reserves, from its own histogram and its model's:
+/// its own estimate, else the model's, else None (the default).
+pub fn learned(own: &[u64], model: &[u64]) -> Option<u64> {
+    estimate(own).or_else(|| estimate(model))
 }
 
 #[cfg(test)]
@@ -83,6 +106,25 @@ mod tests {
         counts[bucket_of(300)] += 1;
         assert_eq!(estimate(&counts), Some(418));
         assert_eq!(estimate(&[]), None);
+    }
+
+    #[test]
+    fn an_identity_is_sized_by_its_own_answers_once_it_has_20_else_by_the_models() {
+        let mut own = [0; BUCKETS];
+        let mut model = [0; BUCKETS];
+        assert_eq!(learned(&own, &model), None, "the default");
+        model[bucket_of(300)] = MIN_SAMPLES;
+        assert_eq!(learned(&own, &model), Some(418));
+        own[bucket_of(8_000)] = MIN_SAMPLES - 1;
+        assert_eq!(
+            learned(&own, &model),
+            Some(418),
+            "19 answers of its own are too few"
+        );
+        own[bucket_of(8_000)] += 1;
+        assert_eq!(learned(&own, &model), Some(BOUNDS[bucket_of(8_000)]));
+        assert_eq!(percentile_bucket(&[0; BUCKETS]), None);
+        assert_eq!(percentile_bucket(&own), Some(bucket_of(8_000)));
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod policy;
 pub mod price;
 mod start;
 
-pub use self::adjustment::{Adjustment, AnswerSample, Settlement, TopUp, ToppedUp};
+pub use self::adjustment::{Adjustment, AnswerKeys, AnswerSample, Settlement, TopUp, ToppedUp};
 pub use self::alerts::Thresholds;
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::policy::{

@@ -215,8 +215,17 @@ impl Backend for MemoryBackend {
         answered(Ok(()))
     }
 
-    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
-        answered(Ok(self.answers().counts(key)))
+    fn answer_sizes<'a>(
+        &'a self,
+        model: &'a str,
+        own: Option<&'a str>,
+    ) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
+        let answers = self.answers();
+        let mut counts = answers.counts(model);
+        if let Some(own) = own {
+            counts.extend(answers.counts(own));
+        }
+        answered(Ok(counts))
     }
 
     fn revoke<'a>(

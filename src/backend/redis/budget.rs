@@ -8,7 +8,7 @@ use super::layout::{unexpected_reply, KeyIndex};
 use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
 use crate::keys;
-use crate::rate::answer_sizes::BUCKETS;
+use crate::rate::answer_sizes::{self, BUCKETS};
 use crate::rate::{Bucket, Settlement, TopUp, ToppedUp};
 
 /// topup.lua's call: per top-up, the answer tokens it wants, whether it is forced and its count
@@ -70,28 +70,34 @@ pub fn decode_top_up(reply: &[u64], top_ups: &[&TopUp]) -> CoreResult<Vec<Topped
 }
 
 /// settle.lua's call for a settlement (KEYS 1: its marker, in the tag of its first counter, or
-/// of the histogram when it has none; the KEYS index of the model's histogram and the answer's
-/// bucket, 0 0 without an answer to count; then per adjustment the KEYS index of its counter,
-/// algorithm, window in ms, tokens, and the slot and epoch of the bucket to refund from, 0 0 to
-/// charge); None when it changes nothing.
+/// of the histograms when it has none; the KEYS index of the model's histogram, the answer's
+/// bucket, the KEYS index of the identity's own histogram and the percentile that sizes an
+/// identity, 0 0 0 0 without an answer to count; then per adjustment the KEYS index of its
+/// counter, algorithm, window in ms, tokens, and the slot and epoch of the bucket to refund
+/// from, 0 0 to charge); None when it changes nothing.
 pub fn settle_invocation(settlement: &Settlement) -> Option<Invocation> {
     let answer = settlement.answer.as_ref();
     let first = settlement
         .adjustments
         .first()
         .map(|adjustment| &adjustment.key)
-        .or(answer.map(|answer| &answer.key))?;
+        .or(answer.map(|answer| &answer.keys.model))?;
     let marker = keys::settled_key(first, &settlement.id);
     let mut invocation = scripts::SETTLE.prepare_invoke();
     let mut keys = KeyIndex::default();
     keys.index(&mut invocation, &marker);
     match answer {
         Some(answer) => {
-            let index = keys.index(&mut invocation, &answer.key);
-            invocation.arg(index).arg(answer.bucket);
+            let model = keys.index(&mut invocation, &answer.keys.model);
+            let own = keys.index(&mut invocation, &answer.keys.own);
+            invocation
+                .arg(model)
+                .arg(answer.bucket)
+                .arg(own)
+                .arg(answer_sizes::PERCENTILE);
         }
         None => {
-            invocation.arg(0).arg(0);
+            invocation.arg(0).arg(0).arg(0).arg(0);
         }
     }
     for adjustment in &settlement.adjustments {
@@ -113,10 +119,15 @@ pub fn settle_call(settlement: &Settlement) -> Option<KeysAndArgs> {
     settle_invocation(settlement).map(|call| (call.keys, call.args))
 }
 
-/// answers.lua's call: the histogram of one model (`key`), all its buckets.
-pub fn answers_invocation(key: &str) -> Invocation {
+/// answers.lua's call: a model's histogram, and an identity's own when `own` is given, all
+/// their buckets.
+pub fn answers_invocation(model: &str, own: Option<&str>) -> Invocation {
     let mut invocation = scripts::ANSWERS.prepare_invoke();
-    invocation.key(key).arg(BUCKETS);
+    invocation.key(model);
+    if let Some(own) = own {
+        invocation.key(own);
+    }
+    invocation.arg(BUCKETS);
     invocation
 }
 
@@ -125,7 +136,7 @@ mod tests {
     use super::super::hit::tests::policy;
     use super::super::layout::read;
     use super::*;
-    use crate::rate::{Adjustment, AnswerSample};
+    use crate::rate::{Adjustment, AnswerKeys, AnswerSample};
 
     fn top_up(keys: &[&str]) -> TopUp {
         TopUp {
@@ -185,7 +196,7 @@ mod tests {
         assert_eq!(read::keys(&call), ["{u}:settled:lease-1", "{u}:a"]);
         assert_eq!(
             read::args(&call),
-            ["0", "0", "2", "f", "60000", "30", "0", "0", "2", "f", "60000", "20", "5", "1"]
+            ["0", "0", "0", "0", "2", "f", "60000", "30", "0", "0", "2", "f", "60000", "20", "5", "1"]
         );
         let nothing = Settlement {
             id: "lease-2".into(),
@@ -196,9 +207,12 @@ mod tests {
     }
 
     #[test]
-    fn a_settlement_counts_its_answer_in_its_models_histogram_even_with_nothing_to_adjust() {
+    fn a_settlement_counts_its_answer_in_its_identitys_histogram_even_with_nothing_to_adjust() {
         let answer = AnswerSample {
-            key: "{u}:answers:ab".into(),
+            keys: AnswerKeys {
+                model: "{u}:answers:ab".into(),
+                own: "{u}:answers:ab:cd".into(),
+            },
             bucket: 9,
         };
         let settlement = Settlement {
@@ -207,7 +221,10 @@ mod tests {
             answer: Some(answer),
         };
         let call = settle_invocation(&settlement).expect("a call");
-        assert_eq!(read::keys(&call), ["{u}:settled:lease-3", "{u}:answers:ab"]);
-        assert_eq!(read::args(&call), ["2", "9"]);
+        assert_eq!(
+            read::keys(&call),
+            ["{u}:settled:lease-3", "{u}:answers:ab", "{u}:answers:ab:cd"]
+        );
+        assert_eq!(read::args(&call), ["2", "9", "3", "95"]);
     }
 }

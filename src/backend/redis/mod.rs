@@ -296,8 +296,12 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn answer_sizes<'a>(&'a self, key: &'a str) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
-        Box::pin(async move { self.link.run(&budget::answers_invocation(key)).await })
+    fn answer_sizes<'a>(
+        &'a self,
+        model: &'a str,
+        own: Option<&'a str>,
+    ) -> BoxFuture<'a, CoreResult<Vec<u64>>> {
+        Box::pin(async move { self.link.run(&budget::answers_invocation(model, own)).await })
     }
 
     fn revoke<'a>(
