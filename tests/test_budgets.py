@@ -885,3 +885,25 @@ async def test_every_window_holds_the_bound_by_the_streams_own_counts(
         worst, at = worst_fixed_window(streams, ends, per)
     assert refused, "the streams ran the budget out"
     assert worst <= bound(limit, streams), f"{worst} tokens in the window at {at}"
+
+
+async def test_a_start_refused_for_room_that_reservations_hold_retries_when_they_end(
+    make_manager,
+):
+    """Regression: a stream refused because another stream's reservation held the team's
+    daily budget got ``Retry-After: 23736`` (the window's reset, 6.6 h) though the reservation
+    came back seconds later. Room held by reservations of streams running here comes back
+    when they end: the hint is a full pool's (``retry_after``, 5 s by default). Room spent is
+    the window's."""
+    daily = RateLimit("team_tokens", 20_000, per=86_400, algorithm="fixed_window", unit="tokens")
+    manager = make_manager(max_per_user=0)
+    running = await manager.acquire("alice", budgets=[(daily, "team")], reserve=17_000)
+    with pytest.raises(RateLimited) as held:
+        await manager.acquire("bob", budgets=[(daily, "team")], reserve=5_000)
+    assert held.value.retry_after == 5
+    assert held.value.headers()["Retry-After"] == "5"
+    running.consume(17_000)
+    await running.release()
+    with pytest.raises(RateLimited) as spent:
+        await manager.acquire("bob", budgets=[(daily, "team")], reserve=5_000)
+    assert spent.value.retry_after > 3_600, "spent tokens come back when the window ends"

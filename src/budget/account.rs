@@ -117,7 +117,7 @@ impl Account {
 
     /// The charges of `reserved` past the prompt's tokens and `skip` more, oldest first, each
     /// with the tokens of it that lie there.
-    fn unstreamed(&self, skip: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+    pub(super) fn unstreamed(&self, skip: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
         let mut skip = self.pinned + skip;
         self.reserved.iter().enumerate().filter_map(move |(at, charge)| {
             let skipped = skip.min(charge.tokens);

@@ -189,6 +189,23 @@ impl Ledger {
         self.due && !self.ended
     }
 
+    /// Units of the budget counted at `key` that the stream holds and has not streamed: what
+    /// its settlement gives back if it ends now (0 once it ended).
+    pub fn unstreamed(&self, key: &str) -> u64 {
+        if self.ended {
+            return 0;
+        }
+        let moving = self.output.min(self.covered).saturating_sub(self.moved);
+        self.accounts
+            .iter()
+            .filter(|account| account.key == key)
+            .map(|account| {
+                let streamed = account.answer_units(self.moved, self.moved + moving);
+                account.unstreamed(streamed).map(|(_, units)| units).sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Takes the stream's top-up for a round at `now_ms`, if it needs one: the answer tokens
     /// streamed since the last round within its reservation (given back where they were
     /// reserved and taken in the current bucket, so each token counts in the window of the time

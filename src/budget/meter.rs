@@ -74,6 +74,11 @@ impl Meter {
     }
 
     /// Under `on_budget="cut"`: the stream streamed past its reservation and no top-up is left.
+    /// Units of the budget counted at `key` the stream holds and has not streamed.
+    pub fn unstreamed(&self, key: &str) -> u64 {
+        lock(&self.ledger).unstreamed(key)
+    }
+
     pub fn is_exhausted(&self) -> bool {
         lock(&self.ledger).is_exhausted()
     }

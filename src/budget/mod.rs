@@ -161,6 +161,13 @@ impl Budgets {
         meter
     }
 
+    /// Units of the budget counted at `key` that this process's streams hold and have not
+    /// streamed: what their settlements give back if they end now.
+    pub fn unstreamed(&self, key: &str) -> u64 {
+        let meters: Vec<Arc<Meter>> = lock(&self.meters).values().cloned().collect();
+        meters.iter().map(|meter| meter.unstreamed(key)).sum()
+    }
+
     /// Settles the meter of a released lease: charges what it used beyond its reservation and
     /// gives back the rest: the embedded store on the spot, Redis by the returned call, which
     /// the release runs beside its own (on its event loop's connection when it runs there),

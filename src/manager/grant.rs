@@ -11,7 +11,7 @@ use crate::errors::{CoreError, CoreResult};
 use crate::keys::PoolRole;
 use crate::lease::{monotonic_ms, LeaseRecord};
 use crate::rate::price::{answer_price, tokens_within};
-use crate::rate::{Adjustment, Algorithm, Decision, RateCheck};
+use crate::rate::{Adjustment, Algorithm, Decision, HitOutcome, RateCheck, Unit};
 use crate::renewal::{HeldLease, Leases};
 
 /// A lease the store granted, to be held and delivered: dropped unheld (its caller gave up, the
@@ -146,7 +146,10 @@ impl Manager {
                     budgets: Arc::clone(&self.budgets),
                 });
             }
-            AcquireOutcome::RateLimited(outcome) => CoreError::RateLimited(outcome),
+            AcquireOutcome::RateLimited(mut outcome) => {
+                self.retry_when_reservations_end(&mut outcome, check);
+                CoreError::RateLimited(outcome)
+            }
             AcquireOutcome::Rejected(mut rejection) => {
                 rejection.retry_after_ms = rejection.retry_after_ms.min(self.config.retry_after_ms());
                 CoreError::Rejected(rejection)
@@ -161,6 +164,30 @@ impl Manager {
         record.mark_released();
         self.leases.flight_end(&record, false);
         Err(refusal)
+    }
+
+    /// A budget that refused a start for room that reservations of streams running here hold
+    /// (its room and their unstreamed units cover the start) has them back when those streams
+    /// end: its retry hint is a pool's (`retry_after`), if that is sooner than the window's.
+    /// Reservations held by other processes are not seen here: their hint stays the window's.
+    fn retry_when_reservations_end(&self, outcome: &mut HitOutcome, check: &RateCheck) {
+        let Some((index, retry_ms)) = outcome.refused else {
+            return;
+        };
+        let (Some(decision), Some(key), Some(&cost)) = (
+            outcome.decisions.get(index),
+            check.keys.get(index),
+            check.costs.get(index),
+        ) else {
+            return;
+        };
+        if decision.policy.unit == Unit::Requests {
+            return;
+        }
+        let held = self.budgets.unstreamed(key);
+        if held > 0 && decision.remaining.saturating_add(held) >= cost {
+            outcome.refused = Some((index, retry_ms.min(self.config.retry_after_ms())));
+        }
     }
 
     /// The stream's meter, holding what the grant reserved from each budget (the policies from
