@@ -5,7 +5,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -94,6 +94,9 @@ pub struct LeaseRecord {
     pub weight: u32,
     pub store: Store,
     state: AtomicU8,
+    /// When revoked: the ms its user's new streams were banned for then (0: no ban), so the
+    /// stream's end tells the same wait as the ban's refusals.
+    revoked_ban_ms: AtomicU64,
     /// Waiting for the lease to be lost; emptied when it is lost or released.
     lost_watchers: Mutex<Vec<LostWatcher>>,
 }
@@ -110,6 +113,7 @@ impl LeaseRecord {
             weight,
             store,
             state: AtomicU8::new(0),
+            revoked_ban_ms: AtomicU64::new(0),
             lost_watchers: Mutex::new(Vec::new()),
         }
     }
@@ -146,8 +150,10 @@ impl LeaseRecord {
     }
 
     /// Held -> revoked (and lost, so its stream ends the way a lost lease's does: a drain or an
-    /// operator ended it); false if it was released or lost meanwhile.
-    pub fn mark_revoked(&self) -> bool {
+    /// operator ended it, its user's new streams banned for `ban_ms`); false if it was
+    /// released or lost meanwhile.
+    pub fn mark_revoked(&self, ban_ms: u64) -> bool {
+        self.revoked_ban_ms.fetch_max(ban_ms, Ordering::AcqRel);
         let revoked = self
             .state
             .compare_exchange(0, LOST | REVOKED, Ordering::AcqRel, Ordering::Acquire)
@@ -160,6 +166,11 @@ impl LeaseRecord {
 
     pub fn is_revoked(&self) -> bool {
         self.state.load(Ordering::Acquire) & REVOKED != 0
+    }
+
+    /// The ms its user's new streams were banned for when it was revoked (0: no ban).
+    pub fn revoked_ban_ms(&self) -> u64 {
+        self.revoked_ban_ms.load(Ordering::Acquire)
     }
 
     /// Held or lost -> released; true only for the one call that made the change.

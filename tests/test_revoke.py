@@ -96,6 +96,36 @@ async def test_a_ban_refuses_the_users_new_streams_until_it_ends(make_manager):
     await bob.release()
 
 
+async def test_a_revoked_streams_end_tells_the_same_wait_as_its_users_ban(
+    make_manager, make_redis_manager
+):
+    """Regression: ``revoke --ban 20`` told the revoked stream to retry in 1 s while its
+    user's new requests got 403 for 20 s. The stream's end now says the ban's wait, in this
+    worker and in another that hears of the revoke at its keep-alive."""
+    here = make_manager(identity_secret=SECRET)
+    ended = streaming(await here.acquire("alice"))
+    await here.revoke("alice", ban_seconds=20)
+    with pytest.raises(LeaseRevoked) as revoked:
+        await asyncio.wait_for(ended, 5)
+    with pytest.raises(UserBanned) as banned:
+        await here.acquire("alice")
+    assert revoked.value.retry_after == banned.value.retry_after == 20
+    assert "new streams are refused for 20 s" in str(revoked.value)
+    assert revoked.value.body()["retry_after"] == 20
+    worker = make_redis_manager(identity_secret=SECRET, lease_seconds=30, renew_every=0.2)
+    operator = make_redis_manager(identity_secret=SECRET, lease_seconds=30)
+    elsewhere = streaming(await worker.acquire("bob"))
+    unbanned = streaming(await worker.acquire("carol"))
+    await operator.revoke("bob", ban_seconds=20)
+    await operator.revoke("carol")
+    with pytest.raises(LeaseRevoked) as revoked:
+        await asyncio.wait_for(elsewhere, 10)
+    assert revoked.value.retry_after in (19, 20)
+    with pytest.raises(LeaseRevoked) as revoked:
+        await asyncio.wait_for(unbanned, 10)
+    assert revoked.value.retry_after == 1, "no ban: retry at once, elsewhere"
+
+
 async def test_a_banned_user_gets_a_403_with_retry_after(make_manager):
     manager = make_manager(max_per_user=5, identity_secret=SECRET)
     app = FastAPI()

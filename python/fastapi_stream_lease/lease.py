@@ -496,9 +496,15 @@ class LostWatch:
         return self._ended()
 
     def _ended(self) -> LeaseLost:
-        if self.lease.revoked:
+        if not self.lease.revoked:
+            return LeaseLost(LOST_MESSAGE)
+        ban = self.lease._handle.revoked_ban_seconds
+        if not ban:
             return LeaseRevoked(REVOKED_MESSAGE)
-        return LeaseLost(LOST_MESSAGE)
+        # The wait its user's new streams are refused for (UserBanned's), told the same.
+        ended = LeaseRevoked(f"{REVOKED_MESSAGE}; new streams are refused for {ban} s")
+        ended.retry_after = ban
+        return ended
 
     def close(self) -> None:
         self._waiter.cancel()

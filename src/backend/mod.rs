@@ -236,9 +236,10 @@ pub trait Backend: Send + Sync {
         remember_ms: u64,
     ) -> BoxFuture<'a, CoreResult<u64>>;
 
-    /// The ids of the leases revoked in a tag (`holders`) lately. A store whose revocations end
-    /// its leases at once lists none.
-    fn revoked<'a>(&'a self, _holders: &'a str) -> BoxFuture<'a, CoreResult<Vec<String>>> {
+    /// The ids of the leases revoked in a tag (`holders`) lately, each with the ms its user's
+    /// new streams are still banned for (0: none). A store whose revocations end its leases at
+    /// once lists none.
+    fn revoked<'a>(&'a self, _holders: &'a str) -> BoxFuture<'a, CoreResult<Vec<(String, u64)>>> {
         answered(Ok(Vec::new()))
     }
 

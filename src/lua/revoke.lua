@@ -13,7 +13,8 @@
 -- the clock stepped back; holders compare for inequality, so even then only the very
 -- microsecond a holder saw last would go unseen.
 -- KEYS[1]: the user's own pool; KEYS[2]: its tag's holders (<holders>:revoked is the sorted set
--- of revoked lease ids by the time they are forgotten, <holders>:revocations the stamp).
+-- of revoked lease ids by the time they are forgotten, <holders>:revoked:bans the hash of those
+-- whose user was banned -> when the ban ends, in ms; <holders>:revocations the stamp).
 -- ARGV[1]: ban in ms (0: none; a longer ban already set is kept); ARGV[2]: how long the
 -- revoked ids are remembered in ms (a holder that was away longer has lost them anyway).
 -- Returns the number of leases revoked.
@@ -43,8 +44,17 @@ if count > 0 then
 end
 if ban > 0 then
   local key = pool .. ':ban'
-  if call('PTTL', key) < ban then
+  local left = call('PTTL', key)
+  if left < ban then
     call('SET', key, '1', 'PX', ban)
+  end
+  -- Each revoked lease's end tells its user's ban (revoked.lua), as the ban's refusals do.
+  if count > 0 then
+    local bans, ends = revoked .. ':bans', integer(now + math.max(left, ban))
+    for id in pairs(seen) do
+      call('HSET', bans, id, ends)
+    end
+    call('PEXPIRE', bans, math.max(remember, ban, left))
   end
 end
 return count

@@ -302,7 +302,7 @@ impl Manager {
         let remember_ms = (4 * self.config.lease_ms()).max(REMEMBER_REVOKED_MS);
         Ok(async move {
             // This process's own at once, those of the local floor too.
-            let here = manager.leases.revoke_user(&pool.key) as u64;
+            let here = manager.leases.revoke_user(&pool.key, ban_ms) as u64;
             let everywhere = manager
                 .stores
                 .call(Store::Main, |main| {

@@ -9,6 +9,7 @@ use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
 use crate::budget::{Meter, Usage};
+use crate::errors::retry_after_seconds;
 use crate::manager::{Granted, PoolUsage};
 use crate::rate::Decision;
 use crate::renewal::{HeldLease, Releasing};
@@ -112,6 +113,15 @@ impl LeaseHandle {
     #[getter]
     fn revoked(&self) -> bool {
         self.held.record().is_revoked()
+    }
+
+    /// Seconds its user's new streams were banned for when it was revoked (0: no ban).
+    #[getter]
+    fn revoked_ban_seconds(&self) -> u64 {
+        match self.held.record().revoked_ban_ms() {
+            0 => 0,
+            ms => retry_after_seconds(ms),
+        }
     }
 
     /// True once `release()` ran (or the manager was closed).

@@ -183,7 +183,7 @@ impl Leases {
     /// releases, by their streams or by `close()`, free their slots. Returns how many.
     pub fn revoke_held(&self) -> usize {
         let held = lock(&self.held).all();
-        let revoked = held.iter().filter(|record| record.mark_revoked()).count();
+        let revoked = held.iter().filter(|record| record.mark_revoked(0)).count();
         counters::add(&self.counts.revoked, revoked as u64);
         revoked
     }

@@ -38,10 +38,10 @@ impl Seen {
 }
 
 impl Leases {
-    /// Ends a revoked lease the way a lost one ends (its stream gets `LeaseRevoked`) and
-    /// releases it; false if it was released or lost already.
-    pub(super) fn end_revoked(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
-        if !record.mark_revoked() {
+    /// Ends a revoked lease the way a lost one ends (its stream gets `LeaseRevoked`, told of
+    /// its user's ban of `ban_ms`) and releases it; false if it was released or lost already.
+    pub(super) fn end_revoked(self: &Arc<Self>, record: &Arc<LeaseRecord>, ban_ms: u64) -> bool {
+        if !record.mark_revoked(ban_ms) {
             return false;
         }
         counters::add(&self.counts.revoked, 1);
@@ -49,13 +49,13 @@ impl Leases {
         true
     }
 
-    /// Ends the leases held here in a user's own pool (`pool_key`), in both stores; returns how
-    /// many.
-    pub fn revoke_user(self: &Arc<Self>, pool_key: &str) -> usize {
+    /// Ends the leases held here in a user's own pool (`pool_key`), in both stores, the user's
+    /// new streams banned for `ban_ms`; returns how many.
+    pub fn revoke_user(self: &Arc<Self>, pool_key: &str, ban_ms: u64) -> usize {
         let held = lock(&self.held).all();
         held.iter()
             .filter(|record| record.own_pools > 0 && &*record.pools[0].key == pool_key)
-            .filter(|record| self.end_revoked(record))
+            .filter(|record| self.end_revoked(record, ban_ms))
             .count()
     }
 
@@ -67,11 +67,13 @@ impl Leases {
         let backend = self.stores.get(Store::Main);
         for holders in changed {
             match backend.revoked(&holders).await {
-                Ok(ids) => {
-                    let ids: HashSet<String> = ids.into_iter().collect();
+                Ok(revoked) => {
+                    let bans: HashMap<String, u64> = revoked.into_iter().collect();
                     let held = lock(&self.held).leases_of(Store::Main, &holders);
-                    for record in held.iter().filter(|record| ids.contains(record.id.as_str())) {
-                        self.end_revoked(record);
+                    for record in &held {
+                        if let Some(&ban_ms) = bans.get(record.id.as_str()) {
+                            self.end_revoked(record, ban_ms);
+                        }
                     }
                 }
                 Err(e) => {

@@ -52,7 +52,7 @@ impl Leases {
                 self.lose(record, false); // the check removed it everywhere
             }
             for record in &report.revoked {
-                self.end_revoked(record);
+                self.end_revoked(record, 0);
             }
         }
         released_meanwhile.extend(self.retries.take_all());

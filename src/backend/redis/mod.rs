@@ -317,8 +317,11 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn revoked<'a>(&'a self, holders: &'a str) -> BoxFuture<'a, CoreResult<Vec<String>>> {
-        Box::pin(async move { self.link.run(&revoke::revoked_invocation(holders)).await })
+    fn revoked<'a>(&'a self, holders: &'a str) -> BoxFuture<'a, CoreResult<Vec<(String, u64)>>> {
+        Box::pin(async move {
+            let reply: Vec<String> = self.link.run(&revoke::revoked_invocation(holders)).await?;
+            revoke::decode_revoked(&reply)
+        })
     }
 
     fn forget_rates<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, CoreResult<()>> {
