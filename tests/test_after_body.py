@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
+from fastapi_stream_lease import StreamLeaseManager
 
-from support.app_server import AppServer
+from support.app_server import AppServer, store_of
 from support.waiting import eventually
 
 PREFIX = f"after{uuid.uuid4().hex[:8]}"
@@ -37,11 +37,8 @@ async def client(server) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def store(redis_server) -> AsyncIterator[StreamLeaseManager]:
-    """Another process's view of the app's leases: counts them, revokes them."""
-    config = LeaseConfig(key_prefix=PREFIX, identity_secret=SECRET)
-    manager = StreamLeaseManager(url=redis_server.url, config=config)
-    yield manager
-    await manager.aclose()
+    async with store_of(redis_server.url, PREFIX, SECRET) as manager:
+        yield manager
 
 
 def new_name(kind: str) -> str:

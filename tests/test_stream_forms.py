@@ -31,7 +31,7 @@ from fastapi_stream_lease import (
     install_exception_handler,
 )
 
-from support.app_server import AppServer
+from support.app_server import AppServer, store_of
 from support.waiting import eventually, wait_until
 
 PREFIX = f"forms{uuid.uuid4().hex[:8]}"
@@ -54,11 +54,8 @@ def server(redis_server, tmp_path_factory) -> Iterator[AppServer]:
 
 @pytest.fixture
 async def store(redis_server) -> AsyncIterator[StreamLeaseManager]:
-    """Another process's view of the app's leases: counts them, revokes them."""
-    config = LeaseConfig(key_prefix=PREFIX, identity_secret=SECRET)
-    manager = StreamLeaseManager(url=redis_server.url, config=config)
-    yield manager
-    await manager.aclose()
+    async with store_of(redis_server.url, PREFIX, SECRET) as manager:
+        yield manager
 
 
 def new_user() -> str:

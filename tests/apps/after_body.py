@@ -12,9 +12,6 @@ Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
 """
 
 import asyncio
-import logging
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -24,31 +21,15 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from fastapi_stream_lease import (
     Lease,
-    LeaseConfig,
     PoolFull,
-    StreamLeaseManager,
     install_exception_handler,
 )
 
-library_log = logging.getLogger("fastapi_stream_lease")
-library_log.setLevel(logging.INFO)
-to_stderr = logging.StreamHandler(sys.stderr)
-to_stderr.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-library_log.addHandler(to_stderr)
+from environment import log_library_to_stderr, manager_from_environment
 
-
-def config() -> LeaseConfig:
-    return LeaseConfig(
-        key_prefix=os.environ["STREAM_LEASE_PREFIX"],
-        identity_secret=os.environ["STREAM_LEASE_SECRET"],
-        max_per_user=1,
-        lease_seconds=5,
-        renew_every=0.2,
-    )
-
-
-manager = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
-drained = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
+log_library_to_stderr()
+manager = manager_from_environment(max_per_user=1)
+drained = manager_from_environment(max_per_user=1)
 app = FastAPI()
 install_exception_handler(app)
 

@@ -16,9 +16,6 @@ Environment: STREAM_LEASE_URL, STREAM_LEASE_PREFIX, STREAM_LEASE_SECRET.
 """
 
 import asyncio
-import logging
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -28,34 +25,18 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from fastapi_stream_lease import (
     Lease,
-    LeaseConfig,
     RateLimit,
-    StreamLeaseManager,
     install_exception_handler,
 )
+
+from environment import log_library_to_stderr, manager_from_environment
 
 TICK = 0.05
 BUDGET = RateLimit("tokens_per_minute", 300, per=60, unit="tokens")
 
-library_log = logging.getLogger("fastapi_stream_lease")
-library_log.setLevel(logging.INFO)
-to_stderr = logging.StreamHandler(sys.stderr)
-to_stderr.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-library_log.addHandler(to_stderr)
-
-
-def config() -> LeaseConfig:
-    return LeaseConfig(
-        key_prefix=os.environ["STREAM_LEASE_PREFIX"],
-        identity_secret=os.environ["STREAM_LEASE_SECRET"],
-        max_per_user=2,
-        lease_seconds=5,
-        renew_every=0.2,
-    )
-
-
-manager = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
-drained = StreamLeaseManager(url=os.environ["STREAM_LEASE_URL"], config=config())
+log_library_to_stderr()
+manager = manager_from_environment(max_per_user=2)
+drained = manager_from_environment(max_per_user=2)
 app = FastAPI()
 install_exception_handler(app)
 

@@ -3,7 +3,11 @@ file the test reads as it goes."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
 from .apps import APPS_DIR
 from .uvicorn_server import Uvicorn
@@ -34,3 +38,16 @@ class AppServer:
 
     def stop(self) -> None:
         self.uvicorn.stop()
+
+
+@asynccontextmanager
+async def store_of(redis_url: str, prefix: str, secret: str) -> AsyncIterator[StreamLeaseManager]:
+    """Another process's view of an app's leases (its prefix and secret): counts them, revokes
+    them."""
+    manager = StreamLeaseManager(
+        url=redis_url, config=LeaseConfig(key_prefix=prefix, identity_secret=secret)
+    )
+    try:
+        yield manager
+    finally:
+        await manager.aclose()
