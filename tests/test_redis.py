@@ -338,10 +338,12 @@ async def test_fail_open_floors_add_up_to_at_most_the_cap(own_redis, make_own_re
 
 async def test_a_cap_below_the_number_of_workers_admits_nothing_locally(own_redis,
                                                                         make_own_redis_manager):
-    # Rounding the share up would make a Resource(1) used as a lock 8-way while Redis is down.
-    manager = make_own_redis_manager(
-        max_per_user=1, redis_timeout=0.3, failure_mode="open", fallback_workers=8
-    )
+    # Rounding the share up would make a Resource(1) used as a lock 8-way while Redis is down;
+    # the manager says so when it is built.
+    with pytest.warns(StreamLeaseWarning, match="the share of max_per_user=1 is 0"):
+        manager = make_own_redis_manager(
+            max_per_user=1, redis_timeout=0.3, failure_mode="open", fallback_workers=8
+        )
     assert await manager.get_active_count() == 0
     own_redis.stop()
     with pytest.raises(StreamLeaseRejected) as refused:
