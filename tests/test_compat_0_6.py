@@ -1,5 +1,5 @@
 """The API of PyPI's pure-Python ``fastapi-stream-lease`` 0.6.3, drop-in: the Python code of its
-README (tests/fastapi_stream_lease_0_6_3_README.md, kept as its wheel carries it) runs
+README (as its wheel carries it, fetched from the package index at test time) runs
 unchanged, each block with the names that README leaves to its reader (``client``, ``manager``,
 ``websocket``, ...); and the 0.6 options and hooks do what docs/recipes/migrating.md says."""
 
@@ -39,10 +39,11 @@ from fastapi_stream_lease import (
 )
 
 from support.ports import free_port
+from support.published import readme_of
 from support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "tests" / "fastapi_stream_lease_0_6_3_README.md").read_text()
+README = readme_of("fastapi-stream-lease", "0.6.3")
 # Every Python block, dedented (some sit in list items).
 BLOCKS = [
     textwrap.dedent(code)

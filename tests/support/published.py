@@ -1,0 +1,39 @@
+"""Text that other packages publish, fetched from the package index at test time (this project
+keeps only what it wrote), and kept in the test virtualenv once fetched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+#: Where fetched text is kept: the virtualenv the tests run in, so a fresh one fetches anew.
+CACHE = Path(sys.prefix) / "published"
+
+
+def readme_of(package: str, version: str) -> str:
+    """The README of ``package==version`` as its wheel carries it: the long description in the
+    wheel's METADATA (what PyPI shows), from ``pip download``."""
+    kept = CACHE / f"{package}-{version}-README.md"
+    if not kept.exists():
+        with tempfile.TemporaryDirectory() as folder:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps",
+                 "--only-binary", ":all:", "--quiet", "--dest", folder],
+                check=True,
+            )  # fmt: skip
+            (wheel,) = Path(folder).glob("*.whl")
+            with zipfile.ZipFile(wheel) as archive:
+                (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+                text = archive.read(metadata).decode("utf-8")
+        # The headers, an empty line, then the long description.
+        readme = text.split("\n\n", 1)[1]
+        CACHE.mkdir(exist_ok=True)
+        # Written aside, then moved: test processes that fetch at once never read half a file.
+        partial = kept.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(readme)
+        os.replace(partial, kept)
+    return kept.read_text()
