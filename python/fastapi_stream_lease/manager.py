@@ -832,8 +832,11 @@ class StreamLeaseManager:
         )  # fmt: skip
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
-        # The count lives in the core, which has no event to await.
-        while (self._core.stats()["held"] or self._requests) and loop.time() < deadline:  # noqa: ASYNC110
+        # The count lives in the core, which has no event to await; the requests of
+        # stream_lease() still running their background tasks are waited for too.
+        while self._core.stats()["held"] or self._requests:
+            if loop.time() >= deadline:
+                break
             await asyncio.sleep(DRAIN_CHECK_SECONDS)
         revoked = self._core.revoke_held()
         if revoked:
