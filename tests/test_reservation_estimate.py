@@ -195,6 +195,8 @@ async def test_a_bad_answer_estimate_call_says_what_to_pass(make_manager):
         await manager.answer_estimate(42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="model is empty"):
         await manager.answer_estimate("")
+    with pytest.raises(ValueError, match="empty"):
+        await manager.answer_estimate("gpt-x", user_id="")
     spread = make_manager(global_pool=False)
     with pytest.raises(ValueError, match="pass the user_id"):
         await spread.answer_estimate("gpt-x")

@@ -202,12 +202,12 @@ impl Manager {
                 "model is empty: pass the model name the requests give as model=".into(),
             ));
         }
+        if let Some(identity) = identity {
+            check_identity(identity).map_err(CoreError::InvalidInput)?;
+        }
         let counter = match (identity, self.keys.global_pool()) {
             (_, Some(global)) => global.key.to_string(),
-            (Some(identity), None) => {
-                check_identity(identity).map_err(CoreError::InvalidInput)?;
-                self.keys.user_pool(identity).key.to_string()
-            }
+            (Some(identity), None) => self.keys.user_pool(identity).key.to_string(),
             (None, None) => {
                 return Err(CoreError::InvalidInput(
                     "without a global pool (global_pool=False) each user learns its own answer sizes: pass the user_id".into(),
