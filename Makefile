@@ -38,21 +38,13 @@ SERVER_TESTS := tests/test_redis.py tests/test_leases.py tests/test_holders.py \
 	tests/test_budgets.py tests/test_reservation_estimate.py tests/test_sentinel.py tests/test_cli.py \
 	tests/test_store_agreement.py \
 	--deselect tests/test_budgets.py::test_every_window_holds_the_bound_by_the_streams_own_counts
-# The hot path's tests again with its Redis I/O on the event loop's thread (design.md §15), on
-# uvloop, the loop uvicorn runs on when it is installed; the short chaos run's worker processes
-# (asyncio's default loop) inherit the switch, so its faults meet the loops' connections too.
-LOOP_THREAD_TESTS := tests/test_loop_connection.py tests/test_leases.py tests/test_holders.py \
-	tests/test_cancellation.py tests/test_rates.py tests/test_waiting.py tests/test_sentinel.py \
-	tests/test_chaos.py
 
 # The Redis run spreads its tests over two processes (pytest-xdist), one per core of CI's machine;
 # the Valkey run, shorter, runs in one.
-test: build redis browser ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, the hot path on the loop's thread, then Valkey 9)
+test: build redis browser ## Run every test: Rust unit tests, the protocol model, stub check, pytest on real servers (Redis 7, then Valkey 9)
 	cargo test --quiet --workspace
 	$(BIN)/python -m mypy.stubtest fastapi_stream_lease._core
 	$(BIN)/pytest -n 2 --durations=15
-	@echo "==> the hot path's tests again, its Redis I/O on the event loop's thread, on uvloop"
-	STREAM_LEASE_IO_ON_LOOP_THREAD=1 $(BIN)/pytest -q -n 2 --server-only --loop uvloop $(LOOP_THREAD_TESTS)
 	@if command -v redis-server >/dev/null; then \
 		echo "==> the server tests again, on Valkey"; \
 		STREAM_LEASE_TEST_SERVER=valkey $(BIN)/pytest -q --durations=10 --server-only $(SERVER_TESTS); \

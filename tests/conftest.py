@@ -27,13 +27,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="leave out the embedded store's cases (a second server's run: `make test` runs "
         "the server tests again on Valkey, and the embedded store's cases are the first run's)",
     )
-    parser.addoption(
-        "--loop",
-        choices=list(LOOP_FACTORIES),
-        default="asyncio",
-        help="the event loop of the tests not marked to run on every loop (`make test` runs "
-        "the hot path's tests on uvloop with the loop-thread switch on)",
-    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,12 +47,11 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """The loops a test runs on: each of ``LOOP_FACTORIES`` for the tests marked
-    ``support.loops.on_every_loop``, the one ``--loop`` names for the others (asyncio's)."""
+    ``support.loops.on_every_loop``, asyncio's default loop for the others."""
     marker = item.get_closest_marker("asyncio")
     if marker is not None and "loop_factories" in marker.kwargs:
         return LOOP_FACTORIES
-    name = config.getoption("--loop")
-    return {name: LOOP_FACTORIES[name]}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture(scope="session")

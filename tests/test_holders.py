@@ -593,18 +593,12 @@ async def test_a_process_keeps_no_state_for_users_it_no_longer_serves(make_redis
     )
 
 
-@pytest.mark.parametrize("io_on_loop_thread", [False, True],
-                         ids=["io_on_tokio", "io_on_loop_thread"])
 async def test_grants_arriving_while_the_event_loop_is_busy_past_a_lease_are_not_lost(
-        make_redis_manager, monkeypatch, io_on_loop_thread):
+        make_redis_manager):
     """The event loop blocked longer than a lease while grants come back. A grant held only
     once the loop takes it is held past its deadline, and reported lost though Redis keeps it:
     under a burst of thousands of acquires a busy loop lost thousands of grants so. A grant is
-    held on the core's runtime as soon as it arrives, and renewed there like the others. With
-    the Redis I/O on the loop's thread, the grants wait unread in the loop's socket until the
-    relief of a blocked loop reads them, once the loop has not turned for 100 ms."""
-    if io_on_loop_thread:
-        monkeypatch.setenv("STREAM_LEASE_IO_ON_LOOP_THREAD", "1")
+    held on the core's runtime as soon as it arrives, and renewed there like the others."""
     manager = make_redis_manager(max_per_user=0, max_global=0, lease_seconds=1, renew_every=0.2)
     acquiring = [asyncio.create_task(manager.acquire(f"user{i}")) for i in range(100)]
     await asyncio.sleep(0)  # each task sends its acquire to the core
