@@ -33,12 +33,6 @@ pub trait Batches: Send + Sync + 'static {
     /// Sends the requests (at most `MOST_PER_CALL`); one answer per request, in order.
     fn send(&self, requests: &[Self::Request]) -> impl Future<Output = Vec<CoreResult<Self::Answer>>> + Send;
 
-    /// Starts a task that sends calls: on the core's runtime, or where the calls' connection
-    /// is (an event loop's own thread).
-    fn spawn_sender(&self, sender: impl Future<Output = ()> + Send + 'static) {
-        runtime::handle().spawn(sender);
-    }
-
     /// Undoes what a request did whose caller went away while its call was in flight (a
     /// cancelled waiter): nobody else will.
     fn unanswered(&self, request: Self::Request, answer: Self::Answer) -> impl Future<Output = ()> + Send;
@@ -96,11 +90,6 @@ impl<B: Batches> GroupCommit<B> {
         }
     }
 
-    /// How the requests go out.
-    pub fn batches(&self) -> &B {
-        &self.batches
-    }
-
     /// Sends `request` with those that come while a call is in flight; resolves to its answer.
     /// A request whose caller went away before its batch left is not sent.
     pub async fn submit(self: &Arc<Self>, request: B::Request) -> CoreResult<B::Answer> {
@@ -119,7 +108,7 @@ impl<B: Batches> GroupCommit<B> {
         if another_sender {
             // The calls go from a task of their own: a caller cancelled mid-call (a waiter whose
             // client left) must neither strand the queue nor drop the answers of the others.
-            self.batches.spawn_sender(Arc::clone(self).send_all());
+            runtime::handle().spawn(Arc::clone(self).send_all());
         }
         match (&mut awaiting.answered).await {
             Ok((_, answer)) => answer,

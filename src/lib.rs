@@ -23,9 +23,6 @@ mod breaker;
 mod deadline;
 mod group_commit;
 
-// The core's Redis I/O on an event loop's own thread: its tasks and its connection.
-mod loop_io;
-
 // What a call answers when it fails, naming the pools and policies it met.
 mod errors;
 

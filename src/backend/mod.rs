@@ -18,7 +18,6 @@ use futures_util::future::BoxFuture;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
-use crate::loop_io::LoopTasks;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::acquire::{AcquireOutcome, InLine, Placed, Waiter, MAX_PRIORITY};
@@ -81,17 +80,6 @@ pub trait Backend: Send + Sync {
 
     fn call_stats(&self) -> CallStats {
         CallStats::default()
-    }
-
-    /// Whether the hot path's calls (acquires that do not wait, releases) go on the event
-    /// loop's own thread and connection (`crate::loop_io`, behind its switch).
-    fn io_on_loop_thread(&self) -> bool {
-        false
-    }
-
-    /// The event loop whose thread runs this call, when its calls go on that loop's connection.
-    fn loop_here(&self) -> Option<LoopTasks> {
-        None
     }
 
     /// Takes `weight` slots in every pool and the start from every rate policy, all or nothing.

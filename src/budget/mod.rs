@@ -170,8 +170,7 @@ impl Budgets {
 
     /// Settles the meter of a released lease: charges what it used beyond its reservation and
     /// gives back the rest: the embedded store on the spot, Redis by the returned call, which
-    /// the release runs beside its own (on its event loop's connection when it runs there),
-    /// or which is spawned; a failed call is retried later.
+    /// the release runs beside its own, or which is spawned; a failed call is retried later.
     pub fn settle(self: &Arc<Self>, record: &LeaseRecord) -> Option<SettlementCall> {
         let meter = lock(&self.meters).remove(&record.id)?;
         let (adjustments, answer) = meter.end()?;

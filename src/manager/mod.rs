@@ -158,12 +158,6 @@ impl Manager {
         self.stores.main().is_embedded()
     }
 
-    /// Whether acquires that do not wait, and releases, make their calls on the event loop's
-    /// own thread and connection (`crate::loop_io`, behind its switch).
-    pub fn io_on_loop_thread(&self) -> bool {
-        self.stores.main().io_on_loop_thread()
-    }
-
     /// Starts the renewal loop on first use, and refuses use in a process forked after it.
     fn start_here(&self) -> CoreResult<()> {
         let pid = runtime::process_id();

@@ -26,8 +26,6 @@ pub struct LeaseHandle {
     usage: Vec<PoolUsage>,
     /// The stream's token budgets (None without any).
     meter: Option<Arc<Meter>>,
-    /// Whether its release makes its call on the event loop's own thread (`crate::loop_io`).
-    on_loop: bool,
     /// The grant, until its caller takes the handle (`_take`): a handle its caller never took
     /// (the awaiting task cancelled after the grant came, before it ran again) gives back its
     /// start's rate units when dropped, as its release gives back the rest.
@@ -36,14 +34,13 @@ pub struct LeaseHandle {
 
 impl LeaseHandle {
     /// The handle of `granted`, held by `held`.
-    pub fn new(held: HeldLease, granted: Granted, on_loop: bool) -> Self {
+    pub fn new(held: HeldLease, granted: Granted) -> Self {
         LeaseHandle {
             held,
             fencing_token: granted.fencing_token(),
             rates: granted.rate_decisions().to_vec(),
             usage: granted.usage().to_vec(),
             meter: granted.meter().cloned(),
-            on_loop,
             untaken: Mutex::new(Some(granted)),
         }
     }
@@ -137,9 +134,6 @@ impl LeaseHandle {
         }
         match self.held.release() {
             Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
-            Releasing::Call(call) if self.on_loop => {
-                bridge::run_on_loop(py, bridge::delivering(call, deliver), false)
-            }
             Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
         }
     }

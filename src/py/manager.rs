@@ -102,7 +102,6 @@ impl Manager {
         let waits = !request.wait.is_zero();
         let acquired = self.core.acquire(request)?;
         let embedded = self.core.is_embedded();
-        let on_loop = self.core.io_on_loop_thread();
         // Held as soon as granted, on the runtime; a result nobody receives (loop gone, future
         // cancelled), or a handle its caller never takes (`LeaseHandle::_take`), is dropped,
         // which releases the lease and gives back the start's rate units.
@@ -112,17 +111,15 @@ impl Manager {
                 Ok((granted, handle))
             })
         });
-        let op = bridge::delivering(held, move |(granted, handle)| {
-            Box::new(move |py: Python<'_>| {
-                Ok(Py::new(py, LeaseHandle::new(handle, granted, on_loop))?.into_any())
-            })
+        let op = bridge::delivering(held, |(granted, handle)| {
+            Box::new(move |py: Python<'_>| Ok(Py::new(py, LeaseHandle::new(handle, granted))?.into_any()))
         });
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
         // does not wait runs to completion, so it can give back what it took.
-        match (on_loop, waits) {
-            (true, abortable) => bridge::run_on_loop(py, op, abortable),
-            (false, true) => bridge::spawn(py, op, true),
-            (false, false) => bridge::submit(py, op, embedded, false),
+        if waits {
+            bridge::spawn(py, op, true)
+        } else {
+            bridge::submit(py, op, embedded, false)
         }
     }
 
@@ -173,11 +170,7 @@ impl Manager {
         let op = bridge::delivering(hit, |outcome| {
             Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
         });
-        if self.core.io_on_loop_thread() {
-            bridge::run_on_loop(py, op, true)
-        } else {
-            bridge::submit(py, op, self.core.is_embedded(), true)
-        }
+        bridge::submit(py, op, self.core.is_embedded(), true)
     }
 
     /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).

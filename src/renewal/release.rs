@@ -17,7 +17,6 @@ use crate::errors::CoreResult;
 use crate::group_commit::GroupCommit;
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
-use crate::loop_io;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -38,8 +37,6 @@ pub(super) struct Releases {
     pub tracker: TaskTracker,
     /// Releases from Redis, those that come while one is in flight sent together.
     calls: Arc<GroupCommit<ReleaseCalls>>,
-    /// The key of the group commit each event loop keeps for releases made on its thread.
-    on_loop: u64,
 }
 
 impl Releases {
@@ -49,26 +46,8 @@ impl Releases {
             calls: Arc::new(GroupCommit::new(ReleaseCalls {
                 stores: Arc::clone(stores),
                 line,
-                on_loop: None,
             })),
-            on_loop: loop_io::owner_id(),
         }
-    }
-
-    /// The group commit where this release runs: its event loop's, on a loop whose thread
-    /// makes the store's calls (`crate::loop_io`), else tokio's.
-    fn calls_here(&self) -> Arc<GroupCommit<ReleaseCalls>> {
-        let Some(tasks) = self.calls.batches().stores.main().loop_here() else {
-            return Arc::clone(&self.calls);
-        };
-        tasks.local(self.on_loop, || {
-            let tokio = self.calls.batches();
-            Arc::new(GroupCommit::new(ReleaseCalls {
-                stores: Arc::clone(&tokio.stores),
-                line: tokio.line.clone(),
-                on_loop: Some(tasks.place()),
-            }))
-        })
     }
 }
 
@@ -116,17 +95,17 @@ impl Leases {
     }
 
     /// A release through Redis, as its task runs it: the call (batched), then `after_release`,
-    /// and beside it the budgets' settlement, both on the connection of wherever the task runs
-    /// (its event loop's, or tokio's); it resolves once both are done (`usage()` then tells the
-    /// settlement). Only what this path awaits is in it (the embedded store's call in the same
+    /// and beside it the budgets' settlement; it resolves once both are done (`usage()` then
+    /// tells the settlement). Only what this path awaits is in it (the embedded store's call in the same
     /// block made every release's task 4 KB).
     pub(crate) async fn release_task(
         self: Arc<Self>,
         record: Arc<LeaseRecord>,
         settlement: Option<SettlementCall>,
     ) -> CoreResult<bool> {
-        let calls = self.releases.calls_here();
-        let release = calls
+        let release = self
+            .releases
+            .calls
             .submit(Arc::clone(&record))
             .map(|released| self.after_release(&record, released));
         match settlement {

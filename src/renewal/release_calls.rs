@@ -9,15 +9,11 @@ use crate::errors::CoreResult;
 use crate::group_commit::Batches;
 use crate::keys::LineKeys;
 use crate::lease::{LeaseRecord, Store};
-use crate::loop_io::LoopPlace;
-use crate::runtime;
 
 pub struct ReleaseCalls {
     pub stores: Arc<Stores>,
     /// The line whose waiters a release wakes.
     pub line: Option<LineKeys>,
-    /// The event loop whose connection the calls go on (None: tokio's).
-    pub on_loop: Option<LoopPlace>,
 }
 
 impl Batches for ReleaseCalls {
@@ -30,13 +26,6 @@ impl Batches for ReleaseCalls {
 
     fn together(&self, first: &Arc<LeaseRecord>, other: &Arc<LeaseRecord>) -> bool {
         !self.stores.get(Store::Main).is_cluster() || first.hash_tag() == other.hash_tag()
-    }
-
-    fn spawn_sender(&self, sender: impl std::future::Future<Output = ()> + Send + 'static) {
-        match &self.on_loop {
-            Some(place) => place.spawn(sender),
-            None => drop(runtime::handle().spawn(sender)),
-        }
     }
 
     async fn send(&self, leases: &[Arc<LeaseRecord>]) -> Vec<CoreResult<CoreResult<bool>>> {

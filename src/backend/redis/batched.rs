@@ -13,7 +13,6 @@ use crate::errors::CoreResult;
 use crate::group_commit::{Batches, GroupCommit};
 use crate::keys;
 use crate::lease::monotonic_ms;
-use crate::loop_io::LoopPlace;
 
 /// Requests one batched call decides at most: bounds how long one call blocks Redis.
 const REQUESTS_PER_CALL: usize = 64;
@@ -102,8 +101,6 @@ pub struct BatchedCalls {
     script: &'static LuaScript,
     /// The manager's holder id, for what undoes an acquire.
     holder: u64,
-    /// The event loop whose connection the calls go on (None: tokio's).
-    on_loop: Option<LoopPlace>,
 }
 
 /// A request's reply, as the script gives it, and when its call left this process (Redis ran
@@ -114,18 +111,11 @@ pub struct Replied {
 }
 
 impl BatchedCalls {
-    /// The calls of `script` through `link`, sent from tokio, or from the loop `on_loop`.
-    pub fn of(
-        script: &'static LuaScript,
-        link: &Arc<Link>,
-        holder: u64,
-        on_loop: Option<LoopPlace>,
-    ) -> Arc<GroupCommit<Self>> {
+    pub fn of(script: &'static LuaScript, link: &Arc<Link>, holder: u64) -> Arc<GroupCommit<Self>> {
         Arc::new(GroupCommit::new(BatchedCalls {
             link: Arc::clone(link),
             script,
             holder,
-            on_loop,
         }))
     }
 
@@ -141,13 +131,6 @@ impl Batches for BatchedCalls {
 
     fn together(&self, first: &OneCall, other: &OneCall) -> bool {
         first.tag == other.tag && first.head_keys == other.head_keys && first.head_args == other.head_args
-    }
-
-    fn spawn_sender(&self, sender: impl std::future::Future<Output = ()> + Send + 'static) {
-        match &self.on_loop {
-            Some(place) => place.spawn(sender),
-            None => drop(crate::runtime::handle().spawn(sender)),
-        }
     }
 
     async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Replied>> {

@@ -1,12 +1,10 @@
 //! One multiplexed connection to Redis (standalone, cluster or behind Sentinel), opened lazily
-//! (the manager is built at import time, outside any event loop); a call made on an event loop's
-//! thread goes on that loop's connection instead, when the switch allows (`loop_link.rs`). Every
-//! call, the connect included, is bounded by `redis_timeout`, and its errors are said for the user
+//! (the manager is built at import time, outside any event loop). Every call, the connect
+//! included, is bounded by `redis_timeout`, and its errors are said for the user
 //! (`link_errors.rs`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -17,19 +15,17 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
 use super::link_errors::{is_missing_function, is_without_functions, unsent, LinkErrors};
-use super::loop_link::LoopTarget;
 use super::scripts::{Invocation, LIBRARY};
 use super::subscription::Subscription;
 use crate::backend::CallStats;
 use crate::deadline::Deadlines;
 use crate::errors::CoreResult;
-use crate::loop_io::{self, LoopTasks};
 
 pub enum Endpoint {
     Standalone(Box<redis::Client>),
     Cluster(Box<ClusterEndpoint>),
     /// The sentinels and the name of the master they watch.
-    Sentinel(Arc<Mutex<SentinelClient>>),
+    Sentinel(Box<Mutex<SentinelClient>>),
 }
 
 /// A Redis Cluster: the client of the scripts, and a RESP3 client for sharded subscriptions,
@@ -91,19 +87,11 @@ pub struct Link {
     calls: AtomicU64,
     failed: AtomicU64,
     micros: AtomicU64,
-    /// Where calls made on an event loop's thread go (None: every call goes on tokio).
-    pub(super) on_loop: Option<LoopTarget>,
 }
 
 impl Link {
     pub fn new(endpoint: Endpoint, target: String, timeout: Duration) -> Self {
-        let on_loop = match &endpoint {
-            Endpoint::Standalone(client) => LoopTarget::of(client),
-            Endpoint::Sentinel(sentinels) => LoopTarget::behind(sentinels),
-            Endpoint::Cluster(_) => None,
-        };
         Link {
-            on_loop,
             endpoint,
             connection: Mutex::new(None),
             errors: LinkErrors::new(target, timeout),
@@ -173,34 +161,13 @@ impl Link {
     /// `redis_timeout`.
     pub async fn run<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
         let started = Instant::now();
-        let outcome = match self.loop_here() {
-            Some((tasks, target)) => match target
-                .call(&tasks, invocation, &self.deadlines, &self.errors)
-                .await
-            {
-                Ok(Some(answer)) => Ok(answer),
-                // A server without functions: the tokio path sends the scripts as scripts.
-                Ok(None) => self.run_bounded(invocation).await,
-                Err(error) => Err(error),
-            },
-            None => self.run_bounded(invocation).await,
-        };
+        let outcome = self.run_bounded(invocation).await;
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.failed
             .fetch_add(u64::from(outcome.is_err()), Ordering::Relaxed);
         self.micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         outcome
-    }
-
-    /// The loop whose thread runs this call, when the link's calls may go on its connection:
-    /// not once the scripts go as scripts of their own (EVALSHA), which only tokio sends.
-    pub fn loop_here(&self) -> Option<(LoopTasks, &LoopTarget)> {
-        let target = self.on_loop.as_ref()?;
-        if self.scripts_only.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some((loop_io::here()?, target))
     }
 
     async fn run_bounded<T: FromRedisValue>(&self, invocation: &Invocation) -> CoreResult<T> {
@@ -274,9 +241,6 @@ impl Link {
         if matches!(self.endpoint, Endpoint::Sentinel(_)) {
             if let Ok(mut slot) = self.connection.try_lock() {
                 *slot = None;
-            }
-            if let Some(target) = &self.on_loop {
-                target.forget_master();
             }
         }
     }

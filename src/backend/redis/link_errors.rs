@@ -1,7 +1,7 @@
 //! What a link's failures say: redis-rs errors mapped to what the user can act on, naming the
 //! link's Redis and its `redis_timeout`; and the answers of a server that has not got the
-//! library's function, or no functions at all, which send a script call another way. Both of a
-//! link's paths use them: tokio's (`connection.rs`) and the event loop's (`loop_link.rs`).
+//! library's function, or no functions at all, which send a script call another way
+//! (`connection.rs`).
 
 use std::time::Duration;
 

@@ -15,7 +15,6 @@ mod keepalive;
 mod layout;
 mod line;
 mod link_errors;
-mod loop_link;
 mod release;
 mod revoke;
 mod scripts;
@@ -39,7 +38,6 @@ use crate::errors::{CoreError, CoreResult};
 use crate::group_commit::GroupCommit;
 use crate::keys::{self, LineKeys};
 use crate::lease::LeaseRecord;
-use crate::loop_io::LoopTasks;
 use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp};
 
 pub use self::acquire::acquire_call;
@@ -71,8 +69,8 @@ impl RedisBackend {
             1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))
                 % (HOLDER_IDS - 1);
         Ok(RedisBackend {
-            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link, holder, None),
-            hits: BatchedCalls::of(&scripts::HIT, &link, holder, None),
+            acquires: BatchedCalls::of(&scripts::ACQUIRE, &link, holder),
+            hits: BatchedCalls::of(&scripts::HIT, &link, holder),
             link,
             holder,
             cursors: Mutex::new(HashMap::new()),
@@ -80,48 +78,9 @@ impl RedisBackend {
     }
 }
 
-/// The group commits of one event loop (`loop_link.rs`), made on its first call there.
-struct LoopBatches {
-    acquires: Arc<GroupCommit<BatchedCalls>>,
-    hits: Arc<GroupCommit<BatchedCalls>>,
-}
-
-impl RedisBackend {
-    /// The group commits where this call runs: the event loop's own, on its thread, else None
-    /// (those of tokio).
-    fn loop_batches(&self) -> Option<Arc<LoopBatches>> {
-        let (tasks, target) = self.link.loop_here()?;
-        Some(tasks.local(target.owner(), || {
-            let on_loop = || Some(tasks.place());
-            Arc::new(LoopBatches {
-                acquires: BatchedCalls::of(&scripts::ACQUIRE, &self.link, self.holder, on_loop()),
-                hits: BatchedCalls::of(&scripts::HIT, &self.link, self.holder, on_loop()),
-            })
-        }))
-    }
-
-    fn acquires_here(&self) -> Arc<GroupCommit<BatchedCalls>> {
-        self.loop_batches()
-            .map_or_else(|| Arc::clone(&self.acquires), |here| Arc::clone(&here.acquires))
-    }
-
-    fn hits_here(&self) -> Arc<GroupCommit<BatchedCalls>> {
-        self.loop_batches()
-            .map_or_else(|| Arc::clone(&self.hits), |here| Arc::clone(&here.hits))
-    }
-}
-
 impl Backend for RedisBackend {
     fn describe(&self) -> String {
         self.link.errors.target().to_owned()
-    }
-
-    fn io_on_loop_thread(&self) -> bool {
-        self.link.on_loop.is_some()
-    }
-
-    fn loop_here(&self) -> Option<LoopTasks> {
-        self.link.loop_here().map(|(tasks, _)| tasks)
     }
 
     fn is_cluster(&self) -> bool {
@@ -153,7 +112,7 @@ impl Backend for RedisBackend {
                 waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
                 rates: rates.clone(),
             }));
-            let Replied { sent_at_ms, reply } = self.acquires_here().submit(request).await?;
+            let Replied { sent_at_ms, reply } = self.acquires.submit(request).await?;
             decode_acquire(&reply, lease, in_line, &rates.policies, sent_at_ms)
         })
     }
@@ -275,7 +234,7 @@ impl Backend for RedisBackend {
             let Some(request) = hit::hit_request(keys, policies, cost, consume) else {
                 return Err(CoreError::Panic("a hit without a policy".into()));
             };
-            let Replied { reply, .. } = self.hits_here().submit(request).await?;
+            let Replied { reply, .. } = self.hits.submit(request).await?;
             hit::decode_hit(&reply, policies)
         })
     }

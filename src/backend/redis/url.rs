@@ -1,6 +1,5 @@
 //! Redis URLs: parsed into an endpoint, and shown without their password.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
@@ -43,7 +42,7 @@ pub fn open(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult
         .map(|rest| ("redis", rest))
         .or_else(|| url.strip_prefix("rediss+cluster://").map(|rest| ("rediss", rest)));
     let endpoint = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        Endpoint::Sentinel(Arc::new(Mutex::new(sentinel_client(rest, &target)?)))
+        Endpoint::Sentinel(Box::new(Mutex::new(sentinel_client(rest, &target)?)))
     } else if let Some((scheme, rest)) = cluster {
         let (userinfo, hosts) = match rest.rsplit_once('@') {
             Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),

@@ -13,12 +13,10 @@ use crate::sync::lock;
 /// drop its hold on them.
 const FORGOTTEN_BEFORE_A_WAKE_UP: usize = 64;
 
-/// Results for the loop's futures by id; None forgets a future nothing will resolve.
-type Finished = Vec<(u64, Option<Completion>)>;
-
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 pub(super) struct Inbox {
-    pub finished: Mutex<Finished>,
+    /// Results for the loop's futures by id; None forgets a future nothing will resolve.
+    pub finished: Mutex<Vec<(u64, Option<Completion>)>>,
     pub wake_pending: AtomicBool,
     waker: UnixStream,
     /// The loop closed or went away: results are dropped on arrival (a grant releases itself).
@@ -36,36 +34,14 @@ impl Inbox {
     }
 
     pub fn deliver(&self, id: u64, completion: Completion) {
-        if let Some(finished) = self.push(id, completion) {
-            self.wake(&finished);
-        }
-    }
-
-    /// Delivers a result on the loop's own thread, which drains the inbox after running its
-    /// tasks: no wake-up needed.
-    pub fn deliver_here(&self, id: u64, completion: Completion) {
-        self.push(id, completion);
-    }
-
-    /// Queues a result, or drops it (outside the lock) when the loop is gone; the queue stays
-    /// locked for the caller's wake-up.
-    fn push(&self, id: u64, completion: Completion) -> Option<MutexGuard<'_, Finished>> {
         let mut finished = lock(&self.finished);
         if self.closed.load(Ordering::Acquire) {
             drop(finished);
             drop(completion);
-            return None;
+            return;
         }
         finished.push((id, Some(completion)));
-        Some(finished)
-    }
-
-    /// Wakes the loop for its tasks (woken from another thread) unless a wake-up is pending.
-    pub fn wake_loop(&self) {
-        let finished = lock(&self.finished);
-        if !self.closed.load(Ordering::Acquire) {
-            self.wake(&finished);
-        }
+        self.wake(&finished);
     }
 
     /// Lets the loop drop its hold on a future nothing will resolve, at its next wake-up: no
@@ -84,7 +60,7 @@ impl Inbox {
 
     /// Wakes the loop unless a wake-up is pending. Takes the guard of `finished` to be written
     /// under the lock that `close` takes, so never after the loop's end is gone (no SIGPIPE).
-    fn wake(&self, _finished: &MutexGuard<'_, Finished>) {
+    fn wake(&self, _finished: &MutexGuard<'_, Vec<(u64, Option<Completion>)>>) {
         if !self.wake_pending.swap(true, Ordering::AcqRel) {
             // WouldBlock means the socket already holds unread bytes: the loop will wake anyway.
             let _ = (&self.waker).write(&[1]);

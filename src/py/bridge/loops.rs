@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,21 +18,18 @@ use pyo3::types::{PyWeakrefMethods, PyWeakrefReference};
 
 use super::inbox::Inbox;
 use super::Completion;
-use crate::loop_io::LoopTasks;
 use crate::sync::lock;
 
-/// Closes a bridge's inbox and tasks when its event loop is garbage collected.
+/// Closes a bridge's inbox when its event loop is garbage collected.
 #[pyclass(frozen)]
 struct LoopGone {
     inbox: Arc<Inbox>,
-    tasks: LoopTasks,
 }
 
 #[pymethods]
 impl LoopGone {
     fn __call__(&self, _loop_ref: &Bound<'_, PyAny>) {
         self.inbox.close();
-        self.tasks.close();
     }
 }
 
@@ -43,48 +40,22 @@ pub struct LoopBridge {
     /// The futures waiting for a result, held weakly.
     pub(super) pending: Mutex<HashMap<u64, Py<PyWeakrefReference>>>,
     pub(super) next_id: AtomicU64,
-    /// The core's tasks run on this loop's thread, and their connections (`crate::loop_io`).
-    pub(super) tasks: LoopTasks,
-    /// The connections' sockets the loop watches, and whether for writing too.
-    pub(super) watched: Mutex<HashMap<RawFd, bool>>,
 }
 
 #[pymethods]
 impl LoopBridge {
     /// Called by the event loop when the wake-up socket is readable.
-    fn _drain(slf: &Bound<'_, Self>) {
-        let (py, this) = (slf.py(), slf.get());
+    fn _drain(&self, py: Python<'_>) {
         let mut sink = [0u8; 512];
         loop {
-            match (&this.wakeup).read(&mut sink) {
+            match (&self.wakeup).read(&mut sink) {
                 Ok(n) if n == sink.len() => continue,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 _ => break,
             }
         }
         // Cleared before taking the queue, so a result pushed after the take writes a new byte.
-        this.inbox.wake_pending.store(false, Ordering::Release);
-        this.resolve_finished(py);
-        LoopBridge::turn(slf);
-    }
-
-    /// Called by the event loop when a connection of its tasks is readable.
-    fn _readable(slf: &Bound<'_, Self>, fd: RawFd) {
-        if let Some(connection) = slf.get().tasks.connections().all().iter().find(|c| c.fd() == fd) {
-            connection.readable();
-        }
-        LoopBridge::turn(slf);
-    }
-
-    /// Called by the event loop when a connection with a partial write is writable.
-    fn _writable(slf: &Bound<'_, Self>) {
-        LoopBridge::turn(slf);
-    }
-}
-
-impl LoopBridge {
-    /// Resolves the futures whose results are in the inbox.
-    pub(super) fn resolve_finished(&self, py: Python<'_>) {
+        self.inbox.wake_pending.store(false, Ordering::Release);
         let finished = std::mem::take(&mut *lock(&self.inbox.finished));
         for (id, completion) in finished {
             let future = lock(&self.pending).remove(&id);
@@ -94,12 +65,6 @@ impl LoopBridge {
                 }
             }
         }
-    }
-
-    /// The loop and its tasks are gone: nothing more is delivered or run.
-    fn close(&self) {
-        self.inbox.close();
-        self.tasks.close();
     }
 }
 
@@ -152,10 +117,6 @@ pub(super) fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<Loo
     wakeup.set_nonblocking(true)?;
     let fd = wakeup.as_raw_fd();
     let inbox = Arc::new(Inbox::new(waker));
-    let tasks = LoopTasks::new({
-        let inbox = Arc::clone(&inbox);
-        move || inbox.wake_loop()
-    });
     let bridge = Py::new(
         py,
         LoopBridge {
@@ -163,8 +124,6 @@ pub(super) fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<Loo
             wakeup,
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
-            tasks: tasks.clone(),
-            watched: Mutex::new(HashMap::new()),
         },
     )?;
     event_loop.call_method1(
@@ -185,7 +144,7 @@ pub(super) fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<Loo
             finished.push(loop_ref);
         }
     }
-    let loop_ref = PyWeakrefReference::new_with(event_loop, LoopGone { inbox, tasks })?.unbind();
+    let loop_ref = PyWeakrefReference::new_with(event_loop, LoopGone { inbox })?.unbind();
     let removed: Vec<_> = {
         let mut bridges = lock(&BRIDGES);
         let (gone, kept) = std::mem::take(&mut *bridges)
@@ -196,7 +155,7 @@ pub(super) fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<Loo
         gone
     };
     for (_, bridge) in &removed {
-        bridge.get().close();
+        bridge.get().inbox.close();
     }
     drop(removed); // outside the lock: dropping a bridge may run Python code
     Ok(bridge)

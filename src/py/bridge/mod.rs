@@ -11,7 +11,6 @@
 
 mod inbox;
 mod loops;
-mod turn;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -22,12 +21,12 @@ use futures_util::FutureExt;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
+use tokio::task::AbortHandle;
 
 use self::inbox::Inbox;
 pub use self::loops::LoopBridge;
 use self::loops::{bridge_for, resolve, running_loop};
 use crate::errors::CoreError;
-use crate::loop_io::Abort;
 use crate::runtime;
 use crate::sync::lock;
 
@@ -39,24 +38,15 @@ pub type Completion = Result<Delivery, CoreError>;
 /// resolver, dropped with the task, has the loop forget the future).
 #[pyclass(frozen)]
 struct AbortOnCancel {
-    abort: Abort,
+    task: AbortHandle,
 }
 
 #[pymethods]
 impl AbortOnCancel {
     fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
         if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
-            (self.abort)();
+            self.task.abort();
         }
-        Ok(())
-    }
-}
-
-impl AbortOnCancel {
-    /// Has `future` stop its task with `abort` when it is cancelled.
-    fn watch(future: &Bound<'_, PyAny>, abort: Abort) -> PyResult<()> {
-        let on_cancel = AbortOnCancel { abort };
-        future.call_method1(intern!(future.py(), "add_done_callback"), (on_cancel,))?;
         Ok(())
     }
 }
@@ -75,12 +65,6 @@ impl Resolver {
         self.used = true;
         self.inbox.deliver(self.id, completion);
     }
-
-    /// Resolves from a task on the future's own loop, which resolves it at the end of its turn.
-    fn resolve_here(mut self, completion: Completion) {
-        self.used = true;
-        self.inbox.deliver_here(self.id, completion);
-    }
 }
 
 impl Drop for Resolver {
@@ -93,11 +77,6 @@ impl Drop for Resolver {
 
 /// An asyncio future of the running loop and what resolves it.
 pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver)> {
-    promise_on_loop(py).map(|(future, resolver, _)| (future, resolver))
-}
-
-/// An asyncio future of the running loop, what resolves it, and the loop's bridge.
-fn promise_on_loop(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver, Py<LoopBridge>)> {
     let event_loop = running_loop(py)?;
     let bridge = bridge_for(&event_loop)?;
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
@@ -105,12 +84,14 @@ fn promise_on_loop(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver, Py<L
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
     let inbox = Arc::clone(&shared.inbox);
-    let resolver = Resolver {
-        inbox,
-        id,
-        used: false,
-    };
-    Ok((future, resolver, bridge))
+    Ok((
+        future,
+        Resolver {
+            inbox,
+            id,
+            used: false,
+        },
+    ))
 }
 
 /// Runs `op` on the core's runtime and returns an asyncio future for its result.
@@ -135,42 +116,11 @@ where
             .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
     }));
     if abortable {
-        let task = task.abort_handle();
-        AbortOnCancel::watch(&future, Box::new(move || task.abort()))?;
+        let on_cancel = AbortOnCancel {
+            task: task.abort_handle(),
+        };
+        future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
     }
-    Ok(future)
-}
-
-/// Runs `op` on the running loop's own thread (`crate::loop_io`: its Redis calls go on the
-/// loop's connection) and returns an asyncio future for its result; the op starts at once. As
-/// `spawn`'s, an `abortable` op is cancelled with its Python future, and the others run to
-/// their end (outside a running loop, on the core's runtime).
-pub fn run_on_loop<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = Completion> + Send + 'static,
-{
-    let (future, resolver, bridge) = match promise_on_loop(py) {
-        Ok(made) => made,
-        Err(error) => {
-            if !abortable {
-                runtime::handle().spawn(op);
-            }
-            return Err(error);
-        }
-    };
-    let bridge = bridge.into_bound(py);
-    let task = AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
-        resolver.resolve_here(
-            outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))),
-        );
-    });
-    let tasks = &bridge.get().tasks;
-    if abortable {
-        AbortOnCancel::watch(&future, tasks.spawn_abortable(task))?;
-    } else {
-        tasks.spawn(task);
-    }
-    LoopBridge::turn(&bridge);
     Ok(future)
 }
 
