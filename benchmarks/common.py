@@ -11,8 +11,7 @@ URL redaction) rather than copies of it. It holds:
   (:class:`Sweep`, :func:`in_turns`), and the server's own ceiling (:func:`redis_benchmark`);
 * the JSON-lines protocol between a benchmark and its child processes (:class:`Child` on
   the parent's side, :func:`reply` and :func:`requests` on the child's);
-* a server process of a benchmark's own on a free port (:class:`ServerProcess`), with the
-  core's Redis I/O on the event loop's thread or not (:func:`with_loop_thread`);
+* a server process of a benchmark's own on a free port (:class:`ServerProcess`);
 * the lease-holding child (:func:`serve_holder`) that ``holding.py`` drives for both libraries;
 * readers of the Redis server's counters (``INFO commandstats``, ``INFO cpu``) and the clean-up
   of a run's keys;
@@ -559,35 +558,13 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
-#: The environment variable that puts the core's hot-path Redis I/O on the event loop's thread.
-LOOP_THREAD_SWITCH = "STREAM_LEASE_IO_ON_LOOP_THREAD"
-
-#: What ends the name of a variant whose server runs with the switch on (``--loop-thread``).
-ON_LOOP_THREAD = " (loop thread)"
-
-
-def with_loop_thread(variants: Sequence[str], project: Sequence[str]) -> tuple[str, ...]:
-    """``variants`` with, after each of this project's (``project``), the same on the loop
-    thread."""
-    return tuple(
-        name
-        for variant in variants
-        for name in ((variant, variant + ON_LOOP_THREAD) if variant in project else (variant,))
-    )
-
-
 class ServerProcess:
-    """A benchmark's server in a process of its own, on a free loopback port (``--port``). A
-    ``name`` ending in :data:`ON_LOOP_THREAD` runs with :data:`LOOP_THREAD_SWITCH` on, any
-    other with it off."""
+    """A benchmark's server in a process of its own, on a free loopback port (``--port``)."""
 
     def __init__(self, name: str, argv: Sequence[str]) -> None:
         self.name = name
         self.port = free_port()
-        env = {**os.environ, LOOP_THREAD_SWITCH: "1" if name.endswith(ON_LOOP_THREAD) else "0"}
-        self.process = subprocess.Popen(
-            [*argv, "--port", str(self.port)], stdin=subprocess.DEVNULL, env=env
-        )
+        self.process = subprocess.Popen([*argv, "--port", str(self.port)], stdin=subprocess.DEVNULL)
 
     def running(self) -> bool:
         return self.process.poll() is None

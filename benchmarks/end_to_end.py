@@ -25,10 +25,6 @@ table gives the medians and the lease's overhead per stream: the difference in t
 byte (p50, p99), in time to last byte, and in server CPU per stream. At the end every lease must
 be back: the global pool is checked to be empty.
 
-With ``--loop-thread`` a fourth server, ``lease (loop thread)``, serves the quickstart with the
-core's Redis I/O on the event loop's thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``; every other
-server has it off), taking turns with the others.
-
 Run it from the repository root with ``bash benchmarks/run.sh``, or against a Redis of your own
 (keys under ``{e2e}:``)::
 
@@ -58,7 +54,6 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
 from common import (
-    ON_LOOP_THREAD,
     PEER_PYTHON,
     RESULTS_DIR,
     Child,
@@ -69,7 +64,6 @@ from common import (
     print_table,
     reply,
     requests,
-    with_loop_thread,
     write_json,
 )
 from support.urls import without_password
@@ -303,9 +297,8 @@ class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
     def __init__(self, variant: str, url: str) -> None:
-        served = variant.removesuffix(ON_LOOP_THREAD)
-        python = PEER_PYTHON if served == "peer" else sys.executable
-        super().__init__(variant, [str(python), str(SCRIPT), "--serve", served, "--url", url])
+        python = PEER_PYTHON if variant == "peer" else sys.executable
+        super().__init__(variant, [str(python), str(SCRIPT), "--serve", variant, "--url", url])
         self.variant = variant
 
     @classmethod
@@ -338,7 +331,7 @@ class Server(ServerProcess):
 
 
 async def measure(
-    url: str, variants: Sequence[str], repeats: int, warmup_s: float, window_s: float
+    url: str, repeats: int, warmup_s: float, window_s: float
 ) -> tuple[list[E2ERun], int]:
     """Every client level, the two variants taking turns; returns the runs and the leases
     left in the global pool at the end (must be 0)."""
@@ -347,7 +340,7 @@ async def measure(
     client = aioredis.Redis.from_url(url, socket_timeout=10.0)
     runs: list[E2ERun] = []
     try:
-        for variant in variants:
+        for variant in VARIANTS:
             servers.append(await Server.start(variant, url))
         for clients in CLIENT_LEVELS:
             for repeat in range(1, repeats + 1):
@@ -382,7 +375,7 @@ async def measure(
     return runs, left
 
 
-def summarize(runs: Sequence[E2ERun], variants: Sequence[str]) -> list[dict[str, Any]]:
+def summarize(runs: Sequence[E2ERun]) -> list[dict[str, Any]]:
     """Medians per client level and variant, then the lease's overhead per stream."""
     figures = [
         "streams_per_s",
@@ -403,12 +396,12 @@ def summarize(runs: Sequence[E2ERun], variants: Sequence[str]) -> list[dict[str,
                 )
                 for name in figures
             }
-            for variant in variants
+            for variant in VARIANTS
         }
         refused = sum(r.refused + r.dropped_connections for r in runs if r.clients == clients)
-        for variant in variants:
+        for variant in VARIANTS:
             summary.append({"clients": clients, "variant": variant, **medians[variant]})
-        for limited in (v for v in variants if v != "none"):
+        for limited in ("lease", "peer"):
             summary.append(
                 {
                     "clients": clients,
@@ -419,7 +412,7 @@ def summarize(runs: Sequence[E2ERun], variants: Sequence[str]) -> list[dict[str,
                         f"{name}_delta": medians[limited][name] - medians["none"][name]
                         for name in figures[1:6]
                     },
-                    "refused": refused if limited == variants[0] else 0,
+                    "refused": refused if limited == "lease" else 0,
                 }
             )
     return summary
@@ -448,7 +441,6 @@ def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
                 f"{s['clients']}",
                 {
                     "lease": "quickstart (lease, Redis)",
-                    "lease" + ON_LOOP_THREAD: "quickstart, its I/O on the loop's thread",
                     "peer": "the peer's quickstart",
                     "none": "no limiter",
                 }[s["variant"]],
@@ -483,12 +475,6 @@ def main() -> None:
     internal.add_argument("--serve", choices=VARIANTS, help="run a server for this variant")
     internal.add_argument("--port", type=int, help="--serve: port to listen on")
     internal.add_argument("--load", action="store_true", help="be the load generator")
-    parser.add_argument(
-        "--loop-thread",
-        action="store_true",
-        help="also serve the quickstart with the core's Redis I/O on the event loop's thread "
-        "(STREAM_LEASE_IO_ON_LOOP_THREAD=1), taking turns with the others",
-    )
     args = parser.parse_args()
 
     if args.load:
@@ -506,9 +492,8 @@ def main() -> None:
         f"end to end against {args.url}: {args.warmup} s warm-up + {args.duration} s window,"
         f" {args.repeats} runs per variant at {' and '.join(map(str, CLIENT_LEVELS))} clients"
     )
-    variants = with_loop_thread(VARIANTS, ("lease",)) if args.loop_thread else VARIANTS
-    runs, left = asyncio.run(measure(args.url, variants, args.repeats, args.warmup, args.duration))
-    summary = summarize(runs, variants)
+    runs, left = asyncio.run(measure(args.url, args.repeats, args.warmup, args.duration))
+    summary = summarize(runs)
     print_results(summary, left)
     write_json(
         args.output,
@@ -521,7 +506,6 @@ def main() -> None:
                 "warmup_s": args.warmup,
                 "window_s": args.duration,
                 "events_per_stream": len(EVENTS),
-                "loop_thread": args.loop_thread,
             },
             "summary": summary,
             "leases_left_in_global_pool": left,

@@ -32,10 +32,6 @@ requests/s, wrk's latency percentiles, and the server process's CPU per request
 (``/proc/<pid>/stat``). The table gives the medians and each limiter's cost against ``plain``:
 the throughput lost in %, and the server CPU it adds per request.
 
-With ``--loop-thread``, the project's two endpoints are also served with the core's Redis I/O
-on the event loop's thread (``STREAM_LEASE_IO_ON_LOOP_THREAD=1``; every other server has it off),
-taking turns with the others.
-
 Run it from the repository root with ``bash benchmarks/run.sh`` (which installs wrk), or against
 a Redis of your own (keys under ``{ratehttp-*}:``, ``LIMITS:`` and ``pyrate-ratehttp-*``)::
 
@@ -81,14 +77,12 @@ from fastapi_stream_lease import (
 )
 
 from common import (
-    ON_LOOP_THREAD,
     PROJECT,
     RESULTS_DIR,
     ServerProcess,
     cpu_seconds,
     machine_info,
     print_table,
-    with_loop_thread,
     write_json,
 )
 from support.urls import without_password
@@ -242,8 +236,7 @@ class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
     def __init__(self, variant: str, url: str, prefix: str) -> None:
-        served = variant.removesuffix(ON_LOOP_THREAD)
-        argv = [sys.executable, str(SCRIPT), "--serve", served, "--url", url, "--prefix", prefix]
+        argv = [sys.executable, str(SCRIPT), "--serve", variant, "--url", url, "--prefix", prefix]
         super().__init__(variant, argv)
         self.variant = variant
         self.headers: dict[str, str] = {}
@@ -316,7 +309,7 @@ def one_run(
 
 
 def measure(
-    url: str, variants: Sequence[str], repeats: int, connections: int, window_s: float
+    url: str, repeats: int, connections: int, window_s: float
 ) -> tuple[list[HttpRun], dict[str, dict[str, str]]]:
     """The variants taking turns; returns the runs and each server's first answer's headers."""
     prefix = f"ratehttp-{uuid.uuid4().hex[:8]}"
@@ -326,7 +319,7 @@ def measure(
         script = Path(scratch) / "users.lua"
         script.write_text(WRK_SCRIPT, encoding="utf-8")
         try:
-            servers = [Server(variant, url, prefix) for variant in variants]
+            servers = [Server(variant, url, prefix) for variant in VARIANTS]
             for server in servers:
                 server.wait_ready()
             for server in servers:
@@ -351,14 +344,14 @@ def measure(
     return runs, {server.variant: server.headers for server in servers}
 
 
-def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str, Any]]:
+def summarize(runs: Sequence[HttpRun]) -> list[dict[str, Any]]:
     figures = ("requests_per_s", "p50_ms", "p90_ms", "p99_ms", "server_cpu_us_per_request")
     medians = {
         variant: {
             name: statistics.median(getattr(r, name) for r in runs if r.variant == variant)
             for name in figures
         }
-        for variant in variants
+        for variant in VARIANTS
     }
     plain = medians["plain"]
     return [
@@ -373,7 +366,7 @@ def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str
             "server_cpu_us_per_request_delta": medians[variant]["server_cpu_us_per_request"]
             - plain["server_cpu_us_per_request"],
         }
-        for variant in variants
+        for variant in VARIANTS
     ]
 
 
@@ -389,8 +382,7 @@ ENDPOINTS = {
 def print_results(summary: Sequence[dict[str, Any]], connections: int) -> None:
     rows = [
         [
-            ENDPOINTS[s["variant"].removesuffix(ON_LOOP_THREAD)]
-            + (", its I/O on the loop's thread" if s["variant"].endswith(ON_LOOP_THREAD) else ""),
+            ENDPOINTS[s["variant"]],
             f"{s['runs']}",
             f"{s['requests_per_s']:,.0f}",
             f"{s['p50_ms']:.2f}",
@@ -418,12 +410,6 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds of each wrk run")
     parser.add_argument("--connections", type=int, default=64, help="wrk's connections")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
-    parser.add_argument(
-        "--loop-thread",
-        action="store_true",
-        help="also serve this project's two endpoints with the core's Redis I/O on the event "
-        "loop's thread (STREAM_LEASE_IO_ON_LOOP_THREAD=1), taking turns with the others",
-    )
     internal = parser.add_argument_group("internal mode (started by this script)")
     internal.add_argument("--serve", choices=VARIANTS, help="run a server for this variant")
     internal.add_argument("--port", type=int, help="--serve: port to listen on")
@@ -444,9 +430,8 @@ def main() -> None:
         f"HTTP cost of rate limits against {args.url}: one uvicorn worker per endpoint, wrk -t1"
         f" -c{args.connections} -d{args.duration:g}s, {args.repeats} runs per endpoint"
     )
-    variants = with_loop_thread(VARIANTS, (PROJECT, MIDDLEWARE)) if args.loop_thread else VARIANTS
-    runs, headers = measure(args.url, variants, args.repeats, args.connections, args.duration)
-    summary = summarize(runs, variants)
+    runs, headers = measure(args.url, args.repeats, args.connections, args.duration)
+    summary = summarize(runs)
     print_results(summary, args.connections)
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout
     write_json(
@@ -476,7 +461,6 @@ def main() -> None:
                 "repeats": args.repeats,
                 "window_s": args.duration,
                 "connections": args.connections,
-                "loop_thread": args.loop_thread,
                 "users": USERS,
                 "per_minute_limit": PER_MINUTE,
                 "per_day_limit": PER_DAY,

@@ -3,7 +3,7 @@
 #
 # * benchmarks/.venv: fastapi-stream-lease built in RELEASE mode, plus what the benchmarks use
 #   (redis-py + hiredis, FastAPI + uvicorn for end_to_end.py, httpx + websockets for load.py's
-#   clients, matplotlib for plot.py and load.py, uvloop for loop_thread.py) and the
+#   clients, matplotlib for plot.py and load.py) and the
 #   rate limiters that rate_hits.py and rate_http.py measure it against (limits with coredis,
 #   pyrate-limiter + fastapi-limiter, slowapi), each pinned;
 # * wrk, the HTTP load generator of rate_http.py, from Debian's packages when it is missing;
@@ -44,7 +44,7 @@ echo "==> installing benchmark dependencies into $venv"
 "$venv/bin/pip" install --quiet \
     maturin==1.16.0 "${redis_py[@]}" starlette==1.10.0 \
     fastapi==0.165.0 uvicorn==0.54.0 matplotlib==3.11.2 opentelemetry-sdk==1.45.2 \
-    httpx==0.28.1 websockets==17.4 uvloop==0.23.0 "${rate_peers[@]}"
+    httpx==0.28.1 websockets==17.4 "${rate_peers[@]}"
 
 echo "==> building the release wheel (CARGO_TARGET_DIR=target/bench)"
 rm -rf target/bench/wheels
