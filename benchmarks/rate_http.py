@@ -5,6 +5,9 @@ Five uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no a
 ``end_to_end.py`` starts them) serve ``GET /`` answering ``{"msg": "Hello World"}``:
 
 * ``plain``: no limiter;
+* ``empty-dependency``: no limiter, ``dependencies=[Depends(nothing)]`` with an async
+  ``nothing(request)`` that returns at once: what any dependency costs, the baseline of the
+  dependency form;
 * ``fastapi_stream_lease``: two policies (``per_minute``, ``per_day``) through
   ``dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))]``, and
   ``install_exception_handler(app)``, which adds the ``RateLimitHeaders`` middleware: every
@@ -90,7 +93,8 @@ from support.urls import without_password
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "rate_http.json"
 MIDDLEWARE = f"{PROJECT}-middleware"
-VARIANTS = ("plain", PROJECT, MIDDLEWARE, "slowapi", "fastapi-limiter")
+EMPTY_DEPENDENCY = "empty-dependency"
+VARIANTS = ("plain", EMPTY_DEPENDENCY, PROJECT, MIDDLEWARE, "slowapi", "fastapi-limiter")
 USERS = 16
 PER_MINUTE = 10**8
 PER_DAY = 10**11
@@ -129,6 +133,15 @@ async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
 
         @app.get("/")
         async def plain() -> dict[str, str]:
+            return {"msg": "Hello World"}
+
+    elif variant == EMPTY_DEPENDENCY:
+
+        async def nothing(request: Request) -> None:
+            return None
+
+        @app.get("/", dependencies=[Depends(nothing)])
+        async def with_dependency() -> dict[str, str]:
             return {"msg": "Hello World"}
 
     elif variant == PROJECT:
@@ -309,7 +322,7 @@ def one_run(
 
 
 def measure(
-    url: str, repeats: int, connections: int, window_s: float
+    url: str, variants: Sequence[str], repeats: int, connections: int, window_s: float
 ) -> tuple[list[HttpRun], dict[str, dict[str, str]]]:
     """The variants taking turns; returns the runs and each server's first answer's headers."""
     prefix = f"ratehttp-{uuid.uuid4().hex[:8]}"
@@ -319,7 +332,7 @@ def measure(
         script = Path(scratch) / "users.lua"
         script.write_text(WRK_SCRIPT, encoding="utf-8")
         try:
-            servers = [Server(variant, url, prefix) for variant in VARIANTS]
+            servers = [Server(variant, url, prefix) for variant in variants]
             for server in servers:
                 server.wait_ready()
             for server in servers:
@@ -344,16 +357,18 @@ def measure(
     return runs, {server.variant: server.headers for server in servers}
 
 
-def summarize(runs: Sequence[HttpRun]) -> list[dict[str, Any]]:
+def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str, Any]]:
     figures = ("requests_per_s", "p50_ms", "p90_ms", "p99_ms", "server_cpu_us_per_request")
     medians = {
         variant: {
             name: statistics.median(getattr(r, name) for r in runs if r.variant == variant)
             for name in figures
         }
-        for variant in VARIANTS
+        for variant in variants
     }
     plain = medians["plain"]
+    # The dependency form against what any dependency costs (when both ran).
+    empty = medians.get(EMPTY_DEPENDENCY)
     return [
         {
             "variant": variant,
@@ -365,13 +380,22 @@ def summarize(runs: Sequence[HttpRun]) -> list[dict[str, Any]]:
             "ratio_vs_plain": medians[variant]["requests_per_s"] / plain["requests_per_s"],
             "server_cpu_us_per_request_delta": medians[variant]["server_cpu_us_per_request"]
             - plain["server_cpu_us_per_request"],
+            **(
+                {
+                    "throughput_cost_vs_empty_dependency_pct": 100.0
+                    * (1.0 - medians[variant]["requests_per_s"] / empty["requests_per_s"])
+                }
+                if variant == PROJECT and empty is not None
+                else {}
+            ),
         }
-        for variant in VARIANTS
+        for variant in variants
     ]
 
 
 ENDPOINTS = {
     "plain": "plain endpoint, no limiter",
+    EMPTY_DEPENDENCY: "plain endpoint, an empty dependency",
     PROJECT: f"{PROJECT}, 2 policies + headers",
     MIDDLEWARE: f"{PROJECT} RateLimitMiddleware, same",
     "slowapi": f"slowapi {version('slowapi')}, 2 limits + headers",
@@ -395,6 +419,10 @@ def print_results(summary: Sequence[dict[str, Any]], connections: int) -> None:
     ]
     header = ["endpoint", "runs", "requests/s", "p50 ms", "p99 ms", "CPU us/req"]
     print_table([*header, "cost", "CPU delta us/req"], rows, left=1)
+    for s in summary:
+        if "throughput_cost_vs_empty_dependency_pct" in s:
+            cost = s["throughput_cost_vs_empty_dependency_pct"]
+            print(f"{ENDPOINTS[s['variant']]}: {cost:.1f} % of the empty dependency's throughput")
     errors = sum(s["errors"] for s in summary)
     print(
         f"one uvicorn worker (h11), wrk -t1 -c{connections}, keep-alive; medians of the runs;"
@@ -410,6 +438,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds of each wrk run")
     parser.add_argument("--connections", type=int, default=64, help="wrk's connections")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated endpoints to run (plain always runs; default: {','.join(VARIANTS)})",
+    )
     internal = parser.add_argument_group("internal mode (started by this script)")
     internal.add_argument("--serve", choices=VARIANTS, help="run a server for this variant")
     internal.add_argument("--port", type=int, help="--serve: port to listen on")
@@ -423,6 +456,10 @@ def main() -> None:
         return
     if args.duration <= 0 or args.repeats < 1 or args.connections < 1:
         parser.error("--duration must be > 0, --repeats and --connections >= 1")
+    variants = ["plain", *(v for v in args.variants.split(",") if v and v != "plain")]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown --variants {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
     if shutil.which("wrk") is None:
         parser.error("wrk is not on PATH: run bash benchmarks/setup_bench_env.sh")
 
@@ -430,8 +467,8 @@ def main() -> None:
         f"HTTP cost of rate limits against {args.url}: one uvicorn worker per endpoint, wrk -t1"
         f" -c{args.connections} -d{args.duration:g}s, {args.repeats} runs per endpoint"
     )
-    runs, headers = measure(args.url, args.repeats, args.connections, args.duration)
-    summary = summarize(runs)
+    runs, headers = measure(args.url, variants, args.repeats, args.connections, args.duration)
+    summary = summarize(runs, variants)
     print_results(summary, args.connections)
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout
     write_json(

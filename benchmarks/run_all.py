@@ -4,11 +4,11 @@ virtualenvs are set up.
 Starts a redis-server on a free loopback port (never 6379, ``support.redis_servers``, as the
 tests do), runs acquire_release.py (with this script's arguments), plot.py, core_threads.py,
 holding.py, waiting.py, cluster_spread.py (on a cluster of its own), redis_instructions.py (on a
-server of its own, under callgrind), end_to_end.py, then the rate limits' rate_hits.py, plot.py
-again and rate_http.py, the token budgets' token_budgets.py and the cost of OpenTelemetry
-(telemetry_cost.py) in turn, and stops the server however the run ends. (The rate limits and
-budgets come last: the keys they leave behind expire in the server's background, which must not
-weigh on holding.py's figures.)
+server of its own, under callgrind), end_to_end.py, call_cost.py, then the rate limits'
+rate_hits.py, plot.py again and rate_http.py, the token budgets' token_budgets.py and the cost
+of OpenTelemetry (telemetry_cost.py) in turn, and stops the server however the run ends. (The
+rate limits and budgets come last: the keys they leave behind expire in the server's background,
+which must not weigh on holding.py's figures.)
 
 Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
 
@@ -46,6 +46,7 @@ def main() -> None:
         run("cluster_spread.py")
         run("redis_instructions.py")  # a server of its own, under callgrind
         run("end_to_end.py", "--url", server.url)
+        run("call_cost.py", "--url", server.url)
         run("rate_hits.py", "--url", server.url)
         run("plot.py", "--figure", "rates")
         run("rate_http.py", "--url", server.url)
