@@ -19,6 +19,8 @@ from .errors import LeaseRevoked, ManagerClosed, StreamLeaseError
 from .lease import LostWatch
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from .lease import Lease
@@ -187,35 +189,43 @@ class _ResponseState:
     that ended in a scope not cancelled is complete, and its last message goes at once (the
     request's background tasks run after it)."""
 
-    __slots__ = ("_guard", "_receive", "_send", "closed", "held", "media_type", "started")
+    __slots__ = ("_guard", "_headers", "_receive", "_send", "closed", "held", "started")
 
     def __init__(self, send: Send, receive: Receive, guard: StreamEndGuard) -> None:
         self._send = send
         self._receive = receive
         self._guard = guard
+        self._headers: Sequence[tuple[bytes, bytes]] = ()
         self.started = False
         self.closed = False
         self.held: Message | None = None
-        self.media_type = ""
+
+    @property
+    def media_type(self) -> str:
+        """The response's media type, read from its start only when asked (an error to end it
+        with, an empty last SSE message): most responses never need it."""
+        for name, value in self._headers:
+            if name.lower() == b"content-type":
+                return value.decode("latin-1").split(";")[0].strip().lower()
+        return ""
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
-        if kind == "http.response.start":
+        if kind == "http.response.body":
+            if not message.get("more_body", False):
+                if (
+                    not message.get("body")
+                    and self.media_type == "text/event-stream"
+                    and anyio.current_effective_deadline() == -math.inf
+                ):
+                    self.held = message
+                    return
+                self._ended("completed")
+        elif kind == "http.response.start":
             self.started = True
-            for name, value in message.get("headers", ()):
-                if name.lower() == b"content-type":
-                    self.media_type = value.decode("latin-1").split(";")[0].strip().lower()
+            self._headers = message.get("headers", ())
         elif kind == "websocket.accept":
             self.started = True
-        elif kind == "http.response.body" and not message.get("more_body", False):
-            if (
-                self.media_type == "text/event-stream"
-                and not message.get("body")
-                and anyio.current_effective_deadline() == -math.inf
-            ):
-                self.held = message
-                return
-            self._ended("completed")
         elif kind in ("websocket.close", "websocket.http.response.start"):
             self._ended("completed")
         await self._send(message)

@@ -103,24 +103,31 @@ class RateLimitHeaders:
             return
 
         async def send_with_headers(message: Message) -> None:
-            state = scope.get("state", {})
-            decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
-            if message["type"] == "http.response.start" and (decisions or pools):
-                headers = rate_limit_headers(decisions, pools)
-                if self.legacy:
-                    headers.update(legacy_headers(decisions))
-                if self.openai:
-                    headers.update(openai_rate_limit_headers(decisions))
-                present = {name.lower() for name, _ in message.get("headers", [])}
-                added = [
-                    (name.lower().encode("latin-1"), value.encode("latin-1"))
-                    for name, value in headers.items()
-                    if name.lower().encode("latin-1") not in present
-                ]
-                message = {**message, "headers": [*message.get("headers", []), *added]}
+            if message["type"] == "http.response.start":
+                state = scope.get("state")
+                if state and (state.get(_DECISIONS) or state.get(_POOLS)):
+                    message = self._with_headers(message, state)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    def _with_headers(self, start: Message, state: dict[str, Any]) -> Message:
+        """The response's start with the headers of the request's hits and streams added, but
+        none the response set itself."""
+        decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
+        headers = rate_limit_headers(decisions, pools)
+        if self.legacy:
+            headers.update(legacy_headers(decisions))
+        if self.openai:
+            headers.update(openai_rate_limit_headers(decisions))
+        own = start.get("headers", [])
+        present = {name.lower() for name, _ in own}
+        added = [
+            (encoded, value.encode("latin-1"))
+            for name, value in headers.items()
+            if (encoded := name.lower().encode("latin-1")) not in present
+        ]
+        return {**start, "headers": [*own, *added]}
 
 
 async def identity_of(
