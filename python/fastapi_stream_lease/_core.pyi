@@ -22,6 +22,7 @@ __all__ = [
     "_settle_call",
     "check_rate_limits",
     "checked_thresholds",
+    "rate_limit_header_values",
     "redact_url",
 ]
 __version__: str
@@ -290,6 +291,12 @@ class Prices:
 
 def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
     """Checks the policies of a hit of ``cost`` as every hit does."""
+
+def rate_limit_header_values(
+    decisions: Iterable[RateDecision], pools: Iterable[tuple[str, int, int]]
+) -> tuple[str, str] | None:
+    """The ``RateLimit-Policy`` and ``RateLimit`` values of ``decisions`` and of a stream's
+    capped ``pools`` (name, capacity, slots in use); None when both are empty."""
 
 def checked_thresholds(alert_at: Sequence[float]) -> tuple[float, ...]:
     """``alert_at`` checked as every manager and policy checks it: the fractions kept,

@@ -4,12 +4,11 @@ hit (:class:`RateDecision`), and the IETF ``RateLimit-Policy`` / ``RateLimit`` h
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from ._core import Prices, RateLimit
+from ._core import Prices, RateLimit, rate_limit_header_values
 
 __all__ = ["Prices", "RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
 
@@ -46,10 +45,6 @@ class RateDecision:
     thresholds_reached: tuple[float, ...] = ()
 
 
-def _seconds(value: float) -> int:
-    return math.ceil(value)
-
-
 def rate_limit_headers(
     decisions: Sequence[RateDecision], pools: Sequence[tuple[str, int, int]] = ()
 ) -> dict[str, str]:
@@ -58,14 +53,10 @@ def rate_limit_headers(
     until units free up; and for a stream's capped ``pools`` (``lease.pool_usage``: name,
     capacity, slots in use), ``q`` slots with ``qu="concurrent-requests"``. Send them before a
     stream's first byte (never in trailers)."""
-    policies = [f'"{d.policy.name}";q={d.limit};w={_seconds(d.policy.per)}' for d in decisions]
-    states = [f'"{d.policy.name}";r={d.remaining};t={_seconds(d.reset)}' for d in decisions]
-    for name, capacity, used in pools:
-        policies.append(f'"{name}";q={capacity};qu="concurrent-requests"')
-        states.append(f'"{name}";r={max(capacity - used, 0)}')
-    if not policies:
+    values = rate_limit_header_values(decisions, pools)
+    if values is None:
         return {}
-    return {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}
+    return {"RateLimit-Policy": values[0], "RateLimit": values[1]}
 
 
 def _duration(seconds: float) -> str:

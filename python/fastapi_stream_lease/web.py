@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ._core import check_rate_limits
+from ._core import check_rate_limits, rate_limit_header_values
 from .errors import RateLimited
 from .rates import (
     PolicyEntry,
     RateDecision,
     RateLimit,
     openai_rate_limit_headers,
-    rate_limit_headers,
 )
 
 if TYPE_CHECKING:
@@ -115,7 +114,8 @@ class RateLimitHeaders:
         """The response's start with the headers of the request's hits and streams added, but
         none the response set itself."""
         decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
-        headers = rate_limit_headers(decisions, pools)
+        values = rate_limit_header_values(decisions, pools)
+        headers = {} if values is None else {"ratelimit-policy": values[0], "ratelimit": values[1]}
         if self.legacy:
             headers.update(legacy_headers(decisions))
         if self.openai:

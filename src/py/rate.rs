@@ -1,12 +1,16 @@
 //! `RateLimit`: a request-rate policy, checked once at construction (the core's `RatePolicy`).
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
-use crate::rate::{check_hit, Algorithm, Decision, Period, RatePolicy, Thresholds, Unit, MAX_LIMIT};
+use crate::rate::{
+    check_hit, rate_limit_headers, Algorithm, Decision, Period, PolicyState, PoolState, RatePolicy,
+    Thresholds, Unit, MAX_LIMIT,
+};
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
@@ -272,6 +276,54 @@ fn policy_of(item: &Bound<'_, PyAny>) -> PyResult<RatePolicy> {
             type_name(item)
         ))),
     }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` header values of `decisions` (`RateDecision` values)
+/// and of a stream's capped `pools` (name, capacity, slots in use); None when both are empty.
+#[pyfunction]
+pub fn rate_limit_header_values(
+    decisions: &Bound<'_, PyAny>,
+    pools: &Bound<'_, PyAny>,
+) -> PyResult<Option<(String, String)>> {
+    let py = decisions.py();
+    let mut names = Vec::new();
+    let mut numbers = Vec::new();
+    for decision in decisions.try_iter()? {
+        let decision = decision?;
+        let limit = decision.getattr(intern!(py, "policy"))?;
+        let policy = &limit.cast::<RateLimit>()?.get().policy;
+        names.push(policy.name.clone());
+        numbers.push((
+            decision.getattr(intern!(py, "limit"))?.extract::<u64>()?,
+            policy.window_ms as f64 / 1000.0,
+            decision.getattr(intern!(py, "remaining"))?.extract::<u64>()?,
+            decision.getattr(intern!(py, "reset"))?.extract::<f64>()?,
+        ));
+    }
+    let pools: Vec<(String, u64, u64)> = pools
+        .try_iter()?
+        .map(|pool| pool?.extract())
+        .collect::<PyResult<_>>()?;
+    let policies: Vec<PolicyState<'_>> = names
+        .iter()
+        .zip(&numbers)
+        .map(|(name, &(limit, window_s, remaining, reset_s))| PolicyState {
+            name,
+            limit,
+            window_s,
+            remaining,
+            reset_s,
+        })
+        .collect();
+    let pools: Vec<PoolState<'_>> = pools
+        .iter()
+        .map(|(name, capacity, used)| PoolState {
+            name,
+            capacity: *capacity,
+            used: *used,
+        })
+        .collect();
+    Ok(rate_limit_headers(&policies, &pools))
 }
 
 /// The decisions as `fastapi_stream_lease.rates.RateDecision` values (the class lives in

@@ -5,13 +5,15 @@
 //! the changes a budget's top-ups and settlements make to counters in `adjustment.rs`, what a
 //! stream's start is checked against in `start.rs`, how a cost budget prices tokens in
 //! `price.rs`, the thresholds its use is told at in `alerts.rs`, and the answer sizes learned
-//! per model from settled streams in `answer_sizes.rs`.
+//! per model from settled streams in `answer_sizes.rs`; the headers that tell a client its
+//! decisions in `headers.rs`.
 
 mod adjustment;
 mod alerts;
 pub mod answer_sizes;
 mod calendar;
 mod decision;
+mod headers;
 mod policy;
 pub mod price;
 mod start;
@@ -19,6 +21,7 @@ mod start;
 pub use self::adjustment::{Adjustment, AnswerKeys, AnswerSample, Settlement, TopUp, ToppedUp};
 pub use self::alerts::Thresholds;
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
+pub use self::headers::{rate_limit_headers, PolicyState, PoolState};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
