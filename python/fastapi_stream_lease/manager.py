@@ -195,7 +195,10 @@ class StreamLeaseManager:
         self._wait_timeout = config.wait_timeout
         self._proxy_rule = _core.ProxyRule(config.trusted_proxies, config.proxy_header)
         self._alert_at = _core.checked_thresholds(alert_at)
-        if on_threshold is not None:
+        # Whether the core reports thresholds reached (to on_threshold, or the metric): without
+        # a listener, no hit looks for them.
+        self._alerting = on_threshold is not None
+        if self._alerting:
             self._core.alert_thresholds(self._alert_at)
         wanted = Lifecycle.wanted(config, on_threshold)
         self._lifecycle = Lifecycle(config, on_threshold) if wanted else None
@@ -379,8 +382,8 @@ class StreamLeaseManager:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
         consuming hit or start reached first in their window (``policies`` pair some with
         identities of their own)."""
-        if not any(decision.thresholds_reached for decision in decisions):
-            return  # none reached (or nobody listens): no digest, on every hit
+        if not self._alerting or not any(decision.thresholds_reached for decision in decisions):
+            return  # nobody listens, or none reached: no digest, on every hit
         telemetry = self._instruments()
         identities = identities_of(identity, policies)
         for alert in crossed(identities, decisions, self._core.identity_digest):
@@ -400,6 +403,7 @@ class StreamLeaseManager:
 
                 self._telemetry = Telemetry(self._core, meters, tracers, identities)
                 # The metric counts threshold alerts, so hits and starts report them from now on.
+                self._alerting = True
                 self._core.alert_thresholds(self._alert_at)
         return self._telemetry
 
