@@ -224,6 +224,7 @@ class Manager:
 @final
 class LoopBridge:
     def _drain(self) -> None: ...
+    def _send_calls(self) -> None: ...
 
 @final
 class ProxyRule:

@@ -4,9 +4,11 @@
 //! its inbox.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{ErrorKind, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +20,11 @@ use pyo3::types::{PyWeakrefMethods, PyWeakrefReference};
 
 use super::inbox::Inbox;
 use super::Completion;
+use crate::runtime;
 use crate::sync::lock;
+
+/// A call's task, handed to the core's runtime when its loop's turn ends.
+pub(super) type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Closes a bridge's inbox when its event loop is garbage collected.
 #[pyclass(frozen)]
@@ -40,10 +46,22 @@ pub struct LoopBridge {
     /// The futures waiting for a result, held weakly.
     pub(super) pending: Mutex<HashMap<u64, Py<PyWeakrefReference>>>,
     pub(super) next_id: AtomicU64,
+    /// The calls made in the loop's current turn, sent when it ends.
+    calls: Mutex<Vec<Call>>,
 }
 
 #[pymethods]
 impl LoopBridge {
+    /// Hands the turn's calls to the core's runtime (the loop runs it when the turn ends): one
+    /// wake-up of the core's thread for all of them.
+    fn _send_calls(&self) {
+        let calls = std::mem::take(&mut *lock(&self.calls));
+        let runtime = runtime::handle();
+        for call in calls {
+            runtime.spawn(call);
+        }
+    }
+
     /// Called by the event loop when the wake-up socket is readable.
     fn _drain(&self, py: Python<'_>) {
         let mut sink = [0u8; 512];
@@ -65,6 +83,33 @@ impl LoopBridge {
                 }
             }
         }
+    }
+}
+
+impl LoopBridge {
+    /// Queues `call` for the end of the turn of `event_loop` (the bridge's); on a loop that
+    /// takes no more callbacks (closed), sends it at once.
+    pub(super) fn send_at_turn_end(
+        bridge: &Bound<'_, LoopBridge>,
+        event_loop: &Bound<'_, PyAny>,
+        call: Call,
+    ) -> PyResult<()> {
+        let first = {
+            let mut calls = lock(&bridge.get().calls);
+            calls.push(call);
+            calls.len() == 1
+        };
+        if first {
+            let py = bridge.py();
+            let send = bridge.getattr(intern!(py, "_send_calls"))?;
+            if event_loop
+                .call_method1(intern!(py, "call_soon"), (send,))
+                .is_err()
+            {
+                bridge.get()._send_calls();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -124,6 +169,7 @@ pub(super) fn bridge_for<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Py<Loo
             wakeup,
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            calls: Mutex::new(Vec::new()),
         },
     )?;
     event_loop.call_method1(

@@ -8,6 +8,12 @@
 //! future was cancelled, or dropped (futures are held weakly, so an abandoned one does not keep
 //! its loop alive), or its loop closed and went away (the loop's weakref callback closes the
 //! inbox).
+//!
+//! The other way, a call that may be cancelled with its future (a hit, an acquire) is not handed
+//! to the runtime at once: the loop's calls of one turn go together when the turn ends
+//! (`LoopBridge::send_calls`), so the core's thread, asleep between bursts, is woken once for
+//! them rather than once per call, and their Redis calls share batches. A release goes at once,
+//! so that no closing loop can keep it from the store.
 
 mod inbox;
 mod loops;
@@ -17,11 +23,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures_util::future::{AbortHandle, Abortable};
 use futures_util::FutureExt;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
-use tokio::task::AbortHandle;
 
 use self::inbox::Inbox;
 pub use self::loops::LoopBridge;
@@ -38,14 +44,14 @@ pub type Completion = Result<Delivery, CoreError>;
 /// resolver, dropped with the task, has the loop forget the future).
 #[pyclass(frozen)]
 struct AbortOnCancel {
-    task: AbortHandle,
+    call: AbortHandle,
 }
 
 #[pymethods]
 impl AbortOnCancel {
     fn __call__(&self, py: Python<'_>, future: &Bound<'_, PyAny>) -> PyResult<()> {
         if future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
-            self.task.abort();
+            self.call.abort();
         }
         Ok(())
     }
@@ -77,21 +83,36 @@ impl Drop for Resolver {
 
 /// An asyncio future of the running loop and what resolves it.
 pub fn promise(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Resolver)> {
+    promise_on_loop(py).map(|promised| (promised.future, promised.resolver))
+}
+
+/// A future of the running loop, what resolves it, and the loop with its bridge.
+struct Promised<'py> {
+    future: Bound<'py, PyAny>,
+    resolver: Resolver,
+    event_loop: Bound<'py, PyAny>,
+    bridge: Bound<'py, LoopBridge>,
+}
+
+fn promise_on_loop(py: Python<'_>) -> PyResult<Promised<'_>> {
     let event_loop = running_loop(py)?;
-    let bridge = bridge_for(&event_loop)?;
+    let bridge = bridge_for(&event_loop)?.into_bound(py);
     let future = event_loop.call_method0(intern!(py, "create_future"))?;
     let shared = bridge.get();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     lock(&shared.pending).insert(id, PyWeakrefReference::new(&future)?.unbind());
     let inbox = Arc::clone(&shared.inbox);
-    Ok((
+    let resolver = Resolver {
+        inbox,
+        id,
+        used: false,
+    };
+    Ok(Promised {
         future,
-        Resolver {
-            inbox,
-            id,
-            used: false,
-        },
-    ))
+        resolver,
+        event_loop,
+        bridge,
+    })
 }
 
 /// Runs `op` on the core's runtime and returns an asyncio future for its result.
@@ -102,7 +123,12 @@ pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<
 where
     F: Future<Output = Completion> + Send + 'static,
 {
-    let (future, resolver) = match promise(py) {
+    let Promised {
+        future,
+        resolver,
+        event_loop,
+        bridge,
+    } = match promise_on_loop(py) {
         Ok(made) => made,
         Err(error) => {
             if !abortable {
@@ -111,16 +137,19 @@ where
             return Err(error);
         }
     };
-    let task = runtime::handle().spawn(AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
+    let task = AssertUnwindSafe(op).catch_unwind().map(move |outcome| {
         resolver
             .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
-    }));
-    if abortable {
-        let on_cancel = AbortOnCancel {
-            task: task.abort_handle(),
-        };
-        future.call_method1(intern!(py, "add_done_callback"), (on_cancel,))?;
+    });
+    if !abortable {
+        runtime::handle().spawn(task);
+        return Ok(future);
     }
+    // Aborted, the task is dropped where it stands, and its resolver with it.
+    let (call, registration) = AbortHandle::new_pair();
+    future.call_method1(intern!(py, "add_done_callback"), (AbortOnCancel { call },))?;
+    let call = Box::pin(Abortable::new(task, registration).map(drop));
+    LoopBridge::send_at_turn_end(&bridge, &event_loop, call)?;
     Ok(future)
 }
 
