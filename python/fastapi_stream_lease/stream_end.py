@@ -82,6 +82,8 @@ class StreamEndGuard:
         """The response ended (``how``: ``"completed"``, or ``"cancelled"`` when the client
         left): stops watching the leases and starts their releases. A watch that has already
         cancelled the request stays, for :meth:`settle` to take that cancellation back."""
+        if not self._watches:
+            return
         fired = []
         for watch in self._watches:
             if watch.fired:
@@ -90,6 +92,11 @@ class StreamEndGuard:
             watch.close()
             watch.lease._end_with_response(how)
         self._watches = fired
+
+    @property
+    def watching(self) -> bool:
+        """Whether some lease is watched."""
+        return bool(self._watches)
 
     def settle(self) -> StreamLeaseError | None:
         """Stops watching; the error of the first lease whose loss cancelled the request, or
@@ -173,8 +180,11 @@ class StreamEndMiddleware:
                 raise
             await response.end(scope, receive, ended)
         else:
-            guard.settle()
-            await response.finish()
+            # Most requests watched no lease and hold no message: nothing more to do.
+            if guard.watching:
+                guard.settle()
+            if response.held is not None:
+                await response.finish()
 
 
 class _ResponseState:
