@@ -5,10 +5,10 @@ Starts a redis-server on a free loopback port (never 6379, ``support.redis_serve
 tests do), runs acquire_release.py (with this script's arguments), plot.py, core_threads.py,
 holding.py, waiting.py, cluster_spread.py (on a cluster of its own), redis_instructions.py (on a
 server of its own, under callgrind), end_to_end.py, call_cost.py, then the rate limits'
-rate_hits.py, plot.py again and rate_http.py, the token budgets' token_budgets.py and the cost
-of OpenTelemetry (telemetry_cost.py) in turn, and stops the server however the run ends. (The
-rate limits and budgets come last: the keys they leave behind expire in the server's background,
-which must not weigh on holding.py's figures.)
+rate_hits.py, plot.py again, rate_http.py and app_in_process.py, the token budgets'
+token_budgets.py and the cost of OpenTelemetry (telemetry_cost.py) in turn, and stops the
+server however the run ends. (The rate limits and budgets come last: the keys they leave behind
+expire in the server's background, which must not weigh on holding.py's figures.)
 
 Usage, from the repository root, once ``benchmarks/setup_bench_env.sh`` has run::
 
@@ -50,6 +50,7 @@ def main() -> None:
         run("rate_hits.py", "--url", server.url)
         run("plot.py", "--figure", "rates")
         run("rate_http.py", "--url", server.url)
+        run("app_in_process.py", "--url", server.url)
         run("token_budgets.py", "--url", server.url)
         run("telemetry_cost.py", "--url", server.url)
     finally:

@@ -286,43 +286,28 @@ pub fn rate_limit_header_values(
     pools: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(String, String)>> {
     let py = decisions.py();
-    let mut names = Vec::new();
-    let mut numbers = Vec::new();
-    for decision in decisions.try_iter()? {
-        let decision = decision?;
-        let limit = decision.getattr(intern!(py, "policy"))?;
-        let policy = &limit.cast::<RateLimit>()?.get().policy;
-        names.push(policy.name.clone());
-        numbers.push((
-            decision.getattr(intern!(py, "limit"))?.extract::<u64>()?,
-            policy.window_ms as f64 / 1000.0,
-            decision.getattr(intern!(py, "remaining"))?.extract::<u64>()?,
-            decision.getattr(intern!(py, "reset"))?.extract::<f64>()?,
-        ));
-    }
-    let pools: Vec<(String, u64, u64)> = pools
+    let policies = decisions
         .try_iter()?
-        .map(|pool| pool?.extract())
-        .collect::<PyResult<_>>()?;
-    let policies: Vec<PolicyState<'_>> = names
-        .iter()
-        .zip(&numbers)
-        .map(|(name, &(limit, window_s, remaining, reset_s))| PolicyState {
-            name,
-            limit,
-            window_s,
-            remaining,
-            reset_s,
+        .map(|decision| {
+            let decision = decision?;
+            let limit = decision.getattr(intern!(py, "policy"))?;
+            let policy = &limit.cast::<RateLimit>()?.get().policy;
+            Ok(PolicyState {
+                name: policy.name.clone(),
+                limit: decision.getattr(intern!(py, "limit"))?.extract()?,
+                window_s: policy.window_ms as f64 / 1000.0,
+                remaining: decision.getattr(intern!(py, "remaining"))?.extract()?,
+                reset_s: decision.getattr(intern!(py, "reset"))?.extract()?,
+            })
         })
-        .collect();
-    let pools: Vec<PoolState<'_>> = pools
-        .iter()
-        .map(|(name, capacity, used)| PoolState {
-            name,
-            capacity: *capacity,
-            used: *used,
+        .collect::<PyResult<Vec<_>>>()?;
+    let pools = pools
+        .try_iter()?
+        .map(|pool| {
+            let (name, capacity, used) = pool?.extract()?;
+            Ok(PoolState { name, capacity, used })
         })
-        .collect();
+        .collect::<PyResult<Vec<_>>>()?;
     Ok(rate_limit_headers(&policies, &pools))
 }
 

@@ -5,10 +5,11 @@
 //! byte (never in trailers).
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 /// What one policy's decision shows in the headers.
-pub struct PolicyState<'a> {
-    pub name: &'a str,
+pub struct PolicyState {
+    pub name: Arc<str>,
     pub limit: u64,
     /// The window, in seconds.
     pub window_s: f64,
@@ -18,15 +19,15 @@ pub struct PolicyState<'a> {
 }
 
 /// A capped pool a stream took a slot in: its name, capacity and slots in use.
-pub struct PoolState<'a> {
-    pub name: &'a str,
+pub struct PoolState {
+    pub name: String,
     pub capacity: u64,
     pub used: u64,
 }
 
 /// The `RateLimit-Policy` and `RateLimit` values, or None when there is nothing to tell.
 /// Seconds are rounded up: a client that waits `t` finds the units back.
-pub fn rate_limit_headers(policies: &[PolicyState<'_>], pools: &[PoolState<'_>]) -> Option<(String, String)> {
+pub fn rate_limit_headers(policies: &[PolicyState], pools: &[PoolState]) -> Option<(String, String)> {
     if policies.is_empty() && pools.is_empty() {
         return None;
     }
@@ -78,14 +79,14 @@ mod tests {
     fn policies_and_pools_in_order_seconds_rounded_up() {
         let policies = [
             PolicyState {
-                name: "per_minute",
+                name: "per_minute".into(),
                 limit: 10,
                 window_s: 60.0,
                 remaining: 7,
                 reset_s: 12.2,
             },
             PolicyState {
-                name: "per_day",
+                name: "per_day".into(),
                 limit: 1000,
                 window_s: 86_400.0,
                 remaining: 990,
@@ -93,7 +94,7 @@ mod tests {
             },
         ];
         let pools = [PoolState {
-            name: "gpu",
+            name: "gpu".into(),
             capacity: 4,
             used: 5,
         }];

@@ -11,7 +11,7 @@
 //!
 //! The other way, a call that may be cancelled with its future (a hit, an acquire) is not handed
 //! to the runtime at once: the loop's calls of one turn go together when the turn ends
-//! (`LoopBridge::send_calls`), so the core's thread, asleep between bursts, is woken once for
+//! (`LoopBridge::send_at_turn_end`), so the core's thread, asleep between bursts, is woken once for
 //! them rather than once per call, and their Redis calls share batches. A release goes at once,
 //! so that no closing loop can keep it from the store.
 

@@ -1,0 +1,207 @@
+"""What the rate-limit forms cost a FastAPI app, without an HTTP server in the way: the app's
+ASGI callable driven in-process by concurrent requests, each thread's CPU per request.
+
+An HTTP benchmark (``rate_http.py``) mixes the forms' cost with the server's parsing and the
+load generator sharing the machine; here the app is called directly, as a server would call it,
+so what is left is the app's own work and the core's. Variants (``GET /`` answering
+``{"msg": "Hello World"}``):
+
+* ``plain``: no limiter;
+* ``empty-dependency``: ``dependencies=[Depends(nothing)]``, an async ``nothing(request)``;
+* ``dependency``: two policies through ``Depends(manager.rate_limit(per_minute, per_day,
+  key=user))`` and ``install_exception_handler(app)`` (its ``RateLimitHeaders`` and
+  ``StreamEndMiddleware``), as ``rate_http.py`` serves it;
+* ``middleware``: the same two policies through ``RateLimitMiddleware``.
+
+``user`` is the ``X-User`` header, one user per coroutine. Each variant runs in a process of its
+own (a manager per process, as a worker has), warms up, then serves ``--requests`` requests split
+among ``--coroutines`` coroutines; the variants take turns, ``--repeats`` times. Measured: the
+wall time per request and the CPU per request of the event loop's thread and of the core's
+threads (``stream-lease``), from ``/proc/self/task/*/schedstat``. The table gives the medians.
+
+``--package-dir DIR`` runs every variant with the ``fastapi_stream_lease`` package found in
+``DIR`` (prepended to ``PYTHONPATH``): a copy of another build's installed package, to compare
+two builds in turns on the same machine.
+
+Usage, from the repository root::
+
+    benchmarks/.venv/bin/python benchmarks/app_in_process.py --url redis://127.0.0.1:6380/0
+
+The table is printed; the raw figures go to ``benchmarks/results/app_in_process.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+
+from fastapi_stream_lease import (
+    LeaseConfig,
+    RateLimit,
+    RateLimitMiddleware,
+    StreamLeaseManager,
+    install_exception_handler,
+)
+
+from common import RESULTS_DIR, in_turns, machine_info, print_table, write_json
+
+VARIANTS = ("plain", "empty-dependency", "dependency", "middleware")
+DEFAULT_OUTPUT = RESULTS_DIR / "app_in_process.json"
+
+
+def build_app(variant: str, url: str, prefix: str) -> FastAPI:
+    def user(request: Request) -> str:
+        return request.headers.get("x-user", "anonymous")
+
+    async def nothing(request: Request) -> None:
+        return None
+
+    app = FastAPI()
+    dependencies = [Depends(nothing)] if variant == "empty-dependency" else []
+    if variant in ("dependency", "middleware"):
+        config = LeaseConfig(key_prefix=prefix, identity_secret=b"app_in_process.py secret")
+        manager = StreamLeaseManager(url=url, config=config)
+        policies = (
+            RateLimit("per_minute", 10**8, per=60),
+            RateLimit("per_day", 10**11, per=86_400),
+        )
+        if variant == "dependency":
+            dependencies = [Depends(manager.rate_limit(*policies, key=user))]
+        else:
+            app.add_middleware(
+                RateLimitMiddleware, manager=manager, routes={"/": policies}, key=user
+            )
+        install_exception_handler(app)
+
+    @app.get("/", dependencies=dependencies)
+    async def hello() -> dict[str, str]:
+        return {"msg": "Hello World"}
+
+    return app
+
+
+def thread_cpu_ns() -> dict[str, int]:
+    """CPU nanoseconds of this process's threads, summed by thread name."""
+    totals: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        task = Path("/proc/self/task", tid)
+        name = (task / "comm").read_text().strip()
+        totals[name] = totals.get(name, 0) + int((task / "schedstat").read_text().split()[0])
+    return totals
+
+
+async def serve(app: FastAPI, requests: int, coroutines: int) -> dict[str, float]:
+    """``requests`` requests split among ``coroutines``; the measurement, per request."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/",
+        "raw_path": b"/",
+        "root_path": "",
+        "query_string": b"",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def client(user: int, count: int) -> None:
+        statuses: list[int] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        headers = [(b"x-user", f"user-{user}".encode())]
+        for _ in range(count):
+            await app({**scope, "headers": headers}, receive, send)
+        if any(status != 200 for status in statuses):
+            raise RuntimeError(f"non-200 answers: {sorted(set(statuses))}")
+
+    await asyncio.gather(*(client(user, 200 // coroutines + 1) for user in range(coroutines)))
+    loop = asyncio.get_running_loop()
+    before, started = thread_cpu_ns(), loop.time()
+    await asyncio.gather(*(client(user, requests // coroutines) for user in range(coroutines)))
+    elapsed, after = loop.time() - started, thread_cpu_ns()
+    served = requests // coroutines * coroutines
+    core = sum(after[n] - before.get(n, 0) for n in after if n == "stream-lease")
+    return {
+        "wall_us": elapsed / served * 1e6,
+        "loop_us": (after["python"] - before["python"]) / served / 1e3,
+        "core_us": core / served / 1e3,
+    }
+
+
+def run_variant(args: argparse.Namespace, variant: str, prefix: str) -> dict[str, float]:
+    env = dict(os.environ)
+    if args.package_dir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.package_dir, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-W", "ignore", __file__, "--serve", variant, "--url", args.url]
+    command += ["--prefix", prefix, "--requests", str(args.requests)]
+    command += ["--coroutines", str(args.coroutines)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The rate-limit forms' cost, in-process.")
+    parser.add_argument("--url", required=True, help="Redis URL, e.g. redis://127.0.0.1:6380/0")
+    parser.add_argument("--requests", type=int, default=8000, help="requests per run")
+    parser.add_argument("--coroutines", type=int, default=64, help="concurrent requests")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant")
+    parser.add_argument("--package-dir", help="a fastapi_stream_lease package's parent directory")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
+    parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.requests < args.coroutines or args.coroutines < 1 or args.repeats < 1:
+        parser.error("--coroutines and --repeats must be >= 1, --requests >= --coroutines")
+    if args.serve:
+        app = build_app(args.serve, args.url, args.prefix)
+        print(json.dumps(asyncio.run(serve(app, args.requests, args.coroutines))))
+        return
+
+    prefix = f"inproc-{uuid.uuid4().hex[:8]}"
+    runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
+    for repeat in range(1, args.repeats + 1):
+        for variant in in_turns(VARIANTS, repeat):
+            runs[variant].append(run_variant(args, variant, prefix))
+    figures = ("wall_us", "loop_us", "core_us")
+    medians = {v: {f: statistics.median(r[f] for r in runs[v]) for f in figures} for v in VARIANTS}
+    rows = [
+        [variant, *(f"{medians[variant][figure]:.1f}" for figure in figures)]
+        for variant in VARIANTS
+    ]
+    print_table(["variant", "wall us/req", "loop us/req", "core us/req"], rows, left=1)
+    print(
+        f"{args.requests} requests by {args.coroutines} coroutines, medians of {args.repeats} runs"
+        + (f"; package from {args.package_dir}" if args.package_dir else "")
+    )
+    write_json(
+        args.output,
+        {
+            "machine": machine_info(),
+            "settings": {**vars(args), "output": str(args.output)},
+            "medians": medians,
+            "runs": runs,
+        },
+    )
+    print(f"raw figures: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
