@@ -148,6 +148,49 @@ async def test_a_dead_holder_is_reaped_by_the_next_acquire(make_redis_manager, r
     assert all(lease.released for lease in held)
 
 
+async def test_an_acquire_of_a_live_holder_leaves_reaping_to_the_keep_alive(make_redis_manager,
+                                                                          redis_client,
+                                                                          key_prefix):
+    # A dead holder's members in a pool that does not look full stay through another live
+    # holder's acquire (it reaps nothing: pay for what you use), and go at its keep-alive.
+    # Long leases for the first: its renewal round does not run during the test.
+    doomed = make_redis_manager(lease_seconds=30, max_per_user=0, max_global=10)
+    ghost = await doomed.acquire("ghost")
+    (dead,) = redis_client.zrange(holders(key_prefix), 0, -1)
+    live = make_redis_manager(lease_seconds=2, max_per_user=0, max_global=10)
+    kept = await live.acquire("kept")  # registers the live holder
+    redis_client.zadd(holders(key_prefix), {dead: 0})  # the first process died, unreaped
+    lease = await live.acquire("carol")
+    assert redis_client.zscore(global_pool(key_prefix), ghost.lease_id) is not None
+    await eventually(
+        lambda: redis_client.zscore(global_pool(key_prefix), ghost.lease_id) is None,
+        what="the live holder's keep-alive to reap the dead one",
+    )
+    assert not kept.lost and not lease.lost
+    await lease.release()
+    await kept.release()
+    await live.aclose()
+    await doomed.aclose()
+
+
+async def test_one_acquire_and_release_of_a_live_holder_run_21_commands(own_redis,
+                                                                       make_own_redis_manager):
+    # The hot path's Redis work at the quickstart's configuration (a cap per user and a global
+    # one, a waiting line): no reaper, no clock guard, no dead waiters looked for.
+    manager = make_own_redis_manager(max_per_user=1000, max_global=100_000)
+    await (await manager.acquire("warm")).release()  # the holder registered, the library loaded
+    client = redis_py.Redis.from_url(own_redis.url)
+    client.config_resetstat()
+    await (await manager.acquire("alice")).release()
+    stats = client.info("commandstats")
+    outside = ("cmdstat_fcall", "cmdstat_config", "cmdstat_info")  # the calls, and the test's own
+    inside = {name: row["calls"] for name, row in stats.items() if not name.startswith(outside)}
+    assert stats["cmdstat_fcall"]["calls"] == 2
+    assert sum(inside.values()) == 21, sorted(inside.items())
+    assert "cmdstat_get" not in inside and "cmdstat_zrangebyscore" not in inside, inside
+    client.close()
+
+
 async def test_pools_a_holder_left_leave_its_index(make_redis_manager, redis_client, key_prefix):
     # A release leaves its pools in the holder's index (no upkeep per stream); the keep-alive
     # drops those that are gone, and, while the index lists over 64 pools more than the holder

@@ -133,6 +133,21 @@ pub struct ModelConfig {
     /// from the index the pools where the holder has no member left (off: the release drops
     /// such pools itself, and a holder whose index it empties leaves the tag).
     pub lazy_index: bool,
+    /// `acquire.lua` reaps dead holders before it decides (off, the code's: reaping is left to
+    /// the keep-alives, the count and a full pool's walk, so an acquire pays for none of it,
+    /// but see `reap_before_rejoining`).
+    pub acquire_reaps: bool,
+    /// An acquire that finds its own holder's entry expired or gone reaps before it registers
+    /// the holder again (off: the members of the holder's lost leases, still in the pools,
+    /// come back to life under the new entry, outside its count).
+    pub reap_before_rejoining: bool,
+    /// `acquire.lua` extends its holder's entry even when it is live, as the process counts on
+    /// when it dates a grant's deadline from the acquire's sending (off: only an entry found
+    /// expired or gone is written, a live one is left to the keep-alive).
+    pub acquire_extends_live_entry: bool,
+    /// A pool that looks full is counted again by live holders, its dead holders' members
+    /// dropped (prelude `used_slots`), before an acquire is refused for it.
+    pub walk_when_full: bool,
 }
 
 impl ModelConfig {
@@ -164,6 +179,10 @@ impl ModelConfig {
             prune_unexplained: true,
             reclaim_recounts: true,
             lazy_index: true,
+            acquire_reaps: false,
+            reap_before_rejoining: true,
+            acquire_extends_live_entry: true,
+            walk_when_full: true,
         }
     }
 

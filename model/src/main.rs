@@ -8,7 +8,9 @@
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
 //! symmetry reduction: every trace is a shortest one); then one safeguard on or off, whatever
 //! the variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`,
-//! `check_on_excess=0/1`, `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`.
+//! `check_on_excess=0/1`, `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`,
+//! `walk_when_full=0/1`, `reap_before_rejoining=0/1`; and the acquire's bookkeeping:
+//! `acquire_reaps=0/1`, `acquire_extends_live_entry=0/1`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
@@ -56,7 +58,8 @@ fn main() {
             "threads" => threads = n() as usize,
             "shortest" => shortest = n() == 1,
             "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "sum_of_ids"
-            | "prune_unexplained" | "reclaim_recounts" => {
+            | "prune_unexplained" | "reclaim_recounts" | "walk_when_full" | "reap_before_rejoining" | "acquire_reaps"
+            | "acquire_extends_live_entry" => {
                 switches.push((key.to_owned(), n() == 1));
             }
             other => panic!("unknown key {other}"),
@@ -71,6 +74,10 @@ fn main() {
             "check_on_excess" => cfg.check_on_excess = on,
             "sum_of_ids" => cfg.sum_of_ids = on,
             "prune_unexplained" => cfg.prune_unexplained = on,
+            "walk_when_full" => cfg.walk_when_full = on,
+            "reap_before_rejoining" => cfg.reap_before_rejoining = on,
+            "acquire_reaps" => cfg.acquire_reaps = on,
+            "acquire_extends_live_entry" => cfg.acquire_extends_live_entry = on,
             _ => cfg.reclaim_recounts = on,
         }
     }

@@ -209,6 +209,11 @@ fn index_covers_members(m: &ProtocolModel, s: &State) -> bool {
     s.redis.index_covers_members(&m.cfg)
 }
 
+/// No acquire is refused for a pool where a holder whose entry is not live has members.
+fn refused_by_the_living(_: &ProtocolModel, s: &State) -> bool {
+    !s.redis.refused_by_the_dead
+}
+
 /// The properties that apply to a configuration (the reachability ones only where its budgets
 /// make them reachable).
 pub fn all(cfg: &ModelConfig) -> Vec<P> {
@@ -220,6 +225,10 @@ pub fn all(cfg: &ModelConfig) -> Vec<P> {
         P::always(
             "I3/I5 guard: a holder's index lists every pool where it has members",
             index_covers_members,
+        ),
+        P::always(
+            "R: a refusal counts only live holders' members",
+            refused_by_the_living,
         ),
         P::always(
             "(a) live streams within every cap, outside windows",

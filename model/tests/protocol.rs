@@ -16,6 +16,7 @@ const ENTRY: &str = "I4: a holder's entry is live while it holds leases, outside
 const SLOT: &str = "(b) no slot left behind after two calm rounds";
 const UNCOUNTED: &str = "(c) no stream uncounted after two calm rounds";
 const STRICT: &str = "(c) strict: the same leases after two calm rounds";
+const LIVING: &str = "R: a refusal counts only live holders' members";
 
 /// Checker threads per run (`make test` runs on two cores).
 const THREADS: usize = 2;
@@ -239,6 +240,65 @@ fn a_check_whose_recount_never_comes_leaves_members_in_excess_unseen() {
         &[SLOT, STRICT],
     );
     expect("a timeout and a failover", cfg, &[]);
+}
+
+#[test]
+fn an_acquire_that_finds_its_entry_expired_reaps_before_it_rejoins() {
+    // The acquire leaves reaping to the keep-alives; but a holder whose entry expired while a
+    // lost lease's member was still in its pool, and that registers again without reaping,
+    // brings that member back to life under its new entry and outside its count: after a
+    // failover it is never pruned. Reaping on every acquire finds the same as reaping then.
+    let cfg = a_timeout_and_a_failover();
+    let without = ModelConfig {
+        reap_before_rejoining: false,
+        ..cfg.clone()
+    };
+    expect("rejoining without a reap", without, &[SLOT, STRICT]);
+    let reaping_always = ModelConfig {
+        acquire_reaps: true,
+        acquire_extends_live_entry: true,
+        ..cfg.clone()
+    };
+    expect("an acquire that reaps and extends", reaping_always, &[]);
+    expect("a timeout and a failover", cfg, &[]);
+}
+
+/// Two holders, a pool of capacity 1: the first holds a stream there and stalls; the second holds a
+/// stream in a pool of its own and acquires in the first's pool (a lease of two ticks, so the
+/// second's entry, renewed a tick later, is still live when the first's expires: its acquire
+/// does not reap).
+fn a_stalled_holder_fills_the_pool() -> ModelConfig {
+    let kept_elsewhere = LeaseSpec {
+        pools: vec![1],
+        ..LeaseSpec::kept(1)
+    };
+    ModelConfig {
+        ttl: 2,
+        stalls: 1,
+        capacities: vec![1, 0],
+        ..config(vec![LeaseSpec::kept(0), kept_elsewhere, LeaseSpec::new(1)], 1)
+    }
+}
+
+#[test]
+fn a_pool_that_looks_full_is_counted_by_live_holders_before_a_refusal() {
+    // With no reaping on the acquire, the walk of a pool that looks full is what keeps a dead
+    // holder's members from refusing the living (and, the slot then never freeing, from
+    // leaving the second holder's later stream uncounted).
+    let cfg = a_stalled_holder_fills_the_pool();
+    let without = ModelConfig {
+        walk_when_full: false,
+        ..cfg.clone()
+    };
+    expect("no walk, a stalled holder", without, &[LIVING]);
+    // A grant's deadline in the process runs from when its acquire was sent, which holds only
+    // if the acquire extends the holder's entry, live or not.
+    let not_extended = ModelConfig {
+        acquire_extends_live_entry: false,
+        ..cfg.clone()
+    };
+    expect("a live entry not extended, a stalled holder", not_extended, &[COUNTED, ENTRY, UNCOUNTED]);
+    expect("a stalled holder fills the pool", cfg, &[]);
 }
 
 #[test]

@@ -12,8 +12,9 @@
 -- the user with the most places there (see make_room).
 -- One call decides a batch of such requests, of one holder in one hash slot, one after the other
 -- in their order, as as many calls would (packed as the prelude's decide_each says). What a
--- batch needs once is done once: the clock and the reaper, the holder's entry, its count of
--- members, its index of pools, the dead waiters dropped.
+-- batch needs once is done once: the clock, the holder's entry, its count of members, its index
+-- of pools, the dead waiters dropped. Reaping is not an acquire's to pay for (see
+-- holder_alive): the keep-alives, the count and the walk of a pool that looks full see to it.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- In front of this file (src/backend/redis/scripts.rs puts them there): acquire/requests.lua,
 -- which reads the head and each request from KEYS and ARGV as laid out below, and
@@ -121,7 +122,7 @@ local function check_pools(ticket, lined)
   local used, passing = USED, anyone_waits and {} or NONE
   for i = 1, pools do
     local pool, capacity = keys[kb + i], capacity_of(i)
-    used[i] = used_slots(pool, holders, weight, capacity, batch.used[pool])
+    used[i] = used_slots(pool, holders, ttl, weight, capacity, batch.used[pool])
     batch.used[pool] = used[i]
     local promised = 0
     if anyone_waits and i <= own and not lined[pool] and waiter == '' then
@@ -132,7 +133,7 @@ local function check_pools(ticket, lined)
       promised = promised_in(pool, capacity, used[i], passing_here)
       if used[i] + promised + weight > capacity then
         -- Looks full: counted again by live holders, and what the waiters keep with it.
-        used[i] = used_slots(pool, holders, weight + promised, capacity, used[i])
+        used[i] = used_slots(pool, holders, ttl, weight + promised, capacity, used[i])
         batch.used[pool] = used[i]
         passing_here = {}
         promised = promised_in(pool, capacity, used[i], passing_here)
@@ -156,14 +157,33 @@ local function check_pools(ticket, lined)
   return used, nil, passing
 end
 
--- Adds the lease's members to every pool for this holder, and takes the start from every rate
--- policy.
-local function grant(used, rates)
-  local first = batch.holder_was_alive == nil
-  if first then
-    batch.holder_was_alive = hold(holders, holder, ttl)
+-- Whether the holder's entry is live, read once per call. A live one (the usual case) is all an
+-- acquire looks at. One found expired or gone (after the clock-step guard: a step of the clock
+-- would fool it) may have lost leases whose members are still in the pools: reaped first, or
+-- they would come back to life under the new entry, outside its count (the protocol model's
+-- `reap_before_rejoining` shows what goes wrong without).
+local function holder_alive()
+  if is_alive(holders, holder) then
+    return true
   end
-  local granted = {GRANTED, (batch.holder_was_alive or not first) and 1 or 0, fencing_token()}
+  steady_clock(holders, ttl)
+  if is_alive(holders, holder) then
+    return true
+  end
+  reap(holders)
+  return false
+end
+
+-- Adds the lease's members to every pool for this holder, and takes the start from every rate
+-- policy. The first grant of the call extends the holder's entry, live or not: the process
+-- dates the grant's deadline from when it sent the acquire.
+local function grant(used, rates)
+  local first = not batch.joined
+  if first then
+    hold(holders, holder, ttl, batch.holder_alive)
+    batch.joined = true
+  end
+  local granted = {GRANTED, (batch.holder_alive or not first) and 1 or 0, fencing_token()}
   for i = 1, pools do
     local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
@@ -207,11 +227,9 @@ local function decide()
 
   -- The capped pools with a line matter only when someone may wait (not the usual case).
   local ticket, lined = 0, NONE
-  if queued then
+  if queued and (waiter ~= '' or anyone_may_wait()) then
     drop_dead_waiters()
-    if waiter ~= '' or anyone_may_wait() then
-      lined = lined_pools()
-    end
+    lined = lined_pools()
     if waiter ~= '' then
       if not call('ZSCORE', line, waiter) then
         local refused = beyond_quota() or make_room(lined)
@@ -251,15 +269,14 @@ end
 
 --[[ per call ]]
 -- The call decides each request in order (the prelude's decide_each packs and unpacks them);
--- the clock, the reaper and the holder's count of members (and sum of ids) are seen to once.
-batch = {holder_was_alive = nil, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
+-- the clock, the holder's entry and its count of members (and sum of ids) are seen to once.
+batch = {joined = false, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
 read_clock()
-steady_clock(holders, ttl)
-reap(holders)
+batch.holder_alive = holder_alive()
 local replies = decide_each(KEYS, ARGV, decide_request)
 count_members(holders, holder, batch.granted_members, batch.granted_ids)
-if batch.holder_was_alive == false then
+if batch.joined and not batch.holder_alive then
   refresh(holders, holder) -- its keys may be new
 end
 return replies

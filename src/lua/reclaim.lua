@@ -61,7 +61,7 @@ while i <= #ARGV do
     for j = 1, k do
       removed = removed + remove_members(keys[j], id, weight)
       local capacity = capacities[j]
-      if room and capacity > 0 and used_slots(keys[j], holders, weight, capacity) + weight > capacity then
+      if room and capacity > 0 and used_slots(keys[j], holders, ttl, weight, capacity) + weight > capacity then
         room = false
       end
     end

@@ -32,6 +32,10 @@ pub struct Redis {
     /// Per lease: the members of it that its holder's sum of ids (field 's') adds up
     /// (`sum_of_ids`; all 0 without the key).
     pub summed: Ids,
+    /// An acquire was refused for a pool that held members of a holder whose entry was not
+    /// live: a slot of the dead counted against the living (sticky; what `walk_when_full`
+    /// prevents).
+    pub refused_by_the_dead: bool,
 }
 
 /// A sum of member ids, as the members of each lease that it adds up.
@@ -142,7 +146,7 @@ impl Redis {
     /// prelude `used_slots`.
     fn used_slots(&mut self, cfg: &ModelConfig, pool: usize, weight: u8, capacity: u8) -> u8 {
         let used = self.zcard(cfg, pool);
-        if capacity > 0 && used + weight > capacity {
+        if cfg.walk_when_full && capacity > 0 && used + weight > capacity {
             self.live_count(cfg, pool)
         } else {
             used
@@ -157,6 +161,21 @@ impl Redis {
         }
         self.entry[holder] = Some(cfg.ttl);
         alive
+    }
+
+    /// `acquire.lua`'s `join`: `hold` for an acquire, which leaves an entry it found live
+    /// (`was_alive`, read before it decided) to the keep-alive, unless
+    /// `acquire_extends_live_entry`.
+    fn join(&mut self, cfg: &ModelConfig, holder: usize, was_alive: bool) -> bool {
+        if was_alive && !cfg.acquire_extends_live_entry {
+            return true;
+        }
+        self.hold(cfg, holder)
+    }
+
+    /// Whether `pool` holds members of a holder whose entry is not live.
+    fn holds_the_dead(&self, cfg: &ModelConfig, pool: usize) -> bool {
+        (0..cfg.holders).any(|h| !self.is_alive(h) && self.zcount(cfg, pool, h) > 0)
     }
 
     /// prelude `add_members` (and, under `Count::GrantedOnlyGrows`, the `INCRBY` of the granted

@@ -6,9 +6,12 @@ use crate::config::{bits, Count, ModelConfig};
 impl Redis {
     /// `acquire.lua` for a caller that does not wait (no line).
     pub fn acquire(&mut self, cfg: &ModelConfig, lease: usize) -> AcquireReply {
-        self.reap(cfg);
         let spec = &cfg.leases[lease];
         let holder = spec.holder;
+        let was_alive = self.is_alive(holder);
+        if cfg.acquire_reaps || (!was_alive && cfg.reap_before_rejoining) {
+            self.reap(cfg);
+        }
         for &pool in &spec.pools {
             let capacity = cfg.capacities[pool];
             let used = self.used_slots(cfg, pool, spec.weight, capacity);
@@ -19,10 +22,11 @@ impl Redis {
                         alive: self.is_alive(holder),
                     };
                 }
+                self.refused_by_the_dead |= self.holds_the_dead(cfg, pool);
                 return AcquireReply::Refused;
             }
         }
-        let alive = self.hold(cfg, holder);
+        let alive = self.join(cfg, holder, was_alive);
         for &pool in &spec.pools {
             self.add_members(cfg, pool, lease);
         }

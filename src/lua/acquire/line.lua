@@ -51,9 +51,9 @@ local function anyone_may_wait()
   return not batch.line_empty
 end
 
--- The waiters of processes that stopped keeping them alive leave the line (once per batch; also
--- when the line is empty, so the liveness entries of dead processes never pile up ahead of one
--- that died with waiters in line).
+-- The waiters of processes that stopped keeping them alive leave the line (once per batch, when
+-- someone may wait: a process that died with no waiter left leaves only its liveness entry,
+-- taken out, 16 at a time and oldest first, once the line has waiters again).
 local function drop_dead_waiters()
   if batch.waiters_dropped then
     return
@@ -196,7 +196,7 @@ local function beyond_quota()
   end
   local pool, waiting, held = keys[kb + 1], users_waiting(), 0
   if not own_waits then
-    held = used_slots(pool, holders, weight + waiting, capacity, batch.used[pool])
+    held = used_slots(pool, holders, ttl, weight + waiting, capacity, batch.used[pool])
     batch.used[pool] = held
   end
   if held + waiting + weight > capacity then

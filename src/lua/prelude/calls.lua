@@ -13,6 +13,9 @@ local call
 -- in release or leave, which run for every stream), as a number and as text; and in µs (exact
 -- in a Lua number until the year 2255).
 local now, now_text, now_us
+-- The tag whose holders the clock-step guard (clock.lua's `steady_clock`) has seen to in this
+-- call, if any.
+local steadied
 -- Members of dead holders removed per call at most, by the reaper and the walks together
 -- (reaping.lua), so one call never blocks Redis for long however many members a holder left;
 -- the rest goes on the next calls.
@@ -21,6 +24,7 @@ local reap_left = REAP_BUDGET
 local function begin_call()
   call = redis.call
   now, now_text, now_us = nil, nil, nil
+  steadied = nil
   reap_left = REAP_BUDGET
 end
 

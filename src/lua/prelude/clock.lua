@@ -24,6 +24,7 @@ local IDLE_MS_TEXT = IDLE_MS .. '' -- as text (string.format is absent while a l
 -- lease, the slots of a holder that died meanwhile free up at most half a lease later.
 local CLOCK_GRAIN = 100
 local function steady_clock(holders, lease)
+  steadied = holders
   local clock = holders .. ':clock'
   local last = tonumber(call('GET', clock))
   local step = last and now - last or 0
@@ -47,5 +48,13 @@ local function steady_clock(holders, lease)
   end
   if not last or step >= CLOCK_GRAIN or shift ~= 0 then
     call('SET', clock, now_text, 'PX', IDLE_MS_TEXT)
+  end
+end
+
+-- The guard once per call, where a script judges a holder's liveness only now and then
+-- (acquire.lua: when its own entry looks expired, or a pool looks full).
+local function steady_clock_once(holders, lease)
+  if steadied ~= holders then
+    steady_clock(holders, lease)
   end
 end

@@ -55,11 +55,14 @@ local function refresh(holders, holder)
   call('PEXPIRE', members_key(holders, holder), IDLE_MS_TEXT)
 end
 
--- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live. An
--- entry found expired or gone may have been reaped in part: its count goes (from 0 again), so
--- its next keep-alive finds members missing, checks its leases one by one and recounts.
-local function hold(holders, holder, ttl)
-  local alive = is_alive(holders, holder)
+-- Registers (or extends) a holder in <tag>:holders; returns whether its entry was live (`alive`:
+-- as the caller read it already, if it did). An entry found expired or gone may have been
+-- reaped in part: its count goes (from 0 again), so its next keep-alive finds members missing,
+-- checks its leases one by one and recounts.
+local function hold(holders, holder, ttl, alive)
+  if alive == nil then
+    alive = is_alive(holders, holder)
+  end
   if not alive then
     call('DEL', members_key(holders, holder))
   end

@@ -65,10 +65,11 @@ end
 
 -- Slots in use in a pool, for a lease of `weight` that needs room under `capacity` (0 =
 -- unlimited): the plain count (or `known`, the count the call has already), recounted by live
--- holders when it looks full.
-local function used_slots(pool, holders, weight, capacity, known)
+-- holders when it looks full (after the clock-step guard, for leases of `lease` ms).
+local function used_slots(pool, holders, lease, weight, capacity, known)
   local used = known or call('ZCARD', pool)
   if capacity > 0 and used + weight > capacity then
+    steady_clock_once(holders, lease)
     used = live_count(pool, holders)
   end
   return used
