@@ -57,8 +57,16 @@ fn main() {
             "observer" => cfg.observer = n() == 1,
             "threads" => threads = n() as usize,
             "shortest" => shortest = n() == 1,
-            "two_step" | "windows_survive" | "late_grants_lost" | "check_on_excess" | "sum_of_ids"
-            | "prune_unexplained" | "reclaim_recounts" | "walk_when_full" | "reap_before_rejoining" | "acquire_reaps"
+            "two_step"
+            | "windows_survive"
+            | "late_grants_lost"
+            | "check_on_excess"
+            | "sum_of_ids"
+            | "prune_unexplained"
+            | "reclaim_recounts"
+            | "walk_when_full"
+            | "reap_before_rejoining"
+            | "acquire_reaps"
             | "acquire_extends_live_entry" => {
                 switches.push((key.to_owned(), n() == 1));
             }

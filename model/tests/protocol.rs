@@ -297,7 +297,11 @@ fn a_pool_that_looks_full_is_counted_by_live_holders_before_a_refusal() {
         acquire_extends_live_entry: false,
         ..cfg.clone()
     };
-    expect("a live entry not extended, a stalled holder", not_extended, &[COUNTED, ENTRY, UNCOUNTED]);
+    expect(
+        "a live entry not extended, a stalled holder",
+        not_extended,
+        &[COUNTED, ENTRY, UNCOUNTED],
+    );
     expect("a stalled holder fills the pool", cfg, &[]);
 }
 
