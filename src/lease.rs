@@ -123,10 +123,10 @@ impl LeaseRecord {
         u64::from(self.weight) * self.pools.len() as u64
     }
 
-    /// What each of its members adds to its holder's sum of ids in Redis: the first 32 bits of
+    /// What each of its members adds to its holder's sum of ids in Redis: the first 24 bits of
     /// the id (the scripts' prelude, `id_value`, computes the same).
     pub fn id_value(&self) -> u64 {
-        u64::from_str_radix(&self.id[..8], 16).expect("a lease id is hex")
+        u64::from_str_radix(&self.id[..6], 16).expect("a lease id is hex")
     }
 
     /// The `{hash tag}` all this lease's keys share (its Redis Cluster slot).

@@ -7,10 +7,10 @@
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms;
 -- ARGV[4]: '1' to first count each tag's members again from its pools (its leases were just
 -- checked one by one), else '0'; then per key: the SSCAN cursor of its pool list ('0' to start).
--- Returns, per key, {alive, members, ids, cursor, revocations} flattened, as text: alive = '1'
+-- Returns, per key, {alive, tally, cursor, revocations} flattened, as text: alive = '1'
 -- if the holder's entry was live (and is extended), '0' otherwise (its leases must be checked
--- one by one and taken back: the reclaim script); members and ids: the holder's count of
--- members in the tag and the sum of their ids (the prelude's `id_value`), which the process
+-- one by one and taken back: the reclaim script); tally: the holder's count of members in the
+-- tag and the sum of their ids in one integer (the prelude's TALLY_UNIT), which the process
 -- compares with what it holds; cursor: where the next call goes on;
 -- revocations: the tag's revocation stamp (revoke.lua; '0' without one), which the process
 -- compares with the one it saw last.
@@ -27,8 +27,8 @@ for i, holders in ipairs(KEYS) do
   if resync then
     recount(holders, holder)
   end
-  local counted = call('HMGET', members_key(holders, holder), 'n', 's')
-  local count = tonumber(counted[1] or 0)
+  local tally = call('GET', members_key(holders, holder)) or '0'
+  local count = math.floor(tonumber(tally) / TALLY_UNIT + 0.5)
   local alive = is_alive(holders, holder)
   local next_cursor = '0'
   if alive then
@@ -56,8 +56,7 @@ for i, holders in ipairs(KEYS) do
     end
   end
   reply[#reply + 1] = alive and '1' or '0'
-  reply[#reply + 1] = tostring(count)
-  reply[#reply + 1] = counted[2] or '0'
+  reply[#reply + 1] = tally
   reply[#reply + 1] = next_cursor
   reply[#reply + 1] = call('GET', holders .. ':revocations') or '0'
 end

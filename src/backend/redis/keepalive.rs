@@ -49,10 +49,28 @@ fn keepalive_invocation(
     invocation
 }
 
-/// keepalive.lua's reply: per group, whether its entry was alive, the holder's count of members
-/// and sum of their ids, where the scan goes on ("0": done) and the tag's revocation stamp.
+/// What each member adds to its holder's tally beside its id's value: 2^44 (`TALLY_UNIT` in
+/// `lua/prelude/holders.lua`, which says why).
+const TALLY_UNIT_BITS: u32 = 44;
+
+/// A holder's tally split into its count of members and the sum of their ids (each below half a
+/// unit in size while the holder has fewer than 2^19 members in the tag). A count may go below 0
+/// while a holder registers again; it is then short, and so is a sum below 0.
+fn split_tally(tally: i64) -> Counted {
+    let unit = 1i128 << TALLY_UNIT_BITS;
+    let members = (i128::from(tally) + unit / 2).div_euclid(unit);
+    let ids = i128::from(tally) - members * unit;
+    Counted {
+        members: members.max(0) as u64,
+        ids: ids.max(0) as u64,
+    }
+}
+
+/// keepalive.lua's reply: per group, whether its entry was alive, the holder's tally (its count
+/// of members and sum of their ids), where the scan goes on ("0": done) and the tag's revocation
+/// stamp.
 fn decode_keepalive(groups: &[String], reply: &[String]) -> CoreResult<Vec<(Kept, String)>> {
-    if reply.len() != 5 * groups.len() {
+    if reply.len() != 4 * groups.len() {
         return Err(unexpected_reply("keep-alive", &reply));
     }
     let number = |text: &str| {
@@ -61,19 +79,15 @@ fn decode_keepalive(groups: &[String], reply: &[String]) -> CoreResult<Vec<(Kept
     };
     groups
         .iter()
-        .zip(reply.chunks(5))
+        .zip(reply.chunks(4))
         .map(|(holders, tag)| {
-            let [alive, members, ids, cursor, revocations] = tag else {
-                unreachable!("chunks of 5")
+            let [alive, tally, cursor, revocations] = tag else {
+                unreachable!("chunks of 4")
             };
             let kept = Kept {
                 holders: holders.clone(),
                 alive: alive == "1",
-                // A count may go below 0 while a holder registers again; it is then short.
-                counted: Some(Counted {
-                    members: number(members)?.max(0) as u64,
-                    ids: number(ids)?.max(0) as u64,
-                }),
+                counted: Some(split_tally(number(tally)?)),
                 revocations: number(revocations)?.max(0) as u64,
             };
             Ok((kept, cursor.clone()))
@@ -238,9 +252,32 @@ mod tests {
     }
 
     #[test]
+    fn a_tally_splits_into_its_count_and_sum_of_ids() {
+        let unit = 1i64 << TALLY_UNIT_BITS;
+        let most = (1i64 << 19) - 1; // members, each with the largest id value
+        let ids = most * ((1 << 24) - 1);
+        assert_eq!(
+            split_tally(most * unit + ids),
+            Counted {
+                members: most as u64,
+                ids: ids as u64
+            }
+        );
+        assert_eq!(
+            split_tally(2 * unit - 5),
+            Counted { members: 2, ids: 0 },
+            "a sum below 0 is short"
+        );
+        assert_eq!(split_tally(0), Counted { members: 0, ids: 0 });
+    }
+
+    #[test]
     fn a_keepalive_reply_says_what_each_tag_holds() {
         let groups = ["{a}:holders".to_owned(), "{b}:holders".to_owned()];
-        let reply: Vec<String> = ["1", "3", "99", "0", "0", "0", "-2", "5", "17", "4"]
+        let unit = 1i64 << TALLY_UNIT_BITS;
+        let (three_members, short) = (3 * unit + 99, -2 * unit + 5);
+        let (three_members, short) = (three_members.to_string(), short.to_string());
+        let reply: Vec<String> = ["1", &three_members, "0", "0", "0", &short, "17", "4"]
             .map(String::from)
             .to_vec();
         let decoded = decode_keepalive(&groups, &reply).expect("decoded");
@@ -254,7 +291,7 @@ mod tests {
         );
         assert_eq!((a.1.as_str(), b.1.as_str()), ("0", "17"));
         assert_eq!((a.0.revocations, b.0.revocations), (0, 4));
-        assert!(decode_keepalive(&groups, &reply[..5]).is_err());
+        assert!(decode_keepalive(&groups, &reply[..4]).is_err());
         let mut garbled = reply.clone();
         garbled[1] = "many".into();
         assert!(decode_keepalive(&groups, &garbled).is_err());

@@ -5,11 +5,17 @@
 -- holder's id; <tag>:holders:<id> (set) lists every pool where that holder has members (and
 -- may list pools it left: release.lua leaves them, keepalive.lua drops them), so the
 -- leases of a holder that stopped renewing are removed pool by pool ("reaped", reaping.lua), and
--- <tag>:holders:<id>:members (hash) counts the members the holder has in the tag ('n') and sums
--- their ids ('s', see `id_value`), kept exact by every script that adds or removes one, so the
--- holder can tell, both ways, when what Redis holds for it differs from what it holds (a
+-- <tag>:holders:<id>:members (an integer, the holder's tally) counts the members the holder has
+-- in the tag and sums their ids (see `id_value`) in one number, each member adding TALLY_UNIT
+-- plus its id's value: kept exact by every script that adds or removes one, with one INCRBY, so
+-- the holder can tell, both ways, when what Redis holds for it differs from what it holds (a
 -- failover that lost the last writes, a reap, a lost release), even when as many members came
--- back as went missing.
+-- back as went missing. The count is the tally over TALLY_UNIT, rounded; the sum what is left
+-- (the core splits it: `backend/redis/keepalive.rs`), exact while a holder has fewer than 2^19
+-- members in a tag (the sum of their ids stays below half of TALLY_UNIT).
+local TALLY_UNIT = 17592186044416 -- 2^44
+-- Integers a Lua number holds exactly: a tally change beyond them goes to Redis in two parts.
+local EXACT_BELOW = 9007199254740992 -- 2^53
 
 -- A holder id as stored in <tag>:holders (scores come back as text in any float format).
 local function holder_name(text)
@@ -105,19 +111,23 @@ local function remove_members(pool, id, weight)
   return call('ZREM', pool, unpack(members(id, weight)))
 end
 
--- What one member of a lease adds to its holder's sum of ids: the first 32 bits of the lease
--- id (random hex; the core computes the same, `LeaseRecord::id_value`). Exact in a Lua number
--- up to 2^21 members per holder in a tag.
+-- What one member of a lease adds to its holder's sum of ids: the first 24 bits of the lease
+-- id (random hex; the core computes the same, `LeaseRecord::id_value`).
 local function id_value(member)
-  return tonumber(string.sub(member, 1, 8), 16) or 0
+  return tonumber(string.sub(member, 1, 6), 16) or 0
 end
 
--- Moves a holder's count of members in a tag by `change`, and its sum of ids by `ids`.
+-- Moves a holder's tally in a tag by `change` members whose ids add up to `ids`.
 local function count_members(holders, holder, change, ids)
   if change ~= 0 or ids ~= 0 then
     local key = members_key(holders, holder)
-    call('HINCRBY', key, 'n', integer(change))
-    call('HINCRBY', key, 's', integer(ids))
+    local moved = change * TALLY_UNIT + ids
+    if math.abs(moved) < EXACT_BELOW then
+      call('INCRBY', key, integer(moved))
+    else
+      call('INCRBY', key, integer(change * TALLY_UNIT)) -- exact: few bits times a power of 2
+      call('INCRBY', key, integer(ids))
+    end
   end
 end
 
@@ -132,8 +142,9 @@ local function recount(holders, holder)
     end
   end
   local key = members_key(holders, holder)
-  call('DEL', key)
-  call('HSET', key, 'n', integer(count), 's', integer(ids))
-  call('PEXPIRE', key, IDLE_MS_TEXT)
+  call('SET', key, integer(ids), 'PX', IDLE_MS_TEXT)
+  if count > 0 then
+    call('INCRBY', key, integer(count * TALLY_UNIT))
+  end
   return count
 end
