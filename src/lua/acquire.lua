@@ -102,10 +102,10 @@ local function already_granted()
   return granted
 end
 
--- Whether the user may be banned (its own pool's <own pool>:ban exists). With a line, one
--- EXISTS of both keys says, in the usual case of neither, that there is no ban and that nobody
--- waits (a sorted set that empties is deleted), so the line is not counted again.
-local function banned()
+-- Whether the user may be banned: its own pool's <own pool>:ban exists (its PTTL then says).
+-- With a line, one EXISTS of both keys says, in the usual case of neither, that there is no ban
+-- and that nobody waits (a sorted set that empties is deleted), so the line is not counted again.
+local function may_be_banned()
   local ban = keys[kb + 1] .. ':ban'
   if not queued or batch.line_empty ~= nil then
     return call('EXISTS', ban) == 1
@@ -225,7 +225,7 @@ local function decide()
   end
 
   -- A banned user: refused before anything else is looked at or taken.
-  if own > 0 and banned() then
+  if own > 0 and may_be_banned() then
     local ban = call('PTTL', keys[kb + 1] .. ':ban')
     if ban > 0 then
       return refuse({BANNED, ban})
