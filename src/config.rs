@@ -42,6 +42,15 @@ impl LineOrder {
     }
 }
 
+/// What every grant of a manager comes with: how long it lives unless renewed, and whether it
+/// takes a fencing token (`LeaseConfig(fencing_tokens=True)`; on Redis one `INCR` per grant,
+/// so a manager that does not ask pays nothing for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantTerms {
+    pub ttl_ms: u64,
+    pub fencing: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub lease_seconds: f64,
@@ -74,6 +83,8 @@ pub struct Config {
     pub disclose_usage: bool,
     /// False: every request-rate policy is a dry run (`RatePolicy::enforce`); budgets still refuse.
     pub enforce_rate_limits: bool,
+    /// Give each grant a fencing token (`lease.fencing_token`).
+    pub fencing_tokens: bool,
     /// The reverse proxies, and the header they write, that a client's address is read from.
     pub proxy_rule: ProxyRule,
 }
@@ -93,5 +104,13 @@ impl Config {
 
     pub fn lease_ms(&self) -> u64 {
         (self.lease_seconds * 1000.0).round() as u64
+    }
+
+    /// What each grant comes with.
+    pub fn grant_terms(&self) -> GrantTerms {
+        GrantTerms {
+            ttl_ms: self.lease_ms(),
+            fencing: self.fencing_tokens,
+        }
     }
 }

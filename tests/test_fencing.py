@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fastapi_stream_lease import Lease, LeaseConfig, StreamLeaseManager, StreamLeaseUnavailable
 
 from support.waiting import eventually
@@ -19,7 +21,7 @@ def server_clock_us(redis_client) -> int:
 
 
 async def test_every_grant_takes_a_fencing_token_above_every_earlier_one(make_manager):
-    manager = make_manager(max_per_user=0, max_global=0)
+    manager = make_manager(max_per_user=0, max_global=0, fencing_tokens=True)
     first = await manager.acquire("alice")
     heavy = await manager.acquire("bob", weight=3)
     # Acquires made together go to Redis in one call: each grant of it takes its own token.
@@ -37,7 +39,8 @@ async def test_every_grant_takes_a_fencing_token_above_every_earlier_one(make_ma
 async def test_fencing_tokens_grow_across_managers_sharing_a_pool(make_redis_manager,
                                                                   redis_client):
     # Two managers: two workers of one app, each with its own connection and holder.
-    workers = [make_redis_manager(max_per_user=1, max_global=1) for _ in range(2)]
+    workers = [make_redis_manager(max_per_user=1, max_global=1, fencing_tokens=True)
+               for _ in range(2)]
     tokens = []
     for turn in range(6):
         before = server_clock_us(redis_client)
@@ -52,7 +55,7 @@ async def test_fencing_tokens_grow_across_managers_sharing_a_pool(make_redis_man
 async def test_a_replica_copy_older_than_a_second_gives_no_lost_token_again(make_redis_manager,
                                                                          redis_client,
                                                                          key_prefix):
-    manager = make_redis_manager()
+    manager = make_redis_manager(fencing_tokens=True)
     lost = await manager.acquire("alice")  # its token's write is lost with the failover below
     # What a replica promoted more than a second after it copied the tag's last token holds.
     copy = server_clock_us(redis_client) - SLACK_US - 1
@@ -63,11 +66,26 @@ async def test_a_replica_copy_older_than_a_second_gives_no_lost_token_again(make
 
 async def test_the_embedded_store_orders_the_leases_of_every_tag():
     # Without the global pool each user's keys have a hash tag of their own.
-    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(global_pool=False))
+    manager = StreamLeaseManager(url="memory://", config=LeaseConfig(global_pool=False,
+                                                                       fencing_tokens=True))
     leases = [await manager.acquire(user) for user in ("alice", "bob", "alice", "carol")]
     tokens = [lease.fencing_token for lease in leases]
     assert tokens == sorted(set(tokens)), f"not strictly increasing: {tokens}"
     await manager.aclose()
+
+
+async def test_a_manager_that_asks_for_no_fencing_tokens_pays_nothing_for_them(make_manager,
+                                                                            backend_url,
+                                                                            key_prefix, request):
+    manager = make_manager()
+    assert not manager.config.fencing_tokens, "off unless asked for"
+    lease = await manager.acquire("alice")
+    with pytest.raises(RuntimeError, match=r"LeaseConfig\(fencing_tokens=True\)"):
+        _ = lease.fencing_token
+    if backend_url != "memory://":
+        redis_client = request.getfixturevalue("redis_client")
+        assert not redis_client.exists(f"{{{key_prefix}}}:holders:fencing"), "no INCR, no key"
+    await lease.release()
 
 
 async def granted_when_reachable(manager, user_id: str) -> Lease:
@@ -90,7 +108,7 @@ async def test_fencing_tokens_grow_past_a_restart_that_lost_every_write(own_redi
     # Renewed often enough to take the held lease back soon after the restart, and long enough
     # to outlive a slow restart on a loaded machine.
     manager = make_own_redis_manager(
-        max_global=2, redis_timeout=0.5, lease_seconds=12, renew_every=1.0
+        max_global=2, redis_timeout=0.5, lease_seconds=12, renew_every=1.0, fencing_tokens=True
     )
     held = await manager.acquire("alice")
     token_held = held.fencing_token
@@ -105,7 +123,8 @@ async def test_fencing_tokens_grow_past_a_restart_that_lost_every_write(own_redi
 
 
 async def test_the_local_floor_orders_the_leases_it_admits(own_redis, make_own_redis_manager):
-    manager = make_own_redis_manager(redis_timeout=0.3, failure_mode="open")
+    manager = make_own_redis_manager(redis_timeout=0.3, failure_mode="open",
+                                     fencing_tokens=True)
     own_redis.stop()
     first, second = await manager.acquire("alice"), await manager.acquire("bob")
     assert 0 < first.fencing_token < second.fencing_token

@@ -37,10 +37,10 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_man
     lease = await manager.acquire("alice@example.com")
     keys = sorted(k.decode() for k in redis_client.keys(f"{{{key_prefix}}}*"))
     # Two pools, the tag's holders, this manager's list of its pools there, its count of
-    # members, the tag's last clock reading (docs/design.md, "Clock steps") and its last
-    # fencing token.
-    assert [k.split(":")[1] for k in keys] == ["global"] + ["holders"] * 5 + ["user"]
-    assert keys[4:6] == [f"{keys[1]}:clock", f"{keys[1]}:fencing"]
+    # members and the tag's last clock reading (docs/design.md, "Clock steps"); no fencing
+    # token, which nobody asked for.
+    assert [k.split(":")[1] for k in keys] == ["global"] + ["holders"] * 4 + ["user"]
+    assert keys[4] == f"{keys[1]}:clock"
     assert all(k.startswith(f"{{{key_prefix}}}:") for k in keys)
     assert not any("alice" in k for k in keys)
     assert all(0 < redis_client.pttl(k) <= 3_600_000 for k in keys), "idle keys expire"
@@ -49,7 +49,7 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_man
     expires_in_ms = expiry - 1000 * redis_client.time()[0]
     assert 0 < expires_in_ms <= 31_000, "the holder expires in lease_seconds"
     assert tally.counted(redis_client, f"{keys[2]}:members") == 2
-    for pool in (keys[0], keys[6]):
+    for pool in (keys[0], keys[5]):
         assert redis_client.zrange(pool, 0, -1, withscores=True) == [
             (lease.lease_id.encode(), float(holder))
         ], "members are scored by their holder"

@@ -90,6 +90,8 @@ class LeaseConfig:
     @property
     def enforce_rate_limits(self) -> bool: ...
     @property
+    def fencing_tokens(self) -> bool: ...
+    @property
     def trusted_proxies(self) -> list[str]: ...
     @property
     def proxy_header(self) -> str: ...
@@ -134,6 +136,7 @@ class LeaseConfig:
         identity_secret: str | bytes | None = None,
         disclose_usage: bool = True,
         enforce_rate_limits: bool = True,
+        fencing_tokens: bool = False,
         trusted_proxies: Iterable[str] | None = None,
         proxy_header: str | None = None,
         fail_open: bool | None = None,
@@ -315,12 +318,17 @@ def _settle_call(
     nothing to charge or give back."""
 
 def _acquire_call(
-    holder: int, ttl_ms: int, leases: list[tuple[str, int, list[tuple[str, int]]]]
+    holder: int,
+    ttl_ms: int,
+    leases: list[tuple[str, int, list[tuple[str, int]]]],
+    *,
+    fencing_tokens: bool = False,
 ) -> tuple[list[bytes], list[bytes]]:
     """The keys and arguments of the ``acquire`` script's call that decides ``leases`` in order,
     as the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
-    line or rate limits. Each lease is ``(lease id, weight, [(pool key, capacity), ...])``
-    (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the keys."""
+    line or rate limits; each grant takes a fencing token when ``fencing_tokens``. Each lease is
+    ``(lease id, weight, [(pool key, capacity), ...])`` (capacity 0: unlimited); all pools are in
+    one hash tag, whose holders key leads the keys."""
 
 def _script_source(name: str) -> str:
     """The code of the core's Lua script ``name`` (``"acquire"``, ``"release"``...) as a script

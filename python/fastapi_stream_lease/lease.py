@@ -103,7 +103,9 @@ class Lease:
         """A number larger than every token given before to a lease that shares a pool with this
         one, in every worker: send it with each write to a downstream, which remembers the
         largest it saw and refuses a smaller one (a holder whose lease was lost, and then given
-        to another). See the guide, "Fencing tokens", for what a failover does to it."""
+        to another). Given when the manager's ``LeaseConfig(fencing_tokens=True)`` asks for them;
+        otherwise raises RuntimeError. See the guide, "Fencing tokens", for what a failover does
+        to it."""
         return self._handle.fencing_token
 
     @property

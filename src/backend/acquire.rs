@@ -16,9 +16,9 @@ pub enum AcquireOutcome {
         /// Whether the holder's entry was live when the lease was added: its other leases in the
         /// tag lived on (false: it had expired or vanished, and they may have been reaped).
         holder_was_alive: bool,
-        /// The grant's fencing token: above every token given before in the lease's tag (so in
-        /// any pool it shares with another lease).
-        fencing_token: u64,
+        /// The grant's fencing token, when its terms ask for one: above every token given before
+        /// in the lease's tag (so in any pool it shares with another lease).
+        fencing_token: Option<u64>,
         /// Each rate policy's decision, the start counted.
         rates: Vec<Decision>,
         /// When the call left this process (monotonic ms): the store decided later, so the

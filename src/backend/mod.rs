@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
+use crate::config::GrantTerms;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
@@ -86,7 +87,7 @@ pub trait Backend: Send + Sync {
     fn acquire<'a>(
         &'a self,
         lease: &'a Arc<LeaseRecord>,
-        ttl_ms: u64,
+        terms: GrantTerms,
         in_line: Option<InLine<'a>>,
         rates: &'a RateCheck,
     ) -> BoxFuture<'a, CoreResult<AcquireOutcome>>;

@@ -31,7 +31,8 @@
 -- counter. Its ARGV (from ARGV[4]): 1: lease duration in ms; 2: 1 if the line's keys are there,
 -- else 0; 3: the channel to publish on (see the prelude's wake) when a grant leaves others in line
 -- (they may fit too); 4: holder id; 5: the lines' order, 'fair' or 'arrival'; 6: '1' if a full own
--- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it.
+-- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it; 7: '1'
+-- if each grant takes a fencing token (see fencing_token), else '0'.
 -- Each request's keys and args:
 -- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first `own` (shape 3) of them are the caller's own quota (a full one refuses at once,
@@ -48,7 +49,7 @@
 -- Returns {GRANTED, alive, token, used_1, ..., used_n, then per rate policy used, reset_ms,
 -- bucket, epoch, over} (alive: 1 if the holder's entry was live when the lease was added, so
 -- the holder's other leases in the tag lived on; token: the grant's fencing token, see
--- fencing_token; used: slots in use after the grant; then each rate policy's answer, as hit.lua
+-- fencing_token, or 0 when the head asks for none; used: slots in use after the grant; then each rate policy's answer, as hit.lua
 -- gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
 -- retry_ms, then per rate policy used, reset_ms, bucket, epoch, over} when rate policy i refuses;
@@ -67,17 +68,20 @@
 -- a batched cycle's instructions.
 local USED = {}
 
--- A grant's fencing token: above every token given before in the tag, so every two leases that
--- share a pool (their keys share the tag) are ordered. One INCR of <holders>:fencing per grant;
--- when that is missing (gone an hour after it was last set, lost in a restart) or more than
--- FENCING_SLACK_US behind the server's TIME in µs, the token is that time instead, set in its
--- place. So tokens only grow while the key lives; never run ahead of the clock (a grant takes
+-- A grant's fencing token, when the head asks for them (else 0): above every token given before
+-- in the tag, so every two leases that share a pool (their keys share the tag) are ordered. One
+-- INCR of <holders>:fencing per grant; when that is missing (gone an hour after it was last
+-- set, lost in a restart) or more than FENCING_SLACK_US behind the server's TIME in µs, the
+-- token is that time instead, set in its place. So tokens only grow while the key lives; never run ahead of the clock (a grant takes
 -- far more than a µs); and a key made again, or a promoted replica's copy older than the slack,
 -- goes on from the clock: above every token given before unless that clock reads earlier than
 -- the old server's did. The set comes about once a second in a busy tag: an INCR per grant is
 -- all the rest costs (a GET and a SET per call cost Redis three times as much).
 local FENCING_SLACK_US = 1000000
 local function fencing_token()
+  if not fencing then
+    return 0
+  end
   local key = holders .. ':fencing'
   local token = call('INCR', key)
   if token < now_us - FENCING_SLACK_US then

@@ -138,11 +138,11 @@ impl Manager {
             max_waiting: &place.limits,
             own_waits: self.config.wait_for_own_quota,
         });
-        let ttl_ms = self.config.lease_ms();
+        let terms = self.config.grant_terms();
         self.leases.flight_start(record);
         let outcome = self
             .stores
-            .call(Store::Main, |main| main.acquire(record, ttl_ms, in_line, rates))
+            .call(Store::Main, |main| main.acquire(record, terms, in_line, rates))
             .await;
         if !matches!(outcome, Err(CoreError::Unreached(_))) {
             guard.sent();

@@ -24,7 +24,7 @@ pub struct Granted {
     deadline_ms: u64,
     /// Whether the holder's other leases in the tag lived on through this grant.
     holder_was_alive: bool,
-    fencing_token: u64,
+    fencing_token: Option<u64>,
     /// Each rate policy's decision, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about, after the grant.
@@ -47,8 +47,9 @@ pub struct PoolUsage {
 }
 
 impl Granted {
-    /// The grant's fencing token: above every token given before in the lease's tag.
-    pub fn fencing_token(&self) -> u64 {
+    /// The grant's fencing token, when the manager gives them: above every token given before
+    /// in the lease's tag.
+    pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
 

@@ -53,7 +53,7 @@ impl Manager {
         }
         let local = Arc::new(LeaseRecord::new(pools, record.weight, Store::Fallback));
         let mut outcome = fallback
-            .acquire(&local, self.config.lease_ms(), None, &rates)
+            .acquire(&local, self.config.grant_terms(), None, &rates)
             .await?;
         if let AcquireOutcome::Rejected(rejection) = &mut outcome {
             // Said in terms of the share, not of what was left of it.

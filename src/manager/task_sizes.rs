@@ -31,6 +31,7 @@ fn manager() -> Arc<Manager> {
         identity_secret: Vec::new(),
         disclose_usage: true,
         enforce_rate_limits: true,
+        fencing_tokens: false,
         proxy_rule: Default::default(),
     };
     Arc::new(Manager::new(Box::new(MemoryBackend::default()), config))

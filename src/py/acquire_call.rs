@@ -5,6 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::backend::{acquire_call as encoded, KeysAndArgs, HOLDER_IDS};
+use crate::config::GrantTerms;
 use crate::keys::{self, Pool, PoolRole};
 use crate::lease::{LeaseRecord, Store};
 
@@ -13,10 +14,16 @@ type Lease = (String, u32, Vec<(String, u64)>);
 
 /// The keys and arguments of the ``acquire`` script's call that decides ``leases`` in order, as
 /// the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
-/// line or rate limits. Each lease is ``(lease id, weight, [(pool key, capacity), ...])``
-/// (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the keys.
-#[pyfunction(name = "_acquire_call")]
-pub fn acquire_call(holder: u64, ttl_ms: u64, leases: Vec<Lease>) -> PyResult<KeysAndArgs> {
+/// line or rate limits; each grant takes a fencing token when ``fencing_tokens``. Each lease is
+/// ``(lease id, weight, [(pool key, capacity), ...])`` (capacity 0: unlimited); all pools are in
+/// one hash tag, whose holders key leads the keys.
+#[pyfunction(name = "_acquire_call", signature = (holder, ttl_ms, leases, *, fencing_tokens = false))]
+pub fn acquire_call(
+    holder: u64,
+    ttl_ms: u64,
+    leases: Vec<Lease>,
+    fencing_tokens: bool,
+) -> PyResult<KeysAndArgs> {
     if !(1..HOLDER_IDS).contains(&holder) {
         return Err(PyValueError::new_err(format!(
             "holder={holder} is out of range: use 1 to {}",
@@ -46,5 +53,9 @@ pub fn acquire_call(holder: u64, ttl_ms: u64, leases: Vec<Lease>) -> PyResult<Ke
         records.push((id.as_str(), LeaseRecord::new(pools, *weight, Store::Main)));
     }
     let leases: Vec<(&str, &LeaseRecord)> = records.iter().map(|(id, lease)| (*id, lease)).collect();
-    Ok(encoded(holder, ttl_ms, &leases))
+    let terms = GrantTerms {
+        ttl_ms,
+        fencing: fencing_tokens,
+    };
+    Ok(encoded(holder, terms, &leases))
 }

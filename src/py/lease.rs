@@ -19,7 +19,7 @@ use crate::sync::lock;
 #[pyclass(frozen, module = "fastapi_stream_lease._core")]
 pub struct LeaseHandle {
     held: HeldLease,
-    fencing_token: u64,
+    fencing_token: Option<u64>,
     /// What the acquire's rate policies said, the start counted.
     rates: Vec<Decision>,
     /// The capped pools the client may be told about: (name, capacity, slots in use).
@@ -80,8 +80,12 @@ impl LeaseHandle {
     /// The grant's fencing token: larger than every token given before to a lease that shares
     /// a pool with this one.
     #[getter]
-    fn fencing_token(&self) -> u64 {
-        self.fencing_token
+    fn fencing_token(&self) -> PyResult<u64> {
+        self.fencing_token.ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err(
+                "this lease has no fencing token: its manager gives them with LeaseConfig(fencing_tokens=True) (on Redis one INCR per grant)",
+            )
+        })
     }
 
     /// What each rate policy of the acquire said (`RateDecision`s), the start counted.

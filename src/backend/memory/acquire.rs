@@ -68,9 +68,11 @@ impl MemoryBackend {
     /// The same decisions as `acquire.lua`: a banned user and a start over a rate limit are
     /// refused first, the caller's own quota refuses at once, and a shared pool without room
     /// beyond what the waiters before the request need makes a waiter wait and refuses others.
+    /// A grant takes a fencing token when `fencing` asks for one.
     pub fn decide(
         &self,
         lease: &LeaseRecord,
+        fencing: bool,
         in_line: Option<InLine<'_>>,
         rates: &RateCheck,
     ) -> AcquireOutcome {
@@ -186,7 +188,7 @@ impl MemoryBackend {
         AcquireOutcome::Granted {
             used: used.iter().map(|used| used + weight).collect(),
             holder_was_alive: true, // nothing here expires
-            fencing_token: next_fencing_token(fenced),
+            fencing_token: fencing.then(|| next_fencing_token(fenced)),
             rates: counters
                 .hit(&rates.keys, &rates.policies, &rates.costs, true)
                 .decisions,
@@ -229,14 +231,15 @@ mod tests {
             other => panic!("not granted: {other:?}"),
         };
         assert_eq!(
-            used(store.decide(&lease_in(&p, 1), None, &RateCheck::default())),
+            used(store.decide(&lease_in(&p, 1), false, None, &RateCheck::default())),
             vec![1, 1]
         );
         assert_eq!(
-            used(store.decide(&lease_in(&p, 1), None, &RateCheck::default())),
+            used(store.decide(&lease_in(&p, 1), false, None, &RateCheck::default())),
             vec![2, 2]
         );
-        let AcquireOutcome::Rejected(r) = store.decide(&lease_in(&p, 1), None, &RateCheck::default()) else {
+        let AcquireOutcome::Rejected(r) = store.decide(&lease_in(&p, 1), false, None, &RateCheck::default())
+        else {
             panic!("a third lease must be refused")
         };
         assert_eq!((&*r.limit, r.capacity, r.current), ("per_user", 2, 2));
@@ -248,7 +251,7 @@ mod tests {
             pool("global", "g", 2, PoolRole::Shared),
         ];
         assert!(matches!(
-            store.decide(&lease_in(&other, 1), None, &RateCheck::default()),
+            store.decide(&lease_in(&other, 1), false, None, &RateCheck::default()),
             AcquireOutcome::Rejected(_)
         ));
         assert!(!store.state().pools.contains_key("u2"));
@@ -270,11 +273,11 @@ mod tests {
         let store = MemoryBackend::default();
         let p = pools(5, 4);
         assert!(matches!(
-            store.decide(&lease_in(&p, 3), None, &RateCheck::default()),
+            store.decide(&lease_in(&p, 3), false, None, &RateCheck::default()),
             AcquireOutcome::Granted { .. }
         ));
         assert!(matches!(
-            store.decide(&lease_in(&p, 2), None, &RateCheck::default()),
+            store.decide(&lease_in(&p, 2), false, None, &RateCheck::default()),
             AcquireOutcome::Rejected(_)
         ));
         assert_eq!(store.used("u"), 3);
@@ -285,7 +288,7 @@ mod tests {
         let store = MemoryBackend::default();
         let held = lease_in(&pools(0, 0), 2);
         assert!(matches!(
-            store.decide(&held, None, &RateCheck::default()),
+            store.decide(&held, false, None, &RateCheck::default()),
             AcquireOutcome::Granted { .. }
         ));
         assert_eq!(store.remove(std::slice::from_ref(&held)), [true]);

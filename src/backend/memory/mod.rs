@@ -19,6 +19,7 @@ use self::answers::AnswerHistograms;
 use self::line::MemoryLines;
 use self::rate::RateCounters;
 use super::{answered, AcquireOutcome, Backend, InLine};
+use crate::config::GrantTerms;
 use crate::errors::CoreResult;
 use crate::keys::LineKeys;
 use crate::lease::{LeaseId, LeaseRecord};
@@ -157,11 +158,11 @@ impl Backend for MemoryBackend {
     fn acquire<'a>(
         &'a self,
         lease: &'a Arc<LeaseRecord>,
-        _ttl_ms: u64,
+        terms: GrantTerms,
         in_line: Option<InLine<'a>>,
         rates: &'a RateCheck,
     ) -> BoxFuture<'a, CoreResult<AcquireOutcome>> {
-        answered(Ok(self.decide(lease, in_line, rates)))
+        answered(Ok(self.decide(lease, terms.fencing, in_line, rates)))
     }
 
     /// Says only which waiters were displaced.

@@ -12,6 +12,7 @@ use super::line::{leave_invocation, line_keys};
 use super::release::release_invocation;
 use super::scripts::{self, Invocation};
 use crate::backend::{AcquireOutcome, InLine, Placed};
+use crate::config::GrantTerms;
 use crate::errors::{CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
@@ -25,10 +26,10 @@ const RATE_LIMITED: u64 = 3;
 const BANNED: u64 = 4;
 const LINE_FULL: u64 = 5;
 
-/// What an acquire asks beside its lease: the lease duration, how it stands to the line, the
+/// What an acquire asks beside its lease: the grant's terms, how it stands to the line, the
 /// rate policies its start counts against, the channel of the line's wake-ups and the holder.
 pub struct Asked<'a> {
-    pub ttl_ms: u64,
+    pub terms: GrantTerms,
     pub in_line: Option<InLine<'a>>,
     pub rates: &'a RateCheck,
     pub channel: String,
@@ -39,7 +40,7 @@ pub struct Asked<'a> {
 /// acquires of its batch; it keeps nothing to give back (see `Undo`).
 pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -> OneCall {
     let Asked {
-        ttl_ms,
+        terms,
         in_line,
         rates,
         ref channel,
@@ -52,12 +53,13 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
         line_keys(&mut head, in_line.line);
         head.key(&in_line.line.tickets);
     }
-    head.arg(ttl_ms)
+    head.arg(terms.ttl_ms)
         .arg(u8::from(in_line.is_some()))
         .arg(channel)
         .arg(holder)
         .arg(in_line.map_or("fair", |l| l.order.code()))
-        .arg(u8::from(in_line.is_some_and(|l| l.own_waits)));
+        .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
+        .arg(u8::from(terms.fencing));
     let mut invocation = scripts::ACQUIRE.prepare_invoke();
     for pool in pools {
         invocation.key(&*pool.key);
@@ -86,12 +88,12 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
 }
 
 /// The keys and arguments of the call that decides `leases` (each under its id, at least one,
-/// all in one tag) in order for `holder`, leases of `ttl_ms`, without a line or rate policies:
-/// what the store sends, for tests that run the script themselves.
-pub fn acquire_call(holder: u64, ttl_ms: u64, leases: &[(&str, &LeaseRecord)]) -> KeysAndArgs {
+/// all in one tag) in order for `holder`, on `terms`, without a line or rate policies: what the
+/// store sends, for tests that run the script themselves.
+pub fn acquire_call(holder: u64, terms: GrantTerms, leases: &[(&str, &LeaseRecord)]) -> KeysAndArgs {
     let rates = RateCheck::default();
     let asked = Asked {
-        ttl_ms,
+        terms,
         in_line: None,
         rates: &rates,
         channel: String::new(),
@@ -122,7 +124,7 @@ pub fn decode_acquire(
             Ok(AcquireOutcome::Granted {
                 used: rest[..n].to_vec(),
                 holder_was_alive: *alive == 1,
-                fencing_token: *fencing_token,
+                fencing_token: (*fencing_token > 0).then_some(*fencing_token),
                 rates: decisions(policies, &rest[n..]),
                 sent_at_ms,
             })

@@ -39,7 +39,10 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
         own_waits: true,
     };
     let asked = Asked {
-        ttl_ms: 30_000,
+        terms: GrantTerms {
+            ttl_ms: 30_000,
+            fencing: true,
+        },
         in_line: Some(in_line),
         rates: &rates,
         channel: "!{t}:line:wake".into(),
@@ -53,7 +56,7 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
     );
     assert_eq!(
         text(&call.head_args),
-        ["30000", "1", "!{t}:line:wake", "777", "arrival", "1"]
+        ["30000", "1", "!{t}:line:wake", "777", "arrival", "1", "1"]
     );
     assert_eq!(text(&call.keys), ["{t}:user:a", "{t}:global", "{t}:rate:a"]);
     let args = text(&call.args);
@@ -70,7 +73,11 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
 #[test]
 fn an_acquire_without_a_line_sends_no_line_keys() {
     let lease = lease();
-    let (keys, args) = acquire_call(777, 30_000, &[("a", &lease), ("b", &lease)]);
+    let terms = GrantTerms {
+        ttl_ms: 30_000,
+        fencing: false,
+    };
+    let (keys, args) = acquire_call(777, terms, &[("a", &lease), ("b", &lease)]);
     let keys: Vec<&str> = keys.iter().map(|k| read::text(k)).collect();
     assert_eq!(
         keys,
@@ -83,11 +90,14 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ]
     );
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
-    // two requests; a head of 1 key, 6 args; then each request's counts, then theirs
-    assert_eq!(args[..9], ["2", "1", "6", "30000", "0", "", "777", "fair", "0"]);
-    assert_eq!(args[9..13], ["2", "3", "2", "3"]);
-    assert_eq!(args[13], "a");
-    assert_eq!(read::shape(args[15].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    // two requests; a head of 1 key, 7 args; then each request's counts, then theirs
+    assert_eq!(
+        args[..10],
+        ["2", "1", "7", "30000", "0", "", "777", "fair", "0", "0"]
+    );
+    assert_eq!(args[10..14], ["2", "3", "2", "3"]);
+    assert_eq!(args[14], "a");
+    assert_eq!(read::shape(args[16].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
 }
 
 #[test]
@@ -114,8 +124,13 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
     };
     assert_eq!(
         (used, holder_was_alive, fencing_token, sent_at_ms),
-        (vec![1, 4], true, 1_700_000_000_000_001, 9)
+        (vec![1, 4], true, Some(1_700_000_000_000_001), 9)
     );
+    let Ok(AcquireOutcome::Granted { fencing_token, .. }) = decode(&[GRANTED, 1, 0, 1, 4, 2, 500, 3, 1, 0])
+    else {
+        panic!("granted")
+    };
+    assert_eq!(fencing_token, None, "a head that asks for no token gets 0: none");
     assert_eq!(decisions[0].remaining, 3);
     let Ok(AcquireOutcome::RateLimited(limited)) = decode(&[RATE_LIMITED, 1, 800, 5, 800, 0, 0, 1]) else {
         panic!("rate limited")

@@ -34,6 +34,7 @@ use self::connection::Link;
 use self::layout::unexpected_reply;
 use self::line::{heartbeat_invocation, leave_invocation, wake_channel};
 use super::{AcquireOutcome, Backend, CallStats, InLine, Kept, RoundReport};
+use crate::config::GrantTerms;
 use crate::errors::{CoreError, CoreResult};
 use crate::group_commit::GroupCommit;
 use crate::keys::{self, LineKeys};
@@ -94,13 +95,13 @@ impl Backend for RedisBackend {
     fn acquire<'a>(
         &'a self,
         lease: &'a Arc<LeaseRecord>,
-        ttl_ms: u64,
+        terms: GrantTerms,
         in_line: Option<InLine<'a>>,
         rates: &'a RateCheck,
     ) -> BoxFuture<'a, CoreResult<AcquireOutcome>> {
         Box::pin(async move {
             let asked = Asked {
-                ttl_ms,
+                terms,
                 in_line,
                 rates,
                 channel: in_line.map_or(String::new(), |l| wake_channel(l.line, self.is_cluster())),

@@ -4,14 +4,14 @@
 -- this order after the prelude: each uses what the parts before it define.)
 
 -- What the call's head says (see load_head).
-local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits
+local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits, fencing
 -- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
 -- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
 local keys, kb, key_count, args, ab
 local id, waiter, shape, weight, liveness, own, pools, priority, user
 local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 
--- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..9].
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..10].
 local function load_head(call_keys, call_args)
   ttl = num(call_args[4])
   queued = call_args[5] == '1'
@@ -24,6 +24,7 @@ local function load_head(call_keys, call_args)
   holder = call_args[7] -- the core's decimal text, as stored (holder_name: scores read back)
   fair = call_args[8] == 'fair'
   own_waits = call_args[9] == '1'
+  fencing = call_args[10] == '1'
 end
 
 -- Reads one request, where the prelude's decide_each finds its keys and args.

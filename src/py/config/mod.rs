@@ -55,6 +55,7 @@ impl LeaseConfig {
         identity_secret = None,
         disclose_usage = true,
         enforce_rate_limits = true,
+        fencing_tokens = false,
         trusted_proxies = None,
         proxy_header = None,
         fail_open = None,
@@ -88,6 +89,7 @@ impl LeaseConfig {
         identity_secret: Option<&Bound<'_, PyAny>>,
         disclose_usage: bool,
         enforce_rate_limits: bool,
+        fencing_tokens: bool,
         trusted_proxies: Option<&Bound<'_, PyAny>>,
         proxy_header: Option<&Bound<'_, PyAny>>,
         fail_open: Option<&Bound<'_, PyAny>>,
@@ -171,6 +173,7 @@ impl LeaseConfig {
             identity_secret: secret_field(identity_secret)?,
             disclose_usage,
             enforce_rate_limits,
+            fencing_tokens,
             proxy_rule: proxy_rule(trusted_proxies, proxy_header)?,
         };
         Ok(LeaseConfig {
@@ -357,6 +360,14 @@ impl LeaseConfig {
         self.config.enforce_rate_limits
     }
 
+    /// True: each grant takes a fencing token (``lease.fencing_token``), above every token given
+    /// before to a lease that shares a pool with it; on Redis one ``INCR`` per grant. Off by
+    /// default, and then ``lease.fencing_token`` raises RuntimeError.
+    #[getter]
+    fn fencing_tokens(&self) -> bool {
+        self.config.fencing_tokens
+    }
+
     /// The reverse proxies (addresses or CIDR networks) whose `proxy_header` is believed.
     #[getter]
     fn trusted_proxies(&self) -> Vec<String> {
@@ -373,7 +384,7 @@ impl LeaseConfig {
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, enforce_rate_limits={}, trusted_proxies={:?}, proxy_header={:?})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, enforce_rate_limits={}, fencing_tokens={}, trusted_proxies={:?}, proxy_header={:?})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
@@ -392,6 +403,7 @@ impl LeaseConfig {
             if c.identity_secret.is_empty() { "None" } else { "'***'" },
             if c.disclose_usage { "True" } else { "False" },
             if c.enforce_rate_limits { "True" } else { "False" },
+            if c.fencing_tokens { "True" } else { "False" },
             c.proxy_rule.proxies(),
             c.proxy_rule.header_name(),
         )
