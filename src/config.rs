@@ -49,6 +49,9 @@ impl LineOrder {
 pub struct GrantTerms {
     pub ttl_ms: u64,
     pub fencing: bool,
+    /// How often the holder's entry is renewed: an acquire leaves an entry with two periods
+    /// left or more to the keep-alive (`acquire.lua`'s `grant`).
+    pub renew_every_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +114,7 @@ impl Config {
         GrantTerms {
             ttl_ms: self.lease_ms(),
             fencing: self.fencing_tokens,
+            renew_every_ms: self.renew_period().as_millis() as u64,
         }
     }
 }

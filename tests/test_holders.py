@@ -173,11 +173,11 @@ async def test_an_acquire_of_a_live_holder_leaves_reaping_to_the_keep_alive(make
     await doomed.aclose()
 
 
-async def test_one_acquire_and_release_of_a_live_holder_run_17_commands(own_redis,
+async def test_one_acquire_and_release_of_a_live_holder_run_16_commands(own_redis,
                                                                        make_own_redis_manager):
     # The hot path's Redis work at the quickstart's configuration (a cap per user and a global
     # one, a waiting line): no reaper, no clock guard, no dead waiters looked for, no fencing
-    # token (not asked for).
+    # token (not asked for), and the holder's entry, renewed by the keep-alive, left to it.
     manager = make_own_redis_manager(max_per_user=1000, max_global=100_000)
     await (await manager.acquire("warm")).release()  # the holder registered, the library loaded
     client = redis_py.Redis.from_url(own_redis.url)
@@ -187,8 +187,9 @@ async def test_one_acquire_and_release_of_a_live_holder_run_17_commands(own_redi
     outside = ("cmdstat_fcall", "cmdstat_config", "cmdstat_info")  # the calls, and the test's own
     inside = {name: row["calls"] for name, row in stats.items() if not name.startswith(outside)}
     assert stats["cmdstat_fcall"]["calls"] == 2
-    assert sum(inside.values()) == 17, sorted(inside.items())
+    assert sum(inside.values()) == 16, sorted(inside.items())
     assert not {"cmdstat_get", "cmdstat_zrangebyscore", "cmdstat_incr"} & set(inside), inside
+    assert inside["cmdstat_zadd"] == 2, "a member in each of the two pools, not the entry"
     client.close()
 
 
@@ -371,12 +372,43 @@ def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_clien
     pools = [(pool, 1)]  # of capacity 1
     (code, alive, token, used) = acquire("lease-1", 1, pools)
     assert (code, alive, used) == (1, 0, 1)  # granted; the holder was new
-    (code, alive, again, used) = acquire("lease-1", 1, pools)
-    assert (code, alive, used) == (1, 1, 1), "granted again, not refused its own slot"
+    (code, life, again, used) = acquire("lease-1", 1, pools)
+    assert (code, used) == (1, 1), "granted again, not refused its own slot"
+    assert 0 < life <= 30_000, "the holder's entry was live: the ms it has left"
     assert again > token, "with a token of its own: the first reply never arrived"
     assert acquire("lease-2", 1, pools)[0] == 0, "others are refused"
     redis_client.delete(pool, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock",
                         f"{tag}:fencing")
+
+
+def test_an_acquire_extends_its_holders_entry_only_below_two_renewal_periods(redis_client,
+                                                                           key_prefix):
+    # Leases of 30 s renewed every 10 s (`_acquire_call`): an entry the keep-alive renews has
+    # 20 to 30 s left, and is left to it; the reply says what it has left, which the process
+    # dates the grant's deadline from. One with less than 20 s left is extended.
+    tag, pool = holders(key_prefix), global_pool(key_prefix)
+    acquire = one_acquire(redis_client)
+    assert acquire("first", 1, [(pool, 0)])[1] == 0, "the holder was new"
+
+    def entry_left_ms() -> float:
+        return redis_client.zscore(tag, "777") - server_ms(redis_client)
+
+    def grant_with_entry_left(lease: str, left_ms: int) -> int:
+        redis_client.zadd(tag, {"777": server_ms(redis_client) + left_ms})
+        (code, life, _token, _used) = acquire(lease, 1, [(pool, 0)])
+        assert code == 1
+        return life
+
+    life = grant_with_entry_left("kept", 25_000)
+    assert 24_000 < life <= 25_000 and entry_left_ms() <= 25_000, "left to the keep-alive"
+    life = grant_with_entry_left("extended", 15_000)
+    assert 29_000 < life <= 30_000 and entry_left_ms() > 29_000, "extended to a lease"
+    redis_client.delete(pool, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock")
+
+
+def server_ms(redis_client) -> int:
+    seconds, micros = redis_client.time()
+    return seconds * 1000 + micros // 1000
 
 
 def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_prefix):

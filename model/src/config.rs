@@ -141,10 +141,13 @@ pub struct ModelConfig {
     /// the holder again (off: the members of the holder's lost leases, still in the pools,
     /// come back to life under the new entry, outside its count).
     pub reap_before_rejoining: bool,
-    /// `acquire.lua` extends its holder's entry even when it is live, as the process counts on
-    /// when it dates a grant's deadline from the acquire's sending (off: only an entry found
+    /// `acquire.lua` extends its holder's entry even when it is live (off: only an entry found
     /// expired or gone is written, a live one is left to the keep-alive).
     pub acquire_extends_live_entry: bool,
+    /// The acquire's reply says how long the holder's entry has left after it, and the process
+    /// dates the grant's deadline from that (`sent + life`; off: a whole lease duration from the
+    /// acquire's sending, which holds only if every grant extends the entry).
+    pub grant_dated_by_entry: bool,
     /// A pool that looks full is counted again by live holders, its dead holders' members
     /// dropped (prelude `used_slots`), before an acquire is refused for it.
     pub walk_when_full: bool,
@@ -181,7 +184,8 @@ impl ModelConfig {
             lazy_index: true,
             acquire_reaps: false,
             reap_before_rejoining: true,
-            acquire_extends_live_entry: true,
+            acquire_extends_live_entry: false,
+            grant_dated_by_entry: true,
             walk_when_full: true,
         }
     }

@@ -10,7 +10,7 @@
 //! the variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`,
 //! `check_on_excess=0/1`, `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`,
 //! `walk_when_full=0/1`, `reap_before_rejoining=0/1`; and the acquire's bookkeeping:
-//! `acquire_reaps=0/1`, `acquire_extends_live_entry=0/1`.
+//! `acquire_reaps=0/1`, `acquire_extends_live_entry=0/1`, `grant_dated_by_entry=0/1`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
@@ -67,7 +67,8 @@ fn main() {
             | "walk_when_full"
             | "reap_before_rejoining"
             | "acquire_reaps"
-            | "acquire_extends_live_entry" => {
+            | "acquire_extends_live_entry"
+            | "grant_dated_by_entry" => {
                 switches.push((key.to_owned(), n() == 1));
             }
             other => panic!("unknown key {other}"),
@@ -86,6 +87,7 @@ fn main() {
             "reap_before_rejoining" => cfg.reap_before_rejoining = on,
             "acquire_reaps" => cfg.acquire_reaps = on,
             "acquire_extends_live_entry" => cfg.acquire_extends_live_entry = on,
+            "grant_dated_by_entry" => cfg.grant_dated_by_entry = on,
             _ => cfg.reclaim_recounts = on,
         }
     }

@@ -291,17 +291,24 @@ fn a_pool_that_looks_full_is_counted_by_live_holders_before_a_refusal() {
         ..cfg.clone()
     };
     expect("no walk, a stalled holder", without, &[LIVING]);
-    // A grant's deadline in the process runs from when its acquire was sent, which holds only
-    // if the acquire extends the holder's entry, live or not.
-    let not_extended = ModelConfig {
-        acquire_extends_live_entry: false,
+    // The acquire leaves a live entry to the keep-alive, so the process dates the grant's
+    // deadline from the entry's life its reply tells: a whole lease duration from the sending
+    // holds only if the acquire extends the entry, live or not.
+    let dated_from_sending = ModelConfig {
+        grant_dated_by_entry: false,
         ..cfg.clone()
     };
     expect(
-        "a live entry not extended, a stalled holder",
-        not_extended,
+        "a live entry not extended, a grant dated from its sending",
+        dated_from_sending,
         &[COUNTED, ENTRY, UNCOUNTED],
     );
+    let extended = ModelConfig {
+        acquire_extends_live_entry: true,
+        grant_dated_by_entry: false,
+        ..cfg.clone()
+    };
+    expect("every grant extends the entry", extended, &[]);
     expect("a stalled holder fills the pool", cfg, &[]);
 }
 

@@ -326,9 +326,10 @@ def _acquire_call(
 ) -> tuple[list[bytes], list[bytes]]:
     """The keys and arguments of the ``acquire`` script's call that decides ``leases`` in order,
     as the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
-    line or rate limits; each grant takes a fencing token when ``fencing_tokens``. Each lease is
-    ``(lease id, weight, [(pool key, capacity), ...])`` (capacity 0: unlimited); all pools are in
-    one hash tag, whose holders key leads the keys."""
+    line or rate limits, renewed every third of a lease (the default); each grant takes a fencing
+    token when ``fencing_tokens``. Each lease is ``(lease id, weight, [(pool key, capacity),
+    ...])`` (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the
+    keys."""
 
 def _script_source(name: str) -> str:
     """The code of the core's Lua script ``name`` (``"acquire"``, ``"release"``...) as a script

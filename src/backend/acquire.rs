@@ -13,16 +13,18 @@ pub enum AcquireOutcome {
     Granted {
         /// Slots in use in each pool after the grant, in pool order.
         used: Vec<u64>,
-        /// Whether the holder's entry was live when the lease was added: its other leases in the
-        /// tag lived on (false: it had expired or vanished, and they may have been reaped).
-        holder_was_alive: bool,
+        /// The ms the holder's entry had left after the call, when it was live as the lease was
+        /// added: its other leases in the tag lived on, and this one lives at least that long
+        /// from the call's sending. None: the entry had expired or vanished (the others may have
+        /// been reaped), and was written anew for a lease duration.
+        entry_life_ms: Option<u64>,
         /// The grant's fencing token, when its terms ask for one: above every token given before
         /// in the lease's tag (so in any pool it shares with another lease).
         fencing_token: Option<u64>,
         /// Each rate policy's decision, the start counted.
         rates: Vec<Decision>,
         /// When the call left this process (monotonic ms): the store decided later, so the
-        /// lease lives at least a lease duration from then.
+        /// lease lives at least the entry's life (or a lease duration) from then.
         sent_at_ms: u64,
     },
     Rejected(Rejection),

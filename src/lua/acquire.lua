@@ -14,7 +14,7 @@
 -- in their order, as as many calls would (packed as the prelude's decide_each says). What a
 -- batch needs once is done once: the clock, the holder's entry, its count of members, its index
 -- of pools, the dead waiters dropped. Reaping is not an acquire's to pay for (see
--- holder_alive): the keep-alives, the count and the walk of a pool that looks full see to it.
+-- holder_life): the keep-alives, the count and the walk of a pool that looks full see to it.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- In front of this file (src/backend/redis/scripts.rs puts them there): acquire/requests.lua,
 -- which reads the head and each request from KEYS and ARGV as laid out below, and
@@ -32,7 +32,8 @@
 -- else 0; 3: the channel to publish on (see the prelude's wake) when a grant leaves others in line
 -- (they may fit too); 4: holder id; 5: the lines' order, 'fair' or 'arrival'; 6: '1' if a full own
 -- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it; 7: '1'
--- if each grant takes a fencing token (see fencing_token), else '0'.
+-- if each grant takes a fencing token (see fencing_token), else '0'; 8: the holder's renewal
+-- period in ms (see grant).
 -- Each request's keys and args:
 -- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first `own` (shape 3) of them are the caller's own quota (a full one refuses at once,
@@ -46,9 +47,11 @@
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
 -- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
 -- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
--- Returns {GRANTED, alive, token, used_1, ..., used_n, then per rate policy used, reset_ms,
--- bucket, epoch, over} (alive: 1 if the holder's entry was live when the lease was added, so
--- the holder's other leases in the tag lived on; token: the grant's fencing token, see
+-- Returns {GRANTED, life, token, used_1, ..., used_n, then per rate policy used, reset_ms,
+-- bucket, epoch, over} (life: 0 if the holder's entry was not live when the lease was added
+-- (it is written anew: the lease lives a lease duration), else the ms the entry has left after
+-- the call, so the holder's other leases in the tag lived on and this one lives that long;
+-- token: the grant's fencing token, see
 -- fencing_token, or 0 when the head asks for none; used: slots in use after the grant; then each rate policy's answer, as hit.lua
 -- gives it; a retried call that finds the lease already granted answers
 -- with buckets 0); {REFUSED, i, used_i, retry_ms} when pool i refuses; {RATE_LIMITED, i,
@@ -98,7 +101,7 @@ local function already_granted()
     return nil
   end
   -- A new token: the first reply, with the first one, was lost on the way.
-  local granted = {GRANTED, is_alive(holders, holder) and 1 or 0, fencing_token()}
+  local granted = {GRANTED, entry_life(holders, holder), fencing_token()}
   for i = 1, pools do
     granted[i + 3] = call('ZCARD', keys[kb + i])
   end
@@ -176,33 +179,41 @@ local function check_pools(ticket, lined)
   return used, nil, passing
 end
 
--- Whether the holder's entry is live, read once per call. A live one (the usual case) is all an
--- acquire looks at. One found expired or gone (after the clock-step guard: a step of the clock
--- would fool it) may have lost leases whose members are still in the pools: reaped first, or
--- they would come back to life under the new entry, outside its count (the protocol model's
--- `reap_before_rejoining` shows what goes wrong without).
-local function holder_alive()
-  if is_alive(holders, holder) then
-    return true
+-- The ms the holder's entry has left (0: expired or gone), read once per call. A live one (the
+-- usual case) is all an acquire looks at. One found expired or gone (after the clock-step guard:
+-- a step of the clock would fool it) may have lost leases whose members are still in the pools:
+-- reaped first, or they would come back to life under the new entry, outside its count (the
+-- protocol model's `reap_before_rejoining` shows what goes wrong without).
+local function holder_life()
+  local life = entry_life(holders, holder)
+  if life > 0 then
+    return life
   end
   steady_clock(holders, ttl)
-  if is_alive(holders, holder) then
-    return true
+  life = entry_life(holders, holder)
+  if life > 0 then
+    return life
   end
   reap(holders)
-  return false
+  return 0
 end
 
 -- Adds the lease's members to every pool for this holder, and takes the start from every rate
--- policy. The first grant of the call extends the holder's entry, live or not: the process
--- dates the grant's deadline from when it sent the acquire.
+-- policy. The first grant of the call writes the holder's entry when it is gone, expired, or
+-- has less than two renewal periods left (renew_below); one the keep-alive renews is left to
+-- it, and the reply tells the process its life, from which the process dates the grant's
+-- deadline (the protocol model's `grant_dated_by_entry`).
 local function grant(used, rates)
-  local first = not batch.joined
-  if first then
-    hold(holders, holder, ttl, batch.holder_alive)
+  local life = batch.life
+  if not batch.joined then
+    if life < renew_below then
+      hold(holders, holder, ttl, life > 0)
+      batch.life = ttl
+      life = life > 0 and ttl or 0
+    end
     batch.joined = true
   end
-  local granted = {GRANTED, (batch.holder_alive or not first) and 1 or 0, fencing_token()}
+  local granted = {GRANTED, life, fencing_token()}
   for i = 1, pools do
     local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
@@ -292,10 +303,11 @@ end
 batch = {joined = false, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
 read_clock()
-batch.holder_alive = holder_alive()
+batch.life = holder_life()
+local found_alive = batch.life > 0
 local replies = decide_each(KEYS, ARGV, decide_request)
 count_members(holders, holder, batch.granted_members, batch.granted_ids)
-if batch.joined and not batch.holder_alive then
+if batch.joined and not found_alive then
   refresh(holders, holder) -- its keys may be new
 end
 return replies

@@ -123,7 +123,7 @@ impl Manager {
     ) -> CoreResult<Granted> {
         let refusal = match outcome {
             AcquireOutcome::Granted {
-                holder_was_alive,
+                entry_life_ms,
                 fencing_token,
                 rates,
                 used,
@@ -139,8 +139,8 @@ impl Manager {
                     rate_refunds: check.refunds(&rates, 0..budgets_from),
                     usage: self.usage_shown(&record, &used),
                     record: Some(record),
-                    deadline_ms: sent_at_ms + self.config.lease_ms(),
-                    holder_was_alive,
+                    deadline_ms: sent_at_ms.saturating_add(entry_life_ms.unwrap_or(self.config.lease_ms())),
+                    holder_was_alive: entry_life_ms.is_some(),
                     fencing_token,
                     rates,
                     leases: Arc::clone(&self.leases),

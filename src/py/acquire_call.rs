@@ -14,7 +14,8 @@ type Lease = (String, u32, Vec<(String, u64)>);
 
 /// The keys and arguments of the ``acquire`` script's call that decides ``leases`` in order, as
 /// the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
-/// line or rate limits; each grant takes a fencing token when ``fencing_tokens``. Each lease is
+/// line or rate limits, renewed every third of a lease (the default); each grant takes a
+/// fencing token when ``fencing_tokens``. Each lease is
 /// ``(lease id, weight, [(pool key, capacity), ...])`` (capacity 0: unlimited); all pools are in
 /// one hash tag, whose holders key leads the keys.
 #[pyfunction(name = "_acquire_call", signature = (holder, ttl_ms, leases, *, fencing_tokens = false))]
@@ -56,6 +57,7 @@ pub fn acquire_call(
     let terms = GrantTerms {
         ttl_ms,
         fencing: fencing_tokens,
+        renew_every_ms: ttl_ms / 3,
     };
     Ok(encoded(holder, terms, &leases))
 }

@@ -133,10 +133,17 @@ impl Step<'_> {
         }
     }
 
-    /// `Granted::hold` -> `Leases::hold` -> `Held::insert`.
-    pub(super) fn hold(&mut self, lease: usize, alive: bool) {
+    /// `Granted::hold` -> `Leases::hold` -> `Held::insert`; `life`: the ticks the reply says the
+    /// holder's entry had left.
+    pub(super) fn hold(&mut self, lease: usize, alive: bool, life: u8) {
         let holder = self.holder_of(lease);
-        let deadline = self.s.leases[lease].sent;
+        // `sent` counts down a lease duration from the sending: the grant's deadline, or the
+        // entry's life from the sending (the script ran later, so it lives at least that long).
+        let sent = self.s.leases[lease].sent;
+        let deadline = match self.cfg.grant_dated_by_entry {
+            true => sent.saturating_sub(self.cfg.ttl.saturating_sub(life)),
+            false => sent,
+        };
         let had_group = self.has_group(holder);
         let overdue = if had_group && !alive && self.s.holders[holder].deadline == 0 {
             self.s.held(self.cfg, holder)
@@ -221,10 +228,10 @@ impl Step<'_> {
                 self.s.leases[lease].acquire = Call::Ran(self.s.redis.acquire(cfg, lease));
             }
             Action::Hold(lease) => {
-                let Call::Ran(AcquireReply::Granted { alive }) = self.s.leases[lease].acquire else {
+                let Call::Ran(AcquireReply::Granted { alive, life }) = self.s.leases[lease].acquire else {
                     unreachable!("a grant to hold")
                 };
-                self.hold(lease, alive);
+                self.hold(lease, alive, life);
             }
             Action::DropGrant(lease) => {
                 let l = &mut self.s.leases[lease];

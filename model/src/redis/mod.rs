@@ -44,9 +44,11 @@ pub type Ids = [i8; MAX_LEASES];
 /// What the acquire script answers (no waiting line: a caller that does not wait).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AcquireReply {
-    /// GRANTED, and whether the holder's entry was live.
+    /// GRANTED, whether the holder's entry was live, and the ticks the entry has left after the
+    /// call (the lease duration for an entry written anew or extended).
     Granted {
         alive: bool,
+        life: u8,
     },
     Refused,
 }
@@ -171,6 +173,15 @@ impl Redis {
             return true;
         }
         self.hold(cfg, holder)
+    }
+
+    /// The ticks a live holder's entry has left (the lease duration for one that is not: what
+    /// the reply of a grant that found it gone says, the entry then written anew).
+    pub fn life(&self, cfg: &ModelConfig, holder: usize) -> u8 {
+        match self.entry[holder] {
+            Some(left) if left > 0 => left,
+            _ => cfg.ttl,
+        }
     }
 
     /// Whether `pool` holds members of a holder whose entry is not live.

@@ -20,6 +20,7 @@ impl Redis {
                 if self.members[lease] & (1 << spec.pools[0]) != 0 {
                     return AcquireReply::Granted {
                         alive: self.is_alive(holder),
+                        life: self.life(cfg, holder),
                     };
                 }
                 self.refused_by_the_dead |= self.holds_the_dead(cfg, pool);
@@ -32,7 +33,10 @@ impl Redis {
         }
         let units = cfg.units(lease) as i8;
         self.count_members(cfg, holder, units, Self::ids_of_lease(lease, units));
-        AcquireReply::Granted { alive }
+        AcquireReply::Granted {
+            alive,
+            life: self.life(cfg, holder),
+        }
     }
 
     /// `keepalive.lua` for one tag. `resync`: the recount after a check (the exact count: count

@@ -187,7 +187,7 @@ impl MemoryBackend {
         }
         AcquireOutcome::Granted {
             used: used.iter().map(|used| used + weight).collect(),
-            holder_was_alive: true, // nothing here expires
+            entry_life_ms: Some(u64::MAX), // nothing here expires
             fencing_token: fencing.then(|| next_fencing_token(fenced)),
             rates: counters
                 .hit(&rates.keys, &rates.policies, &rates.costs, true)
@@ -224,7 +224,7 @@ mod tests {
         let used = |outcome| match outcome {
             AcquireOutcome::Granted {
                 used,
-                holder_was_alive: true,
+                entry_life_ms: Some(u64::MAX),
                 rates,
                 ..
             } if rates.is_empty() => used,

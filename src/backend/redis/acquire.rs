@@ -59,7 +59,8 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
         .arg(holder)
         .arg(in_line.map_or("fair", |l| l.order.code()))
         .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
-        .arg(u8::from(terms.fencing));
+        .arg(u8::from(terms.fencing))
+        .arg(terms.renew_every_ms);
     let mut invocation = scripts::ACQUIRE.prepare_invoke();
     for pool in pools {
         invocation.key(&*pool.key);
@@ -118,12 +119,10 @@ pub fn decode_acquire(
     let pools = &lease.pools;
     let n = pools.len();
     match reply {
-        [GRANTED, alive @ (0 | 1), fencing_token, rest @ ..]
-            if rest.len() == n + RATE_ANSWER_LEN * policies.len() =>
-        {
+        [GRANTED, life, fencing_token, rest @ ..] if rest.len() == n + RATE_ANSWER_LEN * policies.len() => {
             Ok(AcquireOutcome::Granted {
                 used: rest[..n].to_vec(),
-                holder_was_alive: *alive == 1,
+                entry_life_ms: (*life > 0).then_some(*life),
                 fencing_token: (*fencing_token > 0).then_some(*fencing_token),
                 rates: decisions(policies, &rest[n..]),
                 sent_at_ms,

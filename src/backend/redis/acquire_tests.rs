@@ -42,6 +42,7 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
         terms: GrantTerms {
             ttl_ms: 30_000,
             fencing: true,
+            renew_every_ms: 10_000,
         },
         in_line: Some(in_line),
         rates: &rates,
@@ -56,7 +57,16 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
     );
     assert_eq!(
         text(&call.head_args),
-        ["30000", "1", "!{t}:line:wake", "777", "arrival", "1", "1"]
+        [
+            "30000",
+            "1",
+            "!{t}:line:wake",
+            "777",
+            "arrival",
+            "1",
+            "1",
+            "10000"
+        ]
     );
     assert_eq!(text(&call.keys), ["{t}:user:a", "{t}:global", "{t}:rate:a"]);
     let args = text(&call.args);
@@ -76,6 +86,7 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
     let terms = GrantTerms {
         ttl_ms: 30_000,
         fencing: false,
+        renew_every_ms: 10_000,
     };
     let (keys, args) = acquire_call(777, terms, &[("a", &lease), ("b", &lease)]);
     let keys: Vec<&str> = keys.iter().map(|k| read::text(k)).collect();
@@ -90,14 +101,14 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ]
     );
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
-    // two requests; a head of 1 key, 7 args; then each request's counts, then theirs
+    // two requests; a head of 1 key, 8 args; then each request's counts, then theirs
     assert_eq!(
-        args[..10],
-        ["2", "1", "7", "30000", "0", "", "777", "fair", "0", "0"]
+        args[..11],
+        ["2", "1", "8", "30000", "0", "", "777", "fair", "0", "0", "10000"]
     );
-    assert_eq!(args[10..14], ["2", "3", "2", "3"]);
-    assert_eq!(args[14], "a");
-    assert_eq!(read::shape(args[16].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    assert_eq!(args[11..15], ["2", "3", "2", "3"]);
+    assert_eq!(args[15], "a");
+    assert_eq!(read::shape(args[17].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
 }
 
 #[test]
@@ -114,18 +125,19 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
     let decode = |reply: &[u64]| decode_acquire(reply, &lease, Some(in_line), &rates.policies, 9);
     let Ok(AcquireOutcome::Granted {
         used,
-        holder_was_alive,
+        entry_life_ms,
         fencing_token,
         rates: decisions,
         sent_at_ms,
-    }) = decode(&[GRANTED, 1, 1_700_000_000_000_001, 1, 4, 2, 500, 3, 1, 0])
+    }) = decode(&[GRANTED, 0, 1_700_000_000_000_001, 1, 4, 2, 500, 3, 1, 0])
     else {
         panic!("granted")
     };
     assert_eq!(
-        (used, holder_was_alive, fencing_token, sent_at_ms),
-        (vec![1, 4], true, Some(1_700_000_000_000_001), 9)
+        (used, fencing_token, sent_at_ms),
+        (vec![1, 4], Some(1_700_000_000_000_001), 9)
     );
+    assert_eq!(entry_life_ms, None, "the entry was not live: written anew");
     let Ok(AcquireOutcome::Granted { fencing_token, .. }) = decode(&[GRANTED, 1, 0, 1, 4, 2, 500, 3, 1, 0])
     else {
         panic!("granted")
@@ -171,7 +183,6 @@ fn a_reply_of_another_shape_is_an_error() {
         &[GRANTED, 1, 1, 4],
         &[GRANTED, 1, 1, 4, 2, 500, 3, 1, 0],
         &[GRANTED, 1, 7, 1, 4, 2, 500, 3, 1],
-        &[GRANTED, 2, 7, 1, 4, 2, 500, 3, 1, 0],
         &[RATE_LIMITED, 2, 800, 5, 800, 0, 0, 1],
         &[WAIT, 12, 2, 50, 0],
         &[WAIT, 12, 3, 50, 0, 3],

@@ -5,13 +5,17 @@
 
 -- What the call's head says (see load_head).
 local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits, fencing
+-- A grant extends a holder's entry with less than this many ms left: two renewal periods, so
+-- an entry left as it is gets renewed at least once, a period before it would expire (see
+-- acquire.lua's grant).
+local renew_below
 -- The request being decided: where its keys and args are in the call's KEYS and ARGV (its key
 -- i is keys[kb + i], its arg j args[ab + j]), and what they say (see load_request).
 local keys, kb, key_count, args, ab
 local id, waiter, shape, weight, liveness, own, pools, priority, user
 local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 
--- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..10].
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..11].
 local function load_head(call_keys, call_args)
   ttl = num(call_args[4])
   queued = call_args[5] == '1'
@@ -25,6 +29,7 @@ local function load_head(call_keys, call_args)
   fair = call_args[8] == 'fair'
   own_waits = call_args[9] == '1'
   fencing = call_args[10] == '1'
+  renew_below = 2 * num(call_args[11])
 end
 
 -- Reads one request, where the prelude's decide_each finds its keys and args.

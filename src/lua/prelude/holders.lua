@@ -35,9 +35,14 @@ local function members(id, weight)
   return list
 end
 
-local function is_alive(holders, holder)
+-- The ms a holder's entry has left (0: expired or gone).
+local function entry_life(holders, holder)
   local expiry = call('ZSCORE', holders, holder)
-  return expiry and tonumber(expiry) > now
+  return expiry and math.max(0, tonumber(expiry) - now) or 0
+end
+
+local function is_alive(holders, holder)
+  return entry_life(holders, holder) > 0
 end
 
 local function members_key(holders, holder)
