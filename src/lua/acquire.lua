@@ -214,11 +214,16 @@ local function grant(used, rates)
     batch.joined = true
   end
   local granted = {GRANTED, life, fencing_token()}
+  local own_pools = {}
   for i = 1, pools do
-    local pool = keys[kb + i]
+    own_pools[i] = keys[kb + i]
+  end
+  index_pools(holders, holder, own_pools, batch.indexed)
+  for i = 1, pools do
+    local pool = own_pools[i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
     batch.used[pool] = used[i] + weight
-    add_members(pool, holders, holder, id, weight, used[i] == 0, batch.indexed)
+    add_members(pool, holder, id, weight, used[i] == 0)
     granted[i + 3] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools

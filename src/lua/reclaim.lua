@@ -66,8 +66,9 @@ while i <= #ARGV do
       end
     end
     if room then
+      index_pools(holders, holder, keys, nil)
       for j = 1, k do
-        add_members(keys[j], holders, holder, id, weight, true)
+        add_members(keys[j], holder, id, weight, true)
       end
       count_members(holders, holder, weight * k - removed, (weight * k - removed) * id_value(id))
       reclaimed[#reclaimed + 1] = position

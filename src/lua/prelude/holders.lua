@@ -81,10 +81,28 @@ local function hold(holders, holder, ttl, alive)
   return alive
 end
 
--- Adds a lease's members to a pool for a holder (the caller counts them, once per lease: see
--- `count_members`). A new pool gets its idle expiry (the keep-alive refreshes the holder's
--- pools).
-local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
+-- Lists pools in a holder's index, in one command, before their members go in: the index covers
+-- every pool where the holder has members even when a call breaks half way. `indexed`: the
+-- pools a batch put in the index already (none is ever taken out meanwhile), or nil.
+local function index_pools(holders, holder, pools, indexed)
+  local fresh = {}
+  for _, pool in ipairs(pools) do
+    if not (indexed and indexed[pool]) then
+      fresh[#fresh + 1] = pool
+      if indexed then
+        indexed[pool] = true
+      end
+    end
+  end
+  if #fresh > 0 then
+    call('SADD', holders .. ':' .. holder, unpack(fresh))
+  end
+end
+
+-- Adds a lease's members to a pool (listed in the holder's index first: `index_pools`; the
+-- caller counts them, once per lease: see `count_members`). A new pool gets its idle expiry
+-- (the keep-alive refreshes the holder's pools).
+local function add_members(pool, holder, id, weight, new_pool)
   if weight == 1 then
     call('ZADD', pool, holder, id)
   else
@@ -97,13 +115,6 @@ local function add_members(pool, holders, holder, id, weight, new_pool, indexed)
   end
   if new_pool then
     call('PEXPIRE', pool, IDLE_MS_TEXT)
-  end
-  -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile).
-  if not (indexed and indexed[pool]) then
-    call('SADD', holders .. ':' .. holder, pool)
-    if indexed then
-      indexed[pool] = true
-    end
   end
 end
 
