@@ -3,7 +3,9 @@
 (a full pool or line, a rate or token limit, a ban, a drain, an unreachable store) is a
 :class:`StreamLeaseRejected`, so the seed README's handler of that one class answers each.
 
-Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`.
+Each exception knows its HTTP answer: :meth:`StreamLeaseError.as_response`. Its body is RFC 9457
+problem details with an ``error`` member in OpenAI's shape, so OpenAI's SDKs raise with the
+library's reason as the message.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
 _QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 _REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 
+# The `type` of the OpenAI-shaped `error` member, by status (OpenAI's SDKs pick the exception
+# class by status, and carry `type` and `code` on it).
+_OPENAI_TYPES = {400: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+
 
 class StreamLeaseError(Exception):
     """Base class of every run-time error of fastapi_stream_lease."""
@@ -30,6 +36,9 @@ class StreamLeaseError(Exception):
     problem_type: ClassVar[str] = "about:blank"
     #: Seconds a client should wait before retrying, when retrying can help.
     retry_after: int | None = None
+    #: Why, in one word: the ``code`` of the body's ``error`` member (and what a 0.6
+    #: ``on_rejected`` hook is given).
+    reason: str = "error"
 
     def headers(self) -> dict[str, str]:
         """HTTP headers for the response that reports this error."""
@@ -38,16 +47,35 @@ class StreamLeaseError(Exception):
         return {"Retry-After": str(self.retry_after)}
 
     def body(self) -> dict[str, object]:
-        """The JSON body (RFC 9457 problem details) of the response."""
+        """The JSON body of the response: RFC 9457 problem details (``type``, ``title``,
+        ``status``, ``detail``, ``retry_after`` and the error's own members) and an ``error``
+        member in OpenAI's shape, ``{"message", "type", "param", "code"}``: the ``detail``, the
+        kind of error by status (``invalid_request_error``, ``permission_error``,
+        ``rate_limit_error``, ``server_error``), and :attr:`reason`. OpenAI's SDKs raise with
+        that message, at admission and at a stream's final ``error`` event."""
+        detail = self._client_detail()
         body: dict[str, object] = {
             "type": self.problem_type,
             "title": self.title,
             "status": self.status_code,
-            "detail": str(self),
+            "detail": detail,
         }
         if self.retry_after is not None:
             body["retry_after"] = self.retry_after
+        body.update(self._members())
+        status = self.status_code
+        other = "server_error" if status >= 500 else "invalid_request_error"
+        kind = _OPENAI_TYPES.get(status, other)
+        body["error"] = {"message": detail, "type": kind, "param": None, "code": self.reason}
         return body
+
+    def _client_detail(self) -> str:
+        """What the client is told (the message, unless it may name the store)."""
+        return str(self)
+
+    def _members(self) -> dict[str, object]:
+        """The problem's members of this kind of error beyond the standard ones."""
+        return {}
 
     def as_response(self) -> Response:
         """A Starlette ``JSONResponse`` with the status, headers and body for this error."""
@@ -65,7 +93,7 @@ class StreamLeaseError(Exception):
         headers and the body's ``detail``, to ``raise`` where a handler of those answers."""
         from starlette.exceptions import HTTPException
 
-        return HTTPException(self.status_code, str(self.body()["detail"]), self.headers())
+        return HTTPException(self.status_code, self._client_detail(), self.headers())
 
 
 class StreamLeaseRejected(StreamLeaseError):
@@ -81,13 +109,12 @@ class StreamLeaseRejected(StreamLeaseError):
     title: ClassVar[str] = "Stream refused"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after: int | None = 1
-    #: Why, in one word (what a 0.6 ``on_rejected`` hook is given).
     reason: str = "refused"
 
     @property
     def detail(self) -> str:
         """The ``detail`` of the problem body: what the client is told."""
-        return str(self.body()["detail"])
+        return self._client_detail()
 
 
 class PoolFull(StreamLeaseRejected):
@@ -140,11 +167,11 @@ class PoolFull(StreamLeaseRejected):
             "RateLimit": f'"{self.limit}";r={remaining};t={self.retry_after}',
         }
 
-    def body(self) -> dict[str, object]:
-        body = {**super().body(), "limit": self.limit}
+    def _members(self) -> dict[str, object]:
+        members: dict[str, object] = {"limit": self.limit}
         if self.capacity is not None and self.current is not None:
-            body.update(capacity=self.capacity, current=self.current)
-        return body
+            members.update(capacity=self.capacity, current=self.current)
+        return members
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
@@ -216,8 +243,8 @@ class RateLimited(StreamLeaseRejected):
 
         return {**super().headers(), **rate_limit_headers(self.decisions)}
 
-    def body(self) -> dict[str, object]:
-        return {**super().body(), "violated-policies": [self.policy]}
+    def _members(self) -> dict[str, object]:
+        return {"violated-policies": [self.policy]}
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.policy, self.decisions, self.retry_after))
@@ -263,8 +290,8 @@ class ReservationTooLarge(StreamLeaseRejected):
         self.reservation = reservation
         self.limit = limit
 
-    def body(self) -> dict[str, object]:
-        return {**super().body(), "violated-policies": [self.budget]}
+    def _members(self) -> dict[str, object]:
+        return {"violated-policies": [self.budget]}
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.budget, self.reservation, self.limit))
@@ -292,10 +319,8 @@ class BackendError(StreamLeaseUnavailable):
     retry_after = 1
     reason = "backend_unavailable"
 
-    def body(self) -> dict[str, object]:
-        body = super().body()
-        body["detail"] = "Streams cannot be admitted right now; retry after Retry-After seconds."
-        return body
+    def _client_detail(self) -> str:
+        return "Streams cannot be admitted right now; retry after Retry-After seconds."
 
 
 class BackendUnavailable(BackendError):
@@ -309,6 +334,7 @@ class LeaseLost(StreamLeaseError):
     title: ClassVar[str] = "Stream lease lost"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    reason = "lease_lost"
 
 
 class LeaseRevoked(LeaseLost):
@@ -317,6 +343,7 @@ class LeaseRevoked(LeaseLost):
     the way a lost lease's does, at its edge."""
 
     title: ClassVar[str] = "Stream lease revoked"
+    reason = "lease_revoked"
 
 
 class UserBanned(StreamLeaseRejected):
@@ -344,6 +371,7 @@ class ClientDisconnected(StreamLeaseError):
     status_code: ClassVar[int] = 499
     title: ClassVar[str] = "Client closed request"
     retry_after = 1
+    reason = "client_closed_request"
 
 
 class ManagerClosed(StreamLeaseUnavailable):

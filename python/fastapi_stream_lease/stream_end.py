@@ -138,7 +138,8 @@ class StreamEndMiddleware:
     the way its kind allows, so the client learns why and the body ends normally:
 
     * ``text/event-stream``: a final ``event: error`` whose ``data`` is the problem JSON (type,
-      title, status, detail, retry_after) and whose ``retry`` is ``retry_after`` in
+      title, status, detail, retry_after, and an ``error`` member in OpenAI's shape, which
+      OpenAI's SDKs raise ``APIError`` with) and whose ``retry`` is ``retry_after`` in
       milliseconds;
     * JSON Lines (``application/jsonl``, ``application/x-ndjson``): a final line
       ``{"error": <the problem JSON>}``;
@@ -285,10 +286,14 @@ class _ResponseState:
 def _final_chunk(media_type: str, error: StreamLeaseError) -> tuple[bytes, str]:
     """The last chunk a started body of ``media_type`` gets for ``error`` (empty: none), and
     how the log says it ended."""
-    problem = json.dumps(error.body(), separators=(",", ":"))
+    problem = error.body()
     if media_type == "text/event-stream":
+        data = json.dumps(problem, separators=(",", ":"))
         retry = f"retry: {error.retry_after * 1000}\n" if error.retry_after is not None else ""
-        return f"event: error\ndata: {problem}\n{retry}\n".encode(), "with a final error event"
+        return f"event: error\ndata: {data}\n{retry}\n".encode(), "with a final error event"
     if media_type in JSON_LINES:
-        return f'{{"error":{problem}}}\n'.encode(), "with a final error line"
+        # The line's own `error` member is the problem (its OpenAI-shaped one would repeat it).
+        del problem["error"]
+        line = json.dumps({"error": problem}, separators=(",", ":"))
+        return f"{line}\n".encode(), "with a final error line"
     return b"", "at its last chunk"
