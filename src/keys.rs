@@ -205,6 +205,13 @@ impl KeySpace {
         })
     }
 
+    /// The channel where a revoke tells every process the tag whose leases it revoked (a plain
+    /// channel, on a cluster too: revokes are rare, and a revoke in a user's own tag publishes
+    /// from that tag's slot).
+    pub fn revocations_channel(&self) -> String {
+        format!("{}:revocations", self.shared_tag())
+    }
+
     /// A named shared resource (a database, a GPU model) with its capacity.
     pub fn resource_pool(&self, name: &str, capacity: u64) -> Pool {
         Pool {

@@ -215,15 +215,31 @@ pub trait Backend: Send + Sync {
 
     /// Revokes every lease in a user's own pool (`pool_key`, its tag's `holders`) in every
     /// process, and bans the user's new streams for `ban_ms` (0: none); returns how many leases.
-    /// Their holders end them: here at once (the caller), elsewhere at their next keep-alive,
-    /// which finds the tag's revocation stamp changed and lists them (`revoked`).
+    /// Their holders end them: here at once (the caller), elsewhere when they hear the tag on
+    /// `channel` (`listen_revocations`), or at their next keep-alive, which finds the tag's
+    /// revocation stamp changed; they list them with `revoked`.
     fn revoke<'a>(
         &'a self,
         pool_key: &'a str,
         holders: &'a str,
         ban_ms: u64,
         remember_ms: u64,
+        channel: &'a str,
     ) -> BoxFuture<'a, CoreResult<u64>>;
+
+    /// Calls `heard` with the tag (holders key) of every revoke any process publishes on
+    /// `channel`, or with None where messages may have been missed (and, when `again`, once
+    /// subscribed: a subscription made again may have missed some), until the subscription
+    /// breaks (the caller listens again). A store whose revocations end its leases at once
+    /// never returns.
+    fn listen_revocations<'a>(
+        &'a self,
+        _channel: &'a str,
+        _again: bool,
+        _heard: Box<dyn Fn(Option<String>) + Send + Sync + 'a>,
+    ) -> BoxFuture<'a, CoreResult<()>> {
+        Box::pin(std::future::pending())
+    }
 
     /// The ids of the leases revoked in a tag (`holders`) lately, each with the ms its user's
     /// new streams are still banned for (0: none). A store whose revocations end its leases at

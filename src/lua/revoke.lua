@@ -1,7 +1,9 @@
 -- Revoke every live lease of one user, in every process: the leases in the user's own pool are
--- listed as revoked in the tag, and the tag's revocation stamp changes; each holder reads that
--- stamp with its keep-alive (keepalive.lua), and one that finds it changed lists the revoked
--- leases (revoked.lua) and ends and releases those it holds, within one renewal period.
+-- listed as revoked in the tag, the tag's revocation stamp changes, and the tag's holders key is
+-- published on the revocations channel. A holder that hears it lists the revoked leases
+-- (revoked.lua) and ends and releases those it holds at once; one that missed the message (its
+-- subscription was down) finds the stamp changed at its next keep-alive (keepalive.lua), within
+-- one renewal period.
 -- Nothing is removed here, so no other lease of the user's or of anyone's is touched, and a
 -- holder that died frees its slots by expiry as always. With a ban, acquire.lua refuses the
 -- user's new streams until it ends.
@@ -16,7 +18,8 @@
 -- of revoked lease ids by the time they are forgotten, <holders>:revoked:bans the hash of those
 -- whose user was banned -> when the ban ends, in ms; <holders>:revocations the stamp).
 -- ARGV[1]: ban in ms (0: none; a longer ban already set is kept); ARGV[2]: how long the
--- revoked ids are remembered in ms (a holder that was away longer has lost them anyway).
+-- revoked ids are remembered in ms (a holder that was away longer has lost them anyway);
+-- ARGV[3]: the revocations channel (a plain one: PUBLISH).
 -- Returns the number of leases revoked.
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 read_clock()
@@ -41,6 +44,7 @@ if count > 0 then
     (tonumber(call('GET', revocations)) or 0) + 1)
   call('SET', revocations, string.format('%.0f', stamp), 'PX', math.max(IDLE_MS, remember))
   call('PEXPIRE', revoked, remember)
+  call('PUBLISH', ARGV[3], holders)
 end
 if ban > 0 then
   local key = pool .. ':ban'

@@ -127,6 +127,7 @@ impl Manager {
             config.lease_ms(),
             config.renew_period(),
             config.redis_timeout(),
+            keys.revocations_channel(),
         ));
         Manager {
             config,
@@ -294,13 +295,14 @@ impl Manager {
         let holders = holders_key(&pool.key);
         let ban_ms = ban.as_millis() as u64;
         let remember_ms = (4 * self.config.lease_ms()).max(REMEMBER_REVOKED_MS);
+        let channel = self.keys.revocations_channel();
         Ok(async move {
             // This process's own at once, those of the local floor too.
             let here = manager.leases.revoke_user(&pool.key, ban_ms) as u64;
             let everywhere = manager
                 .stores
                 .call(Store::Main, |main| {
-                    main.revoke(&pool.key, &holders, ban_ms, remember_ms)
+                    main.revoke(&pool.key, &holders, ban_ms, remember_ms, &channel)
                 })
                 .await?;
             Ok(everywhere.max(here))

@@ -61,8 +61,8 @@ pub struct Leases {
     keeper: Keeper,
     /// Whether the manager admits, and the wake-ups of its waiters.
     gate: Gate,
-    /// The revocation stamp each group's keep-alive found last.
-    seen_revocations: Mutex<revoke::Seen>,
+    /// Where revokes are heard, and the revocation stamp each group's keep-alive found last.
+    revocations: revoke::RevocationWatch,
     counts: EventCounts,
 }
 
@@ -80,6 +80,7 @@ impl Leases {
         ttl_ms: u64,
         period: Duration,
         redis_timeout: Duration,
+        revocations_channel: String,
     ) -> Self {
         Leases {
             releases: Releases::new(&stores, line.clone()),
@@ -94,7 +95,7 @@ impl Leases {
             joined: JoinedTags::default(),
             keeper: Keeper::default(),
             gate: Gate::default(),
-            seen_revocations: Mutex::default(),
+            revocations: revoke::RevocationWatch::new(revocations_channel),
             counts: EventCounts::default(),
         }
     }
@@ -129,14 +130,14 @@ impl Leases {
         if self.is_closed() {
             return Err(CoreError::Closed);
         }
-        let deadline_ms = if self.stores.get(record.store).is_embedded() {
-            NEVER
-        } else {
-            deadline_ms
-        };
+        let embedded = self.stores.get(record.store).is_embedded();
+        let deadline_ms = if embedded { NEVER } else { deadline_ms };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         if record.store == Store::Main {
             self.joined.join(&record.holders);
+            if !embedded {
+                self.hear_revocations();
+            }
         }
         // Counted as held before it stops being in flight, so no figure in between misses it.
         if record.store == Store::Main {

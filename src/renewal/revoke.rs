@@ -1,14 +1,43 @@
 //! Revoked leases: an operator ends a user's streams in every process (`Manager::revoke`). Each
 //! process ends those it holds and releases them: the one that revoked at once, the others when
-//! their keep-alive finds a tag's revocation stamp changed and lists the revoked ids.
+//! they hear the revoke's tag on the revocations channel, or, if they missed it, when their
+//! keep-alive finds the tag's revocation stamp changed; either way they list the revoked ids.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
 
 use super::{counters, Leases};
 use crate::backend::{Kept, RoundReport};
+use crate::errors::CoreResult;
 use crate::lease::{LeaseRecord, Store};
+use crate::runtime;
 use crate::sync::lock;
+
+/// How long a broken subscription to the revocations waits before subscribing again (the
+/// keep-alive's stamp covers the gap).
+const RESUBSCRIBE: Duration = Duration::from_secs(1);
+
+/// The revocation watch of one manager: the channel its revokes are heard on, whether this
+/// process listens there yet, and the stamps its keep-alives found last.
+pub struct RevocationWatch {
+    channel: String,
+    listening: AtomicBool,
+    seen: Mutex<Seen>,
+}
+
+impl RevocationWatch {
+    pub fn new(channel: String) -> Self {
+        RevocationWatch {
+            channel,
+            listening: AtomicBool::new(false),
+            seen: Mutex::default(),
+        }
+    }
+}
 
 /// The revocation stamp seen last per group (holders key) of the main store.
 #[derive(Default)]
@@ -63,24 +92,80 @@ impl Leases {
     /// ends the leases held that are listed as revoked. A failed listing is made again next
     /// round.
     pub(super) async fn end_listed(self: &Arc<Self>, kept: &[Kept], report: &mut RoundReport) {
-        let changed = lock(&self.seen_revocations).changed(kept);
-        let backend = self.stores.get(Store::Main);
+        let changed = lock(&self.revocations.seen).changed(kept);
         for holders in changed {
-            match backend.revoked(&holders).await {
-                Ok(revoked) => {
-                    let bans: HashMap<String, u64> = revoked.into_iter().collect();
-                    let held = lock(&self.held).leases_of(Store::Main, &holders);
-                    for record in &held {
-                        if let Some(&ban_ms) = bans.get(record.id.as_str()) {
-                            self.end_revoked(record, ban_ms);
-                        }
-                    }
-                }
-                Err(e) => {
-                    lock(&self.seen_revocations).again.insert(holders);
-                    report.failures.push(e);
-                }
+            if let Err(e) = self.end_listed_in(&holders).await {
+                lock(&self.revocations.seen).again.insert(holders);
+                report.failures.push(e);
             }
         }
+    }
+
+    /// Ends the leases held in a group (holders key) of the main store that it lists as
+    /// revoked; asks nothing of the store when none is held there.
+    async fn end_listed_in(self: &Arc<Self>, holders: &str) -> CoreResult<()> {
+        if lock(&self.held).is_idle(Store::Main, holders) {
+            return Ok(());
+        }
+        let revoked = self.stores.main().revoked(holders).await?;
+        let bans: HashMap<String, u64> = revoked.into_iter().collect();
+        let held = lock(&self.held).leases_of(Store::Main, holders);
+        for record in &held {
+            if let Some(&ban_ms) = bans.get(record.id.as_str()) {
+                self.end_revoked(record, ban_ms);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts (once: at the first lease held in a store shared with other processes) the task
+    /// that hears the revokes of every process and ends the leases they list at once, until the
+    /// keeper stops. When the subscription is down, the keep-alive's stamp still finds them.
+    pub(super) fn hear_revocations(self: &Arc<Self>) {
+        let watch = &self.revocations;
+        if watch.listening.load(Ordering::Relaxed) || watch.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let stop = self.keeper.stop.clone();
+        let stores = Arc::clone(&self.stores);
+        let channel = watch.channel.clone();
+        runtime::handle().spawn(async move {
+            // The first subscription follows the first lease: a revoke before it is found by
+            // the keep-alive's stamp; one made again looks at once for what it missed.
+            let mut again = false;
+            while !stop.is_cancelled() {
+                let (heard, mut tags) = mpsc::unbounded_channel();
+                let heard = Box::new(move |tag| drop(heard.send(tag)));
+                let listening = stores.main().listen_revocations(&channel, again, heard);
+                again = true;
+                let ending = async {
+                    while let Some(tag) = tags.recv().await {
+                        let Some(leases) = weak.upgrade() else { return };
+                        // None: messages may have been missed; every group held is checked.
+                        let groups = match tag {
+                            Some(holders) => vec![holders],
+                            None => lock(&leases.held).groups(Store::Main),
+                        };
+                        for holders in groups {
+                            // A failure leaves it to the keep-alive's stamp.
+                            let _ = leases.end_listed_in(&holders).await;
+                        }
+                    }
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = listening => {}
+                    () = ending => {}
+                }
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(RESUBSCRIBE) => {}
+                }
+            }
+        });
     }
 }

@@ -235,6 +235,7 @@ impl Backend for MemoryBackend {
         _holders: &'a str,
         ban_ms: u64,
         _remember_ms: u64,
+        _channel: &'a str,
     ) -> BoxFuture<'a, CoreResult<u64>> {
         answered(Ok(self.ban(pool_key, ban_ms)))
     }

@@ -11,12 +11,12 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, PushKind, RedisFuture, RedisResult, Value};
 use tokio::sync::Mutex;
 
 use super::link_errors::{is_missing_function, is_without_functions, unsent, LinkErrors};
 use super::scripts::{Invocation, LIBRARY};
-use super::subscription::Subscription;
+use super::subscription::{Sharding, Subscription};
 use crate::backend::CallStats;
 use crate::deadline::Deadlines;
 use crate::errors::CoreResult;
@@ -246,8 +246,9 @@ impl Link {
     }
 
     /// A connection of its own for a subscription (it blocks), bounded by `redis_timeout`: a
-    /// plain one, or on a cluster a sharded one (SSUBSCRIBE, on the node of the channel's slot).
-    pub async fn subscribe(&self, channel: &str) -> CoreResult<Subscription> {
+    /// plain one, or on a cluster a sharded one (SSUBSCRIBE, on the node of the channel's slot)
+    /// unless the channel is `Sharding::Plain`.
+    pub async fn subscribe(&self, channel: &str, sharding: Sharding) -> CoreResult<Subscription> {
         let client = match &self.endpoint {
             Endpoint::Standalone(client) => client.as_ref().clone(),
             Endpoint::Sentinel(sentinel) => sentinel
@@ -260,10 +261,21 @@ impl Link {
                 let pushes = cluster.pushes.subscribe();
                 let subscribe = async {
                     let mut connection = cluster.subscriber.get_async_connection().await?;
-                    connection.ssubscribe(channel).await?;
+                    let kind = match sharding {
+                        Sharding::OnCluster => {
+                            connection.ssubscribe(channel).await?;
+                            PushKind::SMessage
+                        }
+                        Sharding::Plain => {
+                            connection.subscribe(channel).await?;
+                            PushKind::Message
+                        }
+                    };
                     Ok::<_, redis::RedisError>(Subscription::Cluster {
                         _connection: connection,
                         pushes,
+                        channel: channel.to_owned(),
+                        kind,
                     })
                 };
                 return self.bounded(subscribe).await;

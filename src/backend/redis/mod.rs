@@ -33,6 +33,7 @@ use self::batched::{BatchedCalls, Replied};
 use self::connection::Link;
 use self::layout::unexpected_reply;
 use self::line::{heartbeat_invocation, leave_invocation, wake_channel};
+use self::subscription::Sharding;
 use super::{AcquireOutcome, Backend, CallStats, InLine, Kept, RoundReport};
 use crate::config::GrantTerms;
 use crate::errors::{CoreError, CoreResult};
@@ -144,7 +145,7 @@ impl Backend for RedisBackend {
         woken: Box<dyn Fn() + Send + Sync + 'a>,
     ) -> BoxFuture<'a, CoreResult<()>> {
         Box::pin(async move {
-            let mut subscription = self.link.subscribe(&line.channel).await?;
+            let mut subscription = self.link.subscribe(&line.channel, Sharding::OnCluster).await?;
             while subscription.next().await.is_some() {
                 woken();
             }
@@ -270,10 +271,30 @@ impl Backend for RedisBackend {
         holders: &'a str,
         ban_ms: u64,
         remember_ms: u64,
+        channel: &'a str,
     ) -> BoxFuture<'a, CoreResult<u64>> {
         Box::pin(async move {
-            let invocation = revoke::revoke_invocation(pool_key, holders, ban_ms, remember_ms);
+            let invocation = revoke::revoke_invocation(pool_key, holders, ban_ms, remember_ms, channel);
             self.link.run(&invocation).await
+        })
+    }
+
+    fn listen_revocations<'a>(
+        &'a self,
+        channel: &'a str,
+        again: bool,
+        heard: Box<dyn Fn(Option<String>) + Send + Sync + 'a>,
+    ) -> BoxFuture<'a, CoreResult<()>> {
+        Box::pin(async move {
+            let mut subscription = self.link.subscribe(channel, Sharding::Plain).await?;
+            if again {
+                // Whatever was published while it was down is looked for now.
+                heard(None);
+            }
+            while let Some(message) = subscription.next().await {
+                heard(message);
+            }
+            Ok(())
         })
     }
 

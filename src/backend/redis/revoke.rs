@@ -6,10 +6,22 @@ use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
 
 /// revoke.lua's call: the user's own pool and its tag's holders, the ban and how long the
-/// revoked ids are remembered, in ms. Replies with how many leases were revoked.
-pub fn revoke_invocation(pool_key: &str, holders: &str, ban_ms: u64, remember_ms: u64) -> Invocation {
+/// revoked ids are remembered, in ms, and the channel the tag is published on. Replies with how
+/// many leases were revoked.
+pub fn revoke_invocation(
+    pool_key: &str,
+    holders: &str,
+    ban_ms: u64,
+    remember_ms: u64,
+    channel: &str,
+) -> Invocation {
     let mut invocation = scripts::REVOKE.prepare_invoke();
-    invocation.key(pool_key).key(holders).arg(ban_ms).arg(remember_ms);
+    invocation
+        .key(pool_key)
+        .key(holders)
+        .arg(ban_ms)
+        .arg(remember_ms)
+        .arg(channel);
     invocation
 }
 
@@ -41,10 +53,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_revocation_names_the_pool_then_the_holders() {
-        let call = revoke_invocation("{u}:user:a", "{u}:holders", 60_000, 3_600_000);
+    fn a_revocation_names_the_pool_then_the_holders_and_the_channel_last() {
+        let call = revoke_invocation("{u}:user:a", "{u}:holders", 60_000, 3_600_000, "{u}:revocations");
         assert_eq!(read::keys(&call), ["{u}:user:a", "{u}:holders"]);
-        assert_eq!(read::args(&call), ["60000", "3600000"]);
+        assert_eq!(read::args(&call), ["60000", "3600000", "{u}:revocations"]);
         assert_eq!(read::keys(&revoked_invocation("{u}:holders")), ["{u}:holders"]);
     }
 
