@@ -214,13 +214,9 @@ local function grant(used, rates)
     batch.joined = true
   end
   local granted = {GRANTED, life, fencing_token()}
-  local own_pools = {}
+  index_pools(holders, holder, keys, kb + 1, kb + pools, batch.indexed)
   for i = 1, pools do
-    own_pools[i] = keys[kb + i]
-  end
-  index_pools(holders, holder, own_pools, batch.indexed)
-  for i = 1, pools do
-    local pool = own_pools[i]
+    local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
     batch.used[pool] = used[i] + weight
     add_members(pool, holder, id, weight, used[i] == 0)

@@ -66,7 +66,7 @@ while i <= #ARGV do
       end
     end
     if room then
-      index_pools(holders, holder, keys, nil)
+      index_pools(holders, holder, keys, 1, k, nil)
       for j = 1, k do
         add_members(keys[j], holder, id, weight, true)
       end

@@ -81,12 +81,14 @@ local function hold(holders, holder, ttl, alive)
   return alive
 end
 
--- Lists pools in a holder's index, in one command, before their members go in: the index covers
--- every pool where the holder has members even when a call breaks half way. `indexed`: the
--- pools a batch put in the index already (none is ever taken out meanwhile), or nil.
-local function index_pools(holders, holder, pools, indexed)
+-- Lists pools `pools[first..last]` in a holder's index, in one command, before their members go
+-- in: the index covers every pool where the holder has members even when a call breaks half way.
+-- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile), or
+-- nil.
+local function index_pools(holders, holder, pools, first, last, indexed)
   local fresh = {}
-  for _, pool in ipairs(pools) do
+  for i = first, last do
+    local pool = pools[i]
     if not (indexed and indexed[pool]) then
       fresh[#fresh + 1] = pool
       if indexed then
