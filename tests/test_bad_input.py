@@ -52,6 +52,12 @@ from support.ports import free_port
         ({"key_prefix": "app\udc80"}, ValueError, "key_prefix is not valid text: .* at index 3"),
         ({"identity_secret": "s\udc80"}, ValueError, "identity_secret is not valid text"),
         ({"retry_after": 0}, ValueError, "retry_after"),
+        ({"retry_after_seconds": -1}, ValueError, "retry_after_seconds cannot be negative"),
+        ({"acquire_timeout": -1}, ValueError, "acquire_timeout must be a finite number >= 0"),
+        ({"wait_timeout": float("inf")}, ValueError, "wait_timeout must be a finite number"),
+        # A flag given 1 or "yes" said "'int' object is not an instance of 'bool'", no name.
+        ({"global_pool": 1}, TypeError, "global_pool must be a boolean .True or False., got int"),
+        ({"include_lease_headers": "yes"}, TypeError, "include_lease_headers must be a boolean"),
     ],
 )
 def test_bad_config_is_refused_at_construction(kwargs, error, message):

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 _QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 _REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 
+# The client's sentence of an app's own refusal raised the 0.6 way, by reason (0.6's).
+_DETAILS_0_6 = {
+    "user_limit": "User stream limit reached",
+    "global_limit": "Global stream limit reached",
+}
+
 # The `type` of the OpenAI-shaped `error` member, by status (OpenAI's SDKs pick the exception
 # class by status, and carry `type` and `code` on it).
 _OPENAI_TYPES = {400: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
@@ -31,7 +37,7 @@ _OPENAI_TYPES = {400: "invalid_request_error", 403: "permission_error", 429: "ra
 class StreamLeaseError(Exception):
     """Base class of every run-time error of fastapi_stream_lease."""
 
-    status_code: ClassVar[int] = 500
+    status_code: int = 500
     title: ClassVar[str] = "Stream lease error"
     problem_type: ClassVar[str] = "about:blank"
     #: Seconds a client should wait before retrying, when retrying can help.
@@ -105,16 +111,56 @@ class StreamLeaseRejected(StreamLeaseError):
     ``Retry-After`` where waiting helps, and problem body; ``except RateLimited`` and the others
     still pick out one kind."""
 
-    status_code: ClassVar[int] = 503
+    status_code = 503
     title: ClassVar[str] = "Stream refused"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after: int | None = 1
     reason: str = "refused"
+    #: The kind of refusal, as the 0.6 API's bodies named it.
+    code: ClassVar[str] = "stream_connection_limit"
+
+    #: The client's sentence when it is not the message (an app's refusal raised the 0.6 way).
+    _detail: str | None = None
+
+    def __init__(
+        self, *args: object, reason: str | None = None, retry_after: int | None = None,
+        detail: str | None = None,
+    ) -> None:  # fmt: skip
+        """The library raises its refusals with a message. An app may raise its own the 0.6
+        way: ``StreamLeaseRejected("user_limit", retry_after=7)`` (the reason first or as
+        ``reason=``, ``detail=`` the client's sentence) answers 429 as 0.6 did, with 0.6's
+        sentence unless ``detail`` is given and ``Retry-After: 5`` unless ``retry_after`` is;
+        ``StreamLeaseUnavailable(retry_after=12, detail="Redis down")`` answers 503."""
+        if type(self) is StreamLeaseRejected and (args or reason is not None):
+            self.reason = str(args[0]) if reason is None else reason
+            self.status_code = 429
+            detail = detail or _DETAILS_0_6.get(self.reason, "Stream limit reached")
+            args = (f"Stream lease rejected: {self.reason} - {detail}",)
+            retry_after = 5 if retry_after is None else retry_after
+        elif type(self) is StreamLeaseUnavailable and not args:
+            detail = detail or "Stream lease coordination backend is temporarily unavailable"
+            args = (detail,)
+        super().__init__(*args)
+        self._detail = detail
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+    def _client_detail(self) -> str:
+        return self._detail or super()._client_detail()
 
     @property
     def detail(self) -> str:
         """The ``detail`` of the problem body: what the client is told."""
         return self._client_detail()
+
+    def body(self) -> dict[str, object]:
+        """:meth:`StreamLeaseError.body`, with the members clients of the 0.6 API read:
+        ``code`` (``"stream_connection_limit"``, or ``"stream_lease_backend_unavailable"`` for
+        :class:`StreamLeaseUnavailable`) and ``reason``."""
+        body = super().body()
+        body["code"] = self.code
+        body["reason"] = self.reason
+        return body
 
 
 class PoolFull(StreamLeaseRejected):
@@ -221,7 +267,7 @@ class RateLimited(StreamLeaseRejected):
     ``RateLimit-Policy`` and ``RateLimit`` headers; ``retry_after`` is when the hit's cost fits
     again (never earlier than the window allows)."""
 
-    status_code: ClassVar[int] = 429
+    status_code = 429
     title: ClassVar[str] = "Too many requests"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
     reason = "rate_limit"
@@ -256,7 +302,7 @@ class BudgetExhausted(StreamLeaseRejected):
     already started, so the status (429) only reaches a client that reads the error in the
     stream or in logs."""
 
-    status_code: ClassVar[int] = 429
+    status_code = 429
     title: ClassVar[str] = "Token budget exhausted"
     problem_type: ClassVar[str] = _QUOTA_EXCEEDED
     retry_after = 1
@@ -278,7 +324,7 @@ class ReservationTooLarge(StreamLeaseRejected):
     budget's unit. A budget with too little left now refuses with :class:`RateLimited` (429 and
     ``Retry-After``) instead."""
 
-    status_code: ClassVar[int] = 400
+    status_code = 400
     title: ClassVar[str] = "Reservation larger than the budget"
     problem_type: ClassVar[str] = "about:blank"
     reason = "reservation_too_large"
@@ -302,9 +348,10 @@ class StreamLeaseUnavailable(StreamLeaseRejected):
     unreachable (:class:`BackendError`), or this worker is shutting down
     (:class:`ManagerClosed`). The 0.6 API's name for both."""
 
-    status_code: ClassVar[int] = 503
+    status_code = 503
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
+    code: ClassVar[str] = "stream_lease_backend_unavailable"
 
 
 class BackendError(StreamLeaseUnavailable):
@@ -313,7 +360,7 @@ class BackendError(StreamLeaseUnavailable):
     to the app's log (:func:`stream_lease_exception_handler` logs it), never to the client,
     whose problem body says only that admission control is unavailable."""
 
-    status_code: ClassVar[int] = 503
+    status_code = 503
     title: ClassVar[str] = "Admission control unavailable"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
@@ -330,7 +377,7 @@ class BackendUnavailable(BackendError):
 class LeaseLost(StreamLeaseError):
     """A held lease was found gone from the store (it expired during an outage, or was evicted)."""
 
-    status_code: ClassVar[int] = 503
+    status_code = 503
     title: ClassVar[str] = "Stream lease lost"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1
@@ -351,7 +398,7 @@ class UserBanned(StreamLeaseRejected):
     (:meth:`StreamLeaseManager.revoke` with ``ban_seconds``): 403, with ``Retry-After`` saying
     when the ban ends."""
 
-    status_code: ClassVar[int] = 403
+    status_code = 403
     title: ClassVar[str] = "Streams suspended"
     problem_type: ClassVar[str] = "about:blank"
     reason = "banned"
@@ -368,7 +415,7 @@ class ClientDisconnected(StreamLeaseError):
     """The client went away while its request waited in line; it left the line. Nobody is
     left to read an answer, so the status (499, nginx's "client closed request") is moot."""
 
-    status_code: ClassVar[int] = 499
+    status_code = 499
     title: ClassVar[str] = "Client closed request"
     retry_after = 1
     reason = "client_closed_request"
@@ -377,7 +424,7 @@ class ClientDisconnected(StreamLeaseError):
 class ManagerClosed(StreamLeaseUnavailable):
     """The manager was closed with ``aclose()`` (the app is shutting down)."""
 
-    status_code: ClassVar[int] = 503
+    status_code = 503
     title: ClassVar[str] = "Shutting down"
     problem_type: ClassVar[str] = _REDUCED_CAPACITY
     retry_after = 1

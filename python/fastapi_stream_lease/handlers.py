@@ -44,6 +44,11 @@ def install_exception_handler(
     stream included (call it before the app starts). ``legacy_rate_limit_headers=True`` adds
     the ``X-RateLimit-*`` headers some clients expect; ``openai_rate_limit_headers=True``
     OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``, which LLM SDK clients read."""
+    if not callable(getattr(app, "add_exception_handler", None)):
+        raise TypeError(
+            "app must be a FastAPI or Starlette application (one with add_exception_handler), "
+            f"got {type(app).__name__}"
+        )
     app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)
     app.add_middleware(StreamEndMiddleware)
     app.add_middleware(

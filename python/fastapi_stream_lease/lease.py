@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from starlette.concurrency import iterate_in_threadpool
@@ -22,6 +30,7 @@ from starlette.responses import StreamingResponse
 
 from ._core import LeaseHandle
 from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
+from .stream_source import close_sources
 
 if TYPE_CHECKING:
     from .rates import RateDecision
@@ -53,6 +62,7 @@ LOST_MESSAGE = (
     "the stream's lease was lost: Redis no longer held it (an outage longer than lease_seconds, "
     "a restart or an eviction) and its slot was taken meanwhile"
 )
+RELEASED_MESSAGE = "the lease was released already: acquire a new one for this work"
 REVOKED_MESSAGE = "the stream's lease was revoked: its worker is draining, or an operator ended it"
 
 
@@ -63,20 +73,27 @@ class Lease:
     """
 
     __slots__ = (
-        "__weakref__", "_cancel_on_lost", "_handle", "_lease_headers", "_lifecycle", "_loss_logged",
-        "_on_release", "_releasing",
+        "__weakref__", "_block", "_cancel_on_lost", "_handle", "_lease_headers", "_lease_seconds",
+        "_lifecycle", "_loss_logged", "_on_release", "_releasing", "user_id",
     )  # fmt: skip
 
     def __init__(
         self,
         handle: LeaseHandle,
         *,
+        user_id: str | None,
+        lease_seconds: float,
         cancel_on_lost: bool,
         on_release: Callable[[Lease], None] | None = None,
         lifecycle: LeaseEvents | None = None,
         lease_headers: bool = False,
     ) -> None:
         self._handle = handle
+        #: The user the lease was acquired for (None: resources only).
+        self.user_id = user_id
+        self._lease_seconds = lease_seconds
+        # The block of ``async with lease:``, while one runs.
+        self._block: AbstractAsyncContextManager[Lease] | None = None
         self._cancel_on_lost = cancel_on_lost
         # Told once the release starts (the manager's telemetry counts the lease down).
         self._on_release = on_release
@@ -191,6 +208,12 @@ class Lease:
             output_tokens = _bounded("output_tokens", output_tokens, counted, output_estimate)
         self._handle.report_usage(input_tokens, output_tokens, cached_input_tokens)
 
+    async def renew(self) -> bool:
+        """The 0.6 API's renewal: the manager renews every lease it holds by itself (one call
+        per period for all of them), so this only says whether the lease is still held
+        (neither lost nor released)."""
+        return not (self._handle.lost or self._handle.released)
+
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
         (True if it was still there). Safe to call twice; cancelling the await does not stop it.
@@ -227,6 +250,8 @@ class Lease:
         *,
         tokens: Callable[[T], int] | None = None,
         close_source: bool = True,
+        auto_renew: bool = True,
+        renew_interval: float | None = None,
     ) -> AsyncIterator[T]:
         """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
         stream ends, raises, is cancelled or is closed (client disconnect). Under
@@ -238,12 +263,19 @@ class Lease:
         the next item; one whose budget ran out (``on_budget="cut"``) ends with
         :class:`BudgetExhausted` there, after the item that used it up.
 
-        The stream is closed at the end too (an async one's ``aclose()``; a sync one's
-        ``close()``, in a worker thread, as a generator has), unless ``close_source=False``
-        (the caller owns it).
+        The stream is closed at the end too, unless ``close_source=False`` (the caller owns
+        it): an async one and the iterator it handed out by their ``aclose()`` or ``close()``
+        (awaited when it returns an awaitable), within 2 seconds together, a failure or a
+        hang logged, not raised; a sync one by its ``close()`` in a worker thread, as its
+        iteration ran.
 
         Starlette's ``StreamingResponse`` cancels or closes this generator when the client goes
         away, so its ``finally`` is the one place release must happen.
+
+        ``auto_renew`` and ``renew_interval`` are the 0.6 API's: the manager renews every lease
+        it holds (``LeaseConfig.renew_every``), so they change nothing, but a ``renew_interval``
+        that is not above 0 and below ``lease_seconds`` ends the stream with ``ValueError``
+        before its first item, its lease released, as in 0.6.
         """
         iterator = None if isinstance(stream, AsyncIterable) else iter(stream)
         source: AsyncIterable[T] = (
@@ -254,6 +286,11 @@ class Lease:
         items = aiter(source)
         try:
             async with self._released_at_end():
+                # A lost or revoked lease is released too: its watch says which, below.
+                if self._handle.released and not self._handle.lost:
+                    raise LeaseLost(RELEASED_MESSAGE)
+                if renew_interval is not None:
+                    check_renew_interval(renew_interval, self._lease_seconds)
                 watch = LostWatch(self)
                 try:
                     while True:
@@ -270,14 +307,36 @@ class Lease:
                 finally:
                     watch.close()
         finally:
-            close = getattr(source, "aclose", None)
-            if close is not None and (close_source or source is not stream):
-                await close()
-            # A sync iterator's own close() (a generator's runs its finally), off the loop
-            # thread as its iteration was; the thread pool has finished its last step by now.
-            close_sync = getattr(iterator, "close", None)
-            if close_sync is not None and (close_source or iterator is not stream):
-                await asyncio.to_thread(close_sync)
+            if iterator is None:
+                if close_source:
+                    await close_sources(items, stream)
+            else:
+                # The thread pool's generator, ours.
+                await cast("AsyncGenerator[T, None]", source).aclose()
+                # A sync iterator's own close() (a generator's runs its finally), off the loop
+                # thread as its iteration was; the thread pool has finished its last step now.
+                close_sync = getattr(iterator, "close", None)
+                if close_sync is not None and (close_source or iterator is not stream):
+                    await asyncio.to_thread(close_sync)
+
+    async def __aenter__(self) -> Lease:
+        """``async with lease:`` holds the lease for the block and releases it however the
+        block ends, as :meth:`StreamLeaseManager.lease` does (the 0.6 API's form). A lease
+        holds one block at a time (``RuntimeError``), and a released one none
+        (:class:`LeaseLost`)."""
+        if self._block is not None:
+            raise RuntimeError("a lease cannot enter a second async with block while in one")
+        if self._handle.released and not self._handle.lost:
+            raise LeaseLost(RELEASED_MESSAGE)
+        self._block = self._held()
+        return await self._block.__aenter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any
+    ) -> bool | None:
+        block, self._block = self._block, None
+        assert block is not None, "__aexit__ without __aenter__"
+        return await block.__aexit__(kind, error, traceback)
 
     @asynccontextmanager
     async def _held(self) -> AsyncIterator[Lease]:
@@ -334,7 +393,7 @@ class Lease:
         manager renews every lease it holds (``LeaseConfig.renew_every``)."""
         if include_lease_headers is not None and not isinstance(include_lease_headers, bool):
             raise TypeError(
-                f"include_lease_headers must be a bool or None, got {include_lease_headers!r}"
+                f"include_lease_headers must be a boolean or None, got {include_lease_headers!r}"
             )
         sent = dict(headers or {})
         if self._lease_headers if include_lease_headers is None else include_lease_headers:
@@ -379,6 +438,16 @@ class Lease:
     def __repr__(self) -> str:
         states = [name for name in ("lost", "released") if getattr(self, name)]
         return f"<Lease {self.lease_id} weight={self.weight} {', '.join(states) or 'held'}>"
+
+
+def check_renew_interval(renew_interval: float, lease_seconds: float) -> None:
+    """Refuses a 0.6 ``renew_interval`` outside (0, ``lease_seconds``), as 0.6 did."""
+    if not 0 < renew_interval < lease_seconds:
+        raise ValueError(
+            f"renew_interval must be positive and shorter than lease_seconds={lease_seconds}, "
+            f"got {renew_interval!r}; it can be left out: the manager renews every lease every "
+            "LeaseConfig.renew_every seconds"
+        )
 
 
 def _bounded(name: str, reported: int, counted: int, estimate: int) -> int:

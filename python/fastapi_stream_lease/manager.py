@@ -30,7 +30,7 @@ from .disconnect import unless_disconnected
 from .errors import BackendError, RateLimited, StreamLeaseError
 from .failure_policy import CircuitState
 from .handlers import install_exception_handler
-from .lease import Lease, ProtectedStreamingResponse, log
+from .lease import Lease, ProtectedStreamingResponse, check_renew_interval, log
 from .lifecycle import Lifecycle
 from .rates import PolicyEntry, Prices, RateDecision, RateLimit
 from .resources import Resource
@@ -159,6 +159,7 @@ class StreamLeaseManager:
             )
         if redis is not None and url is not None:
             raise TypeError("pass either redis=<client> or url=..., not both")
+        self._redis = redis
         if url is None and redis is not None:
             url, client_ca_file = connection_of_redis_client(redis)
             tls_ca_file = tls_ca_file or client_ca_file
@@ -223,6 +224,13 @@ class StreamLeaseManager:
         ``LeaseConfig.trusted_proxies`` (:func:`~fastapi_stream_lease.client_ip` says how).
         What the forms count when they are given no ``key``."""
         return client_of(connection, self._proxy_rule)
+
+    @property
+    def redis(self) -> Any:
+        """The redis-py client given as ``redis=`` (None otherwise). The manager connects where
+        it does, with its settings, over connections of its own: commands sent through this
+        client neither reach nor see the manager's calls."""
+        return self._redis
 
     @property
     def backend(self) -> str:
@@ -345,15 +353,16 @@ class StreamLeaseManager:
         # cancelled before it ran again) gives its start back when dropped.
         handle._take()
         if telemetry is None:
-            return self._granted(handle, counted)
+            return self._granted(handle, user_id, counted)
         decisions = handle.rate_decisions if policies else ()
         telemetry.admitted(started, waits, span, None, decisions)
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
-        return self._granted(handle, counted, on_release=ended)
+        return self._granted(handle, user_id, counted, on_release=ended)
 
     def _granted(
         self,
         handle: _core.LeaseHandle,
+        user_id: str | None,
         counted: tuple[str, Sequence[PolicyEntry]] | None,
         on_release: Callable[[Lease], None] | None = None,
     ) -> Lease:
@@ -363,6 +372,8 @@ class StreamLeaseManager:
             self._tell_thresholds(*counted, handle.rate_decisions)
         lease = Lease(
             handle,
+            user_id=user_id,
+            lease_seconds=self._config.lease_seconds,
             cancel_on_lost=self._cancel_on_lost,
             on_release=on_release,
             lifecycle=self._lifecycle,
@@ -483,10 +494,12 @@ class StreamLeaseManager:
         prices: Prices | None = None,
         prompt_tokens: int | None = None,
         max_tokens: int | None = None,
+        renew_interval: float | None = None,
     ) -> AsyncIterator[Lease]:
         """``async with manager.lease(user_id) as lease:`` holds a lease for the block (the
         arguments are :meth:`acquire`'s) and releases it however the block ends. Under
-        ``on_lost="cancel"`` a lost lease cancels the block with :class:`LeaseLost`."""
+        ``on_lost="cancel"`` a lost lease cancels the block with :class:`LeaseLost`.
+        ``renew_interval`` is checked as :meth:`Lease.wrap` checks it."""
         lease = await self.acquire(
             user_id,
             weight=weight,
@@ -506,6 +519,8 @@ class StreamLeaseManager:
             max_tokens=max_tokens,
         )
         async with lease._held():
+            if renew_interval is not None:
+                check_renew_interval(renew_interval, self._config.lease_seconds)
             yield lease
 
     def stream_lease(
@@ -903,10 +918,8 @@ class StreamLeaseManager:
         await lease.release()
 
     async def renew(self, lease: Lease) -> bool:
-        """The 0.6 API's renewal: here the manager renews every lease it holds by itself (one
-        call per period for all of them), so this only says whether ``lease`` is still held
-        (neither lost nor released)."""
-        return not (lease.lost or lease.released)
+        """The 0.6 API's renewal: the same as ``await lease.renew()``."""
+        return await lease.renew()
 
     async def __aenter__(self) -> StreamLeaseManager:
         return self

@@ -46,7 +46,7 @@ impl AcquireArgs {
         let weight = args::weight(weight, MAX_WEIGHT)?;
         let max_per_user = args::optional_capacity("max_per_user", max_per_user)?;
         let wait = args::given(wait_timeout)
-            .map(|wait| args::wait_seconds(Some(wait), 0.0).map(Duration::from_secs_f64))
+            .map(|wait| args::wait_seconds("wait_timeout", Some(wait), 0.0).map(Duration::from_secs_f64))
             .transpose()?;
         let keyed = |policies| {
             args::given(policies)

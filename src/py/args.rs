@@ -29,6 +29,31 @@ pub fn seconds(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> Py
     let Some(value) = given(value) else {
         return Ok(default);
     };
+    let seconds = number(name, value)?;
+    if !seconds.is_finite() {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be finite, got {seconds}"
+        )));
+    }
+    Ok(seconds)
+}
+
+/// A flag: True or False (not 1, not "yes"), or `default` when not given.
+pub fn flag(name: &str, value: Option<&Bound<'_, PyAny>>, default: bool) -> PyResult<bool> {
+    match given(value) {
+        None => Ok(default),
+        Some(value) => value.cast::<PyBool>().map(|flag| flag.is_true()).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{name} must be a boolean (True or False), got {} {}",
+                type_name(value),
+                value.repr().map_or_else(|_| "?".into(), |repr| repr.to_string())
+            ))
+        }),
+    }
+}
+
+/// An int or float (not a bool) of seconds, unchecked.
+fn number(name: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     if value.is_instance_of::<PyBool>()
         || !(value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>())
     {
@@ -38,21 +63,19 @@ pub fn seconds(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> Py
             value.repr()?
         )));
     }
-    let seconds: f64 = value.extract()?;
-    if !seconds.is_finite() {
-        return Err(PyValueError::new_err(format!(
-            "{name} must be finite, got {seconds}"
-        )));
-    }
-    Ok(seconds)
+    value.extract()
 }
 
-/// Seconds to wait in line: 0 (refuse at once) to an hour.
-pub fn wait_seconds(value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<f64> {
-    let seconds = seconds("wait_timeout", value, default)?;
+/// Seconds to wait in line: 0 (refuse at once) to an hour. `name` is the one the caller wrote
+/// (`wait_timeout`, or 0.6's `acquire_timeout`).
+pub fn wait_seconds(name: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<f64> {
+    let Some(value) = given(value) else {
+        return Ok(default);
+    };
+    let seconds = number(name, value)?;
     if !(0.0..=3600.0).contains(&seconds) {
         return Err(PyValueError::new_err(format!(
-            "wait_timeout={seconds} is out of range: use 0 (refuse at once) to 3600 seconds"
+            "{name}={seconds} is out of range: {name} must be a finite number >= 0 and at most 3600 (seconds to wait in line; 0 refuses at once)"
         )));
     }
     Ok(seconds)

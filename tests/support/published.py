@@ -4,8 +4,10 @@ keeps only what it wrote), and kept in the test virtualenv once fetched."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -37,3 +39,28 @@ def readme_of(package: str, version: str) -> str:
         partial.write_text(readme)
         os.replace(partial, kept)
     return kept.read_text()
+
+
+def sdist_of(package: str, version: str) -> Path:
+    """The unpacked source distribution of ``package==version`` (its tests among it), from
+    ``pip download``."""
+    kept = CACHE / f"{package}-{version}-sdist"
+    if not kept.exists():
+        CACHE.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as folder:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps",
+                 "--no-binary", ":all:", "--quiet", "--dest", folder],
+                check=True,
+            )  # fmt: skip
+            (archive,) = Path(folder).glob("*.tar.gz")
+            unpacked = Path(folder) / "unpacked"
+            with tarfile.open(archive) as sdist:
+                sdist.extractall(unpacked, filter="data")
+            (root,) = unpacked.iterdir()
+            # Moved into place whole: test processes that fetch at once never see half of it.
+            try:
+                os.replace(root, kept)
+            except OSError:  # another process put it there first
+                shutil.rmtree(root)
+    return kept

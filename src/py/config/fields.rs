@@ -8,7 +8,7 @@ use pyo3::types::{PyBool, PyDict, PyString};
 use super::super::args::{self, type_name};
 use crate::config::FailureMode;
 
-const MIN_LEASE_SECONDS: f64 = 1.0;
+const MIN_LEASE_SECONDS: f64 = 0.1;
 const MAX_LEASE_SECONDS: f64 = 86_400.0;
 const MAX_PREFIX_LEN: usize = 128;
 
@@ -54,8 +54,13 @@ impl Timings {
         )?;
         let retry_after = args::seconds(retry_after_name, retry_after, 5.0)?;
         if !(1.0..=3600.0).contains(&retry_after) {
+            let negative = if retry_after < 0.0 {
+                format!(" {retry_after_name} cannot be negative;")
+            } else {
+                String::new()
+            };
             return Err(PyValueError::new_err(format!(
-            "retry_after={retry_after} is out of range: use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
+            "{retry_after_name}={retry_after} is out of range:{negative} use 1 to 3600 seconds (the longest Retry-After a rejected client is told)"
         )));
         }
         Ok(Timings {

@@ -62,7 +62,7 @@ fn hook_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<P
         None => Ok(None),
         Some(hook) if hook.is_callable() => Ok(Some(hook.clone().unbind())),
         Some(other) => Err(PyTypeError::new_err(format!(
-            "{name} must be a callable (a function or a coroutine function), got {} {}",
+            "{name} must be callable (a function or a coroutine function), got {} {}",
             type_name(other),
             other.repr()?
         ))),
@@ -84,7 +84,7 @@ impl PythonSide {
         Ok(PythonSide {
             include_lease_headers,
             hook_queue_size: match args::capacity("hook_queue_size", hook_queue_size, HOOK_QUEUE_SIZE)? {
-                0 => return Err(PyValueError::new_err("hook_queue_size must be at least 1")),
+                0 => return Err(PyValueError::new_err("hook_queue_size must be greater than 0: it is how many hook events wait before new ones are dropped")),
                 n => n,
             },
             on_acquired: hook_field("on_acquired", on_acquired)?,

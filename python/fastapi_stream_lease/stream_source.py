@@ -1,0 +1,57 @@
+"""Closing what a wrapped stream read from, once the stream ends: the object given to
+``Lease.wrap()`` and the iterator it handed out, each by the method it has (``aclose()``, or
+``close()``, awaited when either is a coroutine function or returns an awaitable, as an SDK's
+stream object's may), within ``CLOSE_TIMEOUT`` seconds. A close that fails or hangs is logged
+and left: the stream has ended, and its lease is released whatever the source does."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import cast
+
+log = logging.getLogger("fastapi_stream_lease")
+
+#: Seconds the sources of one stream may take to close, together.
+CLOSE_TIMEOUT = 2.0
+
+
+async def close_sources(*sources: object) -> None:
+    """Closes each of ``sources`` once (the iterator first), by its own method."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CLOSE_TIMEOUT
+    seen: set[int] = set()
+    for source in sources:
+        if id(source) in seen:
+            continue
+        seen.add(id(source))
+        close = _close_method(source)
+        if close is None:
+            continue
+        try:
+            await asyncio.wait_for(_called(close), max(deadline - loop.time(), 0.001))
+        except (Exception, asyncio.TimeoutError) as error:
+            # The type only: a message may carry the stream's data.
+            log.warning(
+                "closing the stream's source %s raised %s; the stream ended anyway",
+                type(source).__name__,
+                type(error).__name__,
+            )
+
+
+def _close_method(source: object) -> Callable[[], object] | None:
+    for name in ("aclose", "close"):
+        method = getattr(source, name, None)
+        if callable(method):
+            return cast("Callable[[], object]", method)
+    return None
+
+
+async def _called(close: Callable[[], object]) -> None:
+    # Called on the loop's thread, sync or not: an async stream's close() may touch the loop's
+    # objects, which is unsafe from another thread.
+    result = close()
+    if inspect.isawaitable(result):
+        await result
