@@ -22,12 +22,7 @@ def readme_of(package: str, version: str) -> str:
     kept = CACHE / f"{package}-{version}-README.md"
     if not kept.exists():
         with tempfile.TemporaryDirectory() as folder:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps",
-                 "--only-binary", ":all:", "--quiet", "--dest", folder],
-                check=True,
-            )  # fmt: skip
-            (wheel,) = Path(folder).glob("*.whl")
+            wheel = _downloaded(package, version, "--only-binary", Path(folder))
             with zipfile.ZipFile(wheel) as archive:
                 (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
                 text = archive.read(metadata).decode("utf-8")
@@ -48,12 +43,7 @@ def sdist_of(package: str, version: str) -> Path:
     if not kept.exists():
         CACHE.mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as folder:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps",
-                 "--no-binary", ":all:", "--quiet", "--dest", folder],
-                check=True,
-            )  # fmt: skip
-            (archive,) = Path(folder).glob("*.tar.gz")
+            archive = _downloaded(package, version, "--no-binary", Path(folder))
             unpacked = Path(folder) / "unpacked"
             with tarfile.open(archive) as sdist:
                 sdist.extractall(unpacked, filter="data")
@@ -64,3 +54,15 @@ def sdist_of(package: str, version: str) -> Path:
             except OSError:  # another process put it there first
                 shutil.rmtree(root)
     return kept
+
+
+def _downloaded(package: str, version: str, form: str, folder: Path) -> Path:
+    """The one file ``pip download`` puts in ``folder``: the wheel (``form="--only-binary"``)
+    or the source distribution (``"--no-binary"``) of ``package==version``."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps",
+         form, ":all:", "--quiet", "--dest", str(folder)],
+        check=True,
+    )  # fmt: skip
+    (downloaded,) = folder.iterdir()
+    return downloaded
