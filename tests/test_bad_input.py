@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from starlette.requests import Request
@@ -176,6 +177,35 @@ async def test_bad_weights_are_refused(make_manager, weight, error):
     manager = make_manager()
     with pytest.raises(error, match="weight"):
         await manager.acquire("alice", weight=weight)
+
+
+@pytest.mark.parametrize(
+    ("renew_interval", "error", "message"),
+    [
+        (0, ValueError, "renew_interval must be positive and shorter than lease_seconds=30"),
+        (30, ValueError, "renew_interval must be positive"),
+        ("5", TypeError, "renew_interval must be a number of seconds .int or float., got str"),
+        (True, TypeError, "got bool"),
+    ],
+)
+async def test_a_bad_renew_interval_is_refused_and_its_lease_released(
+    make_manager, renew_interval, error, message
+):
+    """Regression: ``renew_interval="5"`` raised "'<' not supported between instances"."""
+    manager = make_manager(max_per_user=1)
+
+    async def items() -> AsyncIterator[str]:
+        yield "never"
+
+    with pytest.raises(error, match=message):
+        async with manager.lease("alice", renew_interval=renew_interval):
+            pytest.fail("the block ran")
+    lease = await manager.acquire("alice")
+    with pytest.raises(error, match=message):
+        async for _ in lease.wrap(items(), renew_interval=renew_interval):
+            pytest.fail("the stream ran")
+    assert lease.released
+    await (await manager.acquire("alice")).release()
 
 
 def test_the_core_acquire_takes_one_checked_value_not_loose_positional_arguments():

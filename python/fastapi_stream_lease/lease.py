@@ -335,7 +335,8 @@ class Lease:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any
     ) -> bool | None:
         block, self._block = self._block, None
-        assert block is not None, "__aexit__ without __aenter__"
+        if block is None:
+            raise RuntimeError("__aexit__ of a lease outside its async with block")
         return await block.__aexit__(kind, error, traceback)
 
     @asynccontextmanager
@@ -442,6 +443,11 @@ class Lease:
 
 def check_renew_interval(renew_interval: float, lease_seconds: float) -> None:
     """Refuses a 0.6 ``renew_interval`` outside (0, ``lease_seconds``), as 0.6 did."""
+    if isinstance(renew_interval, bool) or not isinstance(renew_interval, (int, float)):
+        raise TypeError(
+            "renew_interval must be a number of seconds (int or float), got "
+            f"{type(renew_interval).__name__} {renew_interval!r}"
+        )
     if not 0 < renew_interval < lease_seconds:
         raise ValueError(
             f"renew_interval must be positive and shorter than lease_seconds={lease_seconds}, "
