@@ -38,6 +38,17 @@ def telemetry():
     return MeterProvider(metric_readers=[reader]), tracer_provider, reader, exporter
 
 
+def acquires(exporter) -> list[dict]:
+    """The facts of every traced acquire: the attributes of the library's own spans and of the
+    acquire events on others."""
+    return [
+        dict(s.attributes) if s.name == f"{NAME}.acquire" else dict(e.attributes)
+        for s in exporter.get_finished_spans()
+        for e in (s.events if s.name != f"{NAME}.acquire" else (None,))
+        if e is None or e.name == f"{NAME}.acquire"
+    ]
+
+
 def points(reader, name: str) -> list:
     data = reader.get_metrics_data()
     return [
@@ -168,10 +179,15 @@ async def test_every_result_is_counted_once_and_no_identity_leaks(
     (spent,) = points(reader, f"{NAME}.redis.call.time")
     assert spent.value > 0
 
-    spans = [s for s in exporter.get_finished_spans() if s.name == "fastapi_stream_lease.acquire"]
-    assert len(spans) == sum(results.values())
+    (request_span,) = exporter.get_finished_spans()
+    events = [e for e in request_span.events if e.name == f"{NAME}.acquire"]
+    assert len(events) == sum(results.values()), "one event per acquire, on the request's span"
+    assert sorted(e.attributes[f"{NAME}.result"] for e in events) == sorted(
+        result for result, n in results.items() for _ in range(n)
+    )
+    assert request_span.attributes[f"{NAME}.result"] == "closed", "the last acquire's"
     digest = manager._core.identity_digest(ALICE)
-    assert any(s.attributes.get("fastapi_stream_lease.identity_hash") == digest for s in spans)
+    assert any(e.attributes.get(f"{NAME}.identity_hash") == digest for e in events)
     telemetry_text = json.dumps(
         [
             [dict(s.attributes), [(e.name, dict(e.attributes)) for e in s.events], s.name]
@@ -208,17 +224,21 @@ async def test_without_providers_nothing_is_instrumented(backend_url, key_prefix
     assert manager._telemetry is None, "the API's default providers record nothing: no cost"
 
 
-async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key_prefix, telemetry):
-    """Neither without a request span nor inside one its sampler dropped (most requests, at
-    ``ParentBased(TraceIdRatioBased(0.1))``): counted and timed all the same."""
-    meters, tracers, reader, exporter = telemetry
-    config = LeaseConfig(key_prefix=key_prefix)
-    manager = StreamLeaseManager(
-        url=backend_url, config=config, meter_provider=meters, tracer_provider=tracers
-    )
-    await (await manager.acquire(ALICE)).release()
+async def test_an_acquire_in_a_trace_its_sampler_dropped_is_not_traced(
+    backend_url, key_prefix, telemetry
+):
+    """Most requests, at ``ParentBased(TraceIdRatioBased(0.1))``: counted and timed all the
+    same, and neither a span nor an event made."""
+    meters, _, reader, exporter = telemetry
     dropping = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
     dropping.add_span_processor(SimpleSpanProcessor(exporter))
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        meter_provider=meters,
+        tracer_provider=dropping,
+    )
+    await (await manager.acquire(ALICE)).release()  # a root span the sampler drops
     with dropping.get_tracer("app").start_as_current_span("GET /stream"):
         await (await manager.acquire(ALICE)).release()
     assert exporter.get_finished_spans() == ()
@@ -229,7 +249,50 @@ async def test_an_acquire_outside_a_sampled_trace_makes_no_span(backend_url, key
     await manager.aclose()
 
 
-async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_on_the_span(
+@pytest.mark.parametrize("acquire_spans", [False, True])
+async def test_an_acquire_is_an_event_on_the_requests_span_or_a_span_when_asked(
+    backend_url, key_prefix, telemetry, acquire_spans
+):
+    """Inside a sampled request span, the acquire's facts are an event on it (no span of the
+    library's own) unless ``acquire_spans=True``; outside any span, a span of its own."""
+    _, tracers, _, exporter = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        tracer_provider=tracers,
+        acquire_spans=acquire_spans,
+    )
+    with tracers.get_tracer("app").start_as_current_span("GET /stream"):
+        await (await manager.acquire(ALICE)).release()
+    await (await manager.acquire(ALICE)).release()  # no request span
+    spans = exporter.get_finished_spans()
+    names = [s.name for s in spans]
+    request = spans[names.index("GET /stream")]
+    own = [s for s in spans if s.name == f"{NAME}.acquire"]
+    if acquire_spans:
+        assert [s.parent.span_id if s.parent else None for s in own] == [
+            request.context.span_id,
+            None,
+        ]
+        assert f"{NAME}.result" not in request.attributes
+    else:
+        assert [s.parent for s in own] == [None], "only the acquire outside a request"
+        assert [e.name for e in request.events] == [f"{NAME}.acquire", f"{NAME}.lease.released"]
+        assert request.attributes[f"{NAME}.result"] == "acquired"
+    facts = acquires(exporter)
+    assert [f[f"{NAME}.result"] for f in facts] == ["acquired", "acquired"]
+    assert all(f[f"{NAME}.pools"] == ("per_user", "global") for f in facts)
+    assert all(f[f"{NAME}.wait_seconds"] >= 0 for f in facts)
+    await manager.aclose()
+
+
+async def test_telemetry_switches_of_the_wrong_type_say_so():
+    for name in ("trace_identities", "acquire_spans"):
+        with pytest.raises(TypeError, match=f"{name} must be True or False, got 'yes'"):
+            StreamLeaseManager(**{name: "yes"})
+
+
+async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_in_the_trace(
     backend_url, key_prefix, telemetry
 ):
     meters, tracers, reader, exporter = telemetry
@@ -246,17 +309,15 @@ async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_on_
     with tracers.get_tracer("test").start_as_current_span("request"):
         lease = await manager.acquire(ALICE, rate_limits=[new_rule, old_rule])
     await lease.release()
-    counted = {
-        p.attributes["policy"]: p.value for p in points(reader, f"{NAME}.rate.would_refuse")
-    }
+    counted = {p.attributes["policy"]: p.value for p in points(reader, f"{NAME}.rate.would_refuse")}
     assert counted == {"new_rule": 3}
-    (span,) = [s for s in exporter.get_finished_spans() if s.name == f"{NAME}.acquire"]
-    assert span.attributes[f"{NAME}.would_refuse"] == ("new_rule",)
+    (facts,) = acquires(exporter)
+    assert facts[f"{NAME}.would_refuse"] == ("new_rule",)
     assert [p.value for p in points(reader, f"{NAME}.requests")] == [1], "it was acquired"
     await manager.aclose()
 
 
-async def test_a_span_names_the_policies_of_every_level_and_no_identity_of_theirs(
+async def test_a_trace_names_the_policies_of_every_level_and_no_identity_of_theirs(
     backend_url, key_prefix, telemetry
 ):
     """An acquire whose policies count identities of their own (a team) is traced with every
@@ -275,9 +336,9 @@ async def test_a_span_names_the_policies_of_every_level_and_no_identity_of_their
             ALICE, rate_limits=[(team_starts, BOB)], budgets=[user_tokens], reserve=10
         )
     await lease.release()
-    (span,) = [s for s in exporter.get_finished_spans() if s.name == f"{NAME}.acquire"]
-    assert span.attributes[f"{NAME}.policies"] == ("team_starts", "user_tokens")
-    assert all(who not in repr(dict(span.attributes)) for who in (ALICE, BOB))
+    (facts,) = acquires(exporter)
+    assert facts[f"{NAME}.policies"] == ("team_starts", "user_tokens")
+    assert all(who not in repr(facts) for who in (ALICE, BOB))
     await manager.aclose()
 
 

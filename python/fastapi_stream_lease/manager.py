@@ -109,6 +109,8 @@ class StreamLeaseManager:
     Metrics and traces (OpenTelemetry, :mod:`fastapi_stream_lease.telemetry`) are recorded
     with ``meter_provider`` / ``tracer_provider``, or with the app's global providers once it
     has set them; never a user id (``trace_identities=True`` adds its keyed hash to spans).
+    In a sampled trace an acquire's facts are an event on the request's span; with
+    ``acquire_spans=True`` each acquire is a span of its own, the request's child.
 
     ``tls_ca_file`` is the PEM file of a private CA that signed Redis' certificate (the system's
     trusted roots are used otherwise); a ``redis=`` client's ``ssl_ca_certs`` is taken over.
@@ -143,6 +145,7 @@ class StreamLeaseManager:
         meter_provider: Any = None,
         tracer_provider: Any = None,
         trace_identities: bool = False,
+        acquire_spans: bool = False,
         on_threshold: Callable[[ThresholdCrossed], Any] | None = None,
         alert_at: Sequence[float] = (0.8, 1.0),
         prices: Prices | None = None,
@@ -209,7 +212,18 @@ class StreamLeaseManager:
         # background tasks run after the response): a drain waits for them too.
         self._requests: set[Lease] = set()
         self._closing = False
-        self._telemetry_settings = (meter_provider, tracer_provider, trace_identities)
+        for name, flag in (
+            ("trace_identities", trace_identities),
+            ("acquire_spans", acquire_spans),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        self._telemetry_settings = (
+            meter_provider,
+            tracer_provider,
+            trace_identities,
+            acquire_spans,
+        )
         self._telemetry: Telemetry | None = None
         self._telemetry_resolved = False
 
@@ -332,7 +346,7 @@ class StreamLeaseManager:
         counted = (user_id, policies) if policies and user_id is not None else None
         telemetry = self._instruments()
         if telemetry is not None:
-            span = telemetry.acquire_span(user_id, resources, policies)
+            traced = telemetry.trace_acquire(user_id, resources, policies)
             waits = (self._wait_timeout if wait_timeout is None else wait_timeout) > 0
             started = time.monotonic()
         try:
@@ -342,7 +356,7 @@ class StreamLeaseManager:
             handle = await self._start_acquire(*arguments)
         except BaseException as error:
             if telemetry is not None:
-                telemetry.admitted(started, waits, span, error)
+                telemetry.admitted(started, waits, traced, error)
             if isinstance(error, StreamLeaseError):
                 # The message names pools and policies, never the identity.
                 log.debug("acquire refused: %s", error, extra={"result": result_of(error)})
@@ -355,7 +369,7 @@ class StreamLeaseManager:
         if telemetry is None:
             return self._granted(handle, user_id, counted)
         decisions = handle.rate_decisions if policies else ()
-        telemetry.admitted(started, waits, span, None, decisions)
+        telemetry.admitted(started, waits, traced, None, decisions)
         ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
         return self._granted(handle, user_id, counted, on_release=ended)
 
@@ -408,11 +422,11 @@ class StreamLeaseManager:
         was given, or the app's global ones once set; None (no cost) otherwise."""
         if not self._telemetry_resolved:
             self._telemetry_resolved = True
-            meters, tracers, identities = self._telemetry_settings
+            meters, tracers, identities, acquire_spans = self._telemetry_settings
             if meters is not None or tracers is not None or global_providers_set():
                 from .telemetry import Telemetry
 
-                self._telemetry = Telemetry(self._core, meters, tracers, identities)
+                self._telemetry = Telemetry(self._core, meters, tracers, identities, acquire_spans)
                 # The metric counts threshold alerts, so hits and starts report them from now on.
                 self._alerting = True
                 self._core.alert_thresholds(self._alert_at)

@@ -281,13 +281,25 @@ class BufferedHistogram:
 _OBSERVED: weakref.WeakKeyDictionary[Any, Observed] = weakref.WeakKeyDictionary()
 
 
+class Traced:
+    """The facts of one sampled acquire, and the span that gets them: the library's own (``own``:
+    the facts become its attributes and it ends with the acquire) or the request's (the facts
+    become an event on it, and the result one of its attributes)."""
+
+    __slots__ = ("facts", "own", "span")
+
+    def __init__(self, span: Any, facts: dict[str, Any], own: bool) -> None:
+        self.span, self.facts, self.own = span, facts, own
+
+
 class Telemetry:
     """The instruments and tracer of one manager. The SDK costs tens of microseconds per
     record on a small machine, so what can be is counted here and read when a reader collects:
     the results per acquire (a dict increment), the leases held per pool (from the core) and the
     shared pools' use (from Redis), the waiters in line (from the core); the durations are kept
-    and recorded into the histograms when a reader collects. Per acquire: a span only inside a
-    sampled trace (the request's); per release, with budgets, the tokens."""
+    and recorded into the histograms when a reader collects. Per acquire, in a sampled trace
+    only: an event on the request's span (a span of the library's own is dearer: the SDK's span
+    costs about three times the event); per release, with budgets, the tokens."""
 
     def __init__(
         self,
@@ -295,6 +307,7 @@ class Telemetry:
         meter_provider: Any = None,
         tracer_provider: Any = None,
         trace_identities: bool = False,
+        acquire_spans: bool = False,
     ) -> None:
         from opentelemetry import metrics, trace
 
@@ -308,6 +321,7 @@ class Telemetry:
         self.sampler = PoolSampler(core)
         self._own_pools = ("per_user", "global") if core.config.global_pool else ("per_user",)
         self._trace_identities = trace_identities
+        self._acquire_spans = acquire_spans
         observed = _OBSERVED.get(provider)
         if observed is None:
             observed = _OBSERVED[provider] = Observed(meter)
@@ -355,45 +369,62 @@ class Telemetry:
             self.dry_run_refusals.add(1, {"policy": name})
         return names
 
-    def acquire_span(
+    def trace_acquire(
         self, user_id: str | None, resources: Sequence[Resource], policies: Sequence[PolicyEntry]
-    ) -> Any:
-        """The span of an acquire about to start, a child of the request's, when the request's
-        trace is sampled; None otherwise, and then nothing is built: most traces are not."""
+    ) -> Traced | None:
+        """Where the facts of an acquire about to start go, when its trace is sampled: an event
+        on the request's span (a span of the acquire's own, its child, with
+        ``acquire_spans=True``), or a span of its own when there is no request span and the
+        tracer's sampler keeps it. None otherwise, and then nothing is built: most traces are
+        not sampled."""
         if self.sampler.loop is None:
             self.sampler.loop = asyncio.get_running_loop()
-        if not self._trace.get_current_span().get_span_context().trace_flags.sampled:
+        current = self._trace.get_current_span()
+        context = current.get_span_context()
+        if context.is_valid and not context.trace_flags.sampled:
+            return None
+        own = self._acquire_spans or not context.is_valid
+        span = self.tracer.start_span(f"{NAME}.acquire") if own else current
+        if not span.is_recording():
             return None
         pools = [*(self._own_pools if user_id is not None else ()), *(r.name for r in resources)]
-        attributes: dict[str, Any] = {f"{NAME}.pools": pools}
+        facts: dict[str, Any] = {f"{NAME}.pools": pools}
         if policies:
-            attributes[f"{NAME}.policies"] = [policy_of(entry).name for entry in policies]
+            facts[f"{NAME}.policies"] = [policy_of(entry).name for entry in policies]
         if self._trace_identities and user_id is not None:
-            attributes[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
-        return self.tracer.start_span(f"{NAME}.acquire", attributes=attributes)
+            facts[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
+        return Traced(span, facts, own)
 
     def admitted(
         self,
         started: float,
         waits: bool,
-        span: Any,
+        traced: Traced | None,
         error: BaseException | None,
         decisions: Sequence[RateDecision] = (),
     ) -> None:
         """An acquire started at ``started`` (``time.monotonic()``) ended, granted (``error``
         None; ``decisions``: what its rate policies said) or not: exactly one ``requests``
-        result, its time in queue if it could wait (``waits``), and the end of its ``span``."""
+        result, its time in queue if it could wait (``waits``), and its facts on the span
+        ``traced`` names."""
         waited = time.monotonic() - started
         if waits:
             self.time_in_queue.record(waited)
         result = result_of(error)
         self._results[result] = self._results.get(result, 0) + 1
         would_refuse = self.rated(decisions) if decisions else ()
-        if span is not None:
+        if traced is not None:
+            facts, span = traced.facts, traced.span
             if would_refuse:
-                span.set_attribute(f"{NAME}.would_refuse", would_refuse)
-            span.set_attributes({f"{NAME}.result": result, f"{NAME}.wait_seconds": waited})
-            span.end()
+                facts[f"{NAME}.would_refuse"] = would_refuse
+            facts[f"{NAME}.result"] = result
+            facts[f"{NAME}.wait_seconds"] = waited
+            if traced.own:
+                span.set_attributes(facts)
+                span.end()
+            else:
+                span.add_event(f"{NAME}.acquire", facts)
+                span.set_attribute(f"{NAME}.result", result)
 
     def ended(self, lease: Lease, granted_at: float) -> None:
         """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an
