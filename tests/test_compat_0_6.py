@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import importlib.metadata
 import inspect
 import logging
 import re
@@ -545,3 +547,107 @@ async def test_managers_given_one_fakeredis_client_share_one_store():
     await (await second.acquire("u1")).release()
     for manager in (first, second, apart):
         await manager.aclose()
+
+
+class RecordingAdapter:
+    """A 0.6 telemetry adapter of one's own: every call it gets, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def record_operation(self, operation, outcome, duration: float) -> None:
+        assert duration >= 0
+        self.calls.append(("operation", operation.value, outcome.value))
+
+    def record_lost(self, reason) -> None:
+        self.calls.append(("lost", reason.value))
+
+    def record_backend_error(self, kind) -> None:
+        self.calls.append(("backend_error", kind.value))
+
+    def record_active_leases(self, count: int) -> None:
+        self.calls.append(("active", count))
+
+    @contextlib.contextmanager
+    def trace_operation(self, operation):
+        self.calls.append(("trace", operation.value))
+        yield
+        self.calls.append(("traced", operation.value))
+
+
+async def test_an_adapter_of_ones_own_is_told_of_acquires_losses_and_redis_errors(
+    backend_url, key_prefix
+):
+    adapter = RecordingAdapter()
+    config = LeaseConfig(key_prefix=key_prefix, max_per_user=1)
+    manager = StreamLeaseManager(url=backend_url, config=config, telemetry=adapter)
+    lease = await manager.acquire("u1")
+    with pytest.raises(PoolFull):
+        await manager.acquire("u1")
+    await lease.release()
+    held = await manager.acquire("u1")
+    await manager.revoke("u1")
+    await held.release()
+    acquired = [("trace", "acquire"), ("traced", "acquire"), ("operation", "acquire", "success")]
+    assert adapter.calls == [
+        *acquired, ("active", 1),
+        ("trace", "acquire"), ("traced", "acquire"), ("operation", "acquire", "rejected"),
+        ("active", 0),
+        *acquired, ("active", 1),
+        ("lost", "redis_revoked"), ("active", 0),
+    ]  # fmt: skip
+    unreachable = StreamLeaseManager(
+        url="redis://127.0.0.1:1", config=LeaseConfig(redis_timeout=0.2), telemetry=adapter
+    )
+    adapter.calls.clear()
+    with pytest.raises(StreamLeaseUnavailable):
+        await unreachable.acquire("u1")
+    assert adapter.calls == [
+        ("trace", "acquire"),
+        ("traced", "acquire"),
+        ("backend_error", "connection"),
+        ("operation", "acquire", "backend_error"),
+    ]
+    await unreachable.aclose()
+
+
+async def test_an_adapter_is_called_only_for_what_it_has_and_its_failures_change_nothing(
+    backend_url, key_prefix, caplog
+):
+    class Failing:
+        def record_operation(self, *args) -> None:
+            raise RuntimeError("the adapter's own bug")
+
+    config = LeaseConfig(key_prefix=key_prefix)
+    manager = StreamLeaseManager(url=backend_url, config=config, telemetry=Failing())
+    lease = await manager.acquire("u1")  # no trace_operation, no record_active_leases
+    await lease.release()
+    assert [r.getMessage() for r in caplog.records if "adapter" in r.getMessage()] == [
+        "telemetry adapter's record_operation raised RuntimeError"
+    ]
+    with pytest.raises(TypeError, match=r"an adapter with 0\.6's methods .*got object"):
+        StreamLeaseManager(telemetry=object())
+
+
+def test_the_0_6_metric_names_map_to_series_the_dashboard_reads():
+    """Every series migrating.md's table of metric names gives is one the Grafana dashboard
+    reads (which the Prometheus example's test shows exported)."""
+    page = (ROOT / "docs" / "recipes" / "migrating.md").read_text()
+    table = page[page.index("**Metric names.**") : page.index("**Renewal is the manager's.**")]
+    ours = set(re.findall(r"\| [^|]*\| ([^|]*)\|", table)[2:])
+    named = {n for cell in ours for n in re.findall(r"`(fastapi_stream_lease_[a-z_]+)", cell)}
+    dashboard = (ROOT / "examples" / "grafana" / "fastapi-stream-lease.json").read_text()
+    read = {
+        n.removesuffix("_bucket") for n in re.findall(r"fastapi_stream_lease_[a-z_]+", dashboard)
+    }
+    assert named and named <= read, named - read
+
+
+def test_the_prometheus_extra_brings_what_prometheus_metrics_imports():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r"^prometheus = \[(.*?)\]", pyproject, re.S | re.M)
+    assert extra, "pyproject.toml has a prometheus extra"
+    wanted = {re.split(r"[<>=]", r)[0] for r in re.findall(r'"([^"]+)"', extra[1])}
+    assert wanted == {"opentelemetry-sdk", "opentelemetry-exporter-prometheus", "prometheus-client"}
+    for distribution in wanted:  # each installed here, as the extra would install it
+        assert importlib.metadata.version(distribution)

@@ -32,6 +32,7 @@ from .failure_policy import CircuitState
 from .handlers import install_exception_handler
 from .lease import Lease, ProtectedStreamingResponse, check_renew_interval, log
 from .lifecycle import Lifecycle
+from .observability.adapter import is_adapter
 from .rates import PolicyEntry, Prices, RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from starlette.requests import HTTPConnection, Request
     from starlette.websockets import WebSocket
 
+    from .observability.adapter import AdapterTelemetry
     from .telemetry import Telemetry
 
 # How often a drain checks whether the worker's streams have ended (no Redis involved).
@@ -128,7 +130,9 @@ class StreamLeaseManager:
     :meth:`acquire` that names its ``model`` and gives no ``prices`` of its own.
 
     ``telemetry`` (0.6's ``metrics``) is one of :mod:`fastapi_stream_lease.observability`'s
-    adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``.
+    adapters, which give the providers: ``OpenTelemetryMetrics()`` or ``PrometheusMetrics()``;
+    or an adapter of one's own with 0.6's methods (``record_operation``, ``record_lost``, ...),
+    told of acquires, lost leases and Redis errors instead.
     A ``fakeredis`` client given as ``redis=`` is served by the embedded store (for tests of an
     app, without a Redis server).
     """
@@ -181,12 +185,14 @@ class StreamLeaseManager:
                 raise TypeError("pass telemetry= or its 0.6 name metrics=, not both")
             if meter_provider is not None or tracer_provider is not None:
                 raise TypeError("pass telemetry= or meter_provider=/tracer_provider=, not both")
-            if not hasattr(adapter, "meter_provider"):
+            if hasattr(adapter, "meter_provider"):
+                meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
+            elif not is_adapter(adapter):
                 raise TypeError(
-                    f"telemetry must be an adapter of fastapi_stream_lease.observability "
-                    f"(OpenTelemetryMetrics() or PrometheusMetrics()), got {type(adapter).__name__}"
+                    "telemetry must be OpenTelemetryMetrics(), PrometheusMetrics() or an adapter "
+                    "with 0.6's methods (record_operation, record_lost, record_backend_error, "
+                    f"trace_operation, record_active_leases), got {type(adapter).__name__}"
                 )
-            meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
         self._core = _core.Manager(url, config, tls_ca_file)
         if self._core.backend.startswith("memory://"):
             warn_if_several_workers(defaulted)
@@ -224,7 +230,7 @@ class StreamLeaseManager:
             trace_identities,
             acquire_spans,
         )
-        self._telemetry: Telemetry | None = None
+        self._telemetry: Telemetry | AdapterTelemetry | None = None
         self._telemetry_resolved = False
 
     @property
@@ -417,13 +423,19 @@ class StreamLeaseManager:
             if self._lifecycle is not None:
                 self._lifecycle.threshold_crossed(alert)
 
-    def _instruments(self) -> Telemetry | None:
+    def _instruments(self) -> Telemetry | AdapterTelemetry | None:
         """This manager's OpenTelemetry instruments, made on first use: with the providers it
         was given, or the app's global ones once set; None (no cost) otherwise."""
         if not self._telemetry_resolved:
             self._telemetry_resolved = True
             meters, tracers, identities, acquire_spans = self._telemetry_settings
-            if meters is not None or tracers is not None or global_providers_set():
+            if self._adapter is not None and not hasattr(self._adapter, "meter_provider"):
+                from .observability.adapter import AdapterTelemetry
+
+                self._telemetry = AdapterTelemetry(
+                    self._adapter, lambda: self._core.stats()["held"]
+                )
+            elif meters is not None or tracers is not None or global_providers_set():
                 from .telemetry import Telemetry
 
                 self._telemetry = Telemetry(self._core, meters, tracers, identities, acquire_spans)

@@ -20,8 +20,9 @@ class PrometheusMetrics:
             from opentelemetry.sdk.metrics import MeterProvider
         except ImportError as missing:
             raise ImportError(
-                "PrometheusMetrics exports through OpenTelemetry: pip install opentelemetry-sdk "
-                f"opentelemetry-exporter-prometheus prometheus-client ({missing})"
+                "PrometheusMetrics exports through OpenTelemetry: install the prometheus extra "
+                "(fastapi-stream-lease[prometheus]: opentelemetry-sdk, "
+                f"opentelemetry-exporter-prometheus, prometheus-client) ({missing})"
             ) from missing
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         reader = PrometheusMetricReader(registry=self.registry)
