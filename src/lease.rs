@@ -24,8 +24,18 @@ pub type LostWatcher = Box<dyn FnOnce() + Send>;
 
 /// Milliseconds on this process's monotonic clock (deadlines never follow wall-clock jumps).
 pub fn monotonic_ms() -> u64 {
+    origin().elapsed().as_millis() as u64
+}
+
+/// Seconds on the clock of [`monotonic_ms`], to the nanosecond (to place its deadlines on
+/// another clock).
+pub fn monotonic_seconds() -> f64 {
+    origin().elapsed().as_secs_f64()
+}
+
+fn origin() -> &'static Instant {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64
+    ORIGIN.get_or_init(Instant::now)
 }
 
 /// Where a lease lives.

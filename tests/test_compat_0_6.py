@@ -11,11 +11,13 @@ import contextlib
 import importlib.metadata
 import inspect
 import logging
+import math
 import re
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -651,3 +653,23 @@ def test_the_prometheus_extra_brings_what_prometheus_metrics_imports():
     assert wanted == {"opentelemetry-sdk", "opentelemetry-exporter-prometheus", "prometheus-client"}
     for distribution in wanted:  # each installed here, as the extra would install it
         assert importlib.metadata.version(distribution)
+
+
+async def test_expires_at_is_the_holders_deadline_pushed_on_by_renewals(make_redis_manager):
+    manager = make_redis_manager(lease_seconds=3, renew_every=0.3)
+    lease = await manager.acquire("u1")
+    other = await manager.acquire("u2")  # the same holder, the same deadline
+    first = lease.expires_at
+    assert 0 < first - time.monotonic() <= 3
+    assert abs(other.expires_at - first) < 0.05
+    await eventually(lambda: lease.expires_at > first + 0.2, what="a renewal pushing it on")
+    await lease.release()
+    assert lease.expires_at <= time.monotonic(), "released: no time left"
+    await other.release()
+
+
+async def test_expires_at_on_the_embedded_store_is_never():
+    manager = StreamLeaseManager(url="memory://")
+    lease = await manager.acquire("u1")
+    assert lease.expires_at == math.inf
+    await manager.aclose()

@@ -22,6 +22,7 @@ __all__ = [
     "_settle_call",
     "check_rate_limits",
     "checked_thresholds",
+    "monotonic",
     "rate_limit_header_values",
     "redact_url",
 ]
@@ -166,6 +167,8 @@ class LeaseHandle:
     @property
     def fencing_token(self) -> int: ...
     @property
+    def deadline(self) -> float | None: ...
+    @property
     def lost(self) -> bool: ...
     @property
     def released(self) -> bool: ...
@@ -305,6 +308,9 @@ def rate_limit_header_values(
 def checked_thresholds(alert_at: Sequence[float]) -> tuple[float, ...]:
     """``alert_at`` checked as every manager and policy checks it: the fractions kept,
     ascending, each to a millionth."""
+
+def monotonic() -> float:
+    """Seconds on the core's monotonic clock (``LeaseHandle.deadline`` is on it)."""
 
 def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""

@@ -12,7 +12,9 @@ section refuses to start.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import StreamingResponse
 
+from . import _core
 from ._core import LeaseHandle
 from .errors import LeaseLost, LeaseRevoked, StreamLeaseError
 from .stream_source import close_sources
@@ -64,6 +67,13 @@ LOST_MESSAGE = (
 )
 RELEASED_MESSAGE = "the lease was released already: acquire a new one for this work"
 REVOKED_MESSAGE = "the stream's lease was revoked: its worker is draining, or an operator ended it"
+
+
+@functools.cache
+def _clock_offset() -> float:
+    """What to add to the core's clock to read ``time.monotonic()``: measured once, so a
+    deadline the core gives reads the same every time."""
+    return time.monotonic() - _core.monotonic()
 
 
 class Lease:
@@ -124,6 +134,16 @@ class Lease:
         otherwise raises RuntimeError. See the guide, "Fencing tokens", for what a failover does
         to it."""
         return self._handle.fencing_token
+
+    @property
+    def expires_at(self) -> float:
+        """When the store drops this lease unless the manager renews it, on ``time.monotonic()``'s
+        clock (0.6's name): every lease of this process in a hash tag shares its holder's
+        deadline, pushed on at each renewal and grant. ``inf`` on the embedded store, which
+        drops nothing while the process lives; ``time.monotonic()`` (no time left) once the
+        lease is released or lost."""
+        deadline = self._handle.deadline
+        return time.monotonic() if deadline is None else deadline + _clock_offset()
 
     @property
     def lost(self) -> bool:

@@ -12,7 +12,7 @@ use crate::budget::{Meter, Usage};
 use crate::errors::retry_after_seconds;
 use crate::manager::{Granted, PoolUsage};
 use crate::rate::Decision;
-use crate::renewal::{HeldLease, Releasing};
+use crate::renewal::{HeldLease, Releasing, NEVER};
 use crate::sync::lock;
 
 /// A slot held in every pool of one acquire, renewed by the manager until released.
@@ -102,6 +102,17 @@ impl LeaseHandle {
             .iter()
             .map(|u| (u.name.to_string(), u.capacity, u.used))
             .collect()
+    }
+
+    /// When the store drops the lease unless renewed, in seconds on the clock of
+    /// `monotonic()` (`inf` where it never drops leases: the embedded stores); None once
+    /// released or lost.
+    #[getter]
+    fn deadline(&self) -> Option<f64> {
+        self.held.deadline_ms().map(|ms| match ms {
+            NEVER => f64::INFINITY,
+            ms => ms as f64 / 1000.0,
+        })
     }
 
     /// True once renewal found the lease gone from the store.

@@ -30,6 +30,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rate::checked_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(rate::rate_limit_header_values, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(monotonic, m)?)?;
     m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
     m.add_function(wrap_pyfunction!(scripts::source, m)?)?;
     m.add_function(wrap_pyfunction!(settle_call::settle_call, m)?)?;
@@ -43,6 +44,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn redact_url(url: &str) -> String {
     crate::backend::redact(url)
+}
+
+/// Seconds on the core's monotonic clock, whose origin is its own: deadlines the core gives
+/// (`LeaseHandle.deadline`) are on it.
+#[pyfunction]
+fn monotonic() -> f64 {
+    crate::lease::monotonic_seconds()
 }
 
 /// The version as Python spells it (PEP 440), as maturin gives it to the distribution: Cargo's

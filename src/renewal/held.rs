@@ -140,6 +140,16 @@ impl Held {
         self.count
     }
 
+    /// The deadline (`monotonic_ms`) until which the store keeps `record`, if held: its group's
+    /// ([`NEVER`] for the embedded stores).
+    pub fn deadline_of(&self, record: &LeaseRecord) -> Option<u64> {
+        let group = self.side(record.store).get(&*record.holders)?;
+        group
+            .leases
+            .contains_key(&*record.id)
+            .then_some(group.deadline_ms)
+    }
+
     /// Whether nothing is held nor in flight (acquires sent, releases not confirmed, the retry
     /// list) in a tag (`holders`) of `store`.
     pub fn is_idle(&self, store: Store, holders: &str) -> bool {

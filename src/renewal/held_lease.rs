@@ -35,6 +35,13 @@ impl HeldLease {
         self.leases.release_in_background(&self.record)
     }
 
+    /// When the store drops the lease unless renewed, in `monotonic_ms`: its group's deadline,
+    /// `NEVER` where the store never drops leases (the embedded stores); None once released or
+    /// lost.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.leases.deadline_of(&self.record)
+    }
+
     /// Calls `watcher` once the lease is lost; never if it is released first.
     pub fn when_lost(&self, watcher: LostWatcher) {
         self.record.when_lost(watcher);

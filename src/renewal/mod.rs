@@ -25,7 +25,8 @@ use std::time::Duration;
 pub use self::counters::Counters;
 use self::counters::EventCounts;
 use self::gate::Gate;
-use self::held::{Held, NEVER};
+use self::held::Held;
+pub use self::held::NEVER;
 pub use self::held_lease::HeldLease;
 use self::joined_tags::JoinedTags;
 use self::keeper::Keeper;
@@ -192,6 +193,11 @@ impl Leases {
     /// Slots this process holds per pool name (for metrics; walks every lease held).
     pub fn slots_by_name(&self) -> Vec<(String, u64)> {
         lock(&self.held).slots_by_name()
+    }
+
+    /// The deadline (`monotonic_ms`) until which the store keeps `record`, if still held.
+    pub fn deadline_of(&self, record: &LeaseRecord) -> Option<u64> {
+        lock(&self.held).deadline_of(record)
     }
 
     /// Slots this process holds in a pool (both stores).
