@@ -573,7 +573,11 @@ class RecordingAdapter:
     @contextlib.contextmanager
     def trace_operation(self, operation):
         self.calls.append(("trace", operation.value))
-        yield
+        try:
+            yield
+        except Exception as error:  # the refusal, thrown in as into 0.6's block
+            self.calls.append(("traced", operation.value, type(error).__name__))
+            raise
         self.calls.append(("traced", operation.value))
 
 
@@ -593,7 +597,8 @@ async def test_an_adapter_of_ones_own_is_told_of_acquires_losses_and_redis_error
     acquired = [("trace", "acquire"), ("traced", "acquire"), ("operation", "acquire", "success")]
     assert adapter.calls == [
         *acquired, ("active", 1),
-        ("trace", "acquire"), ("traced", "acquire"), ("operation", "acquire", "rejected"),
+        ("trace", "acquire"), ("traced", "acquire", "PoolFull"),
+        ("operation", "acquire", "rejected"),
         ("active", 0),
         *acquired, ("active", 1),
         ("lost", "redis_revoked"), ("active", 0),
@@ -606,7 +611,7 @@ async def test_an_adapter_of_ones_own_is_told_of_acquires_losses_and_redis_error
         await unreachable.acquire("u1")
     assert adapter.calls == [
         ("trace", "acquire"),
-        ("traced", "acquire"),
+        ("traced", "acquire", "BackendUnavailable"),
         ("backend_error", "connection"),
         ("operation", "acquire", "backend_error"),
     ]

@@ -49,7 +49,8 @@ def kind_of(error: BackendError) -> BackendErrorKind:
 
 
 class AdapterTelemetry:
-    """Tells ``adapter`` of each acquire (``trace_operation`` around it, ``record_operation``
+    """Tells ``adapter`` of each acquire (``trace_operation`` around it, a refusal thrown into it
+    as into 0.6's block around the acquire; ``record_operation``
     with ``acquire``, its outcome, ``success``, ``rejected`` or ``backend_error``, and its
     seconds; an acquire cancelled or given bad arguments is not an operation), of each Redis
     error (``record_backend_error``), of each lease lost or revoked (``record_lost``,
@@ -102,8 +103,11 @@ class AdapterTelemetry:
         """An acquire started at ``started`` ended, granted (``error`` None) or not."""
         duration = time.monotonic() - started
         if traced is not None:
-            try:
-                traced.__exit__(None, None, None)
+            try:  # told of the refusal, as 0.6's block around the acquire was
+                if error is None:
+                    traced.__exit__(None, None, None)
+                else:
+                    traced.__exit__(type(error), error, error.__traceback__)
             except Exception as failure:
                 log.warning("telemetry adapter's trace_operation raised %s", type(failure).__name__)
         if error is None:
