@@ -49,13 +49,12 @@ def kind_of(error: BackendError) -> BackendErrorKind:
 
 
 class AdapterTelemetry:
-    """Tells ``adapter`` of each acquire (``trace_operation`` around it, a refusal thrown into it
-    as into 0.6's block around the acquire; ``record_operation``
-    with ``acquire``, its outcome, ``success``, ``rejected`` or ``backend_error``, and its
-    seconds; an acquire cancelled or given bad arguments is not an operation), of each Redis
-    error (``record_backend_error``), of each lease lost or revoked (``record_lost``,
-    ``redis_revoked``)
-    and of the leases this process holds after each grant and release
+    """Tells ``adapter`` of each acquire (``trace_operation`` around it, a refusal thrown into
+    it as into 0.6's block around the acquire; ``record_operation`` with ``acquire``, its
+    outcome, ``success``, ``rejected`` or ``backend_error``, and its seconds; an acquire
+    cancelled or given bad arguments is not an operation), of each Redis error
+    (``record_backend_error``), of each lease lost or revoked (``record_lost``,
+    ``redis_revoked``) and of the leases this process holds after each grant and release
     (``record_active_leases``). An adapter that raises is logged and changes nothing."""
 
     def __init__(self, adapter: Any, held: Callable[[], int]) -> None:
