@@ -32,7 +32,7 @@ from .failure_policy import CircuitState
 from .handlers import install_exception_handler
 from .lease import Lease, ProtectedStreamingResponse, check_renew_interval, log
 from .lifecycle import Lifecycle
-from .observability.adapter import is_adapter
+from .observability.adapter import ADAPTER_METHODS, is_adapter
 from .rates import PolicyEntry, Prices, RateDecision, RateLimit
 from .resources import Resource
 from .telemetry import global_providers_set, result_of
@@ -180,6 +180,7 @@ class StreamLeaseManager:
         elif not isinstance(config, LeaseConfig):
             raise TypeError(f"config must be a LeaseConfig, got {type(config).__name__}")
         adapter = telemetry if telemetry is not None else metrics
+        own_adapter = None  # an adapter of 0.6's kind, told of events instead of the providers
         if adapter is not None:
             if telemetry is not None and metrics is not None:
                 raise TypeError("pass telemetry= or its 0.6 name metrics=, not both")
@@ -187,11 +188,13 @@ class StreamLeaseManager:
                 raise TypeError("pass telemetry= or meter_provider=/tracer_provider=, not both")
             if hasattr(adapter, "meter_provider"):
                 meter_provider, tracer_provider = adapter.meter_provider, adapter.tracer_provider
-            elif not is_adapter(adapter):
+            elif is_adapter(adapter):
+                own_adapter = adapter
+            else:
                 raise TypeError(
                     "telemetry must be OpenTelemetryMetrics(), PrometheusMetrics() or an adapter "
-                    "with 0.6's methods (record_operation, record_lost, record_backend_error, "
-                    f"trace_operation, record_active_leases), got {type(adapter).__name__}"
+                    f"with 0.6's methods ({', '.join(ADAPTER_METHODS)}), "
+                    f"got {type(adapter).__name__}"
                 )
         self._core = _core.Manager(url, config, tls_ca_file)
         if self._core.backend.startswith("memory://"):
@@ -229,6 +232,7 @@ class StreamLeaseManager:
             tracer_provider,
             trace_identities,
             acquire_spans,
+            own_adapter,
         )
         self._telemetry: Telemetry | AdapterTelemetry | None = None
         self._telemetry_resolved = False
@@ -424,17 +428,16 @@ class StreamLeaseManager:
                 self._lifecycle.threshold_crossed(alert)
 
     def _instruments(self) -> Telemetry | AdapterTelemetry | None:
-        """This manager's OpenTelemetry instruments, made on first use: with the providers it
-        was given, or the app's global ones once set; None (no cost) otherwise."""
+        """This manager's instruments, made on first use: a 0.6 adapter of one's own, told of
+        events; else OpenTelemetry's with the providers it was given, or the app's global ones
+        once set; None (no cost) otherwise."""
         if not self._telemetry_resolved:
             self._telemetry_resolved = True
-            meters, tracers, identities, acquire_spans = self._telemetry_settings
-            if self._adapter is not None and not hasattr(self._adapter, "meter_provider"):
+            meters, tracers, identities, acquire_spans, own_adapter = self._telemetry_settings
+            if own_adapter is not None:
                 from .observability.adapter import AdapterTelemetry
 
-                self._telemetry = AdapterTelemetry(
-                    self._adapter, lambda: self._core.stats()["held"]
-                )
+                self._telemetry = AdapterTelemetry(own_adapter, lambda: self._core.stats()["held"])
             elif meters is not None or tracers is not None or global_providers_set():
                 from .telemetry import Telemetry
 
