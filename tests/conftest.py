@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,11 @@ from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
 from support.loops import LOOP_FACTORIES
 from support.redis_servers import RedisCluster, RedisServer, server_binary, server_version
+
+# The manager reads its URL from these when given none: a developer's shell must not point the
+# tests' managers at a Redis of theirs (the tests that need them set them).
+for _variable in ("STREAM_LEASE_URL", "REDIS_URL"):
+    os.environ.pop(_variable, None)
 
 
 def pytest_report_header() -> str:

@@ -5,29 +5,32 @@ identity secret."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
+from urllib.parse import quote
 
 import pytest
 
 from fastapi_stream_lease import LeaseConfig, RateLimit, StreamLeaseManager, UserBanned
 
-from support.redis_servers import RedisServer
+from support.redis_servers import RedisServer, SentinelSetup
 from support.waiting import eventually
 
 SECRET = "cli-test-secret-16b"
 USER = "raw-user-id-4f2a"
 
 
-async def cli(url: str, *args: str, env: dict[str, str] | None = None):
+async def cli(url: str | None, *args: str, env: dict[str, str] | None = None):
+    """Runs the CLI (``url``: its ``--url``, or None to leave it to the environment)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "fastapi_stream_lease",
-        "--url",
-        url,
+        *(["--url", url] if url is not None else []),
         *args,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -159,8 +162,16 @@ async def test_revoke_without_the_apps_secret_says_it_found_no_such_identity(
     assert "no live stream of identity" in err and "nothing revoked" in err
     assert "No identity secret was given" in err and "--identity-secret" in err
     code, out, err = await cli(
-        redis_server.url, "--key-prefix", key_prefix, "revoke", USER, "--ban", "60",
-        "--identity-secret", "another-secret-of-16-bytes", env=env,
+        redis_server.url,
+        "--key-prefix",
+        key_prefix,
+        "revoke",
+        USER,
+        "--ban",
+        "60",
+        "--identity-secret",
+        "another-secret-of-16-bytes",
+        env=env,
     )
     assert code == 4 and "the ban is set for that identity" in err
     assert "is the app's identity_secret" in err
@@ -180,9 +191,18 @@ async def test_watch_hides_the_redis_password(key_prefix):
         url = f"redis://:hunter2-secret@127.0.0.1:{server.port}/0"
         manager, lease = await holding(url, key_prefix)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fastapi_stream_lease", "--url", url, "--key-prefix",
-            key_prefix, "inspect", "--watch", "0.2",
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "fastapi_stream_lease",
+            "--url",
+            url,
+            "--key-prefix",
+            key_prefix,
+            "inspect",
+            "--watch",
+            "0.2",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         assert process.stdout is not None
         screens = b""
@@ -276,3 +296,63 @@ def test_the_default_key_prefix_is_the_configs():
     from fastapi_stream_lease.cli import DEFAULT_KEY_PREFIX
 
     assert DEFAULT_KEY_PREFIX == LeaseConfig(identity_secret=SECRET).key_prefix
+
+
+async def test_the_url_comes_from_the_environment_as_the_apps_does(redis_server, key_prefix):
+    """The CLI read only ``$REDIS_URL`` while the app read no variable: both read
+    ``$STREAM_LEASE_URL``, else ``$REDIS_URL``."""
+    manager, lease = await holding(redis_server.url, key_prefix)
+    unset = {k: v for k, v in os.environ.items() if k not in ("STREAM_LEASE_URL", "REDIS_URL")}
+    for variables in (
+        {"STREAM_LEASE_URL": redis_server.url},
+        {"REDIS_URL": redis_server.url},
+        {"STREAM_LEASE_URL": redis_server.url, "REDIS_URL": "redis://127.0.0.1:1/0"},
+    ):
+        code, out, err = await cli(
+            None, "inspect", "--key-prefix", key_prefix, "--json", env={**unset, **variables}
+        )
+        assert code == 0, (variables, err)
+        assert {p["pool"]: p["used"] for p in json.loads(out)["pools"]}["global"] == 1
+    await lease.release()
+    await manager.aclose()
+
+
+async def test_inspect_behind_sentinel_with_the_apps_url(tmp_path, key_prefix):
+    """The CLI refused ``redis+sentinel://`` URLs that the app takes; the master's password and
+    the sentinels' own are read from the URL as the app reads them."""
+    password, sentinel_password = "master-pw", "s3nt/n@l:pw"
+    setup = SentinelSetup(tmp_path, password=password, sentinel_password=sentinel_password).start()
+    try:
+        url = (setup.url.replace("://", f"://:{password}@")
+               + f"?sentinel_password={quote(sentinel_password, safe='')}")  # fmt: skip
+        manager, lease = await holding(url, key_prefix)
+        code, out, err = await cli(url, "--key-prefix", key_prefix, "inspect", "--json")
+        assert code == 0, err
+        assert {p["pool"]: p["used"] for p in json.loads(out)["pools"]}["global"] == 1
+        code, _, err = await cli(url.split("?")[0], "--key-prefix", key_prefix, "inspect")
+        assert code == 3 and "Traceback" not in err and password not in err
+        code, _, err = await cli("redis+sentinel://127.0.0.1:1", "inspect")
+        assert code == 2 and "master_name" in err
+        await lease.release()
+        await manager.aclose()
+    finally:
+        setup.cleanup()
+
+
+def test_help_is_plain_text_and_every_option_says_what_it_is():
+    """The help showed the docstring's raw backticks, and ``--identity-secret`` had no text."""
+    for command in ([], ["inspect"], ["revoke"], ["reset"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "fastapi_stream_lease", *command, "--help"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0 and "`" not in done.stdout, done.stdout
+        lines = [*done.stdout.split("options:", 1)[1].splitlines(), ""]
+        for line, after in itertools.pairwise(lines):
+            # An option alone on its line has its help on the next, indented further.
+            if re.fullmatch(r"  (-\w, )?--[\w-]+( [A-Z_]+)?", line):
+                assert after.startswith(" " * 6), f"{line.strip()} has no help"
+    assert "STREAM_LEASE_IDENTITY_SECRET" in subprocess.run(
+        [sys.executable, "-m", "fastapi_stream_lease", "revoke", "--help"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip

@@ -1,13 +1,12 @@
-"""``python -m fastapi_stream_lease``: an operator's view of one deployment's keys in Redis.
+"""python -m fastapi_stream_lease: an operator's view of one deployment's keys in Redis.
 
-``inspect`` lists the pools and their use, the holders (one per worker's manager and hash tag)
-and when they expire, the waiters in line, and the rate and budget counters, with identities
-only as the keyed hashes the keys carry, and the users whose streams are banned.
-``revoke USER [--ban SECONDS]`` ends every live stream of one user on every worker (within one
-renewal period) and refuses the user's new ones for the ban; ``reset USER POLICY`` forgets one
-user's counters of one policy. Both hash the user id with the deployment's secret, from
-``--identity-secret`` or ``STREAM_LEASE_IDENTITY_SECRET``. ``inspect`` and ``reset`` need
-redis-py (``pip install redis``).
+inspect lists the pools and their use, the holders (one per worker's manager and hash tag) and
+when they expire, the waiters in line, and the rate and budget counters, with identities only as
+the keyed hashes the keys carry, and the users whose streams are banned. revoke USER [--ban
+SECONDS] ends every live stream of one user on every worker and refuses the user's new ones for
+the ban; reset USER POLICY forgets one user's counters of one policy. Both hash the user id with
+the deployment's secret, from --identity-secret or STREAM_LEASE_IDENTITY_SECRET. The commands
+talk to Redis through redis-py (pip install redis).
 """
 
 from __future__ import annotations
@@ -23,9 +22,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._core import LeaseConfig, Manager, __version__, redact_url
+from ._environment import (
+    FALLBACK_URL_VARIABLE,
+    SECRET_VARIABLE,
+    URL_VARIABLE,
+    backend_url_from_environment,
+)
 from .errors import BackendError
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOTHING = 2, 3, 4
+#: The Redis the commands look at when neither --url nor the environment names one.
+DEFAULT_URL = "redis://localhost:6379/0"
 
 #: ``LeaseConfig().key_prefix``, named here: building a ``LeaseConfig`` reads
 #: ``STREAM_LEASE_IDENTITY_SECRET``, whose faults only the commands that hash ids report.
@@ -40,6 +47,12 @@ class CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+def url_from_environment() -> str:
+    """The URL the app's manager reads from the environment, else :data:`DEFAULT_URL`."""
+    found = backend_url_from_environment()
+    return found[0] if found else DEFAULT_URL
 
 
 def connect(url: str) -> Any:
@@ -59,12 +72,15 @@ def connect(url: str) -> Any:
             ssl=scheme.startswith("rediss"),
             decode_responses=True,
         )
+    elif url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        client = sentinel_master(url)
     elif url.startswith(("redis://", "rediss://", "unix://")):
         client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
     else:
         raise CliError(
             f"unsupported URL scheme in {url.split('://', 1)[0]!r}: use redis://, rediss://, "
-            "unix:// or redis+cluster://host:port,host:port",
+            "unix://, redis+cluster://host:port,host:port or "
+            "redis+sentinel://host:port,host:port/master_name",
             EXIT_USAGE,
         )
     try:
@@ -74,6 +90,41 @@ def connect(url: str) -> Any:
     except redis.RedisError as error:
         raise CliError(f"cannot reach Redis: {error}", EXIT_UNREACHABLE) from None
     return client
+
+
+def sentinel_master(url: str) -> Any:
+    """The master that the sentinels of a ``redis+sentinel://`` URL name, read as the app reads
+    it: ``[user:password@]host:port,host:port/master_name[/db]``, the credentials the master's,
+    the sentinels' own in ``?sentinel_username=...&sentinel_password=...``."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = credentials.partition(":")
+    path = [part for part in parts.path.split("/") if part]
+    if not hosts or not path or len(path) > 2 or not (path[1:] or ["0"])[0].isdigit():
+        raise CliError(
+            f"cannot read the sentinel URL {redact_url(url)!r}: write "
+            "redis+sentinel://[user:password@]host:port,host:port/master_name[/db]",
+            EXIT_USAGE,
+        )
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    sentinel_auth = {
+        key: query[f"sentinel_{key}"]
+        for key in ("username", "password")
+        if f"sentinel_{key}" in query
+    }
+    nodes = [(host, int(port)) for host, port in (node.rsplit(":", 1) for node in hosts.split(","))]
+    tls = parts.scheme.startswith("rediss")
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        nodes, sentinel_kwargs={**sentinel_auth, "ssl": tls}, socket_timeout=5
+    )
+    return sentinels.master_for(  # type: ignore[no-untyped-call]
+        path[0], db=int(path[1]) if path[1:] else 0, username=unquote(user) or None,
+        password=unquote(password) or None, ssl=tls, decode_responses=True,
+    )  # fmt: skip
 
 
 def snapshot(client: Any, prefix: str) -> dict[str, Any]:
@@ -191,9 +242,7 @@ def deployment(options: argparse.Namespace, global_pool: bool = True) -> LeaseCo
             global_pool=global_pool,
         )
     except ValueError as error:
-        raise CliError(
-            f"{error} (--identity-secret or STREAM_LEASE_IDENTITY_SECRET)", EXIT_USAGE
-        ) from None
+        raise CliError(f"{error} (--identity-secret or {SECRET_VARIABLE})", EXIT_USAGE) from None
 
 
 def revoke(options: argparse.Namespace) -> int:
@@ -237,8 +286,8 @@ def revoke(options: argparse.Namespace) -> int:
 
 def secret_hint(options: argparse.Namespace) -> str:
     """How to name the identity as the app does, for messages that found none."""
-    given = options.identity_secret or os.environ.get("STREAM_LEASE_IDENTITY_SECRET")
-    where = "--identity-secret or STREAM_LEASE_IDENTITY_SECRET"
+    given = options.identity_secret or os.environ.get(SECRET_VARIABLE)
+    where = f"--identity-secret or {SECRET_VARIABLE}"
     if not given:
         return (
             "No identity secret was given: if the app sets LeaseConfig(identity_secret=...), "
@@ -278,10 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         given_after = place is where
         place.add_argument(
             "--url",
-            default=argparse.SUPPRESS
-            if given_after
-            else os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
-            help="the Redis the app uses (default: $REDIS_URL, else redis://localhost:6379/0)",
+            default=argparse.SUPPRESS if given_after else url_from_environment(),
+            help=f"the Redis the app uses (default: ${URL_VARIABLE}, else ${FALLBACK_URL_VARIABLE},"
+            f" else {DEFAULT_URL})",
         )
         place.add_argument(
             "--key-prefix",
@@ -311,7 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     forget.add_argument("user")
     forget.add_argument("policy")
     for command in (end, forget):
-        command.add_argument("--identity-secret", default=None)
+        command.add_argument(
+            "--identity-secret",
+            default=None,
+            help="the app's LeaseConfig.identity_secret, which hashes user ids into the keys "
+            f"(default: ${SECRET_VARIABLE})",
+        )
     options = parser.parse_args(argv)
     run = {"inspect": inspect, "revoke": revoke, "reset": reset}[options.command]
     try:

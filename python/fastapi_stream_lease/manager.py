@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, cast
 
 from . import _core
 from ._core import LeaseConfig
+from ._environment import (
+    FALLBACK_URL_VARIABLE,
+    backend_url_from_environment,
+    named_in_errors,
+    say_fallback_once,
+)
 from ._redis_client import connection_of_redis_client
 from ._server_workers import warn_about_the_local_floor, warn_if_several_workers
 from ._stop_signals import calling_on_stop_signals
@@ -102,7 +108,8 @@ class StreamLeaseManager:
     * ``url="redis://host:port/db"``, ``"rediss://..."`` (TLS), ``"unix:///path"``,
       ``"redis+cluster://host:port,host:port"`` (``rediss+cluster://`` for TLS),
       ``"redis+sentinel://host:port,host:port/master_name"`` (following failovers);
-    * ``url="memory://"`` (the default): an embedded store for a single process.
+    * neither: the URL in the environment variable ``STREAM_LEASE_URL``, else in ``REDIS_URL``
+      (said once in the log), else ``memory://``: an embedded store for a single process.
 
     Build it at import time; it connects on first use. Tie it to the app's lifespan with
     :meth:`lifespan` (a drain when the server is told to stop, closed at shutdown), or close it
@@ -170,6 +177,9 @@ class StreamLeaseManager:
         if url is None and redis is not None:
             url, client_ca_file = connection_of_redis_client(redis)
             tls_ca_file = tls_ca_file or client_ca_file
+        from_variable = None  # the environment variable the URL came from
+        if url is None and redis is None and (found := backend_url_from_environment()):
+            url, from_variable = found
         defaulted = url is None
         if url is None:
             url = "memory://"
@@ -196,7 +206,14 @@ class StreamLeaseManager:
                     f"with 0.6's methods ({', '.join(ADAPTER_METHODS)}), "
                     f"got {type(adapter).__name__}"
                 )
-        self._core = _core.Manager(url, config, tls_ca_file)
+        try:
+            self._core = _core.Manager(url, config, tls_ca_file)
+        except ValueError as error:
+            if from_variable is None:
+                raise
+            raise named_in_errors(from_variable, error) from None
+        if from_variable == FALLBACK_URL_VARIABLE:
+            say_fallback_once(self._core.backend)
         if self._core.backend.startswith("memory://"):
             warn_if_several_workers(defaulted)
         elif config.failure_mode == "open":
