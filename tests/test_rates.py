@@ -249,7 +249,7 @@ async def test_a_paused_redis_answers_within_the_timeout_under_each_mode(
             ("a", 5),
             {"per": "fortnight"},
             ValueError,
-            re.escape('per="fortnight" is not a calendar period: use "day", "week" or "month"'),
+            re.escape('per="fortnight" is not a window: use "second", "minute", "hour", "day"'),
         ),
         (("a", 5), {"per": "60"}, ValueError, "or a number of seconds"),
         (
@@ -303,6 +303,41 @@ def test_policies_are_values():
     assert (dry.enforce, RateLimit("a", 5, per=60).enforce) == (False, True)
     assert dry != RateLimit("a", 5, per=60)
     assert repr(dry) == "RateLimit('a', 5, per=60.0, algorithm='sliding_window', enforce=False)"
+
+
+@pytest.mark.parametrize(
+    ("written", "as_numbers"),
+    [
+        (("chat", "5/minute"), RateLimit("chat", 5, per=60)),
+        (("chat", "100 per hour"), RateLimit("chat", 100, per=3600)),
+        (("chat", "10/30 seconds"), RateLimit("chat", 10, per=30)),
+        (("chat", "1000/day"), RateLimit("chat", 1000, per="day")),
+        (("chat", 5, "minute"), RateLimit("chat", 5, per=60)),
+        (("chat", 5, "second"), RateLimit("chat", 5, per=1)),
+        (("chat", 5, "2 hours"), RateLimit("chat", 5, per=7200)),
+    ],
+)
+def test_the_notation_of_limits_and_slowapi_is_the_same_policy(written, as_numbers):
+    """``RateLimit("x", "5/minute")`` said "missing argument 'per'", and ``per="minute"`` was a
+    ValueError while ``per="day"`` worked."""
+    assert RateLimit(*written) == as_numbers
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        (("a", "5/fortnight"), {}, ValueError, 'write a count per window, as "5/minute"'),
+        (("a", "five a minute"), {}, ValueError, 'cannot read "five a minute" as a rate'),
+        (("a", "0/minute"), {}, ValueError, "limit=0 is out of range"),
+        (("a", "5/year"), {}, ValueError, r"per=365 \* 86400"),
+        (("a", "5/minute"), {"per": 60}, TypeError, "names its window: leave per out"),
+        (("a", 5), {}, TypeError, 'per=60 \\(seconds\\), per="minute"'),
+        (("a", "5/day"), {"algorithm": "sliding_window"}, ValueError, "a calendar window"),
+    ],
+)
+def test_a_rate_that_cannot_be_read_shows_the_accepted_forms(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        RateLimit(*args, **kwargs)
 
 
 #: A new rule rolled out as a dry run, beside the rule in force.

@@ -247,14 +247,18 @@ class ProxyRule:
 class RateLimit:
     """At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 
-    ``per="day"``, ``"week"`` or ``"month"`` makes a calendar window: a fixed window that ends at
-    the next UTC midnight, Monday 00:00 or 1st of the month 00:00 (``calendar`` names it)."""
+    ``per`` is seconds, or a window as text: ``"second"``, ``"minute"``, ``"hour"``, with a
+    count (``"30 seconds"``); ``"day"``, ``"week"`` or ``"month"`` makes a calendar window: a
+    fixed window that ends at the next UTC midnight, Monday 00:00 or 1st of the month 00:00
+    (``calendar`` names it). Or the limit is a rate that names its window, ``per`` left out:
+    ``RateLimit("chat", "5/minute")``, ``"100 per hour"``, ``"10/30 seconds"`` (the notation of
+    ``limits`` and slowapi)."""
 
     def __new__(
         cls,
         name: str,
-        limit: int,
-        per: float | Literal["day", "week", "month"],
+        limit: int | str,
+        per: float | str | None = None,
         algorithm: str | None = None,
         unit: str | None = None,
         *,

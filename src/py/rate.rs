@@ -8,16 +8,20 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
 use crate::rate::{
-    check_hit, rate_limit_headers, Algorithm, Decision, Period, PolicyState, PoolState, RatePolicy,
-    Thresholds, Unit, MAX_LIMIT,
+    check_hit, parse_rate, parse_window, rate_limit_headers, Algorithm, Decision, Period, PolicyState,
+    PoolState, RatePolicy, Thresholds, Unit, Window, MAX_LIMIT,
 };
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
 ///
-/// ``per="day"``, ``"week"`` or ``"month"`` makes a calendar window: a fixed window from one UTC
-/// boundary to the next (midnight; Monday at midnight, ISO weeks; the 1st at midnight), so
-/// ``reset`` is the time to that boundary. A number of seconds (``per=30 * 86400``) is a window
-/// of that length, whatever the date.
+/// ``per`` is seconds, or a window as text: ``"second"``, ``"minute"``, ``"hour"``, with a count
+/// (``"30 seconds"``, ``"2 hours"``). ``per="day"``, ``"week"`` or ``"month"`` makes a calendar
+/// window: a fixed window from one UTC boundary to the next (midnight; Monday at midnight, ISO
+/// weeks; the 1st at midnight), so ``reset`` is the time to that boundary. A number of seconds
+/// (``per=30 * 86400``) is a window of that length, whatever the date.
+/// The limit may be written as a rate that names its window, ``per`` left out:
+/// ``RateLimit("chat", "5/minute")``, ``"100 per hour"``, ``"10/30 seconds"``, read as the
+/// ``limits`` package (and slowapi) reads them; ``"1/day"`` is the calendar day, as ``per="day"``.
 ///
 /// ``name`` scopes the counter (``"chat_per_minute"``): two policies with different names never
 /// share one. ``algorithm="sliding_window"`` (the default) never lets any ``per``-second window
@@ -41,11 +45,11 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per, algorithm = None, unit = None, *, enforce = true, alert_at = None))]
+    #[pyo3(signature = (name, limit, per = None, algorithm = None, unit = None, *, enforce = true, alert_at = None))]
     fn py_new(
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
-        per: &Bound<'_, PyAny>,
+        per: Option<&Bound<'_, PyAny>>,
         algorithm: Option<&Bound<'_, PyAny>>,
         unit: Option<&Bound<'_, PyAny>>,
         enforce: bool,
@@ -59,24 +63,19 @@ impl RateLimit {
         };
         let name = args::utf8("name", name)?;
         let own_alert_at = args::given(alert_at).map(args::thresholds).transpose()?;
-        let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
+        let (limit, window) = limit_and_window(limit, args::given(per))?;
         let algorithm = args::choice("algorithm", algorithm)?;
         let unit = match args::choice("unit", unit)? {
             None => Unit::Requests,
             Some(name) => Unit::parse(&name).map_err(args::invalid)?,
         };
-        let policy = match per.cast::<PyString>() {
-            Ok(period) => {
-                let period = args::utf8("per", period)?;
-                calendar_policy(&name, limit, &period, algorithm.as_deref(), unit)
-            }
-            Err(_) => {
-                let per = args::seconds("per", Some(per), 0.0)?;
+        let policy = match window {
+            Window::Calendar(period) => calendar_policy(&name, limit, period, algorithm.as_deref(), unit),
+            Window::Ms(window_ms) => {
                 let algorithm = match algorithm {
                     None => Algorithm::SlidingWindow,
                     Some(name) => Algorithm::parse(&name).map_err(args::invalid)?,
                 };
-                let window_ms = (per.max(0.0) * 1000.0).round() as u64;
                 RatePolicy::new(&name, limit, window_ms, algorithm, unit)
             }
         };
@@ -181,18 +180,50 @@ impl RateLimit {
 
 /// A calendar window's policy: `per` names the period; the algorithm, if given, is a fixed
 /// window (a calendar window is one).
+/// `RateLimit(name, "5/minute")` or `RateLimit(name, 5, per)`, `per` in seconds or as text
+/// (`"minute"`, `"30 seconds"`, `"day"`): the limit and its window.
+fn limit_and_window(limit: &Bound<'_, PyAny>, per: Option<&Bound<'_, PyAny>>) -> PyResult<(u64, Window)> {
+    let (limit, window) = match (limit.cast::<PyString>(), per) {
+        (Ok(rate), None) => parse_rate(&args::utf8("limit", rate)?).map_err(args::invalid)?,
+        (Ok(rate), Some(_)) => {
+            return Err(PyTypeError::new_err(format!(
+                "limit {:?} is a rate that names its window: leave per out, or pass limit as an int",
+                args::utf8("limit", rate)?
+            )))
+        }
+        (Err(_), None) => {
+            return Err(PyTypeError::new_err(
+                "RateLimit needs its window: per=60 (seconds), per=\"minute\" (second, minute, hour, day, week, month), or the limit as a rate, \"5/minute\"",
+            ))
+        }
+        (Err(_), Some(per)) => {
+            let limit = args::int_in("limit", limit, 1..=MAX_LIMIT)?;
+            let window = match per.cast::<PyString>() {
+                Ok(text) => parse_window(&args::utf8("per", text)?).map_err(args::invalid)?,
+                Err(_) => {
+                    let seconds = args::seconds("per", Some(per), 0.0)?;
+                    Window::Ms((seconds.max(0.0) * 1000.0).round() as u64)
+                }
+            };
+            return Ok((limit, window));
+        }
+    };
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(args::invalid(format!(
+            "limit={limit} is out of range: use 1 to {MAX_LIMIT}"
+        )));
+    }
+    Ok((limit, window))
+}
+
 fn calendar_policy(
     name: &str,
     limit: u64,
-    per: &str,
+    period: Period,
     algorithm: Option<&str>,
     unit: Unit,
 ) -> Result<RatePolicy, String> {
-    let Some(period) = Period::parse(per) else {
-        return Err(format!(
-            "rate limit {name:?}: per={per:?} is not a calendar period: use \"day\", \"week\" or \"month\" (UTC), or a number of seconds (per=30 * 86400 for 30 days)"
-        ));
-    };
+    let per = period.name();
     match algorithm {
         None | Some("fixed_window") => RatePolicy::calendar(name, limit, period, unit),
         Some(other) => Err(format!(

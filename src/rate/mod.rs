@@ -14,6 +14,7 @@ pub mod answer_sizes;
 mod calendar;
 mod decision;
 mod headers;
+mod notation;
 mod policy;
 pub mod price;
 mod start;
@@ -22,6 +23,7 @@ pub use self::adjustment::{Adjustment, AnswerKeys, AnswerSample, Settlement, Top
 pub use self::alerts::Thresholds;
 pub use self::decision::{Bucket, Decision, HitOutcome, RateCheck};
 pub use self::headers::{rate_limit_headers, PolicyState, PoolState};
+pub use self::notation::{parse_rate, parse_window, Window};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
 };
