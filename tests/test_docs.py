@@ -8,11 +8,16 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from support.uvicorn_server import Uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -103,6 +108,7 @@ def test_the_llm_proxy_recipe_charges_every_level_in_its_unit(redis_server, tmp_
     alice = {"x-user-id": "alice"}
     ask = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 3}
     with TestClient(module.app) as client:
+
         def ask_for(model: str):
             return client.post("/v1/chat/completions", json={**ask, "model": model}, headers=alice)
 
@@ -115,7 +121,8 @@ def test_the_llm_proxy_recipe_charges_every_level_in_its_unit(redis_server, tmp_
     spent = {"unit": "cost", "used": 3}
     in_units = {name: {"unit": lv["unit"], "used": lv["used"]} for name, lv in levels.items()}
     assert in_units == {
-        "team_spend_per_day": spent, "user_spend_per_day": spent,
+        "team_spend_per_day": spent,
+        "user_spend_per_day": spent,
         "tokens_per_minute": {"unit": "tokens", "used": 6},
         "requests_per_minute": {"unit": "requests", "used": 1},
         "model_spend_per_day:gpt-x": {"unit": "cost", "used": 0},
@@ -150,7 +157,10 @@ def test_no_page_installs_the_other_package_from_the_index():
 def test_the_site_builds_without_warnings(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert done.returncode == 0, done.stderr
@@ -161,10 +171,37 @@ def test_demo_tells_the_story_and_exits_0(redis_server, backend):
     env = {"REDIS_URL": redis_server.url} if backend == "redis" else {}
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "demo.py")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**{k: v for k, v in os.environ.items() if k != "REDIS_URL"}, **env},
     )
     assert done.returncode == 0, done.stderr
     assert "stream 3: HTTP 429, Retry-After:" in done.stdout
     assert "stream 3: HTTP 200" in done.stdout
     assert "demo done" in done.stdout
+
+
+def test_the_websocket_recipe_as_copied_closes_a_third_socket_with_1008(redis_server, tmp_path):
+    """The recipe without ``install_exception_handler(app)``: a user's third socket gave the
+    server a traceback and the client no close frame. Run under uvicorn as the page shows it."""
+    (recipe,) = [n for n, code in BLOCKS.items() if "async def chat(websocket" in code]
+    (tmp_path / "websocket_recipe.py").write_text(BLOCKS[recipe])
+    log = tmp_path / "server.log"
+    server = Uvicorn("websocket_recipe:app", tmp_path, {"REDIS_URL": redis_server.url}, log=log)
+    url = server.base_url.replace("http://", "ws://") + f"/ws/{uuid.uuid4().hex}"
+    try:
+        with connect(url) as first, connect(url) as second:
+            for websocket in (first, second):
+                websocket.send("hi")
+                assert websocket.recv(timeout=10) == "echo: hi"
+            with connect(url) as third:
+                with pytest.raises(ConnectionClosed) as closed:
+                    third.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+            assert closed.value.rcvd.reason == "Too many concurrent streams"
+            first.send("still here")
+            assert first.recv(timeout=10) == "echo: still here"
+    finally:
+        server.stop()
+    assert "Traceback" not in log.read_text()
