@@ -152,6 +152,10 @@ def test_no_page_installs_the_other_package_from_the_index():
             assert not from_the_index.search(line), f"{source.relative_to(ROOT)}: {line}"
     index = (ROOT / "docs" / "index.md").read_text()
     assert "make wheel" in index and "pip install dist/fastapi_stream_lease-" in index
+    # The README is the package's description too: it says where the package comes from.
+    readme = (ROOT / "README.md").read_text()
+    assert "built from this repository; it is not on PyPI" in readme
+    assert "holds the pure-Python 0.6 line" in readme
 
 
 def test_the_site_builds_without_warnings(tmp_path):

@@ -7,13 +7,17 @@ with the same packaging."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
+import tomllib
 
 from support.apps import quickstart
 from support.uvicorn_server import Uvicorn
@@ -32,27 +36,85 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 def run(*command: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     return subprocess.run(
-        [str(part) for part in command], cwd=cwd, env=env, check=True, capture_output=True,
-        text=True, timeout=600,
+        [str(part) for part in command],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     ).stdout
 
 
-def test_the_wheel_installs_without_rust_and_serves_the_quickstart(redis_server, tmp_path):
-    run(Path(sys.executable).parent / "maturin", "build", "--profile", "dev", "--quiet",
-        "--interpreter", sys.executable, "--out", tmp_path / "dist", cwd=ROOT)
-    (wheel,) = (tmp_path / "dist").glob("fastapi_stream_lease-*-abi3-*.whl")
+def classified_pythons() -> list[str]:
+    """The Python versions the package's classifiers name ("3.10", ...)."""
+    classifiers = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["classifiers"]
+    return [c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r".*Python :: 3\.\d+", c)]
 
+
+def interpreter(version: str) -> Path | None:
+    """A CPython ``version`` on this machine: this one, ``python3.X`` on PATH, or pyenv's."""
+    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        return Path(sys.executable)
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(
+        glob.glob(str(Path.home() / f".pyenv/versions/{version}.*/bin/python{version}"))
+    )
+    for candidate in filter(None, candidates):
+        works = subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60)
+        if works.returncode == 0:
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    run(
+        Path(sys.executable).parent / "maturin",
+        "build",
+        "--profile",
+        "dev",
+        "--quiet",
+        "--interpreter",
+        sys.executable,
+        "--out",
+        out,
+        cwd=ROOT,
+    )
+    (built,) = out.glob("fastapi_stream_lease-*-abi3-*.whl")
+    return built
+
+
+@pytest.mark.parametrize("version", classified_pythons())
+def test_the_wheel_installs_without_rust_and_serves_the_quickstart(
+    redis_server, tmp_path, wheel, version
+):
+    """On each Python the classifiers name: the one abi3 wheel, with the ``[fastapi]`` extra."""
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no CPython {version} on this machine (python{version}, pyenv)")
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv)
+    run(python, "-m", "venv", venv)
     env = {"PATH": f"{venv / 'bin'}:{SYSTEM_PATH}", "HOME": os.environ.get("HOME", "/root")}
     for tool in ("cargo", "rustc", "maturin"):
         assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is on the test's PATH"
-    # The quickstart talks to Redis through the core alone: no redis-py.
-    run(venv / "bin" / "pip", "install", "--quiet", wheel, PINNED["fastapi"], PINNED["uvicorn"],
-        env=env)
-    installed = run(venv / "bin" / "python", "-c",
-                    "import fastapi_stream_lease as m; print(m.__file__, m.__version__)",
-                    cwd=tmp_path, env=env)
+    # The README's install line. On the tests' own Python, the extra's FastAPI and uvicorn at
+    # the versions the rest of the tests run; on another, what a user there gets (FastAPI's
+    # newest releases need 3.11). The quickstart talks to Redis through the core alone.
+    pins = []
+    if python == Path(sys.executable):
+        constraints = tmp_path / "constraints.txt"
+        constraints.write_text(f"{PINNED['fastapi']}\n{PINNED['uvicorn']}\n")
+        pins = ["-c", constraints]
+    run(venv / "bin" / "pip", "install", "--quiet", f"{wheel}[fastapi]", *pins, env=env)
+    installed = run(
+        venv / "bin" / "python",
+        "-c",
+        "import fastapi_stream_lease as m; print(m.__file__, m.__version__)",
+        cwd=tmp_path,
+        env=env,
+    )
     assert installed.startswith(str(venv)), installed  # the wheel's copy, not the source tree
 
     (tmp_path / "quickstart.py").write_text(quickstart(redis_server.url))
