@@ -19,8 +19,12 @@ from serving import serving
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, install_exception_handler
 
 URL = os.environ.get("REDIS_URL", "memory://")
+# A demo's own secret for hashing user ids into keys; an app reads its own from
+# STREAM_LEASE_IDENTITY_SECRET.
+SECRET = os.environ.get("STREAM_LEASE_IDENTITY_SECRET", "demo-only-identity-secret")
 manager = StreamLeaseManager(
-    url=URL, config=LeaseConfig(max_per_user=2, max_global=100, key_prefix="demo")
+    url=URL,
+    config=LeaseConfig(max_per_user=2, max_global=100, key_prefix="demo", identity_secret=SECRET),
 )
 app = FastAPI()
 install_exception_handler(app)

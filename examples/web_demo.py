@@ -46,7 +46,14 @@ PAGE = Path(__file__).resolve().parent / "web" / "index.html"
 
 manager = StreamLeaseManager(
     url=os.environ.get("REDIS_URL", "memory://"),
-    config=LeaseConfig(max_per_user=PER_USER, max_global=IN_ALL, key_prefix="web-demo"),
+    config=LeaseConfig(
+        max_per_user=PER_USER,
+        max_global=IN_ALL,
+        key_prefix="web-demo",
+        # A demo's own secret for hashing user ids into keys; an app reads its own from
+        # STREAM_LEASE_IDENTITY_SECRET.
+        identity_secret=os.environ.get("STREAM_LEASE_IDENTITY_SECRET", "demo-only-identity-secret"),
+    ),
 )
 app = FastAPI()
 # Refusals: 429 / 503 with Retry-After and a JSON detail; a revoked stream's final event.

@@ -184,6 +184,8 @@ def test_demo_tells_the_story_and_exits_0(redis_server, backend):
     assert "stream 3: HTTP 429, Retry-After:" in done.stdout
     assert "stream 3: HTTP 200" in done.stdout
     assert "demo done" in done.stdout
+    # The reader did not leave a secret out: no warning that says they did.
+    assert "StreamLeaseWarning" not in done.stderr, done.stderr
 
 
 def test_the_websocket_recipe_as_copied_closes_a_third_socket_with_1008(redis_server, tmp_path):
