@@ -3,6 +3,7 @@ builds without a warning."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import re
@@ -211,3 +212,27 @@ def test_the_websocket_recipe_as_copied_closes_a_third_socket_with_1008(redis_se
     finally:
         server.stop()
     assert "Traceback" not in log.read_text()
+
+
+def test_the_reference_has_every_public_name_and_each_config_argument_described():
+    """The reference lacked ``TOP_UP_INCREMENT``, ``StreamLease`` and ``StreamLeaseLost``, and
+    showed ``LeaseConfig`` as bare properties, with no constructor, defaults or descriptions."""
+    import fastapi_stream_lease
+    from fastapi_stream_lease import LeaseConfig
+
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    for name in fastapi_stream_lease.__all__:
+        assert f"fastapi_stream_lease.{name}\n" in reference or f"`{name}`" in reference, name
+    stub = (ROOT / "python" / "fastapi_stream_lease" / "_core.pyi").read_text()
+    documented = stub.split("class LeaseConfig:", 1)[1].split("Args:", 1)[1].split('"""', 1)[0]
+    described = re.findall(r"^            (\w+): ", documented, re.M)
+    signature = LeaseConfig.__text_signature__ or ""
+    arguments = [name for name in re.findall(r"(\w+)=None", signature)]
+    assert described == arguments
+
+
+def test_the_testing_pages_test_passes(tmp_path):
+    """The testing page's example is a test: it runs here as a reader's pytest would run it."""
+    module = load_block(block_with("async def test_a_third_stream_of_one_user_is_refused"), "",
+                        tmp_path)  # fmt: skip
+    asyncio.run(module.test_a_third_stream_of_one_user_is_refused())

@@ -28,6 +28,9 @@ __all__ = [
 ]
 __version__: str
 TOP_UP_INCREMENT: int
+"""Tokens a budgeted stream's top-up reserves ahead of what it has streamed (256): it asks for
+one when less than half of this is left, and may run this far past its reservation while the
+top-up is on its way (see the token budgets guide)."""
 
 @final
 class AcquireArgs:
@@ -54,7 +57,99 @@ class AcquireArgs:
 
 @final
 class LeaseConfig:
-    """Limits and timings of a ``StreamLeaseManager``. Immutable; validated when built."""
+    """Limits and timings of a ``StreamLeaseManager``. Immutable; validated when built, with an
+    error that says what to change. Every argument is optional, with the default its
+    constructor names (``LeaseConfig()`` shows them all)."""
+
+    def __new__(
+        cls,
+        lease_seconds: float | None = None,
+        max_per_user: int | None = None,
+        max_global: int | None = None,
+        key_prefix: str | None = None,
+        *,
+        global_pool: bool | None = None,
+        renew_every: float | None = None,
+        redis_timeout: float | None = None,
+        wait_timeout: float | None = None,
+        line_order: Literal["fair", "arrival"] | None = None,
+        max_waiting: int | None = None,
+        wait_for_own_quota: bool | None = None,
+        retry_after: float | None = None,
+        on_lost: Literal["cancel", "continue"] | Callable[..., Any] | None = None,
+        failure_mode: Literal["closed", "open"] | None = None,
+        fallback_workers: int | None = None,
+        identity_secret: str | bytes | None = None,
+        disclose_usage: bool | None = None,
+        enforce_rate_limits: bool | None = None,
+        fencing_tokens: bool | None = None,
+        trusted_proxies: Iterable[str] | None = None,
+        proxy_header: str | None = None,
+        fail_open: bool | None = None,
+        retry_after_seconds: float | None = None,
+        acquire_timeout: float | None = None,
+        failure_policy: Any = None,
+        include_lease_headers: bool | None = None,
+        on_acquired: Callable[..., Any] | None = None,
+        on_rejected: Callable[..., Any] | None = None,
+        on_released: Callable[..., Any] | None = None,
+        on_backend_error: Callable[..., Any] | None = None,
+        hook_queue_size: int | None = None,
+    ) -> LeaseConfig:
+        """A configuration: a value left out takes the default below.
+
+        Args:
+            lease_seconds: A dead holder's slots free after this long (default 30.0).
+            max_per_user: Streams one user holds at once, across every worker (default 3; 0: no
+                limit).
+            max_global: Streams across every worker at once (default 1000; 0: no limit).
+            key_prefix: The Redis keys' prefix, without braces (default ``"stream_lease"``).
+            global_pool: False: no ``max_global`` and no global count, so users spread over a
+                Redis Cluster's shards (default True).
+            renew_every: The renewal period in seconds (default ``lease_seconds / 3``).
+            redis_timeout: Bound on every Redis call, connecting included (default 1.0).
+            wait_timeout: Seconds a request waits in line for shared capacity (default 0.0: refused
+                at once).
+            line_order: ``"fair"`` (users take turns, the default) or ``"arrival"``.
+            max_waiting: Waiters a pool's line holds at most (default 0: no limit); more get
+                ``LineFull`` (503).
+            wait_for_own_quota: True: a waiting request over ``max_per_user`` waits too (default
+                False: 429 at once).
+            retry_after: The longest ``Retry-After`` told to a refused client (default 5.0).
+            on_lost: ``"cancel"`` (a lost lease ends its stream, the default), ``"continue"`` (only
+                ``lease.lost`` says), or a 0.6 callable ``on_lost(lease, reason)``.
+            failure_mode: Redis down: ``"closed"`` refuses with 503 (the default); ``"open"``
+                admits within a local floor of the caps.
+            fallback_workers: Workers sharing the caps, for the local floor (cap / workers; default
+                1).
+            identity_secret: The HMAC key (str or bytes, 16 or more random bytes, the same on every
+                worker) that hides user ids in Redis keys (default: ``$STREAM_LEASE_IDENTITY_SECRET``;
+                on Redis without either, a ``StreamLeaseWarning``).
+            disclose_usage: False: refusals by shared pools (global, resources) tell no usage
+                (default True).
+            enforce_rate_limits: False: every request rate is a dry run, counted, never refusing
+                (default True).
+            fencing_tokens: True: each grant takes a fencing token, ``lease.fencing_token`` (one
+                Redis ``INCR`` each; default False).
+            trusted_proxies: Reverse proxies (addresses, CIDR networks) whose ``proxy_header`` is
+                read for the client's address (default: none).
+            proxy_header: The header those proxies write the client's address into (default
+                ``"X-Forwarded-For"``).
+            fail_open: 0.6's name: True is ``failure_mode="open"``; must agree with it.
+            retry_after_seconds: 0.6's name of ``retry_after`` (pass one of the two).
+            acquire_timeout: 0.6's name of ``wait_timeout``; above 0 with the global pool,
+                ``wait_for_own_quota=True`` too.
+            failure_policy: A ``BackendFailurePolicy`` (0.6): its ``fallback_mode`` sets
+                ``failure_mode``.
+            include_lease_headers: ``X-Stream-Lease-*`` headers on 0.6's streaming responses
+                (default False).
+            on_acquired: A lifecycle hook (sync or async), run off the hot path (default None).
+            on_rejected: A lifecycle hook, as ``on_acquired``.
+            on_released: A lifecycle hook, as ``on_acquired``.
+            on_backend_error: A lifecycle hook, as ``on_acquired``.
+            hook_queue_size: Hook events queued at most; more are dropped, with a warning (default
+                1024).
+        """
 
     @property
     def lease_seconds(self) -> float: ...
@@ -116,41 +211,6 @@ class LeaseConfig:
     def on_released(self) -> Callable[..., Any] | None: ...
     @property
     def on_backend_error(self) -> Callable[..., Any] | None: ...
-    def __new__(
-        cls,
-        lease_seconds: float | None = None,
-        max_per_user: int | None = None,
-        max_global: int | None = None,
-        key_prefix: str | None = None,
-        *,
-        global_pool: bool | None = None,
-        renew_every: float | None = None,
-        redis_timeout: float | None = None,
-        wait_timeout: float | None = None,
-        line_order: str | None = None,
-        max_waiting: int | None = None,
-        wait_for_own_quota: bool | None = None,
-        retry_after: float | None = None,
-        on_lost: str | Callable[..., Any] | None = None,
-        failure_mode: str | None = None,
-        fallback_workers: int | None = None,
-        identity_secret: str | bytes | None = None,
-        disclose_usage: bool | None = None,
-        enforce_rate_limits: bool | None = None,
-        fencing_tokens: bool | None = None,
-        trusted_proxies: Iterable[str] | None = None,
-        proxy_header: str | None = None,
-        fail_open: bool | None = None,
-        retry_after_seconds: float | None = None,
-        acquire_timeout: float | None = None,
-        failure_policy: Any = None,
-        include_lease_headers: bool | None = None,
-        on_acquired: Callable[..., Any] | None = None,
-        on_rejected: Callable[..., Any] | None = None,
-        on_released: Callable[..., Any] | None = None,
-        on_backend_error: Callable[..., Any] | None = None,
-        hook_queue_size: int | None = None,
-    ) -> LeaseConfig: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __ne__(self, value: object, /) -> bool: ...
     __hash__: None  # type: ignore[assignment]
