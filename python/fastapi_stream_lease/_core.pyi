@@ -122,9 +122,10 @@ class LeaseConfig:
                 admits within a local floor of the caps.
             fallback_workers: Workers sharing the caps, for the local floor (cap / workers; default
                 1).
-            identity_secret: The HMAC key (str or bytes, 16 or more random bytes, the same on every
-                worker) that hides user ids in Redis keys (default: ``$STREAM_LEASE_IDENTITY_SECRET``;
-                on Redis without either, a ``StreamLeaseWarning``).
+            identity_secret: The HMAC key (str or bytes, 16 or more random bytes, the same on
+                every worker) that hides user ids in Redis keys (default:
+                ``$STREAM_LEASE_IDENTITY_SECRET``; on Redis without either, a
+                ``StreamLeaseWarning``).
             disclose_usage: False: refusals by shared pools (global, resources) tell no usage
                 (default True).
             enforce_rate_limits: False: every request rate is a dry run, counted, never refusing

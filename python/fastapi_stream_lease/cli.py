@@ -104,7 +104,13 @@ def sentinel_master(url: str) -> Any:
     credentials, _, hosts = parts.netloc.rpartition("@")
     user, _, password = credentials.partition(":")
     path = [part for part in parts.path.split("/") if part]
-    if not hosts or not path or len(path) > 2 or not (path[1:] or ["0"])[0].isdigit():
+    nodes = [node.rpartition(":") for node in hosts.split(",")]
+    if (
+        not path
+        or len(path) > 2
+        or not (path[1:] or ["0"])[0].isdigit()
+        or not all(host and port.isdigit() for host, _, port in nodes)
+    ):
         raise CliError(
             f"cannot read the sentinel URL {redact_url(url)!r}: write "
             "redis+sentinel://[user:password@]host:port,host:port/master_name[/db]",
@@ -116,10 +122,11 @@ def sentinel_master(url: str) -> Any:
         for key in ("username", "password")
         if f"sentinel_{key}" in query
     }
-    nodes = [(host, int(port)) for host, port in (node.rsplit(":", 1) for node in hosts.split(","))]
     tls = parts.scheme.startswith("rediss")
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
-        nodes, sentinel_kwargs={**sentinel_auth, "ssl": tls}, socket_timeout=5
+        [(host, int(port)) for host, _, port in nodes],
+        sentinel_kwargs={**sentinel_auth, "ssl": tls},
+        socket_timeout=5,
     )
     return sentinels.master_for(  # type: ignore[no-untyped-call]
         path[0], db=int(path[1]) if path[1:] else 0, username=unquote(user) or None,
