@@ -1,6 +1,7 @@
 """Settings from the environment: a manager given no ``url=`` nor ``redis=`` runs where
 ``$STREAM_LEASE_URL`` says, else ``$REDIS_URL`` (said once in the log), else on the embedded
-store; what the code passes wins."""
+store (each ``memory://`` manager's own, ``memory://<name>`` shared by name); what the code
+passes wins."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 
 import pytest
 
-from fastapi_stream_lease import StreamLeaseManager, _environment
+from fastapi_stream_lease import LeaseConfig, PoolFull, StreamLeaseManager, _environment
 
 
 @pytest.fixture
@@ -80,3 +81,19 @@ def test_neither_set_or_empty_is_the_embedded_store(environment):
     environment.setenv("STREAM_LEASE_URL", " ")
     environment.setenv("REDIS_URL", "")
     assert StreamLeaseManager().backend.startswith("memory://")
+
+
+async def test_a_named_embedded_store_is_shared_by_the_managers_that_name_it(environment):
+    """As the testing guide says: each ``memory://`` manager has a store of its own;
+    ``memory://<name>`` is the process's store of that name, shared by every manager naming it."""
+    config = LeaseConfig(max_per_user=1)
+    first, second = (StreamLeaseManager(url="memory://team", config=config) for _ in range(2))
+    apart = StreamLeaseManager(url="memory://", config=config)
+    held = await first.acquire("alice")
+    with pytest.raises(PoolFull):
+        await second.acquire("alice")
+    other = await apart.acquire("alice")
+    await held.release()
+    await other.release()
+    for manager in (first, second, apart):
+        await manager.aclose()
