@@ -7,6 +7,7 @@ with the same packaging."""
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
@@ -69,19 +70,19 @@ def interpreter(version: str) -> Path | None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    run(
-        Path(sys.executable).parent / "maturin",
-        "build",
-        "--profile",
-        "dev",
-        "--quiet",
-        "--interpreter",
-        sys.executable,
-        "--out",
-        out,
-        cwd=ROOT,
-    )
+    """The wheel, built once for the session: xdist's workers share their base directory's
+    parent, and build under a lock there (two maturin builds at once in one target directory
+    fail)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out = shared / "wheel"
+    out.mkdir(exist_ok=True)
+    with open(out / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("*.whl")):
+            run(Path(sys.executable).parent / "maturin", "build", "--profile", "dev", "--quiet",
+                "--interpreter", sys.executable, "--out", out, cwd=ROOT)  # fmt: skip
     (built,) = out.glob("fastapi_stream_lease-*-abi3-*.whl")
     return built
 
