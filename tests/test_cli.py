@@ -331,7 +331,7 @@ async def test_inspect_behind_sentinel_with_the_apps_url(tmp_path, key_prefix):
         assert {p["pool"]: p["used"] for p in json.loads(out)["pools"]}["global"] == 1
         code, _, err = await cli(url.split("?")[0], "--key-prefix", key_prefix, "inspect")
         assert code == 3 and "Traceback" not in err and password not in err
-        for unreadable in ("redis+sentinel://127.0.0.1:1", "redis+sentinel://127.0.0.1/m"):
+        for unreadable in ("redis+sentinel://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/m/x"):
             code, _, err = await cli(unreadable, "inspect")
             assert code == 2 and "master_name" in err and "Traceback" not in err
         await lease.release()

@@ -25,6 +25,7 @@ __all__ = [
     "monotonic",
     "rate_limit_header_values",
     "redact_url",
+    "sentinel_url",
 ]
 __version__: str
 TOP_UP_INCREMENT: int
@@ -379,6 +380,12 @@ def monotonic() -> float:
 
 def redact_url(url: str) -> str:
     """A store URL with its credentials hidden (``redis://:***@host:6379/0``)."""
+
+def sentinel_url(
+    url: str,
+) -> tuple[list[tuple[str, int]], str, int, str | None, str | None, str | None, str | None]:
+    """The parts of a ``redis+sentinel://`` URL as the manager reads them: sentinels, master,
+    db, user, password, sentinel user, sentinel password (``ValueError`` naming what is wrong)."""
 
 def _settle_call(
     settlement_id: str, answers_key: str, own_key: str, answer_tokens: int

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._core import LeaseConfig, Manager, __version__, redact_url
+from ._core import LeaseConfig, Manager, __version__, redact_url, sentinel_url
 from ._environment import (
     FALLBACK_URL_VARIABLE,
     SECRET_VARIABLE,
@@ -72,7 +72,7 @@ def connect(url: str) -> Any:
             ssl=scheme.startswith("rediss"),
             decode_responses=True,
         )
-    elif url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+    elif url.startswith("redis+sentinel://"):
         client = sentinel_master(url)
     elif url.startswith(("redis://", "rediss://", "unix://")):
         client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
@@ -93,45 +93,21 @@ def connect(url: str) -> Any:
 
 
 def sentinel_master(url: str) -> Any:
-    """The master that the sentinels of a ``redis+sentinel://`` URL name, read as the app reads
-    it: ``[user:password@]host:port,host:port/master_name[/db]``, the credentials the master's,
-    the sentinels' own in ``?sentinel_username=...&sentinel_password=...``."""
-    from urllib.parse import parse_qs, unquote, urlsplit
-
+    """A redis-py client of the master that the sentinels of a ``redis+sentinel://`` URL name,
+    the URL read by the core as the app's manager reads it."""
     from redis.sentinel import Sentinel
 
-    parts = urlsplit(url)
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    user, _, password = credentials.partition(":")
-    path = [part for part in parts.path.split("/") if part]
-    nodes = [node.rpartition(":") for node in hosts.split(",")]
-    if (
-        not path
-        or len(path) > 2
-        or not (path[1:] or ["0"])[0].isdigit()
-        or not all(host and port.isdigit() for host, _, port in nodes)
-    ):
-        raise CliError(
-            f"cannot read the sentinel URL {redact_url(url)!r}: write "
-            "redis+sentinel://[user:password@]host:port,host:port/master_name[/db]",
-            EXIT_USAGE,
-        )
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    sentinel_auth = {
-        key: query[f"sentinel_{key}"]
-        for key in ("username", "password")
-        if f"sentinel_{key}" in query
-    }
-    tls = parts.scheme.startswith("rediss")
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
-        [(host, int(port)) for host, _, port in nodes],
-        sentinel_kwargs={**sentinel_auth, "ssl": tls},
-        socket_timeout=5,
+    try:
+        sentinels, master, db, user, password, sentinel_user, sentinel_password = sentinel_url(url)
+    except ValueError as error:
+        raise CliError(str(error), EXIT_USAGE) from None
+    sentinel_auth = {"username": sentinel_user, "password": sentinel_password}
+    client = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels, sentinel_kwargs=sentinel_auth, socket_timeout=5
     )
-    return sentinels.master_for(  # type: ignore[no-untyped-call]
-        path[0], db=int(path[1]) if path[1:] else 0, username=unquote(user) or None,
-        password=unquote(password) or None, ssl=tls, decode_responses=True,
-    )  # fmt: skip
+    return client.master_for(  # type: ignore[no-untyped-call]
+        master, db=db, username=user, password=password, decode_responses=True
+    )
 
 
 def snapshot(client: Any, prefix: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rate::checked_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(rate::rate_limit_header_values, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(sentinel_url, m)?)?;
     m.add_function(wrap_pyfunction!(monotonic, m)?)?;
     m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
     m.add_function(wrap_pyfunction!(scripts::source, m)?)?;
@@ -44,6 +45,34 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn redact_url(url: &str) -> String {
     crate::backend::redact(url)
+}
+
+/// The parts of a `redis+sentinel://` URL as the manager reads them (its credentials
+/// percent-decoded): `(sentinels, master, db, user, password, sentinel_user,
+/// sentinel_password)`, for the command line's redis-py client.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn sentinel_url(
+    url: &str,
+) -> PyResult<(
+    Vec<(String, u16)>,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+)> {
+    let parsed = crate::backend::parse_sentinel(url)?;
+    Ok((
+        parsed.sentinels,
+        parsed.master,
+        parsed.db,
+        parsed.user,
+        parsed.password,
+        parsed.sentinel_user,
+        parsed.sentinel_password,
+    ))
 }
 
 /// Seconds on the core's monotonic clock, whose origin is its own: deadlines the core gives

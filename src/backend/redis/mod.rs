@@ -10,6 +10,7 @@ mod batched;
 mod budget;
 mod connection;
 mod count;
+mod credentials;
 mod hit;
 mod keepalive;
 mod layout;
@@ -18,6 +19,7 @@ mod link_errors;
 mod release;
 mod revoke;
 mod scripts;
+mod sentinel_url;
 mod subscription;
 mod url;
 
@@ -44,9 +46,10 @@ use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp
 
 pub use self::acquire::acquire_call;
 pub use self::budget::settle_call;
+pub use self::credentials::redact;
 pub use self::layout::KeysAndArgs;
 pub use self::scripts::{script_names, script_source};
-pub use self::url::redact;
+pub use self::sentinel_url::parse_sentinel;
 
 /// Holder ids stay below 2^48: exact as Redis scores, and printed the same by Lua and Rust.
 pub const HOLDER_IDS: u64 = 1 << 48;
