@@ -52,6 +52,11 @@ pub struct GrantTerms {
     /// How often the holder's entry is renewed: an acquire leaves an entry with two periods
     /// left or more to the keep-alive (`acquire.lua`'s `grant`).
     pub renew_every_ms: u64,
+    /// When the process knows its holder's entry in the lease's tag lives until at least (in
+    /// `monotonic_ms`, two renewal periods away or more): the acquire trusts it, reads no clock
+    /// and leaves the entry alone, and the grant is dated from it (the protocol model's
+    /// `EntryCheck::TrustKnown`). None: the acquire reads the entry.
+    pub entry_known_until_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +120,7 @@ impl Config {
             ttl_ms: self.lease_ms(),
             fencing: self.fencing_tokens,
             renew_every_ms: self.renew_period().as_millis() as u64,
+            entry_known_until_ms: None,
         }
     }
 }

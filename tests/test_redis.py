@@ -43,7 +43,11 @@ async def test_keys_hide_identities_share_one_hash_tag_and_expire(make_redis_man
     assert keys[4] == f"{keys[1]}:clock"
     assert all(k.startswith(f"{{{key_prefix}}}:") for k in keys)
     assert not any("alice" in k for k in keys)
-    assert all(0 < redis_client.pttl(k) <= 3_600_000 for k in keys), "idle keys expire"
+    pools = [keys[0], keys[5]]
+    assert [redis_client.pttl(k) for k in pools] == [-1, -1], "an acquire sets no pool expiry"
+    await renewals_ran(manager, 1)
+    assert all(0 < redis_client.pttl(k) <= 3_600_000 for k in keys), (
+        "idle keys expire: the pools from the holder's next keep-alive")
     (holder, expiry), = redis_client.zrange(keys[1], 0, -1, withscores=True)
     assert keys[2].endswith(f":{holder.decode()}")
     expires_in_ms = expiry - 1000 * redis_client.time()[0]

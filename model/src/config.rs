@@ -73,6 +73,21 @@ pub enum Prune {
     TwoStep,
 }
 
+/// How an acquire learns that its holder's entry is live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryCheck {
+    /// Every acquire reads the entry (and writes it anew when it finds it expired or gone).
+    Read,
+    /// The code's: an acquire the process sends while it knows its holder's entry has life left
+    /// (a grant's or a keep-alive's answer told it, counted down from that call's sending;
+    /// forgotten when a keep-alive finds the entry not live) neither reads nor writes the
+    /// entry, and the process dates the grant from what it knew. Any other acquire reads it.
+    TrustKnown,
+    /// Every acquire trusts the entry, known or not, and the process dates the grant a lease
+    /// duration from the sending (what `TrustKnown` guards against).
+    TrustAlways,
+}
+
 /// The sizes of a run, its fault budgets and the protocol variant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelConfig {
@@ -151,6 +166,8 @@ pub struct ModelConfig {
     /// A pool that looks full is counted again by live holders, its dead holders' members
     /// dropped (prelude `used_slots`), before an acquire is refused for it.
     pub walk_when_full: bool,
+    /// Whether an acquire reads its holder's entry, or trusts what the process knows of it.
+    pub entry_check: EntryCheck,
 }
 
 impl ModelConfig {
@@ -187,6 +204,7 @@ impl ModelConfig {
             acquire_extends_live_entry: false,
             grant_dated_by_entry: true,
             walk_when_full: true,
+            entry_check: EntryCheck::TrustKnown,
         }
     }
 

@@ -20,5 +20,5 @@ pub mod protocol;
 pub mod redis;
 pub mod trace;
 
-pub use config::{Count, LeaseSpec, ModelConfig};
+pub use config::{Count, EntryCheck, LeaseSpec, ModelConfig};
 pub use protocol::{Action, ProtocolModel, State};

@@ -4,17 +4,19 @@
 //! `without_safeguards` (the exact count and the one-step prune, every safeguard off) or
 //! `growing_count` (a count of granted members that only grows, no prune, every safeguard off).
 //! Keys: `leases=0k,0,1` (the holder of each lease; `k`: held from the start, never ended),
-//! `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
+//! `pools=0+1,0+2` (after `leases`: the pools of each lease, its own quota first; default pool
+//! 0), `caps=2` (pool capacities, 0 = unlimited), `ttl`, `time=0/1`, `restores`, `restarts`, `stalls`,
 //! `failures`, `observer=0/1`, `threads`, `shortest=1` (breadth first on one thread, without
 //! symmetry reduction: every trace is a shortest one); then one safeguard on or off, whatever
 //! the variant: `two_step=0/1`, `windows_survive=0/1`, `late_grants_lost=0/1`,
 //! `check_on_excess=0/1`, `sum_of_ids=0/1`, `prune_unexplained=0/1`, `reclaim_recounts=0/1`,
 //! `walk_when_full=0/1`, `reap_before_rejoining=0/1`; and the acquire's bookkeeping:
-//! `acquire_reaps=0/1`, `acquire_extends_live_entry=0/1`, `grant_dated_by_entry=0/1`.
+//! `acquire_reaps=0/1`, `acquire_extends_live_entry=0/1`, `grant_dated_by_entry=0/1`,
+//! `entry_check=read/trust_known/trust_always`.
 
 use protocol_model::config::Prune;
 use protocol_model::trace::explore;
-use protocol_model::{LeaseSpec, ModelConfig};
+use protocol_model::{EntryCheck, LeaseSpec, ModelConfig};
 
 fn main() {
     let mut cfg = ModelConfig::small();
@@ -46,6 +48,19 @@ fn main() {
                     })
                     .collect();
                 cfg.holders = cfg.leases.iter().map(|l| l.holder + 1).max().unwrap_or(1);
+            }
+            "pools" => {
+                for (lease, pools) in cfg.leases.iter_mut().zip(value.split(',')) {
+                    lease.pools = pools.split('+').map(|p| p.parse().expect("a pool")).collect();
+                }
+            }
+            "entry_check" => {
+                cfg.entry_check = match value {
+                    "read" => EntryCheck::Read,
+                    "trust_known" => EntryCheck::TrustKnown,
+                    "trust_always" => EntryCheck::TrustAlways,
+                    other => panic!("unknown entry_check {other}: read, trust_known or trust_always"),
+                }
             }
             "caps" => cfg.capacities = list().map(|c| c as u8).collect(),
             "ttl" => cfg.ttl = n(),

@@ -50,6 +50,9 @@ pub struct Lease {
     pub acquire: Call<AcquireReply>,
     /// The grant's deadline (`sent_at + lease duration`) as ticks left, while `Acquiring`.
     pub sent: u8,
+    /// The life the process knew its holder's entry had when it sent the acquire, which then
+    /// trusts it (`EntryCheck`); 0: the acquire reads the entry.
+    pub trusted: u8,
     /// The release call of `Leases::release` is out (a stream that ended, a grant given back).
     pub release: bool,
     /// On the retry list (`unremoved`).
@@ -289,6 +292,9 @@ pub struct Holder {
     pub stalled: bool,
     /// Its group's deadline as ticks left (0 while it holds nothing).
     pub deadline: u8,
+    /// Ticks its entry has left, as far as the process knows (a lower bound while Redis keeps
+    /// what it answered; kept while it holds nothing: the entry stays in the tag).
+    pub entry_known: u8,
     /// `Count::Exact`: what Redis should count.
     pub tally: Option<Tally>,
     /// `Count::GrantedOnlyGrows`: the group's `granted_units` (0 while it holds nothing).

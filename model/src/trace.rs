@@ -161,8 +161,9 @@ pub fn summary(cfg: &ModelConfig, s: &State) -> String {
         };
         let _ = write!(
             out,
-            "H{h}:deadline={},round={round},tally={:?}{}{}{} calm={} ",
+            "H{h}:deadline={},entry_known={},round={round},tally={:?}{}{}{} calm={} ",
             holder.deadline,
+            holder.entry_known,
             holder.tally,
             if holder.exposed { ",exposed" } else { "" },
             if holder.stalled { ",stalled" } else { "" },

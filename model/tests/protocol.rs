@@ -8,7 +8,7 @@
 
 use protocol_model::config::Prune;
 use protocol_model::trace::{check, explore, Outcome};
-use protocol_model::{LeaseSpec, ModelConfig};
+use protocol_model::{EntryCheck, LeaseSpec, ModelConfig};
 
 const CAP: &str = "(a) live streams within every cap, outside windows";
 const COUNTED: &str = "(a) every live stream counted, outside its holder's window";
@@ -257,6 +257,7 @@ fn an_acquire_that_finds_its_entry_expired_reaps_before_it_rejoins() {
     let reaping_always = ModelConfig {
         acquire_reaps: true,
         acquire_extends_live_entry: true,
+        entry_check: EntryCheck::Read,
         ..cfg.clone()
     };
     expect("an acquire that reaps and extends", reaping_always, &[]);
@@ -293,9 +294,11 @@ fn a_pool_that_looks_full_is_counted_by_live_holders_before_a_refusal() {
     expect("no walk, a stalled holder", without, &[LIVING]);
     // The acquire leaves a live entry to the keep-alive, so the process dates the grant's
     // deadline from the entry's life its reply tells: a whole lease duration from the sending
-    // holds only if the acquire extends the entry, live or not.
+    // holds only if the acquire extends the entry, live or not (both with acquires that read
+    // the entry: a trusted one is dated from what its process knew).
     let dated_from_sending = ModelConfig {
         grant_dated_by_entry: false,
+        entry_check: EntryCheck::Read,
         ..cfg.clone()
     };
     expect(
@@ -306,10 +309,40 @@ fn a_pool_that_looks_full_is_counted_by_live_holders_before_a_refusal() {
     let extended = ModelConfig {
         acquire_extends_live_entry: true,
         grant_dated_by_entry: false,
+        entry_check: EntryCheck::Read,
         ..cfg.clone()
     };
     expect("every grant extends the entry", extended, &[]);
     expect("a stalled holder fills the pool", cfg, &[]);
+}
+
+#[test]
+fn an_acquire_trusts_only_the_entry_life_its_process_knows() {
+    // An acquire sent while the process knows its entry has life left skips the entry (no clock,
+    // no read): the grant is dated from what the process knew at the sending, so one that runs
+    // after the entry expired arrives overdue and is lost, and a keep-alive that finds the
+    // entry gone makes the process forget it (every other test runs the same way, the code's).
+    // Trusting an entry the process knows nothing of holds streams on an entry that expired.
+    let trusting_always = ModelConfig {
+        entry_check: EntryCheck::TrustAlways,
+        ..one_holder_in_time()
+    };
+    expect(
+        "trusting always, one holder in time",
+        trusting_always,
+        &[COUNTED, ENTRY, UNCOUNTED, STRICT],
+    );
+    // Reading the entry on every acquire finds what trusting the known finds: nothing.
+    for (name, cfg) in [
+        ("one holder in time", one_holder_in_time()),
+        ("a timeout and a failover", a_timeout_and_a_failover()),
+    ] {
+        let reading = ModelConfig {
+            entry_check: EntryCheck::Read,
+            ..cfg
+        };
+        expect(&format!("reading the entry, {name}"), reading, &[]);
+    }
 }
 
 #[test]

@@ -33,7 +33,8 @@
 -- (they may fit too); 4: holder id; 5: the lines' order, 'fair' or 'arrival'; 6: '1' if a full own
 -- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it; 7: '1'
 -- if each grant takes a fencing token (see fencing_token), else '0'; 8: the holder's renewal
--- period in ms (see grant).
+-- period in ms (see grant); 9: '1' if the process knows the holder's entry lives two renewal
+-- periods or more (the call trusts it: see the per-call part), else '0'.
 -- Each request's keys and args:
 -- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first `own` (shape 3) of them are the caller's own quota (a full one refuses at once,
@@ -50,7 +51,8 @@
 -- Returns {GRANTED, life, token, used_1, ..., used_n, then per rate policy used, reset_ms,
 -- bucket, epoch, over} (life: 0 if the holder's entry was not live when the lease was added
 -- (it is written anew: the lease lives a lease duration), else the ms the entry has left after
--- the call, so the holder's other leases in the tag lived on and this one lives that long;
+-- the call, so the holder's other leases in the tag lived on and this one lives that long; in a
+-- call that trusts the entry, two renewal periods, what the process knew at least;
 -- token: the grant's fencing token, see
 -- fencing_token, or 0 when the head asks for none; used: slots in use after the grant; then each rate policy's answer, as hit.lua
 -- gives it; a retried call that finds the lease already granted answers
@@ -85,6 +87,7 @@ local function fencing_token()
   if not fencing then
     return 0
   end
+  need_clock()
   local key = holders .. ':fencing'
   local token = call('INCR', key)
   if token < now_us - FENCING_SLACK_US then
@@ -219,7 +222,7 @@ local function grant(used, rates)
     local pool = keys[kb + i]
     -- Counted first: a grant that fails half way never lets the batch count too few.
     batch.used[pool] = used[i] + weight
-    add_members(pool, holder, id, weight, used[i] == 0)
+    add_members(pool, holder, id, weight)
     granted[i + 3] = used[i] + weight
   end
   batch.granted_members = batch.granted_members + weight * pools
@@ -259,6 +262,7 @@ local function decide()
   -- The capped pools with a line matter only when someone may wait (not the usual case).
   local ticket, lined = 0, NONE
   if queued and (waiter ~= '' or anyone_may_wait()) then
+    need_clock()
     drop_dead_waiters()
     lined = lined_pools()
     if waiter ~= '' then
@@ -303,8 +307,15 @@ end
 -- the clock, the holder's entry and its count of members (and sum of ids) are seen to once.
 batch = {joined = false, granted_members = 0, granted_ids = 0, indexed = {}, waiters_dropped = false, used = {}}
 load_head(KEYS, ARGV)
-read_clock()
-batch.life = holder_life()
+if trusted then
+  -- The process knows the entry lives two renewal periods or more: the grants leave it to the
+  -- keep-alive, and the process dates them from what it knows (their replies' life is not
+  -- read). No clock read for it: the paths that need the clock read it (need_clock).
+  batch.life = renew_below
+else
+  read_clock()
+  batch.life = holder_life()
+end
 local found_alive = batch.life > 0
 local replies = decide_each(KEYS, ARGV, decide_request)
 count_members(holders, holder, batch.granted_members, batch.granted_ids)

@@ -1,7 +1,8 @@
 -- Keep one holder's leases alive in many hash tags: one write per tag, whatever the number of
--- leases (see prelude/holders.lua). Also reaps dead holders and keeps the holder's pools from
--- idling out, a slice per call (SSCAN of its pool list, every pool within a quarter of IDLE_MS),
--- and drops from that list the pools the holder left (release.lua leaves them there).
+-- leases (see prelude/holders.lua). Also reaps dead holders and gives the holder's pools their
+-- idle expiry (an acquire makes a pool without one), a slice per call (SSCAN of its pool list:
+-- the whole of a short list, every pool of any within a quarter of IDLE_MS), and drops from
+-- that list the pools the holder left (release.lua leaves them there).
 -- Design: docs/design.md (the keys, the holder and lease states, the invariants).
 -- KEYS: <tag>:holders of each tag where the holder has leases (one slot in a cluster).
 -- ARGV[1]: holder id; ARGV[2]: lease duration in ms; ARGV[3]: the renewal period in ms;

@@ -68,7 +68,7 @@ while i <= #ARGV do
     if room then
       index_pools(holders, holder, keys, 1, k, nil)
       for j = 1, k do
-        add_members(keys[j], holder, id, weight, true)
+        add_members(keys[j], holder, id, weight)
       end
       count_members(holders, holder, weight * k - removed, (weight * k - removed) * id_value(id))
       reclaimed[#reclaimed + 1] = position

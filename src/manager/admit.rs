@@ -138,8 +138,11 @@ impl Manager {
             max_waiting: &place.limits,
             own_waits: self.config.wait_for_own_quota,
         });
-        let terms = self.config.grant_terms();
+        let mut terms = self.config.grant_terms();
         self.leases.flight_start(record);
+        // An entry with two renewal periods left or more is left to the keep-alive anyway
+        // (`acquire.lua`'s `grant`): known to live that long, it is not read either.
+        terms.entry_known_until_ms = self.leases.entry_known_until(record, 2 * terms.renew_every_ms);
         let outcome = self
             .stores
             .call(Store::Main, |main| main.acquire(record, terms, in_line, rates))

@@ -58,6 +58,7 @@ pub fn acquire_call(
         ttl_ms,
         fencing: fencing_tokens,
         renew_every_ms: ttl_ms / 3,
+        entry_known_until_ms: None,
     };
     Ok(encoded(holder, terms, &leases))
 }

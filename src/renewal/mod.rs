@@ -109,6 +109,17 @@ impl Leases {
         }
     }
 
+    /// Until when the holder's entry in the tag of `record` lives as far as this process knows,
+    /// if that is `at_least_ms` from now or later: what an acquire of `record` may trust
+    /// (`GrantTerms::entry_known_until_ms`). Asked once its flight began: a tag is left only
+    /// while nothing is in flight there, and then forgotten here first.
+    pub fn entry_known_until(&self, record: &LeaseRecord, at_least_ms: u64) -> Option<u64> {
+        if record.store != Store::Main {
+            return None;
+        }
+        self.joined.entry_known_until(&record.holders, at_least_ms)
+    }
+
     /// The calls of `record` are over: its outcome is known or given up; `counted` unless Redis
     /// certainly never had it (refused, never sent).
     pub fn flight_end(&self, record: &LeaseRecord, counted: bool) {
@@ -135,7 +146,8 @@ impl Leases {
         let deadline_ms = if embedded { NEVER } else { deadline_ms };
         let overdue = held.insert(Arc::clone(&record), deadline_ms, holder_was_alive, monotonic_ms());
         if record.store == Store::Main {
-            self.joined.join(&record.holders);
+            self.joined
+                .join(&record.holders, if embedded { 0 } else { deadline_ms });
             if !embedded {
                 self.hear_revocations();
             }

@@ -37,6 +37,9 @@ impl Leases {
                 let mut held = lock(&self.held);
                 for holders in &report.renewed {
                     held.extend(store, holders, sent_at + self.ttl_ms);
+                    if store == Store::Main {
+                        self.joined.entry_renewed(holders, Some(sent_at + self.ttl_ms));
+                    }
                 }
             }
             counters::add(&self.counts.renew_failures, report.failures.len() as u64);
@@ -96,6 +99,8 @@ impl Leases {
                     .is_some_and(|counted| held.tallies.close_window(&tag.holders, counted));
                 if tag.alive {
                     report.renewed.push(tag.holders.clone());
+                } else if store == Store::Main {
+                    self.joined.entry_renewed(&tag.holders, None);
                 }
                 if !tag.alive || is_short {
                     short.push(tag.holders);

@@ -307,7 +307,8 @@ class ChaosRun:
         retried settlement from counting twice) lives 10 minutes, and a model's answer sizes
         (``answers:<model>``, what ``reserve="auto"`` learns from) a week after its last
         settlement. Every key seen meanwhile must have a TTL, those three within their
-        lifetimes."""
+        lifetimes, but a pool: an acquire makes one without (its holders' keep-alives give it
+        one), and it lives no longer than its members, whom the count removes."""
         b = self.bounds
         t_gone = now()
         kills = [f.t0 for f in self.schedule if f.kind == "worker_kill" and f.t0]
@@ -331,7 +332,7 @@ class ChaosRun:
                         if isinstance(k, bytes)]
                 for key in keys:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
-                    if await client.pttl(key) == -1:
+                    if not _is_pool(key, self.settings.tag) and await client.pttl(key) == -1:
                         no_ttl.add(key)
                 left = [key for key in keys if key != clock and _outlives_drain(key) is None]
                 for key in keys:
@@ -408,6 +409,11 @@ def _outlives_drain(key: bytes) -> int | None:
     if b":answers:" in key:
         return ANSWERS_MS
     return None
+
+
+def _is_pool(key: bytes, tag: str) -> bool:
+    """A user's own pool, the global pool or a resource's."""
+    return _kind_of_key(key.decode(), tag).startswith(("user:", "global", "resource:"))
 
 
 def _kind_of_key(key: str, tag: str) -> str:

@@ -86,6 +86,10 @@ impl Step<'_> {
 
     /// Steps 6 and 7: deadlines extended, results applied, releases sent again.
     pub(super) fn finish(&mut self, holder: usize, renewed: bool, lost: u8, reclaimed: u8) {
+        if renewed {
+            let h = &mut self.s.holders[holder];
+            h.entry_known = h.entry_known.max(h.round_sent);
+        }
         if renewed && self.has_group(holder) {
             let h = &mut self.s.holders[holder];
             h.deadline = h.deadline.max(h.round_sent);
@@ -142,6 +146,9 @@ impl Step<'_> {
                     Count::Exact => process::close_window(cfg, &mut self.s.holders[holder].tally, reply),
                     Count::GrantedOnlyGrows => false,
                 };
+                if !reply.alive {
+                    self.s.holders[holder].entry_known = 0;
+                }
                 self.after_keepalive(holder, reply.alive, !reply.alive || short, excess, known);
             }
             Round::Prune {

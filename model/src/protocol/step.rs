@@ -2,7 +2,7 @@
 //! and the dispatch of every action.
 
 use super::{Action, Failure, Late, State, Target};
-use crate::config::{bits, Count, ModelConfig};
+use crate::config::{bits, Count, EntryCheck, ModelConfig};
 use crate::process::{self, Call, Phase, Round, RoundGhost, Tally};
 use crate::redis::{AcquireReply, Redis};
 
@@ -154,6 +154,7 @@ impl Step<'_> {
             self.leave_held(old, Phase::Idle);
         }
         let h = &mut self.s.holders[holder];
+        h.entry_known = h.entry_known.max(deadline);
         if had_group && overdue == 0 {
             h.deadline = h.deadline.max(deadline);
         } else {
@@ -198,6 +199,7 @@ impl Step<'_> {
             }
             let h = &mut self.s.holders[holder];
             h.round_sent = h.round_sent.saturating_sub(1);
+            h.entry_known = h.entry_known.saturating_sub(1);
         }
         for lease in self.s.leases.iter_mut() {
             if lease.phase == Phase::Acquiring {
@@ -217,7 +219,13 @@ impl Step<'_> {
         let cfg = self.cfg;
         match action {
             Action::Acquire(lease) => {
+                let trusted = match cfg.entry_check {
+                    EntryCheck::Read => 0,
+                    EntryCheck::TrustKnown => self.s.holders[self.holder_of(lease)].entry_known,
+                    EntryCheck::TrustAlways => cfg.ttl,
+                };
                 let l = &mut self.s.leases[lease];
+                l.trusted = trusted;
                 l.phase = Phase::Acquiring;
                 l.acquire = Call::Sent;
                 l.sent = cfg.ttl;
@@ -225,7 +233,8 @@ impl Step<'_> {
                 self.activity(self.holder_of(lease));
             }
             Action::RunAcquire(lease) => {
-                self.s.leases[lease].acquire = Call::Ran(self.s.redis.acquire(cfg, lease));
+                let trusted = self.s.leases[lease].trusted;
+                self.s.leases[lease].acquire = Call::Ran(self.s.redis.acquire(cfg, lease, trusted));
             }
             Action::Hold(lease) => {
                 let Call::Ran(AcquireReply::Granted { alive, life }) = self.s.leases[lease].acquire else {
@@ -277,7 +286,8 @@ impl Step<'_> {
                         match (how, self.s.leases[lease].acquire) {
                             (Failure::Late, _) => self.s.late = Some(Late::Acquire(lease)),
                             (Failure::Ran, Call::Sent) => {
-                                self.s.redis.acquire(cfg, lease);
+                                let trusted = self.s.leases[lease].trusted;
+                                self.s.redis.acquire(cfg, lease, trusted);
                             }
                             _ => {}
                         }
@@ -313,7 +323,7 @@ impl Step<'_> {
                 let redis = &mut self.s.redis;
                 match late {
                     Late::Acquire(lease) => {
-                        redis.acquire(cfg, lease);
+                        redis.acquire(cfg, lease, self.s.leases[lease].trusted);
                     }
                     Late::Release { holder, leases } => {
                         redis.release(cfg, holder, leases);

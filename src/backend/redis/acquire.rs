@@ -60,7 +60,8 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
         .arg(in_line.map_or("fair", |l| l.order.code()))
         .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
         .arg(u8::from(terms.fencing))
-        .arg(terms.renew_every_ms);
+        .arg(terms.renew_every_ms)
+        .arg(u8::from(terms.entry_known_until_ms.is_some()));
     let mut invocation = scripts::ACQUIRE.prepare_invoke();
     for pool in pools {
         invocation.key(&*pool.key);
@@ -108,13 +109,16 @@ pub fn acquire_call(holder: u64, terms: GrantTerms, leases: &[(&str, &LeaseRecor
     (call.keys, call.args)
 }
 
-/// The outcome a request's reply says, for the lease, line and rate policies it asked with.
+/// The outcome a request's reply says, for the lease, line and rate policies it asked with;
+/// `entry_known_until_ms`: the entry life it trusted (`GrantTerms`), from which a grant is
+/// dated then (the script, which did not read the entry, says nothing of it).
 pub fn decode_acquire(
     reply: &[u64],
     lease: &LeaseRecord,
     in_line: Option<InLine<'_>>,
     policies: &[RatePolicy],
     sent_at_ms: u64,
+    entry_known_until_ms: Option<u64>,
 ) -> CoreResult<AcquireOutcome> {
     let pools = &lease.pools;
     let n = pools.len();
@@ -122,7 +126,10 @@ pub fn decode_acquire(
         [GRANTED, life, fencing_token, rest @ ..] if rest.len() == n + RATE_ANSWER_LEN * policies.len() => {
             Ok(AcquireOutcome::Granted {
                 used: rest[..n].to_vec(),
-                entry_life_ms: (*life > 0).then_some(*life),
+                entry_life_ms: match entry_known_until_ms {
+                    Some(until) => Some(until.saturating_sub(sent_at_ms)),
+                    None => (*life > 0).then_some(*life),
+                },
                 fencing_token: (*fencing_token > 0).then_some(*fencing_token),
                 rates: decisions(policies, &rest[n..]),
                 sent_at_ms,

@@ -43,6 +43,7 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
             ttl_ms: 30_000,
             fencing: true,
             renew_every_ms: 10_000,
+            entry_known_until_ms: None,
         },
         in_line: Some(in_line),
         rates: &rates,
@@ -65,7 +66,8 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
             "arrival",
             "1",
             "1",
-            "10000"
+            "10000",
+            "0"
         ]
     );
     assert_eq!(text(&call.keys), ["{t}:user:a", "{t}:global", "{t}:rate:a"]);
@@ -87,6 +89,7 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ttl_ms: 30_000,
         fencing: false,
         renew_every_ms: 10_000,
+        entry_known_until_ms: None,
     };
     let (keys, args) = acquire_call(777, terms, &[("a", &lease), ("b", &lease)]);
     let keys: Vec<&str> = keys.iter().map(|k| read::text(k)).collect();
@@ -101,14 +104,21 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ]
     );
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
-    // two requests; a head of 1 key, 8 args; then each request's counts, then theirs
+    // two requests; a head of 1 key, 9 args; then each request's counts, then theirs
     assert_eq!(
-        args[..11],
-        ["2", "1", "8", "30000", "0", "", "777", "fair", "0", "0", "10000"]
+        args[..12],
+        ["2", "1", "9", "30000", "0", "", "777", "fair", "0", "0", "10000", "0"]
     );
-    assert_eq!(args[11..15], ["2", "3", "2", "3"]);
-    assert_eq!(args[15], "a");
-    assert_eq!(read::shape(args[17].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    assert_eq!(args[12..16], ["2", "3", "2", "3"]);
+    assert_eq!(args[16], "a");
+    assert_eq!(read::shape(args[18].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    // An entry the process knows to live long enough: the head says the call may trust it.
+    let trusting = GrantTerms {
+        entry_known_until_ms: Some(40_000),
+        ..terms
+    };
+    let (_, args) = acquire_call(777, trusting, &[("a", &lease)]);
+    assert_eq!(read::text(&args[11]), "1");
 }
 
 #[test]
@@ -122,7 +132,7 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
         max_waiting: &[0, 50],
         own_waits: false,
     };
-    let decode = |reply: &[u64]| decode_acquire(reply, &lease, Some(in_line), &rates.policies, 9);
+    let decode = |reply: &[u64]| decode_acquire(reply, &lease, Some(in_line), &rates.policies, 9, None);
     let Ok(AcquireOutcome::Granted {
         used,
         entry_life_ms,
@@ -144,6 +154,22 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
     };
     assert_eq!(fencing_token, None, "a head that asks for no token gets 0: none");
     assert_eq!(decisions[0].remaining, 3);
+    // A grant that trusted the entry life its process knew is dated from that, whatever the
+    // reply's figure; one whose trust ran out on the way arrives with no life left (overdue).
+    for (until, life) in [(25_009, 25_000), (5, 0)] {
+        let trusted = decode_acquire(
+            &[GRANTED, 20_000, 0, 1, 4, 2, 500, 3, 1, 0],
+            &lease,
+            Some(in_line),
+            &rates.policies,
+            9,
+            Some(until),
+        );
+        let Ok(AcquireOutcome::Granted { entry_life_ms, .. }) = trusted else {
+            panic!("granted")
+        };
+        assert_eq!(entry_life_ms, Some(life));
+    }
     let Ok(AcquireOutcome::RateLimited(limited)) = decode(&[RATE_LIMITED, 1, 800, 5, 800, 0, 0, 1]) else {
         panic!("rate limited")
     };
@@ -177,7 +203,7 @@ fn each_reply_of_the_script_decodes_to_its_outcome() {
 #[test]
 fn a_reply_of_another_shape_is_an_error() {
     let (lease, rates) = (lease(), rates());
-    let decode = |reply: &[u64]| decode_acquire(reply, &lease, None, &rates.policies, 0);
+    let decode = |reply: &[u64]| decode_acquire(reply, &lease, None, &rates.policies, 0, None);
     for reply in [
         &[][..],
         &[GRANTED, 1, 1, 4],

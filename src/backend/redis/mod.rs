@@ -118,7 +118,14 @@ impl Backend for RedisBackend {
                 rates: rates.clone(),
             }));
             let Replied { sent_at_ms, reply } = self.acquires.submit(request).await?;
-            decode_acquire(&reply, lease, in_line, &rates.policies, sent_at_ms)
+            decode_acquire(
+                &reply,
+                lease,
+                in_line,
+                &rates.policies,
+                sent_at_ms,
+                terms.entry_known_until_ms,
+            )
         })
     }
 

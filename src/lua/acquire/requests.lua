@@ -5,6 +5,8 @@
 
 -- What the call's head says (see load_head).
 local holders, line, alive, tickets, ttl, queued, channel, holder, fair, own_waits, fencing
+-- The process knows its holder's entry has `renew_below` or more left (see load_head).
+local trusted
 -- A grant extends a holder's entry with less than this many ms left: two renewal periods, so
 -- an entry left as it is gets renewed at least once, a period before it would expire (see
 -- acquire.lua's grant).
@@ -15,7 +17,7 @@ local keys, kb, key_count, args, ab
 local id, waiter, shape, weight, liveness, own, pools, priority, user
 local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 
--- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..11].
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..12].
 local function load_head(call_keys, call_args)
   ttl = num(call_args[4])
   queued = call_args[5] == '1'
@@ -30,6 +32,7 @@ local function load_head(call_keys, call_args)
   own_waits = call_args[9] == '1'
   fencing = call_args[10] == '1'
   renew_below = 2 * num(call_args[11])
+  trusted = call_args[12] == '1'
 end
 
 -- Reads one request, where the prelude's decide_each finds its keys and args.
@@ -50,6 +53,9 @@ end
 
 -- The request's rate policies, from look_rates.
 local function request_rates(scale)
+  if key_count > pools then
+    need_clock()
+  end
   return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + 4, scale)
 end
 

@@ -9,6 +9,14 @@ local function read_clock()
   now_text = t[1] .. string.format('%03d', ms)
   now_us = seconds * 1000000 + micros
 end
+
+-- Reads the clock unless the call has: an acquire that trusts its holder's entry (acquire.lua)
+-- reads it only on the paths that need it, and each of those asks here first.
+local function need_clock()
+  if not now then
+    read_clock()
+  end
+end
 -- Keys live an hour past their last write: those of a fleet that died vanish by themselves,
 -- and live holders refresh theirs (acquires, keepalives).
 local IDLE_MS = 3600000
@@ -24,6 +32,7 @@ local IDLE_MS_TEXT = IDLE_MS .. '' -- as text (string.format is absent while a l
 -- lease, the slots of a holder that died meanwhile free up at most half a lease later.
 local CLOCK_GRAIN = 100
 local function steady_clock(holders, lease)
+  need_clock()
   steadied = holders
   local clock = holders .. ':clock'
   local last = tonumber(call('GET', clock))

@@ -37,6 +37,7 @@ end
 
 -- The ms a holder's entry has left (0: expired or gone).
 local function entry_life(holders, holder)
+  need_clock()
   local expiry = call('ZSCORE', holders, holder)
   return expiry and math.max(0, tonumber(expiry) - now) or 0
 end
@@ -71,6 +72,7 @@ end
 -- reaped in part: its count goes (from 0 again), so its next keep-alive finds members missing,
 -- checks its leases one by one and recounts.
 local function hold(holders, holder, ttl, alive)
+  need_clock()
   if alive == nil then
     alive = is_alive(holders, holder)
   end
@@ -102,9 +104,11 @@ local function index_pools(holders, holder, pools, first, last, indexed)
 end
 
 -- Adds a lease's members to a pool (listed in the holder's index first: `index_pools`; the
--- caller counts them, once per lease: see `count_members`). A new pool gets its idle expiry
--- (the keep-alive refreshes the holder's pools).
-local function add_members(pool, holder, id, weight, new_pool)
+-- caller counts them, once per lease: see `count_members`). A pool made here has no expiry
+-- yet: the holder's keep-alive gives every pool of its index its idle expiry (keepalive.lua),
+-- and until then the pool lives no longer than its members, which the reaper removes if the
+-- holder dies first: a PEXPIRE per new pool would be a sixth of a lone stream's Redis work.
+local function add_members(pool, holder, id, weight)
   if weight == 1 then
     call('ZADD', pool, holder, id)
   else
@@ -114,9 +118,6 @@ local function add_members(pool, holder, id, weight, new_pool)
       args[2 * unit] = member(id, unit)
     end
     call('ZADD', pool, unpack(args))
-  end
-  if new_pool then
-    call('PEXPIRE', pool, IDLE_MS_TEXT)
   end
 end
 

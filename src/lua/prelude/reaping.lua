@@ -24,6 +24,7 @@ end
 -- of the holder's members, so a pool half done stays listed for the next call; the holder
 -- leaves <tag>:holders once its index is empty.
 local function reap(holders)
+  need_clock()
   local pools_left = REAP_POOLS
   for _, holder in ipairs(call('ZRANGEBYSCORE', holders, '-inf', now_text, 'LIMIT', 0, 16)) do
     if reap_left <= 0 or pools_left <= 0 then
