@@ -413,6 +413,32 @@ async def test_one_lease_whose_release_fails_neither_fails_its_batch_nor_is_retr
     await kept.release()
 
 
+async def test_a_lone_acquire_or_release_over_a_key_of_another_type_fails_alone(
+    make_redis_manager, redis_client, key_prefix
+):
+    """One stream at a time goes the scripts' lone way (no batch bookkeeping) once the process
+    knows its entry: a key of another type where the user's pool should be fails that acquire,
+    or that release, with BackendError, and nothing else."""
+    manager = make_redis_manager()
+    await (await manager.acquire("warm")).release()
+
+    def break_pool(user: str) -> None:
+        pool = f"{{{key_prefix}}}:user:{manager._core.identity_digest(user)}"
+        redis_client.delete(pool)
+        redis_client.set(pool, "not a sorted set")
+
+    break_pool("mallory")
+    with pytest.raises(BackendError, match="WRONGTYPE"):
+        await manager.acquire("mallory")
+    alice = await manager.acquire("alice")
+    bob = await manager.acquire("bob")
+    break_pool("bob")
+    with pytest.raises(BackendError, match="choose another LeaseConfig"):
+        await bob.release()
+    assert await alice.release() is True
+    assert await manager.get_active_count() == 0, "bob's member in the global pool is gone too"
+
+
 async def test_wrong_password_gives_an_actionable_error(key_prefix):
     server = RedisServer("--requirepass", "right").start()
     try:

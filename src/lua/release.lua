@@ -17,7 +17,42 @@
 -- or, for a lease whose removal failed in a pool (a key of another type there), the error's
 -- text: its members are removed from its other pools all the same, and the others of the call
 -- are released (one bad lease failing the whole call would fail every retry of it too).
+-- Removes the members of the lease `id` of shape `shape` from its pools (in `keys`): how many
+-- were there, and the text of the first error (a key of another type in one of its pools), if
+-- any: its members leave its other pools all the same.
+local function remove_lease(keys, id, shape)
+  local removed, failure = 0, nil
+  for j = 1, shape[3] do
+    local done, count = pcall(remove_members, keys[shape[3 + j]], id, shape[1])
+    if done then
+      removed = removed + count
+    else
+      failure = failure or error_text(count)
+    end
+  end
+  return removed, failure
+end
+
+-- Wakes the waiters of the line `keys[#keys]` on `channel` ('': none) when leases were
+-- released and someone waits.
+local function wake_waiters(keys, channel, released)
+  if channel ~= '' and released > 0 and call('ZCARD', keys[#keys]) > 0 then
+    wake(channel, released)
+  end
+end
+
+--[[ per call ]]
 local holder = ARGV[2] -- the core's decimal text, as stored
+if #ARGV == 4 then
+  -- One lease (a stream that ended): without the tables that gather many leases' tallies.
+  local id, shape = ARGV[3], shape_of(ARGV[4])
+  local removed, failure = remove_lease(KEYS, id, shape)
+  if removed > 0 then
+    count_members(KEYS[shape[2]], holder, -removed, -removed * id_value(id))
+    wake_waiters(KEYS, ARGV[1], 1)
+  end
+  return {failure or (removed > 0 and 1 or 0)}
+end
 local released = 0
 local present_each = {}
 -- holders key -> the members removed in its tag, and the sum of their ids
@@ -26,16 +61,8 @@ local i = 3
 while i <= #ARGV do
   local id = ARGV[i]
   local shape = shape_of(ARGV[i + 1])
-  local weight, holders = shape[1], KEYS[shape[2]]
-  local removed, failure = 0, nil
-  for j = 1, shape[3] do
-    local done, count = pcall(remove_members, KEYS[shape[3 + j]], id, weight)
-    if done then
-      removed = removed + count
-    else
-      failure = failure or error_text(count)
-    end
-  end
+  local holders = KEYS[shape[2]]
+  local removed, failure = remove_lease(KEYS, id, shape)
   if removed > 0 then
     released = released + 1
     removed_in[holders] = (removed_in[holders] or 0) + removed
@@ -47,7 +74,5 @@ end
 for holders, removed in pairs(removed_in) do
   count_members(holders, holder, -removed, -removed_ids_in[holders])
 end
-if ARGV[1] ~= '' and released > 0 and call('ZCARD', KEYS[#KEYS]) > 0 then
-  wake(ARGV[1], released)
-end
+wake_waiters(KEYS, ARGV[1], released)
 return present_each

@@ -88,14 +88,16 @@ end
 -- `indexed`: the pools a batch put in the index already (none is ever taken out meanwhile), or
 -- nil.
 local function index_pools(holders, holder, pools, first, last, indexed)
+  if not indexed then
+    call('SADD', holders .. ':' .. holder, unpack(pools, first, last))
+    return
+  end
   local fresh = {}
   for i = first, last do
     local pool = pools[i]
-    if not (indexed and indexed[pool]) then
+    if not indexed[pool] then
       fresh[#fresh + 1] = pool
-      if indexed then
-        indexed[pool] = true
-      end
+      indexed[pool] = true
     end
   end
   if #fresh > 0 then
