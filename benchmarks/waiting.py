@@ -33,7 +33,7 @@ import uuid
 import redis.asyncio as aioredis
 
 from fastapi_stream_lease import LeaseConfig, Resource, StreamLeaseManager
-from fastapi_stream_lease._core import _script_source
+from fastapi_stream_lease._core import _acquire_call, _script_source
 
 from common import (
     RESULTS_DIR,
@@ -100,15 +100,10 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
     admitted: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
 
     async def take(lease_id: str) -> bool:
-        # As the core sends a lone acquire, a batch of one request. The head: the holders key;
-        # lease of 30 s, no line, no channel, the holder, fair order, no waiting for one's own
-        # quota. The request: the pool; lease, no waiter, and its shape: weight 1, liveness 0,
-        # no own pool, 1 pool, priority 0, capacity 1, no max_waiting; no rate policy.
-        head = [30_000, 0, "", holder_id, "fair", 0]
-        request = [lease_id, "", "1 0 0 1 0 1 0"]
-        (reply,) = await acquire(
-            keys=[keys[1], keys[0]], args=[1, 1, len(head), *head, 1, len(request), *request]
-        )
+        # As the core sends a lone acquire of a lease of 30 s in the pool of capacity 1 (its
+        # layout from the core: `_acquire_call`).
+        call_keys, call_args = _acquire_call(holder_id, 30_000, [(lease_id, 1, [(keys[0], 1)])])
+        (reply,) = await acquire(keys=call_keys, args=call_args)
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:

@@ -33,7 +33,7 @@ pub enum LineOrder {
 }
 
 impl LineOrder {
-    /// As the acquire script takes it.
+    /// Its name, as `LeaseConfig(line_order=...)` takes it.
     pub fn code(self) -> &'static str {
         match self {
             LineOrder::Fair => "fair",

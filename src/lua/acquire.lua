@@ -22,19 +22,20 @@
 -- waits in line. The helpers above the line `--[[ per call ]]` are defined once, when the
 -- library loads; what follows it runs on every call.
 -- The head, what every request of the call shares (see the prelude's decide_each):
--- KEYS[1]: the tag's holders (see prelude/holders.lua). With a waiting line (head ARGV 2 = 1),
+-- KEYS[1]: the tag's holders (see prelude/holders.lua). With a waiting line (head number 2 = 1),
 -- KEYS[2..4]: the line, every waiter of every pool (sorted set: waiter id by ticket; <line>:needs
 -- is the hash waiter id -> "<weight> <holder id> <user> <pool key> ...": what it needs, see the
 -- prelude's waiter_needs; the capped shared pools it waits for each have a line of their own, see
 -- the prelude's pool_line), the liveness of the processes that have waiters (sorted set: holder id
 -- by expiry in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket
--- counter. Its ARGV (from ARGV[4]): 1: lease duration in ms; 2: 1 if the line's keys are there,
--- else 0; 3: the channel to publish on (see the prelude's wake) when a grant leaves others in line
--- (they may fit too); 4: holder id; 5: the lines' order, 'fair' or 'arrival'; 6: '1' if a full own
--- pool makes a waiter wait in its own line (wait_for_own_quota) rather than refuses it; 7: '1'
--- if each grant takes a fencing token (see fencing_token), else '0'; 8: the holder's renewal
--- period in ms (see grant); 9: '1' if the process knows the holder's entry lives two renewal
--- periods or more (the call trusts it: see the per-call part), else '0'.
+-- counter. Its ARGV (from ARGV[4]): 1: the channel to publish on (see the prelude's wake) when a
+-- grant leaves others in line (they may fit too); 2: holder id; 3: its numbers, in one argument
+-- (the prelude's shape_of): 1: lease duration in ms; 2: 1 if the line's keys are there, else 0;
+-- 3: the lines' order, 0 fair, 1 arrival; 4: 1 if a full own pool makes a waiter wait in its
+-- own line (wait_for_own_quota) rather than refuses it; 5: 1 if each grant takes a fencing
+-- token (see fencing_token), else 0; 6: the holder's renewal period in ms (see grant); 7: 1 if
+-- the process knows the holder's entry lives two renewal periods or more (the call trusts it:
+-- see the per-call part), else 0.
 -- Each request's keys and args:
 -- keys 1..n: the pools (sorted sets: member = lease id, score = holder id), all in one hash
 -- slot; the first `own` (shape 3) of them are the caller's own quota (a full one refuses at once,

@@ -12,7 +12,7 @@ use super::line::{leave_invocation, line_keys};
 use super::release::release_invocation;
 use super::scripts::{self, Invocation};
 use crate::backend::{AcquireOutcome, InLine, Placed};
-use crate::config::GrantTerms;
+use crate::config::{GrantTerms, LineOrder};
 use crate::errors::{CoreResult, Rejection};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
@@ -53,15 +53,17 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
         line_keys(&mut head, in_line.line);
         head.key(&in_line.line.tickets);
     }
-    head.arg(terms.ttl_ms)
-        .arg(u8::from(in_line.is_some()))
-        .arg(channel)
-        .arg(holder)
-        .arg(in_line.map_or("fair", |l| l.order.code()))
-        .arg(u8::from(in_line.is_some_and(|l| l.own_waits)))
-        .arg(u8::from(terms.fencing))
-        .arg(terms.renew_every_ms)
-        .arg(u8::from(terms.entry_known_until_ms.is_some()));
+    // The head's numbers in one argument: a manager sends few distinct ones, each parsed once.
+    let mut numbers = Shape::default();
+    numbers
+        .push(terms.ttl_ms)
+        .push(u8::from(in_line.is_some()))
+        .push(u8::from(in_line.is_some_and(|l| l.order == LineOrder::Arrival)))
+        .push(u8::from(in_line.is_some_and(|l| l.own_waits)))
+        .push(u8::from(terms.fencing))
+        .push(terms.renew_every_ms)
+        .push(u8::from(terms.entry_known_until_ms.is_some()));
+    head.arg(channel).arg(holder).arg(numbers.into_arg());
     let mut invocation = scripts::ACQUIRE.prepare_invoke();
     for pool in pools {
         invocation.key(&*pool.key);

@@ -56,20 +56,9 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
         text(&call.head_keys),
         ["{t}:holders", "{t}:line", "{t}:line:alive", "{t}:line:tickets"]
     );
-    assert_eq!(
-        text(&call.head_args),
-        [
-            "30000",
-            "1",
-            "!{t}:line:wake",
-            "777",
-            "arrival",
-            "1",
-            "1",
-            "10000",
-            "0"
-        ]
-    );
+    assert_eq!(text(&call.head_args[..2]), ["!{t}:line:wake", "777"]);
+    // lease ms, line keys, arrival order, own waits, fencing, renewal period, entry trusted
+    assert_eq!(read::shape(&call.head_args[2]), [30_000, 1, 1, 1, 1, 10_000, 0]);
     assert_eq!(text(&call.keys), ["{t}:user:a", "{t}:global", "{t}:rate:a"]);
     let args = text(&call.args);
     assert_eq!(args[..2], ["lease-1", "w1"]);
@@ -104,21 +93,19 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ]
     );
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
-    // two requests; a head of 1 key, 9 args; then each request's counts, then theirs
-    assert_eq!(
-        args[..12],
-        ["2", "1", "9", "30000", "0", "", "777", "fair", "0", "0", "10000", "0"]
-    );
-    assert_eq!(args[12..16], ["2", "3", "2", "3"]);
-    assert_eq!(args[16], "a");
-    assert_eq!(read::shape(args[18].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    // two requests; a head of 1 key, 3 args; then each request's counts, then theirs
+    assert_eq!(args[..5], ["2", "1", "3", "", "777"]);
+    assert_eq!(read::shape(args[5].as_bytes()), [30_000, 0, 0, 0, 0, 10_000, 0]);
+    assert_eq!(args[6..10], ["2", "3", "2", "3"]);
+    assert_eq!(args[10], "a");
+    assert_eq!(read::shape(args[12].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
     // An entry the process knows to live long enough: the head says the call may trust it.
     let trusting = GrantTerms {
         entry_known_until_ms: Some(40_000),
         ..terms
     };
     let (_, args) = acquire_call(777, trusting, &[("a", &lease)]);
-    assert_eq!(read::text(&args[11]), "1");
+    assert_eq!(read::shape(&args[5])[6], 1);
 }
 
 #[test]

@@ -17,22 +17,23 @@ local keys, kb, key_count, args, ab
 local id, waiter, shape, weight, liveness, own, pools, priority, user
 local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 
--- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..12].
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..6].
 local function load_head(call_keys, call_args)
-  ttl = num(call_args[4])
-  queued = call_args[5] == '1'
+  channel = call_args[4]
+  holder = call_args[5] -- the core's decimal text, as stored (holder_name: scores read back)
+  local numbers = shape_of(call_args[6])
+  ttl = numbers[1]
+  queued = numbers[2] == 1
+  fair = numbers[3] == 0
+  own_waits = numbers[4] == 1
+  fencing = numbers[5] == 1
+  renew_below = 2 * numbers[6]
+  trusted = numbers[7] == 1
   holders = call_keys[1]
   line, alive, tickets = nil, nil, nil
   if queued then
     line, alive, tickets = call_keys[2], call_keys[3], call_keys[4]
   end
-  channel = call_args[6]
-  holder = call_args[7] -- the core's decimal text, as stored (holder_name: scores read back)
-  fair = call_args[8] == 'fair'
-  own_waits = call_args[9] == '1'
-  fencing = call_args[10] == '1'
-  renew_below = 2 * num(call_args[11])
-  trusted = call_args[12] == '1'
 end
 
 -- Reads one request, where the prelude's decide_each finds its keys and args.
