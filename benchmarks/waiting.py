@@ -33,7 +33,7 @@ import uuid
 import redis.asyncio as aioredis
 
 from fastapi_stream_lease import LeaseConfig, Resource, StreamLeaseManager
-from fastapi_stream_lease._core import _acquire_call, _script_source
+from fastapi_stream_lease._core import _acquire_call, _release_call, _script_source
 
 from common import (
     RESULTS_DIR,
@@ -107,8 +107,8 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:
-        # no channel, holder; lease and its shape: weight 1, holders at KEYS[2], 1 pool at KEYS[1]
-        await release(keys=keys, args=["", holder_id, lease_id, "1 2 1 1"])
+        call_keys, call_args = _release_call(holder_id, [(lease_id, 1, [(keys[0], 1)])])
+        await release(keys=call_keys, args=call_args)
 
     async def wait() -> None:
         lease_id = uuid.uuid4().hex

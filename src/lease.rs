@@ -62,6 +62,14 @@ impl LeaseId {
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).expect("a lease id is ASCII hex")
     }
+
+    /// The id `text` is, if it is one as `random` makes them (32 lowercase hex digits).
+    pub fn parse(text: &str) -> Option<Self> {
+        let hex: [u8; 32] = text.as_bytes().try_into().ok()?;
+        hex.iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+            .then_some(LeaseId(hex))
+    }
 }
 
 impl Deref for LeaseId {

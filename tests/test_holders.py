@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import re
 import time
+import uuid
 
 import pytest
 import redis as redis_py
@@ -370,6 +371,23 @@ def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(re
     assert redis_client.get(f"{tag}:fencing") == str(token).encode(), "the tag's last token"
     redis_client.delete(pool, wrong, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock",
                         f"{tag}:fencing")
+
+
+def test_a_release_call_laid_out_by_the_core_undoes_its_acquires(redis_client, key_prefix):
+    # Benchmarks and tests that call the scripts alone take both layouts from the core
+    # (`_acquire_call`, `_release_call`), never a copy that could drift from it.
+    pool, tag = global_pool(key_prefix), holders(key_prefix)
+    leases = [(uuid.uuid4().hex, weight, [(pool, 0)]) for weight in (1, 2)]
+    decide = batched_acquire(redis_client)
+    assert [reply[0] for reply in decide(leases)] == [1, 1]
+    assert redis_client.zcard(pool) == 3 and tally.counted(redis_client, f"{tag}:777:members") == 3
+    release = core_script(redis_client, "release")
+    keys, args = _core._release_call(777, leases)
+    assert release(keys=keys, args=args) == [1, 1]
+    assert redis_client.zcard(pool) == 0 and tally.counted(redis_client, f"{tag}:777:members") == 0
+    with pytest.raises(ValueError, match="32 lowercase hex digits"):
+        _core._release_call(777, [("lease-1", 1, [(pool, 0)])])
+    redis_client.delete(tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock", f"{tag}:fencing")
 
 
 def test_an_acquire_resent_after_a_dropped_connection_keeps_its_slot(redis_client, key_prefix):

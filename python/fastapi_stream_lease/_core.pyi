@@ -18,6 +18,7 @@ __all__ = [
     "RateLimit",
     "__version__",
     "_acquire_call",
+    "_release_call",
     "_script_source",
     "_settle_call",
     "check_rate_limits",
@@ -408,6 +409,15 @@ def _acquire_call(
     token when ``fencing_tokens``. Each lease is ``(lease id, weight, [(pool key, capacity),
     ...])`` (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the
     keys."""
+
+def _release_call(
+    holder: int,
+    leases: list[tuple[str, int, list[tuple[str, int]]]],
+) -> tuple[list[bytes], list[bytes]]:
+    """The keys and arguments of the ``release`` script's call that releases ``leases``, as the
+    Redis store sends it for holder ``holder``, with no waiting line to wake. Each lease is given
+    as to ``_acquire_call`` (capacities unused); its id is 32 lowercase hex digits, as the core
+    makes them."""
 
 def _script_source(name: str) -> str:
     """The code of the core's Lua script ``name`` (``"acquire"``, ``"release"``...) as a script

@@ -24,8 +24,8 @@ use crate::rate::{HitOutcome, RateCheck, RatePolicy, Settlement, TopUp, ToppedUp
 pub use self::acquire::{AcquireOutcome, InLine, Placed, Waiter, MAX_PRIORITY};
 pub use self::memory::MemoryBackend;
 pub use self::redis::{
-    acquire_call, parse_sentinel, redact, script_names, script_source, settle_call, KeysAndArgs,
-    RedisBackend, HOLDER_IDS,
+    acquire_call, parse_sentinel, redact, release_call, script_names, script_source, settle_call,
+    KeysAndArgs, RedisBackend, HOLDER_IDS,
 };
 pub use self::renewal::{batches, Counted, Kept, RoundReport};
 pub use self::stores::Stores;

@@ -2,7 +2,6 @@
 //! turns what the core returns into Python objects and awaitables.
 
 mod acquire_args;
-mod acquire_call;
 mod args;
 mod bridge;
 mod budget;
@@ -13,6 +12,7 @@ mod lease;
 mod manager;
 mod prices;
 mod rate;
+mod script_calls;
 mod scripts;
 mod settle_call;
 
@@ -32,7 +32,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(sentinel_url, m)?)?;
     m.add_function(wrap_pyfunction!(monotonic, m)?)?;
-    m.add_function(wrap_pyfunction!(acquire_call::acquire_call, m)?)?;
+    m.add_function(wrap_pyfunction!(script_calls::acquire_call, m)?)?;
+    m.add_function(wrap_pyfunction!(script_calls::release_call, m)?)?;
     m.add_function(wrap_pyfunction!(scripts::source, m)?)?;
     m.add_function(wrap_pyfunction!(settle_call::settle_call, m)?)?;
     m.add_class::<bridge::LoopBridge>()?;

@@ -48,6 +48,7 @@ pub use self::acquire::acquire_call;
 pub use self::budget::settle_call;
 pub use self::credentials::redact;
 pub use self::layout::KeysAndArgs;
+pub use self::release::release_call;
 pub use self::scripts::{script_names, script_source};
 pub use self::sentinel_url::parse_sentinel;
 

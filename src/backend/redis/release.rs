@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redis::{FromRedisValue, Value};
 
-use super::layout::{KeyIndex, Shape};
+use super::layout::{KeyIndex, KeysAndArgs, Shape};
 use super::scripts::{self, Invocation, LuaScript};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
@@ -44,6 +44,13 @@ fn leases_invocation(
         invocation.arg(lease.id.as_str()).arg(shape.into_arg());
     }
     invocation
+}
+
+/// The keys and arguments of release.lua's call for `leases`, with no line to wake, as the store
+/// sends it for `holder`: what tests and benchmarks that run the script themselves send.
+pub fn release_call(holder: u64, leases: &[Arc<LeaseRecord>]) -> KeysAndArgs {
+    let invocation = release_invocation(leases, None, holder);
+    (invocation.keys, invocation.args)
 }
 
 /// release.lua's call for `leases`, waking the waiters of `line` (with its channel) if given.
