@@ -17,6 +17,7 @@
 -- or, for a lease whose removal failed in a pool (a key of another type there), the error's
 -- text: its members are removed from its other pools all the same, and the others of the call
 -- are released (one bad lease failing the whole call would fail every retry of it too).
+
 -- Removes the members of the lease `id` of shape `shape` from its pools (in `keys`): how many
 -- were there, and the text of the first error (a key of another type in one of its pools), if
 -- any: its members leave its other pools all the same.
