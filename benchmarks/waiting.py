@@ -103,7 +103,7 @@ async def polling(url: str, client: aioredis.Redis, window_s: float) -> dict[str
         # As the core sends a lone acquire of a lease of 30 s in the pool of capacity 1 (its
         # layout from the core: `_acquire_call`).
         call_keys, call_args = _acquire_call(holder_id, 30_000, [(lease_id, 1, [(keys[0], 1)])])
-        (reply,) = await acquire(keys=call_keys, args=call_args)
+        reply = await acquire(keys=call_keys, args=call_args)  # a call of one: its reply alone
         return bool(reply[0] == 1)
 
     async def give_back(lease_id: str) -> None:

@@ -334,7 +334,7 @@ def batched_acquire(redis_client):
     """acquire.lua deciding a batch for holder 777, leases of 30 s with fencing tokens, without a
     line: called with
     [(lease id, weight, [(pool key, capacity), ...]), ...], laid out as the core sends it
-    (`_core._acquire_call`), answers each in order."""
+    (`_core._acquire_call`), answers each in order (a call of one, with its reply alone)."""
     script = core_script(redis_client, "acquire")
 
     def decide(leases):
@@ -347,7 +347,7 @@ def batched_acquire(redis_client):
 def one_acquire(redis_client):
     """acquire.lua called with one lease, as the core sends a lone acquire."""
     decide = batched_acquire(redis_client)
-    return lambda lease, weight, pools: decide([(lease, weight, pools)])[0]
+    return lambda lease, weight, pools: decide([(lease, weight, pools)])
 
 
 def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(redis_client,

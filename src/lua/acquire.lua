@@ -28,7 +28,7 @@
 -- prelude's waiter_needs; the capped shared pools it waits for each have a line of their own, see
 -- the prelude's pool_line), the liveness of the processes that have waiters (sorted set: holder id
 -- by expiry in ms; <liveness>:<holder id> is the set of that process's waiters) and the ticket
--- counter. Its ARGV (from ARGV[4]): 1: the channel to publish on (see the prelude's wake) when a
+-- counter. Its ARGV (from ARGV[2]): 1: the channel to publish on (see the prelude's wake) when a
 -- grant leaves others in line (they may fit too); 2: holder id; 3: its numbers, in one argument
 -- (the prelude's shape_of): 1: lease duration in ms; 2: 1 if the line's keys are there, else 0;
 -- 3: the lines' order, 0 fair, 1 arrival; 4: 1 if a full own pool makes a waiter wait in its
@@ -49,7 +49,8 @@
 -- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
 -- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
 -- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
--- Returns {GRANTED, life, token, used_1, ..., used_n, then per rate policy used, reset_ms,
+-- Returns per request (in a list; a call of one request, its reply alone: see decide_each)
+-- {GRANTED, life, token, used_1, ..., used_n, then per rate policy used, reset_ms,
 -- bucket, epoch, over} (life: 0 if the holder's entry was not live when the lease was added
 -- (it is written anew: the lease lives a lease duration), else the ms the entry has left after
 -- the call, so the holder's other leases in the tag lived on and this one lives that long; in a
@@ -343,7 +344,7 @@ local function grant_lone(call_keys, call_args)
     add_members(keys[kb + i], holder, id, weight)
   end
   count_members(holders, holder, weight * pools, weight * pools * id_value(id))
-  return {granted}
+  return granted
 end
 
 --[[ per call ]]
@@ -358,7 +359,7 @@ load_head(KEYS, ARGV)
 if trusted then
   local done, lone = pcall(grant_lone, KEYS, ARGV)
   if not done then
-    return {{FAILED, error_text(lone)}}
+    return {FAILED, error_text(lone)}
   elseif lone then
     return lone
   end

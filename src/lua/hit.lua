@@ -16,7 +16,8 @@
 -- the first hit and expiring at its end (a calendar window's end is its next boundary, on the
 -- server's clock); a counter found without expiry gets one (repaired), so no key is left
 -- forever.
--- Returns {refused, retry_ms, then per policy used, reset_ms, bucket, epoch, over}:
+-- Returns per hit (in a list; a call of one hit, its reply alone: see the prelude's
+-- decide_each) {refused, retry_ms, then per policy used, reset_ms, bucket, epoch, over}:
 -- refused is the 1-based index of the first enforced policy that refused (0: allowed), retry_ms
 -- when that policy has room for its cost again; used counts units in use after this hit (before it
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing

@@ -13,10 +13,11 @@
 -- and goes costs its pool no index upkeep. The holder stays in the tag's holders with nothing
 -- there, so its next acquire finds its entry alive instead of building it again: it leaves when
 -- its manager closes (depart.lua), or, if it died, when the reaper finds its entry expired.
--- Returns, per lease in ARGV order, 1 if it was still present in at least one pool, else 0;
--- or, for a lease whose removal failed in a pool (a key of another type there), the error's
--- text: its members are removed from its other pools all the same, and the others of the call
--- are released (one bad lease failing the whole call would fail every retry of it too).
+-- Returns, per lease in ARGV order (in a list; for a call of one lease, its answer alone), 1 if
+-- it was still present in at least one pool, else 0; or, for a lease whose removal failed in a
+-- pool (a key of another type there), the error's text: its members are removed from its other
+-- pools all the same, and the others of the call are released (one bad lease failing the whole
+-- call would fail every retry of it too).
 
 -- Removes the members of the lease `id` of shape `shape` from its pools (in `keys`): how many
 -- were there, and the text of the first error (a key of another type in one of its pools), if
@@ -52,7 +53,7 @@ if #ARGV == 4 then
     count_members(KEYS[shape[2]], holder, -removed, -removed * id_value(id))
     wake_waiters(KEYS, ARGV[1], 1)
   end
-  return {failure or (removed > 0 and 1 or 0)}
+  return failure or (removed > 0 and 1 or 0)
 end
 local released = 0
 local present_each = {}

@@ -93,19 +93,20 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         ]
     );
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
-    // two requests; a head of 1 key, 3 args; then each request's counts, then theirs
-    assert_eq!(args[..5], ["2", "1", "3", "", "777"]);
-    assert_eq!(read::shape(args[5].as_bytes()), [30_000, 0, 0, 0, 0, 10_000, 0]);
-    assert_eq!(args[6..10], ["2", "3", "2", "3"]);
-    assert_eq!(args[10], "a");
-    assert_eq!(read::shape(args[12].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
+    // the frame: two requests; a head of 1 key, 3 args; each request's counts; then the head's
+    // args, then the requests'
+    assert_eq!(read::shape(args[0].as_bytes()), [2, 1, 3, 2, 3, 2, 3]);
+    assert_eq!(args[1..3], ["", "777"]);
+    assert_eq!(read::shape(args[3].as_bytes()), [30_000, 0, 0, 0, 0, 10_000, 0]);
+    assert_eq!(args[4], "a");
+    assert_eq!(read::shape(args[6].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
     // An entry the process knows to live long enough: the head says the call may trust it.
     let trusting = GrantTerms {
         entry_known_until_ms: Some(40_000),
         ..terms
     };
     let (_, args) = acquire_call(777, trusting, &[("a", &lease)]);
-    assert_eq!(read::shape(&args[5])[6], 1);
+    assert_eq!(read::shape(&args[3])[6], 1);
 }
 
 #[test]

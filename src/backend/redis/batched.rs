@@ -7,7 +7,7 @@ use std::sync::Arc;
 use redis::{FromRedisValue, Value};
 
 use super::connection::Link;
-use super::layout::unexpected_reply;
+use super::layout::{unexpected_reply, Shape};
 use super::scripts::{Invocation, LuaScript};
 use crate::errors::CoreResult;
 use crate::group_commit::{Batches, GroupCommit};
@@ -62,26 +62,40 @@ impl OneCall {
     }
 }
 
-/// The call that decides `requests` (at least one, all with the first one's head): after the
-/// count of requests, the head (its counts of keys and of arguments, then its arguments; its
-/// keys come first), each one's count of keys and of arguments, then all of their arguments and
-/// keys in order.
+/// The call that decides `requests` (at least one, all with the first one's head): its frame
+/// (one shape: the count of requests, the head's counts of keys and of arguments, each
+/// request's), the head's arguments (its keys come first), then all of the requests' arguments
+/// and keys in order.
 pub fn batch_call(script: &'static LuaScript, requests: &[OneCall]) -> Invocation {
-    let mut invocation = script.prepare_invoke();
     let head = &requests[0];
+    let mut frame = Shape::default();
+    frame
+        .push(requests.len())
+        .push(head.head_keys.len())
+        .push(head.head_args.len());
+    for request in requests {
+        frame.push(request.keys.len()).push(request.args.len());
+    }
+    let mut invocation = script.prepare_invoke();
     invocation
-        .arg(requests.len())
-        .arg(head.head_keys.len())
-        .arg(head.head_args.len())
+        .arg(frame.into_arg())
         .arg(&head.head_args)
         .key(&head.head_keys);
-    for request in requests {
-        invocation.arg(request.keys.len()).arg(request.args.len());
-    }
     for request in requests {
         invocation.key(&request.keys).arg(&request.args);
     }
     invocation
+}
+
+/// The replies to a call of `requests` requests: a call of one answers with its reply alone
+/// (the prelude's `decide_each`), a call of several with a list; None for a list of another
+/// length.
+pub fn replies_of(reply: &Value, requests: usize) -> Option<&[Value]> {
+    match reply {
+        reply if requests == 1 => Some(std::slice::from_ref(reply)),
+        Value::Array(replies) if replies.len() == requests => Some(replies),
+        _ => None,
+    }
 }
 
 /// One request's reply: its numbers, or (`Err`) the text of the error its decision met; None
@@ -136,22 +150,25 @@ impl Batches for BatchedCalls {
     async fn send(&self, requests: &[OneCall]) -> Vec<CoreResult<Replied>> {
         let invocation = batch_call(self.script, requests);
         let sent_at_ms = monotonic_ms();
-        match self.link.run::<Vec<Value>>(&invocation).await {
-            Ok(replies) if replies.len() == requests.len() => replies
+        let reply = match self.link.run::<Value>(&invocation).await {
+            Ok(reply) => reply,
+            Err(error) => return requests.iter().map(|_| Err(error.clone())).collect(),
+        };
+        let Some(replies) = replies_of(&reply, requests.len()) else {
+            return requests
                 .iter()
-                .map(|reply| match decode_one(reply) {
-                    Some(Ok(reply)) => Ok(Replied { sent_at_ms, reply }),
-                    // As Redis would have answered it for a call of its own.
-                    Some(Err(message)) => Err(self.link.errors.error_text(&message)),
-                    None => Err(unexpected_reply(self.name(), reply)),
-                })
-                .collect(),
-            Ok(replies) => requests
-                .iter()
-                .map(|_| Err(unexpected_reply(self.name(), &replies)))
-                .collect(),
-            Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
-        }
+                .map(|_| Err(unexpected_reply(self.name(), &reply)))
+                .collect();
+        };
+        replies
+            .iter()
+            .map(|reply| match decode_one(reply) {
+                Some(Ok(reply)) => Ok(Replied { sent_at_ms, reply }),
+                // As Redis would have answered it for a call of its own.
+                Some(Err(message)) => Err(self.link.errors.error_text(&message)),
+                None => Err(unexpected_reply(self.name(), reply)),
+            })
+            .collect()
     }
 
     /// An acquire whose caller was cancelled while its call was in flight (an aborted waiter)
@@ -188,13 +205,13 @@ mod tests {
     /// keys and arguments, then each request's.
     fn decide_each(call: &Invocation) -> (Part<'_>, Vec<Part<'_>>) {
         let (keys, args) = (read::keys(call), read::args(call));
-        let number = |i: usize| args[i].parse::<usize>().expect("a count");
+        let frame = read::shape(call.args[0].as_slice());
+        let number = |i: usize| usize::try_from(frame[i]).expect("a count");
         let (requests, head_keys, head_args) = (number(0), number(1), number(2));
-        let counts = 3 + head_args;
-        let (mut key_base, mut arg_base) = (head_keys, counts + 2 * requests);
+        let (mut key_base, mut arg_base) = (head_keys, 1 + head_args);
         let mut each = Vec::new();
         for r in 0..requests {
-            let (key_count, arg_count) = (number(counts + 2 * r), number(counts + 2 * r + 1));
+            let (key_count, arg_count) = (number(3 + 2 * r), number(4 + 2 * r));
             each.push((
                 keys[key_base..key_base + key_count].to_vec(),
                 args[arg_base..arg_base + arg_count].to_vec(),
@@ -206,7 +223,10 @@ mod tests {
             (keys.len(), args.len()),
             "nothing left over"
         );
-        ((keys[..head_keys].to_vec(), args[3..counts].to_vec()), each)
+        (
+            (keys[..head_keys].to_vec(), args[1..1 + head_args].to_vec()),
+            each,
+        )
     }
 
     #[test]
@@ -229,6 +249,16 @@ mod tests {
                 (vec![], vec![]),
             ]
         );
+    }
+
+    #[test]
+    fn a_call_of_one_request_answers_with_its_reply_alone() {
+        let one = Value::Array(vec![Value::Int(1), Value::Int(0)]);
+        assert_eq!(replies_of(&one, 1), Some(std::slice::from_ref(&one)));
+        let two = Value::Array(vec![one.clone(), one.clone()]);
+        assert_eq!(replies_of(&two, 2).map(<[Value]>::len), Some(2));
+        assert_eq!(replies_of(&two, 3), None);
+        assert_eq!(replies_of(&Value::Nil, 2), None);
     }
 
     #[test]

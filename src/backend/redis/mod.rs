@@ -219,7 +219,7 @@ impl Backend for RedisBackend {
             });
             let line = line.map(|line| (line, wake_channel(line, cluster)));
             let invocation = release::release_invocation(leases, line, self.holder);
-            let reply: Vec<Value> = self.link.run(&invocation).await?;
+            let reply: Value = self.link.run(&invocation).await?;
             let answers = release::decode_release(&reply, leases.len())
                 .ok_or_else(|| unexpected_reply("release", &reply))?;
             Ok(answers

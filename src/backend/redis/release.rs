@@ -68,13 +68,16 @@ pub fn release_invocation(
     })
 }
 
-/// release.lua's reply, one answer per lease: whether it was still there (`Ok`), or the text of
-/// the error its removal met; None for a reply of another shape.
-pub fn decode_release(reply: &[Value], leases: usize) -> Option<Vec<Result<bool, String>>> {
-    if reply.len() != leases {
-        return None;
-    }
-    reply
+/// release.lua's reply, one answer per lease (a call of one lease answers alone): whether it was
+/// still there (`Ok`), or the text of the error its removal met; None for a reply of another
+/// shape.
+pub fn decode_release(reply: &Value, leases: usize) -> Option<Vec<Result<bool, String>>> {
+    let answers = match reply {
+        answer if leases == 1 => std::slice::from_ref(answer),
+        Value::Array(answers) if answers.len() == leases => answers,
+        _ => return None,
+    };
+    answers
         .iter()
         .map(|answer| match answer {
             Value::Int(present) => Some(Ok(*present == 1)),
@@ -141,11 +144,11 @@ mod tests {
 
     #[test]
     fn a_release_reply_answers_each_lease() {
-        let reply = [
+        let reply = Value::Array(vec![
             Value::Int(1),
             Value::Int(0),
             Value::BulkString(b"WRONGTYPE Operation against a key".to_vec()),
-        ];
+        ]);
         assert_eq!(
             decode_release(&reply, 3),
             Some(vec![
@@ -155,6 +158,11 @@ mod tests {
             ])
         );
         assert_eq!(decode_release(&reply, 2), None);
-        assert_eq!(decode_release(&[Value::Nil], 1), None);
+        assert_eq!(
+            decode_release(&Value::Int(1), 1),
+            Some(vec![Ok(true)]),
+            "one lease, alone"
+        );
+        assert_eq!(decode_release(&Value::Nil, 1), None);
     }
 }

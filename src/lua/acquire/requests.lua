@@ -17,11 +17,11 @@ local keys, kb, key_count, args, ab
 local id, waiter, shape, weight, liveness, own, pools, priority, user
 local CAPS = 5 -- shape[CAPS + i]: capacity of pool i; shape[CAPS + pools + i]: its line's limit
 
--- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[4..6].
+-- Reads the head: KEYS[1] (KEYS[2..4] with a line) and ARGV[2..4].
 local function load_head(call_keys, call_args)
-  channel = call_args[4]
-  holder = call_args[5] -- the core's decimal text, as stored (holder_name: scores read back)
-  local numbers = shape_of(call_args[6])
+  channel = call_args[2]
+  holder = call_args[3] -- the core's decimal text, as stored (holder_name: scores read back)
+  local numbers = shape_of(call_args[4])
   ttl = numbers[1]
   queued = numbers[2] == 1
   fair = numbers[3] == 0
