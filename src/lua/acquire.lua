@@ -46,7 +46,9 @@
 -- waiter's process in ms (its heartbeat extends it); 3: how many pools are the caller's own
 -- quota (0 or 1); 4: n, the number of pools; 5: priority (0 to 9, higher first); 5 + i:
 -- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
--- limit); then, from arg 4, per rate policy: algorithm, limit, window in ms, the units the start
+-- limit); 4: the lease's tally, what its grant adds to its holder's tally (see the prelude's
+-- count_lease), as the core computed it, or ''; then, from arg 5, per rate policy: algorithm,
+-- limit, window in ms, the units the start
 -- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
 -- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
 -- Returns per request (in a list; a call of one request, its reply alone: see decide_each)
@@ -324,7 +326,7 @@ end
 -- only reads were made.
 local function grant_lone(call_keys, call_args)
   local key_base, key_count, arg_base, arg_count = lone_request(call_args)
-  if not key_base or arg_count ~= 3 or fencing then
+  if not key_base or arg_count ~= 4 or fencing then
     return nil
   end
   load_request(call_keys, key_base, key_count, call_args, arg_base)
@@ -343,7 +345,7 @@ local function grant_lone(call_keys, call_args)
   for i = 1, pools do
     add_members(keys[kb + i], holder, id, weight)
   end
-  count_members(holders, holder, weight * pools, weight * pools * id_value(id))
+  count_lease(holders, holder, args[ab + 4], weight * pools, id)
   return granted
 end
 

@@ -4,8 +4,10 @@
 -- (one hash slot in a cluster), then, when ARGV[1] is not empty, the waiting line.
 -- ARGV[1]: the channel to publish a wake-up on when someone waits (see the prelude's wake), or
 -- ''; ARGV[2]: holder id;
--- then per lease: id and its shape (the prelude's shape_of): weight, the 1-based KEYS index of
--- its tag's holders, pool count k, and k 1-based KEYS indexes of its pools.
+-- then per lease: id, its shape (the prelude's shape_of): weight, the 1-based KEYS index of
+-- its tag's holders, pool count k, and k 1-based KEYS indexes of its pools; and its tally taken
+-- out, what its release takes from its holder's tally when all its members are there (see the
+-- prelude's count_lease), as the core computed it, or ''.
 -- The holder's index of pools is left as it is: a pool it no longer has members in leaves the
 -- index when the keep-alive's sweep finds the pool gone (keepalive.lua), or when the reaper,
 -- a prune or the manager's close (depart.lua) looks at it. So the index may list pools where
@@ -45,12 +47,13 @@ end
 
 --[[ per call ]]
 local holder = ARGV[2] -- the core's decimal text, as stored
-if #ARGV == 4 then
+if #ARGV == 5 then
   -- One lease (a stream that ended): without the tables that gather many leases' tallies.
   local id, shape = ARGV[3], shape_of(ARGV[4])
   local removed, failure = remove_lease(KEYS, id, shape)
   if removed > 0 then
-    count_members(KEYS[shape[2]], holder, -removed, -removed * id_value(id))
+    local whole = removed == shape[1] * shape[3]
+    count_lease(KEYS[shape[2]], holder, whole and ARGV[5] or '', -removed, id)
     wake_waiters(KEYS, ARGV[1], 1)
   end
   return failure or (removed > 0 and 1 or 0)
@@ -71,7 +74,7 @@ while i <= #ARGV do
     removed_ids_in[holders] = (removed_ids_in[holders] or 0) + removed * id_value(id)
   end
   present_each[#present_each + 1] = failure or (removed > 0 and 1 or 0)
-  i = i + 2
+  i = i + 3
 end
 for holders, removed in pairs(removed_in) do
   count_members(holders, holder, -removed, -removed_ids_in[holders])

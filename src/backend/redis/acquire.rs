@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::batched::{batch_call, OneCall, Undo};
 use super::budget::settle_invocation;
 use super::hit::{decisions, rate_args, RATE_ANSWER_LEN};
-use super::layout::{unexpected_reply, KeysAndArgs, Shape};
+use super::layout::{lease_tally, unexpected_reply, KeysAndArgs, Shape};
 use super::line::{leave_invocation, line_keys};
 use super::release::release_invocation;
 use super::scripts::{self, Invocation};
@@ -85,7 +85,8 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
     invocation
         .arg(lease_id)
         .arg(waiter.map_or("", |w| w.id.as_str()))
-        .arg(shape.into_arg());
+        .arg(shape.into_arg())
+        .arg(lease_tally(lease, false));
     invocation.key(&rates.keys);
     rate_args(&mut invocation, &rates.policies, &rates.costs);
     OneCall::of(invocation, Some(head), &lease.holders, None)

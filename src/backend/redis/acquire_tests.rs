@@ -67,7 +67,10 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
         read::shape(call.args[2].as_slice()),
         [3, 4000, 1, 2, 7, 2, 10, 0, 50]
     );
-    assert_eq!(args[3..], ["f", "5", "60000", "1", "1"]);
+    // the lease's tally: 2 pools x weight 3, each member a unit and the id's value (24 bits)
+    let tally = 6 * ((1u64 << 44) + lease.id_value());
+    assert_eq!(args[3], tally.to_string());
+    assert_eq!(args[4..], ["f", "5", "60000", "1", "1"]);
     assert_eq!(call.tag, "t");
 }
 
@@ -95,7 +98,7 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
     let args: Vec<&str> = args.iter().map(|a| read::text(a)).collect();
     // the frame: two requests; a head of 1 key, 3 args; each request's counts; then the head's
     // args, then the requests'
-    assert_eq!(read::shape(args[0].as_bytes()), [2, 1, 3, 2, 3, 2, 3]);
+    assert_eq!(read::shape(args[0].as_bytes()), [2, 1, 3, 2, 4, 2, 4]);
     assert_eq!(args[1..3], ["", "777"]);
     assert_eq!(read::shape(args[3].as_bytes()), [30_000, 0, 0, 0, 0, 10_000, 0]);
     assert_eq!(args[4], "a");

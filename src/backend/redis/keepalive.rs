@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::layout::unexpected_reply;
+use super::layout::{unexpected_reply, TALLY_UNIT_BITS};
 use super::release::reclaim_invocation;
 use super::scripts::{self, Invocation};
 use super::RedisBackend;
@@ -48,10 +48,6 @@ fn keepalive_invocation(
     }
     invocation
 }
-
-/// What each member adds to its holder's tally beside its id's value: 2^44 (`TALLY_UNIT` in
-/// `lua/prelude/holders.lua`, which says why).
-const TALLY_UNIT_BITS: u32 = 44;
 
 /// A holder's tally split into its count of members and the sum of their ids (each below half a
 /// unit in size while the holder has fewer than 2^19 members in the tag). A count may go below 0

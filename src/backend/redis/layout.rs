@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::scripts::Invocation;
 use crate::errors::CoreError;
+use crate::lease::LeaseRecord;
 
 /// A request's numbers in one argument, the prelude's `shape_of` (a batch of alike requests is
 /// parsed once, and each argument costs Redis about a thousand instructions to take in).
@@ -38,6 +39,20 @@ impl Shape {
     pub fn into_arg(self) -> String {
         self.0
     }
+}
+
+/// What each member adds to its holder's tally beside its id's value: 2^44 (`TALLY_UNIT` in
+/// `lua/prelude/holders.lua`, which says why).
+pub const TALLY_UNIT_BITS: u32 = 44;
+
+/// What a whole lease moves its holder's tally by (the scripts' `count_lease`): its members
+/// (weight x pools) each add a unit and its id's value; `taken_out` for a release. Empty past
+/// what an `INCRBY` takes (2^19 members): the script then computes it.
+pub fn lease_tally(record: &LeaseRecord, taken_out: bool) -> String {
+    let units = i128::from(record.units());
+    let tally = units * ((1i128 << TALLY_UNIT_BITS) + i128::from(record.id_value()));
+    let tally = if taken_out { -tally } else { tally };
+    i64::try_from(tally).map_or_else(|_| String::new(), |tally| tally.to_string())
 }
 
 /// The KEYS of a call that names keys by index: each key once, numbered from 1 in order of
@@ -101,12 +116,29 @@ pub mod read {
 mod tests {
     use super::super::scripts::RELEASE;
     use super::*;
+    use crate::keys::{Pool, PoolRole};
+    use crate::lease::Store;
 
     #[test]
     fn a_shape_reads_back_number_for_number() {
         let mut shape = Shape::default();
         shape.push(3u32).push(0u64).push(u64::MAX).push(7usize);
         assert_eq!(read::shape(shape.into_arg().as_bytes()), [3, 0, u64::MAX, 7]);
+    }
+
+    #[test]
+    fn a_lease_tally_past_what_incrby_takes_is_left_to_the_script() {
+        let pool = || Pool::new("pool", "{t}:a".into(), 0, PoolRole::Shared);
+        let lease = LeaseRecord::new(vec![pool()], 3, Store::Main);
+        let tally = 3 * ((1i64 << TALLY_UNIT_BITS) + lease.id_value() as i64);
+        assert_eq!(lease_tally(&lease, false), tally.to_string());
+        assert_eq!(lease_tally(&lease, true), (-tally).to_string());
+        let heavy = LeaseRecord::new(vec![pool()], 1 << 19, Store::Main);
+        assert_eq!(
+            lease_tally(&heavy, false),
+            "",
+            "2^19 members: the script counts them"
+        );
     }
 
     #[test]

@@ -5,19 +5,29 @@ use std::sync::Arc;
 
 use redis::{FromRedisValue, Value};
 
-use super::layout::{KeyIndex, KeysAndArgs, Shape};
+use super::layout::{lease_tally, KeyIndex, KeysAndArgs, Shape};
 use super::scripts::{self, Invocation, LuaScript};
 use crate::keys::LineKeys;
 use crate::lease::LeaseRecord;
 
+/// What a call that takes many leases sends of each beside its id, its holders and its pools.
+#[derive(Clone, Copy, PartialEq)]
+enum PerLease {
+    /// release.lua: the tally its release takes out (`keepalive::lease_tally`).
+    TallyTakenOut,
+    /// reclaim.lua: each pool's capacity.
+    Capacities,
+}
+
 /// A call that takes many leases. KEYS: each distinct pool and holders key once, in order of
 /// first use (`lead` may add more after them); ARGV: what `lead` adds, then per lease: id and
 /// its shape: weight, the KEYS index of its holders, pool count k, and k KEYS indexes (each
-/// followed by the pool's capacity, `with_capacity`).
+/// followed by the pool's capacity, `PerLease::Capacities`); then, for `PerLease::TallyTakenOut`,
+/// its tally taken out.
 fn leases_invocation(
     script: &'static LuaScript,
     leases: &[Arc<LeaseRecord>],
-    with_capacity: bool,
+    per_lease: PerLease,
     lead: impl FnOnce(&mut Invocation),
 ) -> Invocation {
     let mut invocation = script.prepare_invoke();
@@ -37,11 +47,14 @@ fn leases_invocation(
             .push(lease.pools.len());
         for pool in &lease.pools {
             shape.push(key_index.of(&pool.key));
-            if with_capacity {
+            if per_lease == PerLease::Capacities {
                 shape.push(pool.capacity);
             }
         }
         invocation.arg(lease.id.as_str()).arg(shape.into_arg());
+        if per_lease == PerLease::TallyTakenOut {
+            invocation.arg(lease_tally(lease, true));
+        }
     }
     invocation
 }
@@ -59,7 +72,7 @@ pub fn release_invocation(
     line: Option<(&LineKeys, String)>,
     holder: u64,
 ) -> Invocation {
-    leases_invocation(&scripts::RELEASE, leases, false, |invocation| {
+    leases_invocation(&scripts::RELEASE, leases, PerLease::TallyTakenOut, |invocation| {
         match line {
             Some((line, channel)) => invocation.key(&line.line).arg(channel),
             None => invocation.arg(""),
@@ -92,7 +105,7 @@ pub fn decode_release(reply: &Value, leases: usize) -> Option<Vec<Result<bool, S
 /// reclaim.lua's call for `leases`, for this manager's `holder` and lease duration. Replies with
 /// three lists of 1-based positions in `leases`: those lost, reclaimed and revoked.
 pub fn reclaim_invocation(leases: &[Arc<LeaseRecord>], holder: u64, ttl_ms: u64) -> Invocation {
-    leases_invocation(&scripts::RECLAIM, leases, true, |invocation| {
+    leases_invocation(&scripts::RECLAIM, leases, PerLease::Capacities, |invocation| {
         invocation.arg(holder).arg(ttl_ms);
     })
 }
@@ -128,10 +141,13 @@ mod tests {
             (args[2], read::shape(args[3].as_bytes())),
             (&*leases[0].id, vec![2, 3, 2, 1, 2])
         );
+        let taken_out = |lease: &LeaseRecord| format!("-{}", lease.units() * ((1 << 44) + lease.id_value()));
+        assert_eq!(args[4], taken_out(&leases[0]));
         assert_eq!(
-            (args[4], read::shape(args[5].as_bytes())),
+            (args[5], read::shape(args[6].as_bytes())),
             (&*leases[1].id, vec![1, 3, 1, 2])
         );
+        assert_eq!(args[7], taken_out(&leases[1]));
         let reclaim = reclaim_invocation(&leases[1..], 7, 30_000);
         assert_eq!(read::keys(&reclaim), ["{t}:b", "{t}:holders"]);
         assert_eq!(read::args(&reclaim)[..2], ["7", "30000"]);

@@ -57,7 +57,7 @@ local function request_rates(scale)
   if key_count > pools then
     need_clock()
   end
-  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + 4, scale)
+  return look_rates(keys, kb + pools + 1, kb + key_count, args, ab + 5, scale)
 end
 
 -- What the batch did once already: the holder's entry extended (nil: not yet; else whether it

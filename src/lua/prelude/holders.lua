@@ -152,6 +152,17 @@ local function count_members(holders, holder, change, ids)
   end
 end
 
+-- Moves a holder's tally by a whole lease's `units` members (below 0: taken out): by `tally`, the
+-- text the core computed for it, sign included, when given (formatting the number and reading
+-- the id's value here cost Redis 5k instructions a lease), else as count_members computes it.
+local function count_lease(holders, holder, tally, units, id)
+  if tally ~= '' then
+    call('INCRBY', members_key(holders, holder), tally)
+  else
+    count_members(holders, holder, units, units * id_value(id))
+  end
+end
+
 -- Counts a holder's members in its pools of one tag again, and sums their ids, from the pools
 -- themselves.
 local function recount(holders, holder)
