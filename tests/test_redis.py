@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import warnings
 from pathlib import Path
 from urllib.parse import quote
@@ -619,3 +620,23 @@ async def test_releases_made_together_go_out_together_each_with_its_own_answer(
     assert answers == [lease is not gone for lease in leases]
     assert manager.stats()["redis_calls"] - calls_before < len(leases)
     assert await manager.get_active_count() == 0
+
+
+def core_workers() -> list[int]:
+    """The thread ids of the core's tokio workers in this process."""
+    tasks = Path("/proc/self/task").iterdir()
+    return [int(t.name) for t in tasks if (t / "comm").read_text().strip() == "stream-lease"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to follow")
+async def test_the_cores_worker_runs_on_one_cpu_near_the_loop(make_redis_manager):
+    """A hand-off between the event loop's thread and the core's costs a fraction when both run
+    on one CPU (docs/performance.md): the core's one worker is moved to the CPU its calls come
+    from."""
+    manager = make_redis_manager()
+    for _ in range(3):
+        lease = await manager.acquire("alice")
+        await lease.release()
+    workers = core_workers()
+    assert workers, "the core's worker thread is named stream-lease"
+    assert all(len(os.sched_getaffinity(worker)) == 1 for worker in workers)
