@@ -43,8 +43,8 @@ fn build() -> Runtime {
 /// Keeps the core's one worker thread on the CPU of the event loop that hands it calls. A hand-off
 /// between two threads on one CPU costs about 10 µs; one that wakes the other CPU, idle, 56 to
 /// 87 µs on a virtual machine, most of what a call costs at one stream at a time
-/// (docs/performance.md). The loop sleeps right after its turn's hand-off, so the worker runs
-/// where it ran; under load the two share that CPU, and a web server's other workers the others.
+/// (docs/performance.md). Kept there, the worker wakes on the CPU the loop has just left to
+/// sleep; under load the two share it, and a web server's other worker processes the other CPUs.
 /// With more worker threads (`TOKIO_WORKER_THREADS`), they are left where the kernel puts them.
 #[cfg(target_os = "linux")]
 pub mod near_the_loop {
