@@ -26,71 +26,12 @@ fn worker_threads() -> usize {
 }
 
 fn build() -> Runtime {
-    let mut builder = Builder::new_multi_thread();
-    builder
+    Builder::new_multi_thread()
         .worker_threads(worker_threads())
         .thread_name("stream-lease")
-        .enable_all();
-    #[cfg(target_os = "linux")]
-    if worker_threads() == 1 {
-        builder.on_thread_park(near_the_loop::known);
-    }
-    builder
+        .enable_all()
         .build()
         .expect("fastapi_stream_lease could not start its tokio runtime")
-}
-
-/// Keeps the core's one worker thread on the CPU of the event loop that hands it calls. A hand-off
-/// between two threads on one CPU costs about 10 µs; one that wakes the other CPU, idle, 56 to
-/// 87 µs on a virtual machine, most of what a call costs at one stream at a time
-/// (docs/performance.md). Kept there, the worker wakes on the CPU the loop has just left to
-/// sleep; under load the two share it, and a web server's other worker processes the other CPUs.
-/// With more worker threads (`TOKIO_WORKER_THREADS`), they are left where the kernel puts them.
-#[cfg(target_os = "linux")]
-pub mod near_the_loop {
-    use std::cell::Cell;
-    use std::sync::atomic::{AtomicI32, Ordering};
-    use std::sync::Mutex;
-
-    use crate::sync::lock;
-
-    /// The worker threads by process (a forked child has runtimes and threads of its own, and
-    /// must never move its parent's): (process id, thread id).
-    static WORKERS: Mutex<Vec<(u32, libc::pid_t)>> = Mutex::new(Vec::new());
-    /// The CPU the workers were last moved to, -1 before.
-    static CPU: AtomicI32 = AtomicI32::new(-1);
-
-    /// Called by each worker as it parks: the first time, it makes itself known (and is moved
-    /// at the next call).
-    pub fn known() {
-        thread_local!(static KNOWN: Cell<bool> = const { Cell::new(false) });
-        if !KNOWN.replace(true) {
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() };
-            lock(&WORKERS).push((super::process_id(), tid));
-            CPU.store(-1, Ordering::Relaxed);
-        }
-    }
-
-    /// Moves the worker to the caller's CPU if it is elsewhere (a read of the CPU, through the
-    /// vDSO, when it is not).
-    pub fn follow_caller() {
-        // SAFETY: sched_getcpu has no preconditions.
-        let cpu = unsafe { libc::sched_getcpu() };
-        if cpu < 0 || CPU.swap(cpu, Ordering::Relaxed) == cpu {
-            return;
-        }
-        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes within it for a CPU number
-        // the kernel gave.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-        let pid = super::process_id();
-        for &(_, tid) in lock(&WORKERS).iter().filter(|(of, _)| *of == pid) {
-            // SAFETY: `set` is a valid cpu_set_t of its size; a thread that ended or a CPU the
-            // process may not use fails with an error, left as it is (the worker stays put).
-            unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-        }
-    }
 }
 
 /// This process's id, 0 until read (and again in a forked child, until it reads its own).

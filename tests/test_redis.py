@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from urllib.parse import quote
@@ -630,43 +628,15 @@ def core_workers() -> list[int]:
     return [int(t.name) for t in tasks if (t / "comm").read_text().strip() == "stream-lease"]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to follow")
-async def test_the_cores_worker_runs_on_one_cpu_near_the_loop(make_redis_manager):
-    """A hand-off between the event loop's thread and the core's costs a fraction when both run
-    on one CPU (docs/performance.md): the core's one worker is moved to the CPU its calls come
-    from."""
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to move")
+async def test_the_cores_worker_is_left_where_the_kernel_puts_it(make_redis_manager):
+    """Guards against the worker pinned to its event loop's CPU, which cost a uvicorn worker
+    11 % of its requests/s under load and a fifth of its streams/s one stream at a time
+    (docs/performance.md): the worker may run on every CPU the process may."""
     manager = make_redis_manager()
     for _ in range(3):
         lease = await manager.acquire("alice")
         await lease.release()
     workers = core_workers()
     assert workers, "the core's worker thread is named stream-lease"
-    assert all(len(os.sched_getaffinity(worker)) == 1 for worker in workers)
-
-
-WORKERS_WHERE_THE_KERNEL_PUTS_THEM = """
-import asyncio, os, sys
-from pathlib import Path
-from fastapi_stream_lease import StreamLeaseManager
-
-async def main():
-    manager = StreamLeaseManager(url=sys.argv[1])
-    for _ in range(3):
-        await (await manager.acquire("alice")).release()
-    tasks = Path("/proc/self/task").iterdir()
-    workers = [int(t.name) for t in tasks if (t / "comm").read_text().strip() == "stream-lease"]
-    print(len(workers), min(len(os.sched_getaffinity(worker)) for worker in workers))
-    await manager.aclose()
-
-asyncio.run(main())
-"""
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to follow")
-def test_several_core_workers_are_left_where_the_kernel_puts_them(redis_server):
-    env = {**os.environ, "TOKIO_WORKER_THREADS": "2"}
-    ran = subprocess.run([sys.executable, "-c", WORKERS_WHERE_THE_KERNEL_PUTS_THEM,
-                          redis_server.url], env=env, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    workers, fewest_cpus = map(int, ran.stdout.split())
-    assert workers == 2 and fewest_cpus == len(os.sched_getaffinity(0))
+    assert all(os.sched_getaffinity(worker) == os.sched_getaffinity(0) for worker in workers)

@@ -56,8 +56,6 @@ impl LoopBridge {
     /// wake-up of the core's thread for all of them.
     fn _send_calls(&self) {
         let calls = std::mem::take(&mut *lock(&self.calls));
-        #[cfg(target_os = "linux")]
-        runtime::near_the_loop::follow_caller();
         let runtime = runtime::handle();
         for call in calls {
             runtime.spawn(call);

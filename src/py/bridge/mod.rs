@@ -142,8 +142,6 @@ where
             .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
     });
     if !abortable {
-        #[cfg(target_os = "linux")]
-        runtime::near_the_loop::follow_caller();
         runtime::handle().spawn(task);
         return Ok(future);
     }
