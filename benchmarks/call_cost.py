@@ -49,7 +49,6 @@ import asyncio
 import functools
 import importlib.metadata
 import itertools
-import os
 import statistics
 import sys
 import threading
@@ -63,6 +62,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from common import (
+    CORE_THREAD,
+    FLOOR_SCRIPT,
     PEER_PYTHON,
     RESULTS_DIR,
     Child,
@@ -76,6 +77,7 @@ from common import (
     redis_counters,
     reply,
     requests,
+    thread_cpu,
     write_json,
 )
 from support.redis_servers import RedisServer
@@ -86,12 +88,9 @@ OPS = ("hop", "hit", "acquire + release", "peer acquire + release", "floor")
 HOP, HIT, CYCLE, PEER_CYCLE, FLOOR = OPS
 SETTINGS = ("bare", "app")
 HOP_FACTOR = 10
-CORE_THREAD = "stream-lease"
 MODEL = "bench-model"
-FLOOR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 SECRET = "call-cost-benchmark-secret"
 CLIENT_TIMEOUT_S = 300.0
-SCHEDSTAT = Path("/proc/self/schedstat").exists()
 # The main table's columns: heading, figure (the median of the runs'), format.
 COLUMNS = (
     ("calls/s", "calls_per_s", "{:,.0f}"),
@@ -170,22 +169,6 @@ async def build_ops(url: str, prefix: str, peer: bool) -> tuple[Any, Any]:
         await client.aclose()
 
     return answer, close
-
-
-def thread_cpu() -> dict[int, tuple[str, float, int]]:
-    """Each thread of this process: its name, CPU seconds so far (``schedstat``'s on-CPU ns
-    where the kernel counts them, else ``stat``'s utime + stime ticks), the CPU it last ran on."""
-    found: dict[int, tuple[str, float, int]] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            ns = int((task / "schedstat").read_text().split()[0]) if SCHEDSTAT else 0
-        except OSError:  # the thread ended meanwhile
-            continue
-        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        found[int(task.name)] = (name, ns / 1e9 if ns else ticks, int(fields[36]))
-    return found
 
 
 def loop_name() -> str:

@@ -550,6 +550,29 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+# The Rust core's tokio threads are named so (``src/runtime.rs``).
+CORE_THREAD = "stream-lease"
+SCHEDSTAT = Path("/proc/self/schedstat").exists()
+# The floor of a call to Redis: one round trip of a one-command script (redis-py, hiredis).
+FLOOR_SCRIPT = "return redis.call('INCR', KEYS[1])"
+
+
+def thread_cpu(pid: int | str = "self") -> dict[int, tuple[str, float, int]]:
+    """Each thread of process ``pid``: its name, CPU seconds so far (``schedstat``'s on-CPU ns
+    where the kernel counts them, else ``stat``'s utime + stime ticks), the CPU it last ran on."""
+    found: dict[int, tuple[str, float, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            ns = int((task / "schedstat").read_text().split()[0]) if SCHEDSTAT else 0
+        except OSError:  # the thread ended meanwhile
+            continue
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        found[int(task.name)] = (name, ns / 1e9 if ns else ticks, int(fields[36]))
+    return found
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of process ``pid``, from ``/proc/<pid>/status``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -11,6 +11,9 @@ short ``data:`` events:
 * ``peer``: the same quickstart, word for word, on the pure-Python peer (PyPI
   ``fastapi-stream-lease`` 0.6.3, which has the same import name and API), served from
   ``benchmarks/.venv-peer``;
+* ``floor``: the same endpoint without a limiter, awaiting first one round trip of a
+  one-command script through redis-py with hiredis (``return redis.call('INCR', KEYS[1])``,
+  ``redis.asyncio.from_url(url)``): what any call to Redis from the request path costs;
 * ``none``: the same endpoint without any limiter.
 
 A load generator in its own process (raw asyncio sockets, HTTP/1.1 keep-alive, chunked bodies
@@ -18,12 +21,17 @@ parsed by hand so that the client stays cheap) runs N clients (1, then 32), each
 reading and finishing one stream after another, one user id per client, for a warm-up and a
 fixed window. It counts the admitted streams (200 with all 5 events) completed in the window
 and times each stream's first byte (request sent -> status line received: the acquire happens
-before it) and its last byte (the release happens before it). It also reads the server
-process's CPU time (``/proc/<pid>/stat``, all threads, the Rust core's included) over the
-window, hence the server CPU per stream. The variants take turns, ``--repeats`` times each; the
-table gives the medians and the lease's overhead per stream: the difference in time to first
-byte (p50, p99), in time to last byte, and in server CPU per stream. At the end every lease must
-be back: the global pool is checked to be empty.
+before it) and its last byte (the release happens before it). It also reads over the window the
+server process's CPU time by thread (``/proc/<pid>/task``: the event loop's thread, the Rust
+core's ``stream-lease`` threads, any other) and Redis's counters (``INFO``: commands, the time
+spent in script calls, its CPU), hence each per stream. The variants take turns, ``--repeats``
+times each; the table gives the medians and the overhead per stream of the lease, the peer and
+the floor: the difference from ``none`` in time to first byte (p50, p99), in time to last byte,
+and in server CPU per stream. A second table says where the added CPU goes (the loop's thread:
+Python and the framework around the call; the core's threads: the call's client side; Redis's
+script time and CPU) and sets the lease's added p50 time to first byte and server CPU against
+half the peer's and against the floor's. At the end every lease must be back: the global pool
+is checked to be empty.
 
 Run it from the repository root with ``bash benchmarks/run.sh``, or against a Redis of your own
 (keys under ``{e2e}:``)::
@@ -54,6 +62,8 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager, StreamLeaseRejected
 
 from common import (
+    CORE_THREAD,
+    FLOOR_SCRIPT,
     PEER_PYTHON,
     RESULTS_DIR,
     Child,
@@ -62,15 +72,19 @@ from common import (
     machine_info,
     percentile_ms,
     print_table,
+    redis_counters,
     reply,
     requests,
+    script_micros,
+    thread_cpu,
     write_json,
 )
 from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "end_to_end.json"
-VARIANTS = ("lease", "peer", "none")
+VARIANTS = ("lease", "peer", "floor", "none")
+LIMITED = ("lease", "peer", "floor")
 # The peer's quickstart runs this very file in the peer's virtualenv, where fastapi_stream_lease
 # is the peer.
 CLIENT_LEVELS = (1, 32)
@@ -97,6 +111,15 @@ def build_app(variant: str, url: str) -> FastAPI:
 
         @app.get("/api/chat/stream")
         async def unlimited_stream(user_id: str = "user_123") -> StreamingResponse:
+            return StreamingResponse(token_generator(), media_type="text/event-stream")
+
+        return app
+    if variant == "floor":
+        floor_script = aioredis.from_url(url).register_script(FLOOR_SCRIPT)
+
+        @app.get("/api/chat/stream")
+        async def floor_stream(user_id: str = "user_123") -> StreamingResponse:
+            await floor_script(keys=[f"{{{KEY_PREFIX}-floor}}:{user_id}"])
             return StreamingResponse(token_generator(), media_type="text/event-stream")
 
         return app
@@ -223,6 +246,30 @@ async def client_loop(
             connection[1].close()
 
 
+THREAD_PARTS = ("loop", "core", "other")
+
+
+@dataclass(frozen=True)
+class Readings:
+    """What the load generator reads at each edge of the window."""
+
+    at: float
+    server_cpu: float
+    server_threads: dict[str, float]
+    load_cpu: float
+    redis: tuple[int, int, float]
+    script_us: int
+
+
+def server_thread_cpu(pid: int) -> dict[str, float]:
+    """The server's CPU seconds so far by part: its event loop's thread (the main one, whose
+    id is the process's), the core's tokio threads, any other."""
+    parts = dict.fromkeys(THREAD_PARTS, 0.0)
+    for tid, (name, cpu, _processor) in thread_cpu(pid).items():
+        parts["loop" if tid == pid else "core" if name == CORE_THREAD else "other"] += cpu
+    return parts
+
+
 async def load_run(request: dict[str, Any]) -> dict[str, Any]:
     """One run: ``clients`` client loops through the warm-up and the window."""
     port, clients, server_pid = request["port"], request["clients"], request["server_pid"]
@@ -230,24 +277,42 @@ async def load_run(request: dict[str, Any]) -> dict[str, Any]:
     window_end = window_start + request["window_s"]
     tally = Tally()
 
-    async def cpu_at(moment: float) -> tuple[float, float, float]:
+    stats = aioredis.from_url(request["url"])  # its own connection, outside the server's
+
+    async def readings_at(moment: float) -> Readings:
         await asyncio.sleep(max(0.0, moment - time.perf_counter()))
-        return time.perf_counter(), cpu_seconds(server_pid), cpu_seconds(os.getpid())
+        return Readings(
+            at=time.perf_counter(),
+            server_cpu=cpu_seconds(server_pid),
+            server_threads=server_thread_cpu(server_pid),
+            load_cpu=cpu_seconds(os.getpid()),
+            redis=await redis_counters(stats),
+            script_us=await script_micros(stats),
+        )
 
     loops = [
         client_loop(port, f"e2e-user-{n}", window_start, window_end, tally) for n in range(clients)
     ]
-    (first, last), _ = await asyncio.wait_for(
-        asyncio.gather(
-            asyncio.gather(cpu_at(window_start), cpu_at(window_end)), asyncio.gather(*loops)
-        ),
-        request["warmup_s"] + request["window_s"] + STREAM_TIMEOUT_S + 5.0,
-    )
-    elapsed = last[0] - first[0]
+    try:
+        (first, last), _ = await asyncio.wait_for(
+            asyncio.gather(
+                asyncio.gather(readings_at(window_start), readings_at(window_end)),
+                asyncio.gather(*loops),
+            ),
+            request["warmup_s"] + request["window_s"] + STREAM_TIMEOUT_S + 5.0,
+        )
+    finally:
+        await stats.aclose()
+    elapsed = last.at - first.at
     ttfb, ttlb = sorted(tally.ttfb_s), sorted(tally.ttlb_s)
     if not ttfb:
         raise RuntimeError(f"no stream admitted within the window on port {port}")
-    server_cpu_s = last[1] - first[1]
+    server_cpu_s = last.server_cpu - first.server_cpu
+    per_stream_us = 1e6 / tally.admitted
+    threads = {
+        part: per_stream_us * (last.server_threads[part] - first.server_threads[part])
+        for part in THREAD_PARTS
+    }
     return {
         "kind": "run",
         "window_s": elapsed,
@@ -261,7 +326,12 @@ async def load_run(request: dict[str, Any]) -> dict[str, Any]:
         "ttlb_p99_ms": percentile_ms(ttlb, 0.99),
         "server_cpu_pct": 100.0 * server_cpu_s / elapsed,
         "server_cpu_ms_per_stream": 1000.0 * server_cpu_s / tally.admitted,
-        "load_cpu_pct": 100.0 * (last[2] - first[2]) / elapsed,
+        "load_cpu_pct": 100.0 * (last.load_cpu - first.load_cpu) / elapsed,
+        **{f"{part}_thread_us_per_stream": us for part, us in threads.items()},
+        "redis_commands_per_stream": (last.redis[0] - first.redis[0]) / tally.admitted,
+        "redis_scripts_per_stream": (last.redis[1] - first.redis[1]) / tally.admitted,
+        "redis_script_us_per_stream": per_stream_us * 1e-6 * (last.script_us - first.script_us),
+        "redis_cpu_us_per_stream": per_stream_us * (last.redis[2] - first.redis[2]),
     }
 
 
@@ -291,6 +361,13 @@ class E2ERun:
     server_cpu_pct: float
     server_cpu_ms_per_stream: float
     load_cpu_pct: float
+    loop_thread_us_per_stream: float
+    core_thread_us_per_stream: float
+    other_thread_us_per_stream: float
+    redis_commands_per_stream: float
+    redis_scripts_per_stream: float
+    redis_script_us_per_stream: float
+    redis_cpu_us_per_stream: float
 
 
 class Server(ServerProcess):
@@ -350,6 +427,7 @@ async def measure(
                         {
                             "port": server.port,
                             "server_pid": server.process.pid,
+                            "url": url,
                             "clients": clients,
                             "warmup_s": warmup_s,
                             "window_s": window_s,
@@ -375,18 +453,31 @@ async def measure(
     return runs, left
 
 
+FIGURES = (
+    "streams_per_s",
+    "ttfb_p50_ms",
+    "ttfb_p99_ms",
+    "ttlb_p50_ms",
+    "ttlb_p99_ms",
+    "server_cpu_ms_per_stream",
+    "server_cpu_pct",
+    "load_cpu_pct",
+    "loop_thread_us_per_stream",
+    "core_thread_us_per_stream",
+    "other_thread_us_per_stream",
+    "redis_commands_per_stream",
+    "redis_scripts_per_stream",
+    "redis_script_us_per_stream",
+    "redis_cpu_us_per_stream",
+)
+# The figures an overhead row gives as differences from the endpoint without a limiter.
+DELTAS = (*FIGURES[1:6], *FIGURES[8:])
+
+
 def summarize(runs: Sequence[E2ERun]) -> list[dict[str, Any]]:
-    """Medians per client level and variant, then the lease's overhead per stream."""
-    figures = [
-        "streams_per_s",
-        "ttfb_p50_ms",
-        "ttfb_p99_ms",
-        "ttlb_p50_ms",
-        "ttlb_p99_ms",
-        "server_cpu_ms_per_stream",
-        "server_cpu_pct",
-        "load_cpu_pct",
-    ]
+    """Medians per client level and variant, then each limited variant's overhead per stream
+    (its figures minus those of the endpoint without a limiter), then the lease's added p50
+    time to first byte and server CPU against the peer's and the floor's."""
     summary: list[dict[str, Any]] = []
     for clients in CLIENT_LEVELS:
         medians = {
@@ -394,28 +485,54 @@ def summarize(runs: Sequence[E2ERun]) -> list[dict[str, Any]]:
                 name: statistics.median(
                     getattr(r, name) for r in runs if (r.clients, r.variant) == (clients, variant)
                 )
-                for name in figures
+                for name in FIGURES
             }
             for variant in VARIANTS
         }
         refused = sum(r.refused + r.dropped_connections for r in runs if r.clients == clients)
         for variant in VARIANTS:
             summary.append({"clients": clients, "variant": variant, **medians[variant]})
-        for limited in ("lease", "peer"):
+        added: dict[str, dict[str, float]] = {}
+        for limited in LIMITED:
+            added[limited] = {
+                f"{name}_delta": medians[limited][name] - medians["none"][name] for name in DELTAS
+            }
             summary.append(
                 {
                     "clients": clients,
                     "variant": f"{limited} overhead",
                     "streams_per_s_ratio": medians[limited]["streams_per_s"]
                     / medians["none"]["streams_per_s"],
-                    **{
-                        f"{name}_delta": medians[limited][name] - medians["none"][name]
-                        for name in figures[1:6]
-                    },
+                    **added[limited],
                     "refused": refused if limited == "lease" else 0,
                 }
             )
+        summary.append(
+            {
+                "clients": clients,
+                "variant": "lease against the peer and the floor",
+                **{
+                    f"{name}_added_{versus}": added["lease"][f"{name}_delta"]
+                    / added[versus][f"{name}_delta"]
+                    for name in ("ttfb_p50_ms", "server_cpu_ms_per_stream")
+                    for versus in ("peer", "floor")
+                },
+                **{
+                    f"floor_{name}_added_peer": added["floor"][f"{name}_delta"]
+                    / added["peer"][f"{name}_delta"]
+                    for name in ("ttfb_p50_ms", "server_cpu_ms_per_stream")
+                },
+            }
+        )
     return summary
+
+
+ENDPOINTS = {
+    "lease": "quickstart (lease, Redis)",
+    "peer": "the peer's quickstart",
+    "floor": "floor (one script call)",
+    "none": "no limiter",
+}
 
 
 def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
@@ -435,37 +552,92 @@ def print_results(summary: Sequence[dict[str, Any]], left: int) -> None:
                     "",
                 ]
             )
-            continue
-        rows.append(
-            [
-                f"{s['clients']}",
-                {
-                    "lease": "quickstart (lease, Redis)",
-                    "peer": "the peer's quickstart",
-                    "none": "no limiter",
-                }[s["variant"]],
-                f"{s['streams_per_s']:,.0f}",
-                f"{s['ttfb_p50_ms']:.3f}",
-                f"{s['ttfb_p99_ms']:.3f}",
-                f"{s['ttlb_p50_ms']:.3f}",
-                f"{s['ttlb_p99_ms']:.3f}",
-                f"{s['server_cpu_ms_per_stream']:.3f}",
-                f"{s['server_cpu_pct']:.0f}% / {s['load_cpu_pct']:.0f}%",
-            ]
-        )
+        elif s["variant"] in ENDPOINTS:
+            rows.append(
+                [
+                    f"{s['clients']}",
+                    ENDPOINTS[s["variant"]],
+                    f"{s['streams_per_s']:,.0f}",
+                    f"{s['ttfb_p50_ms']:.3f}",
+                    f"{s['ttfb_p99_ms']:.3f}",
+                    f"{s['ttlb_p50_ms']:.3f}",
+                    f"{s['ttlb_p99_ms']:.3f}",
+                    f"{s['server_cpu_ms_per_stream']:.3f}",
+                    f"{s['server_cpu_pct']:.0f}% / {s['load_cpu_pct']:.0f}%",
+                ]
+            )
     header = ["clients", "endpoint", "streams/s", "TTFB p50", "TTFB p99", "TTLB p50", "TTLB p99"]
     print_table([*header, "server CPU/stream", "CPU server/load"], rows)
     refused = sum(s.get("refused", 0) for s in summary)
     print(
         "times in ms, medians of the runs; TTFB = request sent -> status line, TTLB = -> last"
         " byte; server CPU/stream\n= the uvicorn process's CPU ms (all threads) per admitted"
-        " stream; overhead rows = lease (or peer) - no limiter.\n"
+        " stream; overhead rows = lease (or peer, floor) - no limiter.\n"
         f"streams refused or cut: {refused}; leases left in the global pool at the end: {left}"
     )
+    print("\nwhere the added time goes, µs per stream (overhead rows: minus no limiter)")
+    where = [
+        [
+            f"{s['clients']}",
+            s["variant"],
+            f"{s['server_cpu_ms_per_stream_delta'] * 1000:+.0f}",
+            f"{s['loop_thread_us_per_stream_delta']:+.0f}",
+            f"{s['core_thread_us_per_stream_delta']:+.0f}",
+            f"{s['other_thread_us_per_stream_delta']:+.0f}",
+            f"{s['redis_scripts_per_stream_delta']:.2f}",
+            f"{s['redis_commands_per_stream_delta']:.1f}",
+            f"{s['redis_script_us_per_stream_delta']:.1f}",
+            f"{s['redis_cpu_us_per_stream_delta']:.1f}",
+        ]
+        for s in summary
+        if s["variant"].endswith("overhead")
+    ]
+    print_table(
+        [
+            "clients",
+            "overhead",
+            "server CPU",
+            "loop thread",
+            "core threads",
+            "other",
+            "scripts",
+            "commands",
+            "Redis script time",
+            "Redis CPU",
+        ],
+        where,
+    )
+    print(
+        "loop thread = Python and the framework around the call; core threads = the call's"
+        " client side\n(encoding, I/O, decoding); Redis script time = INFO commandstats' µs in"
+        " script calls; Redis CPU = INFO cpu."
+    )
+    print("\nthe lease's added time against the peer's and the floor's (targets at 1 client)")
+    print_table(
+        ["clients", "figure", "lease / peer", "floor / peer", "lease / floor"],
+        [
+            [
+                f"{s['clients']}",
+                label,
+                f"{s[f'{name}_added_peer']:.2f}",
+                f"{s[f'floor_{name}_added_peer']:.2f}",
+                f"{s[f'{name}_added_floor']:.2f}",
+            ]
+            for s in summary
+            if s["variant"] == "lease against the peer and the floor"
+            for name, label in (
+                ("ttfb_p50_ms", "TTFB p50 added"),
+                ("server_cpu_ms_per_stream", "server CPU added"),
+            )
+        ],
+    )
+    print("target: lease / peer <= 0.5; where floor / peer > 0.5, lease / floor <= 1.2 instead.")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="SSE endpoint under uvicorn: lease vs. none.")
+    parser = argparse.ArgumentParser(
+        description="SSE endpoint under uvicorn: lease, peer, floor, none."
+    )
     parser.add_argument("--url", help="Redis URL, e.g. redis://127.0.0.1:6380/0")
     parser.add_argument("--repeats", type=int, default=5, help="runs per variant and level")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each window")
