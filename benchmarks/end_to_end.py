@@ -29,9 +29,9 @@ times each; the table gives the medians and the overhead per stream of the lease
 the floor: the difference from ``none`` in time to first byte (p50, p99), in time to last byte,
 and in server CPU per stream. A second table says where the added CPU goes (the loop's thread:
 Python and the framework around the call; the core's threads: the call's client side; Redis's
-script time and CPU) and sets the lease's added p50 time to first byte and server CPU against
-half the peer's and against the floor's. At the end every lease must be back: the global pool
-is checked to be empty.
+script time and CPU) and gives the lease's added p50 time to first byte and server CPU as
+ratios to the peer's and the floor's, beside the target they are read against. At the end every
+lease must be back: the global pool is checked to be empty.
 
 Run it from the repository root with ``bash benchmarks/run.sh``, or against a Redis of your own
 (keys under ``{e2e}:``)::
