@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import re
 import time
-import uuid
 
 import pytest
 import redis as redis_py
@@ -330,15 +329,22 @@ async def test_a_script_called_alone_is_to_the_byte_the_one_the_core_runs(own_re
             client.script_load(source(name))
 
 
+def lease_id(name: str) -> str:
+    """A lease id as the core makes them (32 lowercase hex digits), named for the test's reader."""
+    return hashlib.md5(name.encode()).hexdigest()
+
+
 def batched_acquire(redis_client):
     """acquire.lua deciding a batch for holder 777, leases of 30 s with fencing tokens, without a
     line: called with
-    [(lease id, weight, [(pool key, capacity), ...]), ...], laid out as the core sends it
-    (`_core._acquire_call`), answers each in order (a call of one, with its reply alone)."""
+    [(lease name, weight, [(pool key, capacity), ...]), ...], laid out as the core sends it
+    (`_core._acquire_call`) under each name's `lease_id`, answers each in order (a call of one,
+    with its reply alone)."""
     script = core_script(redis_client, "acquire")
 
     def decide(leases):
-        keys, args = _core._acquire_call(777, 30_000, leases, fencing_tokens=True)
+        named = [(lease_id(name), weight, pools) for name, weight, pools in leases]
+        keys, args = _core._acquire_call(777, 30_000, named, fencing_tokens=True)
         return script(keys=keys, args=args)
 
     return decide
@@ -366,7 +372,7 @@ def test_a_batch_of_acquires_is_decided_in_order_and_an_error_spoils_no_other(re
     assert granted == [1, 0, 1], "granted; the holder was new"
     assert replies[1][0] == 6 and b"WRONGTYPE" in replies[1][1], "its own error, alone"
     assert replies[2] == [0, 1, 1, 30_000], "refused: the first took the only slot"
-    assert redis_client.zrange(pool, 0, -1) == [b"first"]
+    assert redis_client.zrange(pool, 0, -1) == [lease_id("first").encode()]
     assert tally.counted(redis_client, f"{tag}:777:members") == 1, "counted once for the batch"
     assert redis_client.get(f"{tag}:fencing") == str(token).encode(), "the tag's last token"
     redis_client.delete(pool, wrong, tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock",
@@ -377,14 +383,19 @@ def test_a_release_call_laid_out_by_the_core_undoes_its_acquires(redis_client, k
     # Benchmarks and tests that call the scripts alone take both layouts from the core
     # (`_acquire_call`, `_release_call`), never a copy that could drift from it.
     pool, tag = global_pool(key_prefix), holders(key_prefix)
-    leases = [(uuid.uuid4().hex, weight, [(pool, 0)]) for weight in (1, 2)]
-    decide = batched_acquire(redis_client)
-    assert [reply[0] for reply in decide(leases)] == [1, 1]
-    assert redis_client.zcard(pool) == 3 and tally.counted(redis_client, f"{tag}:777:members") == 3
+    # Each alone: a lone acquire and a lone release move the tally by what the core sends.
+    leases = [(f"weight {weight}", weight, [(pool, 0)]) for weight in (1, 2)]
+    acquire, members = one_acquire(redis_client), f"{tag}:777:members"
+    assert [acquire(*lease)[0] for lease in leases] == [1, 1]
+    assert redis_client.zcard(pool) == 3 and tally.counted(redis_client, members) == 3
+    # Regression: the tally a lone acquire sent was worked out from another id than the member's.
+    ids = sum(weight * tally.id_value(lease_id(name)) for name, weight, _ in leases)
+    assert int(redis_client.get(members)) == 3 * tally.TALLY_UNIT + ids, "the members' own ids"
     release = core_script(redis_client, "release")
-    keys, args = _core._release_call(777, leases)
-    assert release(keys=keys, args=args) == [1, 1]
-    assert redis_client.zcard(pool) == 0 and tally.counted(redis_client, f"{tag}:777:members") == 0
+    for name, weight, pools in leases:
+        keys, args = _core._release_call(777, [(lease_id(name), weight, pools)])
+        assert release(keys=keys, args=args) == 1
+    assert redis_client.zcard(pool) == 0 and int(redis_client.get(members)) == 0
     with pytest.raises(ValueError, match="32 lowercase hex digits"):
         _core._release_call(777, [("lease-1", 1, [(pool, 0)])])
     redis_client.delete(tag, f"{tag}:777", f"{tag}:777:members", f"{tag}:clock", f"{tag}:fencing")
@@ -452,20 +463,22 @@ def test_a_prune_removes_no_grant_made_while_it_was_under_way(redis_client, key_
 
     grant("held", 1)
     grant("released", 2)  # its release lost in a failover: in Redis, neither held nor in flight
-    keep = ["held"]  # what the process holds and has in flight when it sends the list
+    keep = [lease_id("held")]  # what the process holds and has in flight when it sends the list
     grant("granted-meanwhile", 1)  # sent after that, run first: the one-step prune removed it
     listed = strays(keys=[tag], args=[777, 1000, *keep])
-    assert listed == [b"granted-meanwhile", 1, b"released", 2]
+    held, released, meanwhile = (lease_id(n).encode() for n in ("held", "released",
+                                                                   "granted-meanwhile"))
+    assert dict(zip(listed[::2], listed[1::2], strict=True)) == {meanwhile: 1, released: 2}
     assert redis_client.zcard(pool) == 4, "the list changes nothing"
     # The process drops from the list what is held or in flight by now (`Held::strays`, tested
     # in src/renewal/held.rs): the grant made meanwhile is; the released lease is not.
-    assert prune(keys=[tag], args=[777, "released", 2]) == 2
-    assert sorted(redis_client.zrange(pool, 0, -1)) == [b"granted-meanwhile", b"held"]
+    assert prune(keys=[tag], args=[777, released, 2]) == 2
+    assert sorted(redis_client.zrange(pool, 0, -1)) == sorted([meanwhile, held])
     assert tally.counted(redis_client, members) == 2
     # The removal sent again (a timeout, a late run): the id is never used again, so nothing.
-    assert prune(keys=[tag], args=[777, "released", 2]) == 0
+    assert prune(keys=[tag], args=[777, released, 2]) == 0
     assert redis_client.zcard(pool) == 2 and tally.counted(redis_client, members) == 2
-    assert strays(keys=[tag], args=[777, 1000, "held", "granted-meanwhile"]) == []
+    assert strays(keys=[tag], args=[777, 1000, held, meanwhile]) == []
     redis_client.delete(pool, tag, f"{tag}:777", members, f"{tag}:clock", f"{tag}:fencing")
 
 

@@ -407,8 +407,8 @@ def _acquire_call(
     as the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
     line or rate limits, renewed every third of a lease (the default); each grant takes a fencing
     token when ``fencing_tokens``. Each lease is ``(lease id, weight, [(pool key, capacity),
-    ...])`` (capacity 0: unlimited); all pools are in one hash tag, whose holders key leads the
-    keys."""
+    ...])``: an id as the core makes them (32 lowercase hex digits, ``uuid4().hex``), capacity 0
+    for unlimited; all pools are in one hash tag, whose holders key leads the keys."""
 
 def _release_call(
     holder: int,
@@ -416,8 +416,7 @@ def _release_call(
 ) -> tuple[list[bytes], list[bytes]]:
     """The keys and arguments of the ``release`` script's call that releases ``leases``, as the
     Redis store sends it for holder ``holder``, with no waiting line to wake. Each lease is given
-    as to ``_acquire_call`` (capacities unused); its id is 32 lowercase hex digits, as the core
-    makes them."""
+    as to ``_acquire_call`` (capacities unused)."""
 
 def _script_source(name: str) -> str:
     """The code of the core's Lua script ``name`` (``"acquire"``, ``"release"``...) as a script

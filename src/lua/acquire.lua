@@ -46,11 +46,11 @@
 -- waiter's process in ms (its heartbeat extends it); 3: how many pools are the caller's own
 -- quota (0 or 1); 4: n, the number of pools; 5: priority (0 to 9, higher first); 5 + i:
 -- capacity of pool i (0 = unlimited); 5 + n + i: the waiters its line holds at most (0: no
--- limit); 4: the lease's tally, what its grant adds to its holder's tally (see the prelude's
+-- limit); arg 4: the lease's tally, what its grant adds to its holder's tally (see the prelude's
 -- count_lease), as the core computed it, or ''; then, from arg 5, per rate policy: algorithm,
--- limit, window in ms, the units the start
--- takes from it (1 for a request rate, the reservation for a token budget), enforce, as in
--- hit.lua (a dry run never refuses the start, and a grant takes its units whatever its room).
+-- limit, window in ms, the units the start takes from it (1 for a request rate, the reservation
+-- for a token budget), enforce, as in hit.lua (a dry run never refuses the start, and a grant
+-- takes its units whatever its room).
 -- Returns per request (in a list; a call of one request, its reply alone: see decide_each)
 -- {GRANTED, life, token, used_1, ..., used_n, then per rate policy used, reset_ms,
 -- bucket, epoch, over} (life: 0 if the holder's entry was not live when the lease was added

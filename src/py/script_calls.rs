@@ -17,9 +17,11 @@ use crate::lease::{LeaseId, LeaseRecord, Store};
 /// A lease of the call: its id, weight, and pools as (key, capacity), all shared pools.
 type Lease = (String, u32, Vec<(String, u64)>);
 
-/// The leases of a call as records of the Redis store, each under its id; an error names what
-/// is wrong: a lease that takes nothing, a pool outside the first lease's hash tag, none at all.
-fn records(leases: &[Lease]) -> PyResult<Vec<(&str, LeaseRecord)>> {
+/// The leases of a call as records of the Redis store, each under its given id (what a script
+/// counts of a lease, its tally, is worked out from it); an error names what is wrong: an id
+/// the core would not make, a lease that takes nothing, a pool outside the first lease's hash
+/// tag, none at all.
+fn records(leases: &[Lease]) -> PyResult<Vec<Arc<LeaseRecord>>> {
     let Some((_, _, first_pools)) = leases.first() else {
         return Err(PyValueError::new_err("leases is empty: pass at least one lease"));
     };
@@ -40,7 +42,13 @@ fn records(leases: &[Lease]) -> PyResult<Vec<(&str, LeaseRecord)>> {
             .iter()
             .map(|(key, capacity)| Pool::new("pool", key.clone(), *capacity, PoolRole::Shared))
             .collect();
-        records.push((id.as_str(), LeaseRecord::new(pools, *weight, Store::Main)));
+        let mut record = LeaseRecord::new(pools, *weight, Store::Main);
+        record.id = LeaseId::parse(id).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "lease id {id:?} is not one the core makes: give 32 lowercase hex digits (uuid4().hex)"
+            ))
+        })?;
+        records.push(Arc::new(record));
     }
     Ok(records)
 }
@@ -59,8 +67,9 @@ fn check_holder(holder: u64) -> PyResult<()> {
 /// the Redis store sends it for holder ``holder``, leases of ``ttl_ms`` ms, without a waiting
 /// line or rate limits, renewed every third of a lease (the default); each grant takes a
 /// fencing token when ``fencing_tokens``. Each lease is
-/// ``(lease id, weight, [(pool key, capacity), ...])`` (capacity 0: unlimited); all pools are in
-/// one hash tag, whose holders key leads the keys.
+/// ``(lease id, weight, [(pool key, capacity), ...])``: an id as the core makes them (32
+/// lowercase hex digits), capacity 0 for unlimited; all pools are in one hash tag, whose holders
+/// key leads the keys.
 #[pyfunction(name = "_acquire_call", signature = (holder, ttl_ms, leases, *, fencing_tokens = false))]
 pub fn acquire_call(
     holder: u64,
@@ -69,32 +78,20 @@ pub fn acquire_call(
     fencing_tokens: bool,
 ) -> PyResult<KeysAndArgs> {
     check_holder(holder)?;
-    let records = records(&leases)?;
-    let leases: Vec<(&str, &LeaseRecord)> = records.iter().map(|(id, lease)| (*id, lease)).collect();
     let terms = GrantTerms {
         ttl_ms,
         fencing: fencing_tokens,
         renew_every_ms: ttl_ms / 3,
         entry_known_until_ms: None,
     };
-    Ok(encoded_acquire(holder, terms, &leases))
+    Ok(encoded_acquire(holder, terms, &records(&leases)?))
 }
 
 /// The keys and arguments of the ``release`` script's call that releases ``leases``, as the
 /// Redis store sends it for holder ``holder``, with no waiting line to wake. Each lease is
-/// given as to ``_acquire_call`` (capacities unused); its id is 32 lowercase hex digits, as
-/// the core makes them.
+/// given as to ``_acquire_call`` (capacities unused).
 #[pyfunction(name = "_release_call", signature = (holder, leases))]
 pub fn release_call(holder: u64, leases: Vec<Lease>) -> PyResult<KeysAndArgs> {
     check_holder(holder)?;
-    let mut released = Vec::with_capacity(leases.len());
-    for (id, mut record) in records(&leases)? {
-        record.id = LeaseId::parse(id).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "lease id {id:?} is not one the core makes: give 32 lowercase hex digits (uuid4().hex)"
-            ))
-        })?;
-        released.push(Arc::new(record));
-    }
-    Ok(encoded_release(holder, &released))
+    Ok(encoded_release(holder, &records(&leases)?))
 }

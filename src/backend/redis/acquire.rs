@@ -36,9 +36,9 @@ pub struct Asked<'a> {
     pub holder: u64,
 }
 
-/// The request of the lease `lease` under the id `lease_id`, with the head it shares with the
-/// acquires of its batch; it keeps nothing to give back (see `Undo`).
-pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -> OneCall {
+/// The request of the lease `lease` (under its id), with the head it shares with the acquires
+/// of its batch; it keeps nothing to give back (see `Undo`).
+pub fn acquire_request(lease: &LeaseRecord, asked: &Asked<'_>) -> OneCall {
     let Asked {
         terms,
         in_line,
@@ -83,7 +83,7 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
         shape.push(in_line.and_then(|l| l.max_waiting.get(i)).copied().unwrap_or(0));
     }
     invocation
-        .arg(lease_id)
+        .arg(lease.id.as_str())
         .arg(waiter.map_or("", |w| w.id.as_str()))
         .arg(shape.into_arg())
         .arg(lease_tally(lease, false));
@@ -92,10 +92,9 @@ pub fn acquire_request(lease_id: &str, lease: &LeaseRecord, asked: &Asked<'_>) -
     OneCall::of(invocation, Some(head), &lease.holders, None)
 }
 
-/// The keys and arguments of the call that decides `leases` (each under its id, at least one,
-/// all in one tag) in order for `holder`, on `terms`, without a line or rate policies: what the
+/// The keys and arguments of the call that decides `leases` (at least one, all in one tag) in order for `holder`, on `terms`, without a line or rate policies: what the
 /// store sends, for tests that run the script themselves.
-pub fn acquire_call(holder: u64, terms: GrantTerms, leases: &[(&str, &LeaseRecord)]) -> KeysAndArgs {
+pub fn acquire_call(holder: u64, terms: GrantTerms, leases: &[Arc<LeaseRecord>]) -> KeysAndArgs {
     let rates = RateCheck::default();
     let asked = Asked {
         terms,
@@ -106,7 +105,7 @@ pub fn acquire_call(holder: u64, terms: GrantTerms, leases: &[(&str, &LeaseRecor
     };
     let requests: Vec<OneCall> = leases
         .iter()
-        .map(|(id, lease)| acquire_request(id, lease, &asked))
+        .map(|lease| acquire_request(lease, &asked))
         .collect();
     let call = batch_call(&scripts::ACQUIRE, &requests);
     (call.keys, call.args)

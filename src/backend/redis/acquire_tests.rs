@@ -50,7 +50,7 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
         channel: "!{t}:line:wake".into(),
         holder: 777,
     };
-    let call = acquire_request("lease-1", &lease, &asked);
+    let call = acquire_request(&lease, &asked);
     let text = |items: &[Vec<u8>]| items.iter().map(|i| read::text(i).to_owned()).collect::<Vec<_>>();
     assert_eq!(
         text(&call.head_keys),
@@ -61,7 +61,7 @@ fn an_acquire_reads_back_as_the_script_reads_it() {
     assert_eq!(read::shape(&call.head_args[2]), [30_000, 1, 1, 1, 1, 10_000, 0]);
     assert_eq!(text(&call.keys), ["{t}:user:a", "{t}:global", "{t}:rate:a"]);
     let args = text(&call.args);
-    assert_eq!(args[..2], ["lease-1", "w1"]);
+    assert_eq!(args[..2], [lease.id.as_str(), "w1"]);
     // weight, waiter liveness, own pools, n, priority, capacities, max_waiting
     assert_eq!(
         read::shape(call.args[2].as_slice()),
@@ -83,7 +83,7 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
         renew_every_ms: 10_000,
         entry_known_until_ms: None,
     };
-    let (keys, args) = acquire_call(777, terms, &[("a", &lease), ("b", &lease)]);
+    let (keys, args) = acquire_call(777, terms, &[Arc::clone(&lease), Arc::clone(&lease)]);
     let keys: Vec<&str> = keys.iter().map(|k| read::text(k)).collect();
     assert_eq!(
         keys,
@@ -101,14 +101,14 @@ fn an_acquire_without_a_line_sends_no_line_keys() {
     assert_eq!(read::shape(args[0].as_bytes()), [2, 1, 3, 2, 4, 2, 4]);
     assert_eq!(args[1..3], ["", "777"]);
     assert_eq!(read::shape(args[3].as_bytes()), [30_000, 0, 0, 0, 0, 10_000, 0]);
-    assert_eq!(args[4], "a");
+    assert_eq!(args[4], lease.id.as_str());
     assert_eq!(read::shape(args[6].as_bytes()), [3, 0, 1, 2, 0, 2, 10, 0, 0]);
     // An entry the process knows to live long enough: the head says the call may trust it.
     let trusting = GrantTerms {
         entry_known_until_ms: Some(40_000),
         ..terms
     };
-    let (_, args) = acquire_call(777, trusting, &[("a", &lease)]);
+    let (_, args) = acquire_call(777, trusting, &[lease]);
     assert_eq!(read::shape(&args[3])[6], 1);
 }
 

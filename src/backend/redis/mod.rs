@@ -112,7 +112,7 @@ impl Backend for RedisBackend {
                 channel: in_line.map_or(String::new(), |l| wake_channel(l.line, self.is_cluster())),
                 holder: self.holder,
             };
-            let mut request = acquire_request(lease.id.as_str(), lease, &asked);
+            let mut request = acquire_request(lease, &asked);
             request.undo = Some(Box::new(AcquireUndo {
                 lease: Arc::clone(lease),
                 waiter: in_line.and_then(|l| l.waiter.map(|w| (l.line.clone(), w.id.clone()))),
