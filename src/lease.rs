@@ -27,6 +27,11 @@ pub fn monotonic_ms() -> u64 {
     origin().elapsed().as_millis() as u64
 }
 
+/// Nanoseconds on the clock of [`monotonic_ms`], at least 1.
+pub fn monotonic_nanos() -> u64 {
+    (origin().elapsed().as_nanos() as u64).max(1)
+}
+
 /// Seconds on the clock of [`monotonic_ms`], to the nanosecond (to place its deadlines on
 /// another clock).
 pub fn monotonic_seconds() -> f64 {
@@ -115,6 +120,9 @@ pub struct LeaseRecord {
     /// When revoked: the ms its user's new streams were banned for then (0: no ban), so the
     /// stream's end tells the same wait as the ban's refusals.
     revoked_ban_ms: AtomicU64,
+    /// When its caller took it, in ns on the clock of `monotonic_nanos` (0: not timed, as
+    /// without a metrics reader).
+    taken_at_ns: AtomicU64,
     /// Waiting for the lease to be lost; emptied when it is lost or released.
     lost_watchers: Mutex<Vec<LostWatcher>>,
 }
@@ -132,6 +140,7 @@ impl LeaseRecord {
             store,
             state: AtomicU8::new(0),
             revoked_ban_ms: AtomicU64::new(0),
+            taken_at_ns: AtomicU64::new(0),
             lost_watchers: Mutex::new(Vec::new()),
         }
     }
@@ -199,6 +208,19 @@ impl LeaseRecord {
             drop(never_told); // outside the lock: a watcher dropped untold tells its loop
         }
         released
+    }
+
+    /// Its caller took it at `nanos` ([`monotonic_nanos`]).
+    pub fn stamp_taken(&self, nanos: u64) {
+        self.taken_at_ns.store(nanos, Ordering::Relaxed);
+    }
+
+    /// When its caller took it, if it was stamped.
+    pub fn taken_at(&self) -> Option<u64> {
+        match self.taken_at_ns.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(nanos),
+        }
     }
 
     pub fn is_lost(&self) -> bool {

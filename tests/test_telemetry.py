@@ -4,6 +4,7 @@ exporter during a scenario that meets every result; no raw identity anywhere."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 
@@ -222,6 +223,59 @@ async def test_without_providers_nothing_is_instrumented(backend_url, key_prefix
     lease = await manager.acquire(ALICE)
     await lease.release()
     assert manager._telemetry is None, "the API's default providers record nothing: no cost"
+
+
+async def test_a_grant_counts_when_taken_and_its_held_time_from_its_release(
+    backend_url, key_prefix, telemetry
+):
+    """The core counts a grant once its caller takes it, and keeps how long the lease was held
+    from its release until a reader collects; the count never goes back, not even when its
+    manager is gone."""
+    meters, _, reader, _ = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url, config=LeaseConfig(key_prefix=key_prefix), meter_provider=meters
+    )
+    lease = await manager.acquire(ALICE)
+    assert [p.value for p in points(reader, f"{NAME}.requests")] == [1]
+    assert [p.count for p in points(reader, f"{NAME}.lease.duration")] in ([], [0])
+    await asyncio.sleep(0.05)
+    await lease.release()
+    (durations,) = points(reader, f"{NAME}.lease.duration")
+    assert (durations.count, durations.sum >= 0.05) == (1, True)
+    await manager.aclose()
+    del manager, lease
+    gc.collect()
+    assert [p.value for p in points(reader, f"{NAME}.requests")] == [1]
+
+
+async def test_held_times_the_core_did_not_keep_are_logged_at_collection(
+    backend_url, key_prefix, telemetry, caplog
+):
+    """Past 2,000,000 held times between two collections the core counts the rest as dropped
+    (``held_times.rs`` tests the bound); the collection logs how many were not recorded."""
+    meters, _, reader, _ = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url, config=LeaseConfig(key_prefix=key_prefix), meter_provider=meters
+    )
+    await (await manager.acquire(ALICE)).release()
+    instruments = manager._instruments()
+
+    class DroppedThree:
+        """The manager's core, as it answers once three held times found no room."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(manager._core, name)
+
+        def collect_lease_times(self) -> tuple[int, list[float], int]:
+            return 1, [], 3
+
+    instruments.core = DroppedThree()
+    with caplog.at_level(logging.WARNING, logger=NAME):
+        points(reader, f"{NAME}.requests")
+        points(reader, f"{NAME}.requests")
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("3 lease durations were not recorded")
+    await manager.aclose()
 
 
 async def test_an_acquire_in_a_trace_its_sampler_dropped_is_not_traced(

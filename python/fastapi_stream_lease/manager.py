@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import weakref
 from collections.abc import (
@@ -396,8 +395,7 @@ class StreamLeaseManager:
         if telemetry is None:
             return self._granted(handle, user_id, counted)
         decisions = handle.rate_decisions if policies else ()
-        telemetry.admitted(started, waits, traced, None, decisions)
-        ended = functools.partial(telemetry.ended, granted_at=time.monotonic())
+        ended = telemetry.granted(started, waits, traced, decisions, bool(budgets))
         return self._granted(handle, user_id, counted, on_release=ended)
 
     def _granted(

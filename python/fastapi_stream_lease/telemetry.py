@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from .resources import Resource
 
 NAME = "fastapi_stream_lease"
+
+log = logging.getLogger(NAME)
 
 #: Every value the ``result`` attribute of ``fastapi_stream_lease.requests`` takes.
 RESULTS = (
@@ -170,7 +173,8 @@ class Observed:
         def results(_options: Any) -> list[Any]:
             # The first callback of every collection, before the histograms are read.
             for member in list(self.members):
-                member.lease_duration.flush()
+                taken = member.collect_lease_times()
+                self.results["acquired"] = self.results.get("acquired", 0) + taken
                 member.time_in_queue.flush()
             counts = dict(self.results)
             return [Observation(n, {"result": result}) for result, n in counts.items()]
@@ -293,13 +297,16 @@ class Traced:
 
 
 class Telemetry:
-    """The instruments and tracer of one manager. The SDK costs tens of microseconds per
-    record on a small machine, so what can be is counted here and read when a reader collects:
-    the results per acquire (a dict increment), the leases held per pool (from the core) and the
-    shared pools' use (from Redis), the waiters in line (from the core); the durations are kept
-    and recorded into the histograms when a reader collects. Per acquire, in a sampled trace
-    only: an event on the request's span (a span of the library's own is dearer: the SDK's span
-    costs about three times the event); per release, with budgets, the tokens."""
+    """The instruments and tracer of one manager. The SDK costs microseconds per record
+    (a histogram's about 4.5 on a small machine), so what can be is counted and kept until a
+    reader collects, and an acquire granted outside a sampled trace runs no Python of this
+    class but the trace check: the core counts the grants its callers take and keeps how long
+    each lease was held; refusals are counted here (a dict increment); the leases held per
+    pool (from the core), the shared pools' use (from Redis) and the waiters in line (from the
+    core) are read at collection; the held times, and the time in queue of acquires that could
+    wait, are recorded into the histograms then. Per acquire, in a sampled trace only: an event
+    on the request's span (a span of the library's own is dearer: the SDK's span costs about
+    three times the event), and one at its release; per release, with budgets, the tokens."""
 
     def __init__(
         self,
@@ -327,11 +334,11 @@ class Telemetry:
             observed = _OBSERVED[provider] = Observed(meter)
         observed.members.add(self)
         self._results = observed.results
-        self.lease_duration = BufferedHistogram(
-            meter.create_histogram(
-                f"{NAME}.lease.duration", unit="s", description="How long leases were held."
-            )
+        self.lease_duration = meter.create_histogram(
+            f"{NAME}.lease.duration", unit="s", description="How long leases were held."
         )
+        self._taken_seen = self._dropped_seen = 0
+        core.time_leases()
         self.time_in_queue = BufferedHistogram(
             meter.create_histogram(
                 f"{NAME}.request.time_in_queue",
@@ -355,6 +362,23 @@ class Telemetry:
             description="Hits and stream starts that a dry-run rate policy (enforce=False) let "
             "through without room for them, by policy.",
         )
+
+    def collect_lease_times(self) -> int:
+        """Records the held times the core kept since the last collection into the
+        ``lease.duration`` histogram; returns how many leases were taken since then."""
+        taken, held, dropped = self.core.collect_lease_times()
+        record = self.lease_duration.record
+        for seconds in held:
+            record(seconds)
+        if dropped > self._dropped_seen:
+            log.warning(
+                "%d lease durations were not recorded: more leases ended between two collections "
+                "of the metrics reader than the core keeps (2,000,000); collect more often",
+                dropped - self._dropped_seen,
+            )
+            self._dropped_seen = dropped
+        new, self._taken_seen = taken - self._taken_seen, taken
+        return new
 
     def threshold_crossed(self, alert: ThresholdCrossed) -> None:
         """Counts one alert, by policy and threshold (never the identity)."""
@@ -395,6 +419,22 @@ class Telemetry:
             facts[f"{NAME}.identity_hash"] = self.core.identity_digest(user_id)
         return Traced(span, facts, own)
 
+    def granted(
+        self,
+        started: float,
+        waits: bool,
+        traced: Traced | None,
+        decisions: Sequence[RateDecision],
+        budgets: bool,
+    ) -> Callable[[Lease], None] | None:
+        """An acquire granted and taken (the core counts it, and times the lease): what
+        :meth:`admitted` records of it, only when there is any; returns what its release must
+        tell (:meth:`ended`), if anything: an event in a sampled trace, the tokens of a
+        lease with budgets."""
+        if waits or traced is not None or decisions:
+            self.admitted(started, waits, traced, None, decisions)
+        return self.ended if traced is not None or budgets else None
+
     def admitted(
         self,
         started: float,
@@ -404,14 +444,15 @@ class Telemetry:
         decisions: Sequence[RateDecision] = (),
     ) -> None:
         """An acquire started at ``started`` (``time.monotonic()``) ended, granted (``error``
-        None; ``decisions``: what its rate policies said) or not: exactly one ``requests``
-        result, its time in queue if it could wait (``waits``), and its facts on the span
-        ``traced`` names."""
+        None; ``decisions``: what its rate policies said) or not: a refusal's ``requests``
+        result (a grant's is the core's), its time in queue if it could wait (``waits``), and
+        its facts on the span ``traced`` names."""
         waited = time.monotonic() - started
         if waits:
             self.time_in_queue.record(waited)
         result = result_of(error)
-        self._results[result] = self._results.get(result, 0) + 1
+        if error is not None:
+            self._results[result] = self._results.get(result, 0) + 1
         would_refuse = self.rated(decisions) if decisions else ()
         if traced is not None:
             facts, span = traced.facts, traced.span
@@ -426,11 +467,10 @@ class Telemetry:
                 span.add_event(f"{NAME}.acquire", facts)
                 span.set_attribute(f"{NAME}.result", result)
 
-    def ended(self, lease: Lease, granted_at: float) -> None:
-        """A lease released (told once, by :class:`Lease`): its duration, its tokens, and an
-        event on the current span (``...lease.released``, ``.lost``, ``.revoked``,
-        ``.budget_exhausted``)."""
-        self.lease_duration.record(time.monotonic() - granted_at)
+    def ended(self, lease: Lease) -> None:
+        """A lease granted in a sampled trace or with budgets released (told once, by
+        :class:`Lease`): its tokens, and an event on the current span (``...lease.released``,
+        ``.lost``, ``.revoked``, ``.budget_exhausted``)."""
         used = lease.tokens_used
         if used is not None:
             self.tokens.add(used[0], {"direction": "input"})

@@ -89,7 +89,9 @@ impl Granted {
 
     /// The caller has the held lease: its start counts.
     pub fn delivered(mut self) {
-        self.held = None;
+        if let Some(record) = self.held.take() {
+            self.leases.taken(&record);
+        }
     }
 
     /// Nobody takes the grant: the stream never starts, so everything it took comes back (its

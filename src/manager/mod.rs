@@ -37,7 +37,7 @@ use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
 use crate::rate::Thresholds;
-use crate::renewal::{Counters, Leases};
+use crate::renewal::{Collected, Counters, Leases};
 use crate::runtime;
 use crate::sync::lock;
 
@@ -274,6 +274,17 @@ impl Manager {
     /// Slots this process holds per pool name.
     pub fn slots_by_pool(&self) -> Vec<(String, u64)> {
         self.leases.slots_by_name()
+    }
+
+    /// From now on, leases taken are counted and their held times kept for a metrics reader.
+    pub fn time_leases(&self) {
+        self.leases.time_held();
+    }
+
+    /// Leases taken since `time_leases`, and the held times of those released since the last
+    /// call.
+    pub fn collect_lease_times(&self) -> Collected {
+        self.leases.collect_held_times()
     }
 
     /// Drain, first step: refuses new leases here (503), leaving the held ones to end.

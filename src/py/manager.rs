@@ -231,6 +231,19 @@ impl Manager {
         self.core.slots_by_pool()
     }
 
+    /// From now on, every lease its caller takes is counted and timed until its release, for a
+    /// metrics reader (`collect_lease_times`); until then, neither costs a lease anything.
+    fn time_leases(&self) {
+        self.core.time_leases();
+    }
+
+    /// Leases taken since `time_leases()`; the seconds each lease released since the last call
+    /// was held (taken out); held times not kept because too many waited for a collection.
+    fn collect_lease_times(&self) -> (u64, Vec<f32>, u64) {
+        let collected = self.core.collect_lease_times();
+        (collected.taken, collected.held_seconds, collected.dropped)
+    }
+
     /// Refuses new leases on this manager (a drain's first step): acquires get `ManagerClosed`.
     fn refuse_new(&self) {
         self.core.refuse_new();

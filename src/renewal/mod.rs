@@ -8,6 +8,7 @@ mod counters;
 mod gate;
 mod held;
 mod held_lease;
+mod held_times;
 mod joined_tags;
 mod keeper;
 mod release;
@@ -28,6 +29,8 @@ use self::gate::Gate;
 use self::held::Held;
 pub use self::held::NEVER;
 pub use self::held_lease::HeldLease;
+pub use self::held_times::Collected;
+use self::held_times::HeldTimes;
 use self::joined_tags::JoinedTags;
 use self::keeper::Keeper;
 use self::release::Releases;
@@ -65,6 +68,8 @@ pub struct Leases {
     /// Where revokes are heard, and the revocation stamp each group's keep-alive found last.
     revocations: revoke::RevocationWatch,
     counts: EventCounts,
+    /// How long leases were held, once a metrics reader asks.
+    held_times: HeldTimes,
 }
 
 impl Drop for Leases {
@@ -98,6 +103,7 @@ impl Leases {
             gate: Gate::default(),
             revocations: revoke::RevocationWatch::new(revocations_channel),
             counts: EventCounts::default(),
+            held_times: HeldTimes::default(),
         }
     }
 
@@ -215,6 +221,22 @@ impl Leases {
     /// Slots this process holds in a pool (both stores).
     pub fn slots_in(&self, pool_key: &str) -> u64 {
         lock(&self.held).slots_in(pool_key)
+    }
+
+    /// From now on, each lease its caller takes is counted, and its held time kept for
+    /// `collect_held_times`.
+    pub fn time_held(&self) {
+        self.held_times.start();
+    }
+
+    /// Its caller took `record` (counted and stamped once `time_held` was asked).
+    pub fn taken(&self, record: &LeaseRecord) {
+        self.held_times.taken(record);
+    }
+
+    /// Leases taken so far, and how long each lease released since the last call was held.
+    pub fn collect_held_times(&self) -> Collected {
+        self.held_times.take()
     }
 
     pub fn counters(&self) -> Counters {

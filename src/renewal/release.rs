@@ -64,6 +64,7 @@ impl Leases {
         if self.in_forked_child() || !record.mark_released() {
             return None;
         }
+        self.held_times.released(record);
         let settlement = self.budgets.settle(record);
         {
             let mut held = lock(&self.held);

@@ -122,7 +122,19 @@ class AdapterTelemetry:
         if error is None and self._active is not None:
             self._tell(self._active, self._held())
 
-    def ended(self, lease: Lease, granted_at: float) -> None:
+    def granted(
+        self,
+        started: float,
+        waits: bool,
+        traced: Any,
+        decisions: Sequence[RateDecision],
+        budgets: bool,
+    ) -> Callable[[Lease], None]:
+        """An acquire granted and taken: told as every acquire is; its release is told too."""
+        self.admitted(started, waits, traced, None, decisions)
+        return self.ended
+
+    def ended(self, lease: Lease) -> None:
         """A lease released (told once, as its release starts): a loss (a revoke's too) is
         told, and the leases still held."""
         if lease.lost:
