@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import re
 
 import pytest
@@ -20,7 +21,7 @@ from fastapi_stream_lease.manager import ManagerStats
 
 from support.apps import app_command
 from support.loops import on_every_loop
-from support.waiting import count_is
+from support.waiting import admits_again, count_is, eventually
 
 
 async def test_per_user_and_global_caps_hold(make_manager):
@@ -318,3 +319,33 @@ async def test_releases_racing_renewals_leave_nothing_behind(make_manager):
     await asyncio.gather(*(churn(n) for n in range(32)))
     await count_is(manager, 0)
     assert manager.stats()["held"] == 0
+
+
+async def test_a_streams_end_sends_its_release_and_logs_a_failure_when_it_comes(
+    own_redis, make_own_redis_manager, caplog
+):
+    """A wrapped stream's end sends the release and ends without waiting for the store's
+    answer (the stream's task has nothing left to do with it): it ends while Redis answers
+    nothing; the release's failure is logged when its call gives up, and the keep-alive
+    releases the lease again once Redis is back."""
+    manager = make_own_redis_manager(redis_timeout=1.0)
+    lease = await manager.acquire("alice")
+
+    async def tokens():
+        yield "a"
+        yield "b"
+
+    caplog.set_level(logging.WARNING, logger="fastapi_stream_lease")
+    own_redis.pause()
+    try:
+        assert [token async for token in lease.wrap(tokens())] == ["a", "b"]
+        assert lease.released
+        assert not caplog.records, "the stream ended before its release's answer"
+        await eventually(
+            lambda: any("release failed" in r.getMessage() for r in caplog.records),
+            what="the failed release to be logged",
+        )
+    finally:
+        own_redis.resume()
+    await admits_again(manager)
+    await count_is(manager, 0)

@@ -42,6 +42,11 @@ T = TypeVar("T")
 log = logging.getLogger("fastapi_stream_lease")
 
 
+def release_failed(error: StreamLeaseError) -> None:
+    """Logs a release that failed: the keep-alive releases it again, or it expires by itself."""
+    log.warning("stream lease release failed, it will expire by itself: %s", error)
+
+
 class LeaseEvents(Protocol):
     """Who hears how a lease ended (the manager's 0.6 hooks, ``lifecycle.Lifecycle``)."""
 
@@ -84,7 +89,7 @@ class Lease:
 
     __slots__ = (
         "__weakref__", "_block", "_cancel_on_lost", "_handle", "_lease_headers", "_lease_seconds",
-        "_lifecycle", "_loss_logged", "_on_release", "_releasing", "user_id",
+        "_lifecycle", "_loss_logged", "_on_release", "user_id",
     )  # fmt: skip
 
     def __init__(
@@ -112,8 +117,6 @@ class Lease:
         self._lease_headers = lease_headers
         # Its loss is logged once, by whichever watch learns of it first.
         self._loss_logged = False
-        # The release its response's end started, awaited where the lease's block ends.
-        self._releasing: Awaitable[bool] | None = None
 
     @property
     def lease_id(self) -> str:
@@ -305,7 +308,7 @@ class Lease:
         )
         items = aiter(source)
         try:
-            async with self._released_at_end():
+            async with self._released_at_end(awaited=False):
                 # A lost or revoked lease is released too: its watch says which, below.
                 if self._handle.released and not self._handle.lost:
                     raise LeaseLost(RELEASED_MESSAGE)
@@ -371,12 +374,14 @@ class Lease:
                 watch.close()
 
     @asynccontextmanager
-    async def _released_at_end(self) -> AsyncIterator[None]:
+    async def _released_at_end(self, *, awaited: bool = True) -> AsyncIterator[None]:
         """Releases the lease when the block ends, telling the 0.6 ``on_released`` hook how:
         ``"completed"`` (it ran to its end), ``"lost"`` (:class:`LeaseLost` or
         :class:`LeaseRevoked`, or any other end of a lease found lost: a loss that ends work
         does so by cancelling the task), ``"error"`` (an exception) or ``"cancelled"`` (a
-        cancellation, a generator closed early)."""
+        cancellation, a generator closed early). The block ends when the store confirmed the
+        release, unless not ``awaited`` (a stream's end): then the release is sent and the
+        block ends at once."""
         ended = "cancelled"
         try:
             yield
@@ -390,7 +395,10 @@ class Lease:
         finally:
             if ended != "completed" and self._handle.lost:
                 ended = "lost"
-            await self._release_quietly(ended)
+            if awaited:
+                await self._release_quietly(ended)
+            else:
+                self._end_stream(ended)
 
     def as_streaming_response(
         self,
@@ -440,21 +448,27 @@ class Lease:
                 values.append((f"X-Stream-Lease-{name}-Limit", str(caps[pool])))
         return values
 
-    def _end_with_response(self, how: str) -> None:
-        """Starts the release when the response that holds the lease ends (``how``:
-        ``"completed"``, or ``"cancelled"`` when the client left); the block that holds it
-        awaits that release when it ends."""
+    def _end_with_response(self) -> None:
+        """Releases the lease when the response that holds it ends (its last body message, or
+        the client gone), before the last message goes: a client that reads the end and comes
+        straight back finds its slot free. The block that holds the lease tells how it ended."""
         if not self._handle.released:
-            self._releasing = self._release(how)
+            self._handle.release_at_end()
+
+    def _end_stream(self, how: str) -> None:
+        """Releases the lease where the stream that holds it ends (``how``, for the 0.6 hook),
+        without waiting for the store's answer: the stream's task has nothing left to do with
+        it, and a failure is logged when it comes (:func:`release_failed`)."""
+        self._end_with_response()
+        self._told_released(how)
 
     async def _release_quietly(self, reason: str) -> None:
         # The release starts before the first await, so a cancellation cannot undo it; a failed
         # one only logs: the lease expires by itself, and the work's own outcome matters more.
-        released, self._releasing = self._releasing or self._release(reason), None
         try:
-            await released
+            await self._release(reason)
         except StreamLeaseError as error:
-            log.warning("stream lease release failed, it will expire by itself: %s", error)
+            release_failed(error)
 
     def __repr__(self) -> str:
         states = [name for name in ("lost", "released") if getattr(self, name)]

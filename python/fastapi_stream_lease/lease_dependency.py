@@ -72,7 +72,7 @@ def lease_dependency(
         lease = await acquire(user_id, request=request, **options)
         requests.add(lease)
         try:
-            async with lease._released_at_end():
+            async with lease._released_at_end(awaited=False):
                 guard.watch(lease)
                 yield lease
         finally:

@@ -3,13 +3,15 @@
 
 use std::sync::{Arc, Mutex};
 
+use futures_util::FutureExt;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList};
 
 use super::{bridge, budget, rate};
 use crate::budget::{Meter, Usage};
-use crate::errors::retry_after_seconds;
+use crate::errors::{retry_after_seconds, CoreError};
 use crate::manager::{Granted, PoolUsage};
 use crate::rate::Decision;
 use crate::renewal::{HeldLease, Releasing, NEVER};
@@ -158,6 +160,20 @@ impl LeaseHandle {
         self.held.release_nowait()
     }
 
+    /// Releases the lease where its stream ends, without waiting for the store's answer: the
+    /// event loop is woken only when the release fails, to log it (the lease is released again
+    /// at the next keep-alive, or expires by itself).
+    fn release_at_end(&self, py: Python<'_>) -> PyResult<()> {
+        match self.held.release() {
+            Releasing::Done(Ok(_)) => Ok(()),
+            Releasing::Done(Err(error)) => release_failed(py, error),
+            Releasing::Call(call) => {
+                bridge::spawn_told_of_failure(py, call.map(|outcome| outcome.map(drop)), release_failed);
+                Ok(())
+            }
+        }
+    }
+
     /// Counts `tokens` of the answer streamed (no I/O). Raises `BudgetExhausted` once the
     /// budget ran out under `on_budget="cut"`, and after the release.
     fn consume(&self, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -240,4 +256,12 @@ impl LeaseHandle {
         }));
         Ok(lost)
     }
+}
+
+/// Logs a release at a stream's end that failed (`fastapi_stream_lease.lease.release_failed`).
+fn release_failed(py: Python<'_>, error: CoreError) -> PyResult<()> {
+    static LOG: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    LOG.import(py, "fastapi_stream_lease.lease", "release_failed")?
+        .call1((PyErr::from(error).into_value(py),))?;
+    Ok(())
 }

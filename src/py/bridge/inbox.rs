@@ -13,6 +13,10 @@ use crate::sync::lock;
 /// drop its hold on them.
 const FORGOTTEN_BEFORE_A_WAKE_UP: usize = 64;
 
+/// The id of a result that resolves no future: its delivery runs on the loop for what it does
+/// (`spawn_told_of_failure`). Futures' ids count up from 0 and never reach it.
+pub(super) const NOTICE: u64 = u64::MAX;
+
 /// The half of a bridge that tokio tasks touch: plain Rust data only.
 pub(super) struct Inbox {
     /// Results for the loop's futures by id; None forgets a future nothing will resolve.

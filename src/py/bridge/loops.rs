@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyWeakrefMethods, PyWeakrefReference};
 
-use super::inbox::Inbox;
+use super::inbox::{Inbox, NOTICE};
 use super::Completion;
 use crate::runtime;
 use crate::sync::lock;
@@ -76,6 +76,14 @@ impl LoopBridge {
         self.inbox.wake_pending.store(false, Ordering::Release);
         let finished = std::mem::take(&mut *lock(&self.inbox.finished));
         for (id, completion) in finished {
+            if id == NOTICE {
+                if let Some(Ok(notice)) = completion {
+                    if let Err(error) = notice(py) {
+                        error.write_unraisable(py, None);
+                    }
+                }
+                continue;
+            }
             let future = lock(&self.pending).remove(&id);
             if let (Some(future), Some(completion)) = (future, completion) {
                 if let Some(future) = future.bind(py).upgrade() {

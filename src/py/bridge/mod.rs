@@ -29,7 +29,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
 
-use self::inbox::Inbox;
+use self::inbox::{Inbox, NOTICE};
 pub use self::loops::LoopBridge;
 use self::loops::{bridge_for, resolve, running_loop};
 use crate::errors::CoreError;
@@ -151,6 +151,31 @@ where
     let call = Box::pin(Abortable::new(task, registration).map(drop));
     LoopBridge::send_at_turn_end(&bridge, &event_loop, call)?;
     Ok(future)
+}
+
+/// Runs `op` on the core's runtime at once, with no future to resolve: the event loop is
+/// woken only if it fails, to run `tell(error)` there. Outside a running loop a failure is
+/// told to nobody.
+pub fn spawn_told_of_failure<F>(
+    py: Python<'_>,
+    op: F,
+    tell: impl FnOnce(Python<'_>, CoreError) -> PyResult<()> + Send + 'static,
+) where
+    F: Future<Output = Result<(), CoreError>> + Send + 'static,
+{
+    let inbox = running_loop(py)
+        .and_then(|event_loop| bridge_for(&event_loop))
+        .map(|bridge| Arc::clone(&bridge.get().inbox))
+        .ok();
+    runtime::handle().spawn(op.map(move |outcome| {
+        if let (Err(error), Some(inbox)) = (outcome, inbox) {
+            let notice: Delivery = Box::new(move |py: Python<'_>| {
+                tell(py, error)?;
+                Ok(py.None())
+            });
+            inbox.deliver(NOTICE, Ok(notice));
+        }
+    }));
 }
 
 /// The op that resolves with `deliver(value)` once `result` resolves.
