@@ -277,7 +277,8 @@ class Lease:
         renew_interval: float | None = None,
     ) -> AsyncIterator[T]:
         """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
-        stream ends, raises, is cancelled or is closed (client disconnect). Under
+        stream ends, raises, is cancelled or is closed (client disconnect), without waiting for
+        the store's answer (a failed release is logged when it comes). Under
         ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`, even while it
         waits for its next item.
 
