@@ -89,7 +89,7 @@ class Lease:
 
     __slots__ = (
         "__weakref__", "_block", "_cancel_on_lost", "_handle", "_lease_headers", "_lease_seconds",
-        "_lifecycle", "_loss_logged", "_on_release", "user_id",
+        "_lifecycle", "_loss_logged", "_on_release", "_releasing", "user_id",
     )  # fmt: skip
 
     def __init__(
@@ -117,6 +117,9 @@ class Lease:
         self._lease_headers = lease_headers
         # Its loss is logged once, by whichever watch learns of it first.
         self._loss_logged = False
+        # The release (with its settlement) its response's end started, awaited where the
+        # lease's block ends.
+        self._releasing: Awaitable[bool] | None = None
 
     @property
     def lease_id(self) -> str:
@@ -278,7 +281,8 @@ class Lease:
     ) -> AsyncIterator[T]:
         """Yields ``stream``'s items (an async or sync iterable); releases this lease when the
         stream ends, raises, is cancelled or is closed (client disconnect), without waiting for
-        the store's answer (a failed release is logged when it comes). Under
+        the store's answer (a failed release is logged when it comes) unless the lease has
+        budgets, which its release settles. Under
         ``on_lost="cancel"`` a lost lease ends the stream with :class:`LeaseLost`, even while it
         waits for its next item.
 
@@ -382,7 +386,8 @@ class Lease:
         does so by cancelling the task), ``"error"`` (an exception) or ``"cancelled"`` (a
         cancellation, a generator closed early). The block ends when the store confirmed the
         release, unless not ``awaited`` (a stream's end): then the release is sent and the
-        block ends at once."""
+        block ends at once, but for a lease with budgets, whose release settles them: the
+        budget holds exactly what the stream used once it ended."""
         ended = "cancelled"
         try:
             yield
@@ -396,7 +401,7 @@ class Lease:
         finally:
             if ended != "completed" and self._handle.lost:
                 ended = "lost"
-            if awaited:
+            if awaited or self._releasing is not None or self._handle.tokens_used is not None:
                 await self._release_quietly(ended)
             else:
                 self._end_stream(ended)
@@ -449,25 +454,32 @@ class Lease:
                 values.append((f"X-Stream-Lease-{name}-Limit", str(caps[pool])))
         return values
 
-    def _end_with_response(self) -> None:
-        """Releases the lease when the response that holds it ends (its last body message, or
-        the client gone), before the last message goes: a client that reads the end and comes
-        straight back finds its slot free. The block that holds the lease tells how it ended."""
-        if not self._handle.released:
-            self._handle.release_at_end()
+    def _end_with_response(self, how: str) -> None:
+        """Releases the lease when the response that holds it ends (``how``: ``"completed"``,
+        or ``"cancelled"`` when the client left), before the last message goes: a client that
+        reads the end and comes straight back finds its slot free. A lease with budgets starts
+        the release that settles them, and the block that holds it awaits it when it ends."""
+        if self._handle.released:
+            return
+        if self._handle.tokens_used is None:
+            self._end_stream(how)
+        else:
+            self._releasing = self._release(how)
 
     def _end_stream(self, how: str) -> None:
         """Releases the lease where the stream that holds it ends (``how``, for the 0.6 hook),
         without waiting for the store's answer: the stream's task has nothing left to do with
         it, and a failure is logged when it comes (:func:`release_failed`)."""
-        self._end_with_response()
+        if not self._handle.released:
+            self._handle.release_at_end()
         self._told_released(how)
 
     async def _release_quietly(self, reason: str) -> None:
         # The release starts before the first await, so a cancellation cannot undo it; a failed
         # one only logs: the lease expires by itself, and the work's own outcome matters more.
+        released, self._releasing = self._releasing or self._release(reason), None
         try:
-            await self._release(reason)
+            await released
         except StreamLeaseError as error:
             release_failed(error)
 

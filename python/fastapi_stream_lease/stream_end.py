@@ -78,9 +78,9 @@ class StreamEndGuard:
             raise
         self._watches.append(watch)
 
-    def response_ended(self) -> None:
-        """The response ended (its last message, or the client left): stops watching the
-        leases and releases them. A watch that has already
+    def response_ended(self, how: str) -> None:
+        """The response ended (``how``: ``"completed"``, or ``"cancelled"`` when the client
+        left): stops watching the leases and releases them. A watch that has already
         cancelled the request stays, for :meth:`settle` to take that cancellation back."""
         if not self._watches:
             return
@@ -90,7 +90,7 @@ class StreamEndGuard:
                 fired.append(watch)
                 continue
             watch.close()
-            watch.lease._end_with_response()
+            watch.lease._end_with_response(how)
         self._watches = fired
 
     @property
@@ -231,27 +231,27 @@ class _ResponseState:
                 ):
                     self.held = message
                     return
-                self._ended()
+                self._ended("completed")
         elif kind == "http.response.start":
             self.started = True
             self._headers = message.get("headers", ())
         elif kind == "websocket.accept":
             self.started = True
         elif kind in ("websocket.close", "websocket.http.response.start"):
-            self._ended()
+            self._ended("completed")
         await self._send(message)
 
     async def receive(self) -> Message:
         message = await self._receive()
         if message["type"] in ("http.disconnect", "websocket.disconnect"):
-            self._guard.response_ended()
+            self._guard.response_ended("cancelled")
         return message
 
-    def _ended(self) -> None:
+    def _ended(self, how: str) -> None:
         # The releases start before the last message goes, so a client that reads the end and
         # comes straight back finds its slot free.
         self.closed = True
-        self._guard.response_ended()
+        self._guard.response_ended(how)
 
     async def finish(self) -> None:
         """Sends the held last message, if any."""
