@@ -298,7 +298,7 @@ class Traced:
 
 class Telemetry:
     """The instruments and tracer of one manager. The SDK costs microseconds per record
-    (a histogram's about 4.5 on a small machine), so what can be is counted and kept until a
+    (a histogram's 6.5 on a 2 GHz Xeon), so what can be is counted and kept until a
     reader collects, and an acquire granted outside a sampled trace runs no Python of this
     class but the trace check: the core counts the grants its callers take and keeps how long
     each lease was held; refusals are counted here (a dict increment); the leases held per
