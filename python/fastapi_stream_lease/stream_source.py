@@ -28,6 +28,8 @@ async def close_sources(*sources: object) -> None:
         if id(source) in seen:
             continue
         seen.add(id(source))
+        if inspect.isasyncgen(source) and source.ag_frame is None:
+            continue  # an async generator that ran to its end, or was closed: nothing to close
         close = _close_method(source)
         if close is None:
             continue
