@@ -907,3 +907,28 @@ async def test_a_start_refused_for_room_that_reservations_hold_retries_when_they
     with pytest.raises(RateLimited) as spent:
         await manager.acquire("bob", budgets=[(daily, "team")], reserve=5_000)
     assert spent.value.retry_after > 3_600, "spent tokens come back when the window ends"
+
+
+async def test_a_budgeted_streams_end_waits_for_its_settlement(
+    own_redis, make_own_redis_manager
+):
+    """Regression: a stream's end that sent its release without waiting for the answer let a
+    read right after the stream (through another worker) find the reservation rather than what
+    the stream used. A lease with budgets waits, since its release settles them: with Redis
+    stopped, its stream does not end until Redis answers."""
+    streaming, reading = (make_own_redis_manager(redis_timeout=5.0) for _ in range(2))
+    lease = await streaming.acquire("alice", budgets=[TPM], reserve=(0, 800))
+
+    async def stream() -> None:
+        async for _ in lease.wrap(chunks(3), tokens=lambda _: 7):
+            await asyncio.sleep(0)
+
+    own_redis.pause()
+    try:
+        streamed = asyncio.create_task(stream())
+        await eventually(lambda: lease.released, what="the stream's end to send its release")
+        assert not streamed.done(), "the stream ended before its settlement's answer"
+    finally:
+        own_redis.resume()
+    await streamed
+    assert await used(reading) == 21
