@@ -351,3 +351,27 @@ async def test_a_revoked_lease_watched_twice_is_logged_once(make_manager, caplog
                 await manager.revoke("alice")
     told = [r for r in caplog.records if getattr(r, "lease_id", None) == lease.lease_id]
     assert [r.lease_end for r in told] == ["revoked"]
+
+
+async def test_awaiting_the_release_of_a_revoked_lease_waits_for_the_revokes_release(
+    own_redis, make_own_redis_manager
+):
+    """Regression: a revoke releases the leases it ends in the background, and a
+    ``release()`` awaited after it answered at once, while that call was still under way: the
+    next acquire through another connection could find the slot still taken. Awaiting it now
+    ends when the revoke's release call ended."""
+    manager = make_own_redis_manager(max_per_user=1, redis_timeout=5.0)
+    other = make_own_redis_manager(max_per_user=1)
+    lease = await manager.acquire("alice")
+    own_redis.pause()
+    try:
+        revoking = asyncio.create_task(manager.revoke("alice"))
+        await eventually(lambda: lease.revoked and lease.released, what="the local revoke")
+        releasing = asyncio.ensure_future(lease.release())
+        await asyncio.sleep(0.1)
+        assert not releasing.done(), "the release answered while the revoke's was under way"
+    finally:
+        own_redis.resume()
+    assert await releasing is False
+    await revoking
+    await (await other.acquire("alice")).release()

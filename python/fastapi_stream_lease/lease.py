@@ -242,7 +242,9 @@ class Lease:
 
     def release(self) -> Awaitable[bool]:
         """Releases the lease now and returns an awaitable that resolves when the store confirms
-        (True if it was still there). Safe to call twice; cancelling the await does not stop it.
+        (True if it was still there). Safe to call twice: a lease released already (a second
+        call, a revoke, its stream's end) resolves to False once that release's call ended.
+        Cancelling the await does not stop it.
         """
         return self._release("manual")
 

@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures_util::future::Either;
+
 use super::{Leases, Releasing};
 use crate::errors::CoreResult;
 use crate::lease::{LeaseRecord, LostWatcher};
@@ -22,12 +24,16 @@ impl HeldLease {
         &self.record
     }
 
-    /// Releases now: whether the store still had the lease (false if it was released before),
-    /// or the call to Redis that will tell, to be run to its end.
+    /// Releases now: whether the store still had the lease, or the call to Redis that will
+    /// tell, to be run to its end; false if it was released before, once that release's call
+    /// ended.
     pub fn release(&self) -> Releasing<impl Future<Output = CoreResult<bool>> + Send + 'static> {
-        self.leases
-            .release(&self.record)
-            .unwrap_or(Releasing::Done(Ok(false)))
+        match self.leases.release(&self.record) {
+            Some(Releasing::Done(released)) => Releasing::Done(released),
+            Some(Releasing::Call(call)) => Releasing::Call(Either::Left(call)),
+            // Released by whoever came first (a revoke, a stream's end): its call may be under way.
+            None => Releasing::Call(Either::Right(self.leases.release_under_way(&self.record))),
+        }
     }
 
     /// Starts the release without waiting for it; true if this call released the lease.

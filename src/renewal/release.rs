@@ -143,6 +143,35 @@ impl Leases {
         }
     }
 
+    /// A lease released already, by whoever came first (a revoke, a stream's end), whose call
+    /// to Redis may still be under way: resolves to false (this call released nothing) once
+    /// that call ended, or after `redis_timeout` at most, so that whoever awaits a release
+    /// finds the store as the release left it.
+    pub fn release_under_way(
+        self: &Arc<Self>,
+        record: &Arc<LeaseRecord>,
+    ) -> impl Future<Output = CoreResult<bool>> + Send + 'static {
+        let leases = Arc::clone(self);
+        let record = Arc::clone(record);
+        // Subscribed before the first look, so no release's end slips between the two.
+        let mut freed = self.subscribe();
+        async move {
+            let ended = async {
+                while record.store == Store::Main
+                    && lock(&leases.held)
+                        .tallies
+                        .is_in_flight(&record.holders, &record.id)
+                {
+                    if freed.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(leases.redis_timeout, ended).await;
+            Ok(false)
+        }
+    }
+
     /// Starts the release without waiting for it; true if this call released the lease.
     pub fn release_in_background(self: &Arc<Self>, record: &Arc<LeaseRecord>) -> bool {
         match self.release(record) {
