@@ -403,7 +403,7 @@ class Lease:
         finally:
             if ended != "completed" and self._handle.lost:
                 ended = "lost"
-            if awaited or self._releasing is not None or self._handle.tokens_used is not None:
+            if awaited or self._settled_by_release:
                 await self._release_quietly(ended)
             else:
                 self._end_stream(ended)
@@ -463,10 +463,15 @@ class Lease:
         the release that settles them, and the block that holds it awaits it when it ends."""
         if self._handle.released:
             return
-        if self._handle.tokens_used is None:
-            self._end_stream(how)
-        else:
+        if self._settled_by_release:
             self._releasing = self._release(how)
+        else:
+            self._end_stream(how)
+
+    @property
+    def _settled_by_release(self) -> bool:
+        """Whether the release settles budgets: then whoever ends the stream waits for it."""
+        return self._handle.tokens_used is not None
 
     def _end_stream(self, how: str) -> None:
         """Releases the lease where the stream that holds it ends (``how``, for the 0.6 hook),
