@@ -31,7 +31,7 @@ def _accepted(connection: HTTPConnection) -> bool:
     """Whether ``connection`` is a WebSocket accepted already (its ``WebSocket`` object here
     may be a fresh one, so the middleware's record says)."""
     guard = guard_of(connection.scope)
-    return connection.scope["type"] == "websocket" and guard is not None and guard.response.started
+    return connection.scope["type"] == "websocket" and guard is not None and guard.started
 
 
 def install_exception_handler(

@@ -53,19 +53,35 @@ GUARD_KEY = "fastapi_stream_lease.stream_end"
 
 
 class StreamEndGuard:
-    """A request served by :class:`StreamEndMiddleware`: how far its response went, and the
-    leases it holds through its dependency, watched for the task that serves the request (a
-    loss that ends work cancels that task) until the response ends. When it ends (its last
-    body message goes out, or the client leaves), those leases are released: the work that
-    runs after the body (the request's background tasks, a dependency's exit) holds no slot,
-    and no revoke, lost lease or drain cancels it."""
+    """A request served by :class:`StreamEndMiddleware`: how far its response went (whether it
+    started, with which media type, and whether it ended), and the leases it holds through its
+    dependency, watched for the task that serves the request (a loss that ends work cancels
+    that task) until the response ends. When it ends (its last body message goes out, or the
+    client leaves), those leases are released: the work that runs after the body (the
+    request's background tasks, a dependency's exit) holds no slot, and no revoke, lost lease
+    or drain cancels it.
 
-    __slots__ = ("_task", "_watches", "response")
+    FastAPI runs a ``yield`` endpoint's Server-Sent Events generator in a task of its own; when
+    that task fails, the task group around it is cancelled and the body may still end normally
+    before the failure reaches the middleware. So the empty last message of such a body, sent
+    in a cancelled scope, is held until the app returns: a final event can go before it. A body
+    that ended in a scope not cancelled is complete, and its last message goes at once (the
+    request's background tasks run after it).
+
+    The scope holds it while the app runs, and the app gets its bound ``send`` and ``receive``;
+    it refers to nothing of its own that refers back to it."""
+
+    __slots__ = ("_headers", "_receive", "_send", "_task", "_watches", "closed", "held", "started")
 
     def __init__(self, task: asyncio.Task[object] | None, send: Send, receive: Receive) -> None:
         self._task = task
         self._watches: list[LostWatch] = []
-        self.response = _ResponseState(send, receive, self)
+        self._send = send
+        self._receive = receive
+        self._headers: Sequence[tuple[bytes, bytes]] = ()
+        self.started = False
+        self.closed = False
+        self.held: Message | None = None
 
     def watch(self, lease: Lease) -> None:
         """Ends the request when ``lease`` is lost (``on_lost="cancel"``) or revoked; raises at
@@ -78,7 +94,7 @@ class StreamEndGuard:
             raise
         self._watches.append(watch)
 
-    def response_ended(self, how: str) -> None:
+    def _response_ended(self, how: str) -> None:
         """The response ended (``how``: ``"completed"``, or ``"cancelled"`` when the client
         left): stops watching the leases and releases them. A watch that has already
         cancelled the request stays, for :meth:`settle` to take that cancellation back."""
@@ -107,6 +123,79 @@ class StreamEndGuard:
             ended = watch.settle() or ended
         self._watches.clear()
         return ended
+
+    @property
+    def media_type(self) -> str:
+        """The response's media type, read from its start only when asked (an error to end it
+        with, an empty last SSE message): most responses never need it."""
+        for name, value in self._headers:
+            if name.lower() == b"content-type":
+                return value.decode("latin-1").split(";")[0].strip().lower()
+        return ""
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``: notes the response's start and end on the way."""
+        kind = message["type"]
+        if kind == "http.response.body":
+            if not message.get("more_body", False):
+                if (
+                    not message.get("body")
+                    and self.media_type == "text/event-stream"
+                    and anyio.current_effective_deadline() == -math.inf
+                ):
+                    self.held = message
+                    return
+                self._ended("completed")
+        elif kind == "http.response.start":
+            self.started = True
+            self._headers = message.get("headers", ())
+        elif kind == "websocket.accept":
+            self.started = True
+        elif kind in ("websocket.close", "websocket.http.response.start"):
+            self._ended("completed")
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a disconnect ends the response."""
+        message = await self._receive()
+        if message["type"] in ("http.disconnect", "websocket.disconnect"):
+            self._response_ended("cancelled")
+        return message
+
+    def _ended(self, how: str) -> None:
+        # The releases start before the last message goes, so a client that reads the end and
+        # comes straight back finds its slot free.
+        self.closed = True
+        self._response_ended(how)
+
+    async def finish(self) -> None:
+        """Sends the held last message, if any."""
+        held, self.held = self.held, None
+        if held is not None:
+            self.closed = True
+            await self._send(held)
+
+    async def end(self, scope: Scope, receive: Receive, error: StreamLeaseError) -> None:
+        """Ends the response for ``error`` and logs it."""
+        name = type(error).__name__
+        if self.closed:
+            how = "after its response ended"
+        elif scope["type"] == "websocket":
+            code = ws_close_code(error.status_code)
+            how = f"closed with {code}"
+            await self._send({"type": "websocket.close", "code": code, "reason": error.title})
+        elif not self.started:
+            how = f"answered {error.status_code}"
+            await error.as_response()(scope, receive, self._send)
+        else:
+            final, how = _final_chunk(self.media_type, error)
+            if final:
+                await self._send({"type": "http.response.body", "body": final, "more_body": True})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Never the identity: the messages name pools, policies and causes only.
+        on_purpose = isinstance(error, (LeaseRevoked, ManagerClosed))
+        level = logging.INFO if on_purpose else logging.WARNING
+        log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
 
 
 def guard_of(scope: Scope) -> StreamEndGuard | None:
@@ -166,121 +255,29 @@ class StreamEndMiddleware:
             return
         guard = StreamEndGuard(asyncio.current_task(), send, receive)
         scope[GUARD_KEY] = guard
-        response = guard.response
         try:
-            await self.app(scope, response.receive, response.send)
+            await self.app(scope, guard.receive, guard.send)
         except BaseException as error:
             # A loss that cancelled the request; else a library error the work ended with,
             # unless the response had ended (a background task's error is the app's own).
             ended = guard.settle()
-            if ended is None and not response.closed:
+            if ended is None and not guard.closed:
                 ended = end_in(error)
             if ended is None:
                 # The server reports the app's own failures as it reports any other.
-                await response.finish()
+                await guard.finish()
                 raise
-            await response.end(scope, receive, ended)
+            await guard.end(scope, receive, ended)
         else:
             # Most requests watched no lease and hold no message: nothing more to do.
             if guard.watching:
                 guard.settle()
-            if response.held is not None:
-                await response.finish()
-
-
-class _ResponseState:
-    """How far the response went: whether it started, with which media type, and whether it
-    ended; its end (the last body message, a WebSocket's close, the client gone) is told to
-    the guard.
-
-    FastAPI runs a ``yield`` endpoint's Server-Sent Events generator in a task of its own; when
-    that task fails, the task group around it is cancelled and the body may still end normally
-    before the failure reaches this middleware. So the empty last message of such a body, sent
-    in a cancelled scope, is held until the app returns: a final event can go before it. A body
-    that ended in a scope not cancelled is complete, and its last message goes at once (the
-    request's background tasks run after it)."""
-
-    __slots__ = ("_guard", "_headers", "_receive", "_send", "closed", "held", "started")
-
-    def __init__(self, send: Send, receive: Receive, guard: StreamEndGuard) -> None:
-        self._send = send
-        self._receive = receive
-        self._guard = guard
-        self._headers: Sequence[tuple[bytes, bytes]] = ()
-        self.started = False
-        self.closed = False
-        self.held: Message | None = None
-
-    @property
-    def media_type(self) -> str:
-        """The response's media type, read from its start only when asked (an error to end it
-        with, an empty last SSE message): most responses never need it."""
-        for name, value in self._headers:
-            if name.lower() == b"content-type":
-                return value.decode("latin-1").split(";")[0].strip().lower()
-        return ""
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.body":
-            if not message.get("more_body", False):
-                if (
-                    not message.get("body")
-                    and self.media_type == "text/event-stream"
-                    and anyio.current_effective_deadline() == -math.inf
-                ):
-                    self.held = message
-                    return
-                self._ended("completed")
-        elif kind == "http.response.start":
-            self.started = True
-            self._headers = message.get("headers", ())
-        elif kind == "websocket.accept":
-            self.started = True
-        elif kind in ("websocket.close", "websocket.http.response.start"):
-            self._ended("completed")
-        await self._send(message)
-
-    async def receive(self) -> Message:
-        message = await self._receive()
-        if message["type"] in ("http.disconnect", "websocket.disconnect"):
-            self._guard.response_ended("cancelled")
-        return message
-
-    def _ended(self, how: str) -> None:
-        # The releases start before the last message goes, so a client that reads the end and
-        # comes straight back finds its slot free.
-        self.closed = True
-        self._guard.response_ended(how)
-
-    async def finish(self) -> None:
-        """Sends the held last message, if any."""
-        held, self.held = self.held, None
-        if held is not None:
-            self.closed = True
-            await self._send(held)
-
-    async def end(self, scope: Scope, receive: Receive, error: StreamLeaseError) -> None:
-        """Ends the response for ``error`` and logs it."""
-        name = type(error).__name__
-        if self.closed:
-            how = "after its response ended"
-        elif scope["type"] == "websocket":
-            code = ws_close_code(error.status_code)
-            how = f"closed with {code}"
-            await self._send({"type": "websocket.close", "code": code, "reason": error.title})
-        elif not self.started:
-            how = f"answered {error.status_code}"
-            await error.as_response()(scope, receive, self._send)
-        else:
-            final, how = _final_chunk(self.media_type, error)
-            if final:
-                await self._send({"type": "http.response.body", "body": final, "more_body": True})
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-        # Never the identity: the messages name pools, policies and causes only.
-        on_purpose = isinstance(error, (LeaseRevoked, ManagerClosed))
-        level = logging.INFO if on_purpose else logging.WARNING
-        log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
+            if guard.held is not None:
+                await guard.finish()
+        finally:
+            # The guard holds the server's send, which an outer middleware's closure may tie to
+            # this scope: out of the scope, the request's objects are freed when it ends.
+            del scope[GUARD_KEY]
 
 
 def _final_chunk(media_type: str, error: StreamLeaseError) -> tuple[bytes, str]:
