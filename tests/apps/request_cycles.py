@@ -19,9 +19,9 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, WebSocket
-from starlette.requests import HTTPConnection
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.requests import HTTPConnection
 
 from fastapi_stream_lease import Lease, RateLimit, RateLimitMiddleware, install_exception_handler
 
