@@ -4,8 +4,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, final
 
-from .rates import RateDecision
-
 __all__ = [
     "TOP_UP_INCREMENT",
     "AcquireArgs",
@@ -15,6 +13,7 @@ __all__ = [
     "Manager",
     "Prices",
     "ProxyRule",
+    "RateDecision",
     "RateLimit",
     "__version__",
     "_acquire_call",
@@ -308,6 +307,47 @@ class ProxyRule:
     @property
     def header(self) -> str: ...
     def client(self, peer: str | None, lines: list[str]) -> str: ...
+
+@final
+class RateDecision:
+    """What one policy said about a hit: its ``limit`` (the policy's, or this process's share of
+    it while Redis is down under ``failure_mode="open"``), ``remaining`` units in its window
+    after the hit (before it, when refused or only looked at), ``reset``, seconds until its next
+    units free up (0 when nothing is in use), ``used``, the units in its window (above the limit
+    when a token budget's stream finished past it, or a dry run counted past it), and
+    ``would_refuse``: the policy had no room for the hit's cost, so it refused, or, a dry run
+    (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have.
+    ``thresholds_reached``: the policy's ``alert_at`` fractions (its own, else the manager's)
+    this hit or start brought the use to first in the window, across every worker (empty
+    unless the manager has ``on_threshold`` or telemetry). Immutable; equal when every field
+    is."""
+
+    def __new__(
+        cls,
+        policy: RateLimit,
+        limit: int,
+        remaining: int,
+        reset: float,
+        used: int,
+        would_refuse: bool = False,
+        thresholds_reached: Sequence[float] = (),
+    ) -> RateDecision: ...
+    @property
+    def policy(self) -> RateLimit: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def remaining(self) -> int: ...
+    @property
+    def reset(self) -> float: ...
+    @property
+    def used(self) -> int: ...
+    @property
+    def would_refuse(self) -> bool: ...
+    @property
+    def thresholds_reached(self) -> tuple[float, ...]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class RateLimit:

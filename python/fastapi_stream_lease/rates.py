@@ -1,14 +1,13 @@
-"""Request-rate limits: :class:`RateLimit` policies (from the core), what each decided about a
-hit (:class:`RateDecision`), and the IETF ``RateLimit-Policy`` / ``RateLimit`` headers; the
-:class:`Prices` of models, for budgets in money (``unit="cost"``)."""
+"""Request-rate limits: :class:`RateLimit` policies and what each decided about a hit
+(:class:`RateDecision`), both from the core; the IETF ``RateLimit-Policy`` / ``RateLimit``
+headers; the :class:`Prices` of models, for budgets in money (``unit="cost"``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypeAlias
 
-from ._core import Prices, RateLimit, rate_limit_header_values
+from ._core import Prices, RateDecision, RateLimit, rate_limit_header_values
 
 __all__ = ["Prices", "RateDecision", "RateLimit", "openai_rate_limit_headers", "rate_limit_headers"]
 
@@ -20,29 +19,6 @@ PolicyEntry: TypeAlias = RateLimit | tuple[RateLimit, str]
 def policy_of(entry: PolicyEntry) -> RateLimit:
     """The ``RateLimit`` of a call's policy, with or without an identity of its own."""
     return entry[0] if isinstance(entry, tuple) else entry
-
-
-@dataclass(frozen=True)
-class RateDecision:
-    """What one policy said about a hit: its ``limit`` (the policy's, or this process's share
-    of it while Redis is down under ``failure_mode="open"``), ``remaining`` units in its window
-    after the hit (before it, when refused or only looked at), ``reset``, seconds until its
-    next units free up (0 when nothing is in use), ``used``, the units in its window (above
-    the limit when a token budget's stream finished past it, or a dry run counted past it), and
-    ``would_refuse``: the policy had no room for the hit's cost, so it refused, or, a dry run
-    (``RateLimit(enforce=False)``, ``LeaseConfig(enforce_rate_limits=False)``), would have.
-    ``thresholds_reached``: the policy's ``alert_at`` fractions (its own, else the manager's)
-    this hit or start brought the
-    use to first in the window, across every worker (empty unless the manager has
-    ``on_threshold`` or telemetry)."""
-
-    policy: RateLimit
-    limit: int
-    remaining: int
-    reset: float
-    used: int
-    would_refuse: bool = False
-    thresholds_reached: tuple[float, ...] = ()
 
 
 def rate_limit_headers(

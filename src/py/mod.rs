@@ -12,6 +12,7 @@ mod lease;
 mod manager;
 mod prices;
 mod rate;
+mod rate_decision;
 mod script_calls;
 mod scripts;
 mod settle_call;
@@ -24,6 +25,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lease::LeaseHandle>()?;
     m.add_class::<manager::Manager>()?;
     m.add_class::<rate::RateLimit>()?;
+    m.add_class::<rate_decision::RateDecision>()?;
     m.add_class::<prices::Prices>()?;
     m.add_class::<client_address::ProxyRule>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;

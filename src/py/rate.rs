@@ -1,15 +1,14 @@
 //! `RateLimit`: a request-rate policy, checked once at construction (the core's `RatePolicy`).
 
 use pyo3::exceptions::PyTypeError;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::args::{self, type_name};
+use super::rate_decision::RateDecision;
 use crate::rate::{
-    check_hit, parse_rate, parse_window, rate_limit_headers, Algorithm, Decision, Period, PolicyState,
-    PoolState, RatePolicy, Thresholds, Unit, Window, MAX_LIMIT,
+    check_hit, parse_rate, parse_window, rate_limit_headers, Algorithm, Decision, Period, PoolState,
+    RatePolicy, Unit, Window, MAX_LIMIT,
 };
 
 /// At most ``limit`` hits per ``per`` seconds for each identity, across every worker.
@@ -316,21 +315,9 @@ pub fn rate_limit_header_values(
     decisions: &Bound<'_, PyAny>,
     pools: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(String, String)>> {
-    let py = decisions.py();
     let policies = decisions
         .try_iter()?
-        .map(|decision| {
-            let decision = decision?;
-            let limit = decision.getattr(intern!(py, "policy"))?;
-            let policy = &limit.cast::<RateLimit>()?.get().policy;
-            Ok(PolicyState {
-                name: policy.name.clone(),
-                limit: decision.getattr(intern!(py, "limit"))?.extract()?,
-                window_s: policy.window_ms as f64 / 1000.0,
-                remaining: decision.getattr(intern!(py, "remaining"))?.extract()?,
-                reset_s: decision.getattr(intern!(py, "reset"))?.extract()?,
-            })
-        })
+        .map(|decision| Ok(decision?.cast::<RateDecision>()?.get().header_state()))
         .collect::<PyResult<Vec<_>>>()?;
     let pools = pools
         .try_iter()?
@@ -342,34 +329,11 @@ pub fn rate_limit_header_values(
     Ok(rate_limit_headers(&policies, &pools))
 }
 
-/// The decisions as `fastapi_stream_lease.rates.RateDecision` values (the class lives in
-/// Python, a frozen dataclass; it is looked up once).
+/// The decisions as `RateDecision` values.
 pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound<'py, PyList>> {
-    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let class = CLASS.get_or_try_init(py, || {
-        py.import("fastapi_stream_lease.rates")?
-            .getattr("RateDecision")
-            .map(Bound::unbind)
-    })?;
     let items = decisions
         .iter()
-        .map(|d| {
-            // The policy as the app built it (the thresholds applied are the manager's doing;
-            // its own stay in `own_alert_at`).
-            let policy = RatePolicy {
-                alert_at: Thresholds::default(),
-                ..d.policy.clone()
-            };
-            class.bind(py).call1((
-                Py::new(py, RateLimit { policy })?,
-                d.policy.limit,
-                d.remaining,
-                d.reset_ms as f64 / 1000.0,
-                d.used,
-                d.would_refuse,
-                PyTuple::new(py, &d.thresholds_reached)?,
-            ))
-        })
+        .map(|d| RateDecision::of(py, d))
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
 }
