@@ -23,6 +23,7 @@ __all__ = [
     "check_rate_limits",
     "checked_thresholds",
     "monotonic",
+    "rate_limit_header_fields",
     "rate_limit_header_values",
     "redact_url",
     "sentinel_url",
@@ -408,6 +409,14 @@ class Prices:
 
 def check_rate_limits(policies: Iterable[RateLimit], cost: int) -> None:
     """Checks the policies of a hit of ``cost`` as every hit does."""
+
+def rate_limit_header_fields(
+    decisions: Iterable[RateDecision],
+    pools: Iterable[tuple[str, int, int]],
+    headers: Iterable[Sequence[bytes]],
+) -> list[tuple[bytes, bytes]]:
+    """The ``ratelimit-policy`` and ``ratelimit`` fields of ``decisions`` and ``pools`` as an
+    ASGI response start lists its headers, less those its own ``headers`` name already."""
 
 def rate_limit_header_values(
     decisions: Iterable[RateDecision], pools: Iterable[tuple[str, int, int]]

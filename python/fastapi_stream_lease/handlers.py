@@ -10,7 +10,6 @@ from starlette.responses import Response
 
 from .errors import BackendError, StreamLeaseError
 from .stream_end import StreamEndMiddleware, guard_of
-from .web import RateLimitHeaders
 
 log = logging.getLogger("fastapi_stream_lease")
 
@@ -39,20 +38,23 @@ def install_exception_handler(
 ) -> None:
     """One line for a whole app: 429/503 with ``Retry-After`` for every library error;
     :class:`StreamEndMiddleware`, so a stream the library ends after its start (a budget cut, a
-    revoke, a lost lease, a drain) ends cleanly with a final event that says why; and
-    :class:`RateLimitHeaders` so the rate-limit headers of every hit reach the response, a
-    stream included (call it before the app starts). ``legacy_rate_limit_headers=True`` adds
-    the ``X-RateLimit-*`` headers some clients expect; ``openai_rate_limit_headers=True``
-    OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``, which LLM SDK clients read."""
+    revoke, a lost lease, a drain) ends cleanly with a final event that says why, and so the
+    rate-limit headers of every hit reach the response, a stream included (what
+    :class:`RateLimitHeaders` writes; call it before the app starts).
+    ``legacy_rate_limit_headers=True`` adds the ``X-RateLimit-*`` headers some clients expect;
+    ``openai_rate_limit_headers=True`` OpenAI's ``x-ratelimit-*-requests`` /
+    ``x-ratelimit-*-tokens``, which LLM SDK clients read."""
     if not callable(getattr(app, "add_exception_handler", None)):
         raise TypeError(
             "app must be a FastAPI or Starlette application (one with add_exception_handler), "
             f"got {type(app).__name__}"
         )
     app.add_exception_handler(StreamLeaseError, stream_lease_exception_handler)
-    app.add_middleware(StreamEndMiddleware)
     app.add_middleware(
-        RateLimitHeaders, legacy=legacy_rate_limit_headers, openai=openai_rate_limit_headers
+        StreamEndMiddleware,
+        rate_limit_headers=True,
+        legacy_rate_limit_headers=legacy_rate_limit_headers,
+        openai_rate_limit_headers=openai_rate_limit_headers,
     )
 
 

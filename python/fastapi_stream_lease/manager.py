@@ -515,7 +515,7 @@ class StreamLeaseManager:
         except RateLimited as refused:
             remember(request.scope, refused.decisions)
             raise
-        remember(request.scope, handle.rate_decisions, handle.pool_usage)  # RateLimitHeaders
+        remember(request.scope, handle.rate_decisions, handle.pool_usage)  # for the headers
         return handle
 
     @asynccontextmanager
@@ -733,7 +733,8 @@ class StreamLeaseManager:
         (through :func:`install_exception_handler`). ``key`` maps the request (sync or async)
         to the identity to count, e.g. the authenticated user; left out, the client's IP
         address (:meth:`client_ip`). The headers reach the response, a ``StreamingResponse``
-        included, through :class:`RateLimitHeaders`."""
+        included, through the middleware :func:`install_exception_handler` adds (or
+        :class:`RateLimitHeaders`)."""
         return rate_limit_dependency(self, policies, key, cost)
 
     def rate_limited(

@@ -17,6 +17,7 @@ import anyio
 
 from .errors import LeaseRevoked, ManagerClosed, StreamLeaseError
 from .lease import LostWatch
+from .web import with_rate_limit_headers
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -68,16 +69,36 @@ class StreamEndGuard:
     that ended in a scope not cancelled is complete, and its last message goes at once (the
     request's background tasks run after it).
 
-    The scope holds it while the app runs, and the app gets its bound ``send`` and ``receive``;
-    it refers to nothing of its own that refers back to it."""
+    The scope holds it while the app runs (and it the scope, for the rate-limit headers the
+    request's hits recorded there); the app gets its bound ``send`` and ``receive``."""
 
-    __slots__ = ("_headers", "_receive", "_send", "_task", "_watches", "closed", "held", "started")
+    __slots__ = (
+        "_headers",
+        "_rate_limit_headers",
+        "_receive",
+        "_scope",
+        "_send",
+        "_task",
+        "_watches",
+        "closed",
+        "held",
+        "started",
+    )
 
-    def __init__(self, task: asyncio.Task[object] | None, send: Send, receive: Receive) -> None:
+    def __init__(
+        self,
+        task: asyncio.Task[object] | None,
+        scope: Scope,
+        send: Send,
+        receive: Receive,
+        rate_limit_headers: tuple[bool, bool] | None,
+    ) -> None:
         self._task = task
         self._watches: list[LostWatch] = []
+        self._scope = scope
         self._send = send
         self._receive = receive
+        self._rate_limit_headers = rate_limit_headers
         self._headers: Sequence[tuple[bytes, bytes]] = ()
         self.started = False
         self.closed = False
@@ -148,6 +169,11 @@ class StreamEndGuard:
                 self._ended("completed")
         elif kind == "http.response.start":
             self.started = True
+            if self._rate_limit_headers is not None:
+                legacy, openai = self._rate_limit_headers
+                message = with_rate_limit_headers(
+                    message, self._scope, legacy=legacy, openai=openai
+                )
             self._headers = message.get("headers", ())
         elif kind == "websocket.accept":
             self.started = True
@@ -186,7 +212,7 @@ class StreamEndGuard:
             await self._send({"type": "websocket.close", "code": code, "reason": error.title})
         elif not self.started:
             how = f"answered {error.status_code}"
-            await error.as_response()(scope, receive, self._send)
+            await error.as_response()(scope, receive, self.send)  # with the rate-limit headers
         else:
             final, how = _final_chunk(self.media_type, error)
             if final:
@@ -244,16 +270,32 @@ class StreamEndMiddleware:
     by :meth:`StreamLeaseManager.stream_lease` is watched for the whole request: when it is
     lost (under ``on_lost="cancel"``) or revoked, the request's work is cancelled at once, even
     while the endpoint waits for its next item, and the response ends as above.
-    :func:`~fastapi_stream_lease.install_exception_handler` adds this middleware."""
+    With ``rate_limit_headers=True`` it also writes what
+    :class:`~fastapi_stream_lease.RateLimitHeaders` writes, on the same pass over the response's
+    start (``legacy_rate_limit_headers`` and ``openai_rate_limit_headers`` as that one's
+    ``legacy`` and ``openai``).
+    :func:`~fastapi_stream_lease.install_exception_handler` adds this middleware so."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        rate_limit_headers: bool = False,
+        legacy_rate_limit_headers: bool = False,
+        openai_rate_limit_headers: bool = False,
+    ) -> None:
         self.app = app
+        self._rate_limit_headers = (
+            (legacy_rate_limit_headers, openai_rate_limit_headers) if rate_limit_headers else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        guard = StreamEndGuard(asyncio.current_task(), send, receive)
+        guard = StreamEndGuard(
+            asyncio.current_task(), scope, send, receive, self._rate_limit_headers
+        )
         scope[GUARD_KEY] = guard
         try:
             await self.app(scope, guard.receive, guard.send)
@@ -275,8 +317,9 @@ class StreamEndMiddleware:
             if guard.held is not None:
                 await guard.finish()
         finally:
-            # The guard holds the server's send, which an outer middleware's closure may tie to
-            # this scope: out of the scope, the request's objects are freed when it ends.
+            # The guard holds the scope, and the server's send, which an outer middleware's
+            # closure may tie to it: out of the scope, the request's objects are freed when it
+            # ends, without the cycle collector.
             del scope[GUARD_KEY]
 
 

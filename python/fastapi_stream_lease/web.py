@@ -2,11 +2,11 @@
 with per-route policies, a WebSocket guard, and the middleware that puts the headers on every
 response (streams included, before their first byte).
 
-The forms record each hit's decisions in the request's scope; :class:`RateLimitHeaders`
-(installed by :func:`~fastapi_stream_lease.install_exception_handler`) writes them as
-``RateLimit-Policy`` / ``RateLimit`` headers when the response starts, so they reach a
-``StreamingResponse`` that the endpoint returns itself (FastAPI drops a dependency's headers
-there).
+The forms record each hit's decisions in the request's scope; the middleware that
+:func:`~fastapi_stream_lease.install_exception_handler` adds (or :class:`RateLimitHeaders`
+alone) writes them as ``RateLimit-Policy`` / ``RateLimit`` headers when the response starts,
+so they reach a ``StreamingResponse`` that the endpoint returns itself (FastAPI drops a
+dependency's headers there).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ._core import check_rate_limits, rate_limit_header_values
+from ._core import check_rate_limits, rate_limit_header_fields
 from .errors import RateLimited
 from .rates import (
     PolicyEntry,
@@ -49,8 +49,7 @@ class RateCounter(Protocol):
     ) -> list[RateDecision]: ...
 
 
-#: Where a hit's decisions, and a stream's capped pools, wait in the scope for
-#: :class:`RateLimitHeaders`.
+#: Where a hit's decisions, and a stream's capped pools, wait in the scope for the headers.
 _DECISIONS = "fastapi_stream_lease.rate_decisions"
 _POOLS = "fastapi_stream_lease.pool_usage"
 
@@ -84,12 +83,42 @@ def legacy_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
     }
 
 
+def with_rate_limit_headers(
+    start: Message, scope: Scope, *, legacy: bool = False, openai: bool = False
+) -> Message:
+    """A response's ``start`` with the headers of the hits the request made and the streams it
+    acquired with ``request=`` (recorded in ``scope``) added, but none the response set itself;
+    ``start`` itself when there is nothing to add."""
+    state = scope.get("state")
+    if not state:
+        return start
+    decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
+    if not decisions and not pools:
+        return start
+    own = start.get("headers", [])
+    added = rate_limit_header_fields(decisions, pools, own)
+    if legacy or openai:
+        present = {name.lower() for name, _ in own}
+        headers = legacy_headers(decisions) if legacy else {}
+        if openai:
+            headers.update(openai_rate_limit_headers(decisions))
+        added += [
+            (encoded, value.encode("latin-1"))
+            for name, value in headers.items()
+            if (encoded := name.lower().encode("latin-1")) not in present
+        ]
+    return {**start, "headers": [*own, *added]}
+
+
 class RateLimitHeaders:
     """ASGI middleware: adds the ``RateLimit-Policy`` and ``RateLimit`` headers of the hits a
     request made (through :meth:`StreamLeaseManager.rate_limit` and the other forms) and of the
     streams it acquired with ``request=`` to its response when it starts, unless the response
     set them itself; with ``legacy=True`` also the article's ``X-RateLimit-*`` headers, with
-    ``openai=True`` OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``."""
+    ``openai=True`` OpenAI's ``x-ratelimit-*-requests`` / ``x-ratelimit-*-tokens``.
+    :class:`~fastapi_stream_lease.StreamEndMiddleware` writes them too when asked
+    (``rate_limit_headers=True``, as :func:`~fastapi_stream_lease.install_exception_handler`
+    adds it): this middleware is for apps without that one."""
 
     def __init__(self, app: ASGIApp, *, legacy: bool = False, openai: bool = False) -> None:
         self.app = app
@@ -103,31 +132,12 @@ class RateLimitHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                state = scope.get("state")
-                if state and (state.get(_DECISIONS) or state.get(_POOLS)):
-                    message = self._with_headers(message, state)
+                message = with_rate_limit_headers(
+                    message, scope, legacy=self.legacy, openai=self.openai
+                )
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-    def _with_headers(self, start: Message, state: dict[str, Any]) -> Message:
-        """The response's start with the headers of the request's hits and streams added, but
-        none the response set itself."""
-        decisions, pools = state.get(_DECISIONS, ()), state.get(_POOLS, ())
-        values = rate_limit_header_values(decisions, pools)
-        headers = {} if values is None else {"ratelimit-policy": values[0], "ratelimit": values[1]}
-        if self.legacy:
-            headers.update(legacy_headers(decisions))
-        if self.openai:
-            headers.update(openai_rate_limit_headers(decisions))
-        own = start.get("headers", [])
-        present = {name.lower() for name, _ in own}
-        added = [
-            (encoded, value.encode("latin-1"))
-            for name, value in headers.items()
-            if (encoded := name.lower().encode("latin-1")) not in present
-        ]
-        return {**start, "headers": [*own, *added]}
 
 
 async def identity_of(
@@ -226,7 +236,7 @@ class RateLimitMiddleware:
     requests count against (a path also covers the paths below it: ``"/api/chat"`` covers
     ``"/api/chat/stream"``; the longest match wins). A refused request is answered with 429 and
     the headers without reaching the app; WebSocket connects are refused before ``accept()``
-    (HTTP 403). Add :class:`RateLimitHeaders` outside it (``install_exception_handler`` does) for
+    (HTTP 403). Add the headers' middleware outside it (``install_exception_handler`` does) for
     the headers of admitted responses."""
 
     def __init__(
@@ -337,4 +347,5 @@ __all__ = [
     "RateLimitHeaders",
     "RateLimitMiddleware",
     "legacy_headers",
+    "with_rate_limit_headers",
 ]
