@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList};
 
+use super::bridge::Sending;
 use super::{bridge, budget, rate};
 use crate::budget::{Meter, Usage};
 use crate::errors::{retry_after_seconds, CoreError};
@@ -151,7 +152,7 @@ impl LeaseHandle {
         }
         match self.held.release() {
             Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
-            Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), false),
+            Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), Sending::AtOnce),
         }
     }
 
@@ -242,7 +243,7 @@ impl LeaseHandle {
             }
             Ok(Box::new(|py: Python<'_>| Ok(py.None())) as bridge::Delivery)
         };
-        bridge::spawn(py, ready, true)
+        bridge::spawn(py, ready, Sending::Abortable)
     }
 
     /// Resolves when the lease is lost (never, if it is released first). Cancelling the

@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 
 use super::acquire_args::AcquireArgs;
 use super::args;
-use super::bridge;
+use super::bridge::{self, Sending};
 use super::config::{LeaseConfig, PythonSide, SECRET_VARIABLE};
 use super::errors::ErrorClasses;
 use super::lease::LeaseHandle;
@@ -117,9 +117,9 @@ impl Manager {
         // A waiter stops waiting when cancelled (its cleanup leaves the line); an acquire that
         // does not wait runs to completion, so it can give back what it took.
         if waits {
-            bridge::spawn(py, op, true)
+            bridge::spawn(py, op, Sending::Abortable)
         } else {
-            bridge::submit(py, op, embedded, false)
+            bridge::submit(py, op, embedded, Sending::AtOnce)
         }
     }
 
@@ -138,7 +138,7 @@ impl Manager {
         let op = bridge::delivering(estimate, |tokens| {
             Box::new(move |py: Python<'_>| Ok(tokens.into_pyobject(py)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     /// From now on, every hit and stream start reports which of `alert_at` (fractions of each
@@ -170,7 +170,7 @@ impl Manager {
         let op = bridge::delivering(hit, |outcome| {
             Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).
@@ -185,7 +185,7 @@ impl Manager {
             .core
             .forget_rates(&identity, rate::keyed_policies_of(policies)?)?;
         let op = bridge::delivering(forgotten, |()| Box::new(|py: Python<'_>| Ok(py.None())));
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     #[pyo3(signature = (user_id = None))]
@@ -198,7 +198,7 @@ impl Manager {
         let op = bridge::delivering(counted, |count| {
             Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     /// Stops renewal and releases every lease this process holds (one script call per 1,000,
@@ -207,7 +207,7 @@ impl Manager {
         let closed = self.core.close();
         let op = bridge::delivering(closed, |()| Box::new(|py: Python<'_>| Ok(py.None())));
         // Waits for the renewal loop and in-flight releases, so never finishes inline.
-        bridge::spawn(py, op, false)
+        bridge::spawn(py, op, Sending::AtOnce)
     }
 
     /// The keyed hash of `user_id` that the Redis keys carry (HMAC-SHA256 with
@@ -223,7 +223,7 @@ impl Manager {
         let op = bridge::delivering(usage, |usage| {
             Box::new(move |py: Python<'_>| Ok(usage.into_pyobject(py)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     /// Slots this process holds per pool name (`per_user`, `global`, resources), for metrics.
@@ -270,7 +270,7 @@ impl Manager {
         let op = bridge::delivering(revoked, |count| {
             Box::new(move |py: Python<'_>| Ok(count.into_pyobject(py)?.into_any().unbind()))
         });
-        bridge::submit(py, op, self.core.is_embedded(), true)
+        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }
 
     /// Ends every stream this manager holds the way a lost lease ends, with `LeaseRevoked`;

@@ -9,11 +9,12 @@
 //! its loop alive), or its loop closed and went away (the loop's weakref callback closes the
 //! inbox).
 //!
-//! The other way, a call that may be cancelled with its future (a hit, an acquire) is not handed
-//! to the runtime at once: the loop's calls of one turn go together when the turn ends
-//! (`LoopBridge::send_at_turn_end`), so the core's thread, asleep between bursts, is woken once for
-//! them rather than once per call, and their Redis calls share batches. A release goes at once,
-//! so that no closing loop can keep it from the store.
+//! The other way, a call is not handed to the runtime at once: the loop's calls of one turn go
+//! together when the turn ends (`LoopBridge::send_at_turn_end`), so the core's thread, asleep
+//! between bursts, is woken once for them rather than once per call, and their Redis calls share
+//! batches. Only a call that may wait long (an acquire that waits in line) is aborted with its
+//! future, which takes a done callback per call; one round trip runs to its end. A release goes
+//! at once, so that no closing loop can keep it from the store (`Sending`).
 
 mod inbox;
 mod loops;
@@ -31,7 +32,7 @@ use pyo3::types::PyWeakrefReference;
 
 use self::inbox::{Inbox, NOTICE};
 pub use self::loops::LoopBridge;
-use self::loops::{bridge_for, resolve, running_loop};
+use self::loops::{bridge_for, resolve, running_loop, Call};
 use crate::errors::CoreError;
 use crate::runtime;
 use crate::sync::lock;
@@ -115,11 +116,24 @@ fn promise_on_loop(py: Python<'_>) -> PyResult<Promised<'_>> {
     })
 }
 
-/// Runs `op` on the core's runtime and returns an asyncio future for its result.
-/// An `abortable` op is cancelled with its Python future; the others run to their end, even
-/// when no future can be made for them (outside a running loop): an acquire must finish so it
-/// can give back what it took, and a release once started must reach the store.
-pub fn spawn<'py, F>(py: Python<'py>, op: F, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+/// When a call reaches the core's runtime, and whether cancelling its Python future stops it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Sending {
+    /// At the end of the loop's turn; dropped with its future when that is cancelled (a waiter
+    /// leaves its line). The abort costs a done callback on the future, run at every resolution.
+    Abortable,
+    /// At the end of the loop's turn, and run to its end: one round trip, where stopping it
+    /// would save nothing (its answer, if nobody awaits it, is dropped).
+    TurnEnd,
+    /// At once, and run to its end even when no future can be made for it (outside a running
+    /// loop): an acquire must finish so it can give back what it took, and a release once
+    /// started must reach the store.
+    AtOnce,
+}
+
+/// Runs `op` on the core's runtime as `sending` says and returns an asyncio future for its
+/// result.
+pub fn spawn<'py, F>(py: Python<'py>, op: F, sending: Sending) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Completion> + Send + 'static,
 {
@@ -131,7 +145,7 @@ where
     } = match promise_on_loop(py) {
         Ok(made) => made,
         Err(error) => {
-            if !abortable {
+            if sending == Sending::AtOnce {
                 runtime::handle().spawn(op);
             }
             return Err(error);
@@ -141,14 +155,19 @@ where
         resolver
             .resolve(outcome.unwrap_or_else(|panic| Err(CoreError::Panic(panic_message(panic.as_ref())))));
     });
-    if !abortable {
-        runtime::handle().spawn(task);
-        return Ok(future);
-    }
-    // Aborted, the task is dropped where it stands, and its resolver with it.
-    let (call, registration) = AbortHandle::new_pair();
-    future.call_method1(intern!(py, "add_done_callback"), (AbortOnCancel { call },))?;
-    let call = Box::pin(Abortable::new(task, registration).map(drop));
+    let call: Call = match sending {
+        Sending::AtOnce => {
+            runtime::handle().spawn(task);
+            return Ok(future);
+        }
+        Sending::TurnEnd => Box::pin(task),
+        Sending::Abortable => {
+            // Aborted, the task is dropped where it stands, and its resolver with it.
+            let (call, registration) = AbortHandle::new_pair();
+            future.call_method1(intern!(py, "add_done_callback"), (AbortOnCancel { call },))?;
+            Box::pin(Abortable::new(task, registration).map(drop))
+        }
+    };
     LoopBridge::send_at_turn_end(&bridge, &event_loop, call)?;
     Ok(future)
 }
@@ -192,14 +211,14 @@ pub fn delivering<T>(
 
 /// Runs `op` and hands its result to Python as an awaitable. Work on the embedded store never
 /// waits, so it finishes right here instead of taking a trip through the runtime.
-pub fn submit<'py, F>(py: Python<'py>, op: F, embedded: bool, abortable: bool) -> PyResult<Bound<'py, PyAny>>
+pub fn submit<'py, F>(py: Python<'py>, op: F, embedded: bool, sending: Sending) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Completion> + Send + 'static,
 {
     if embedded {
         ready(py, op.now_or_never().expect("the embedded store never waits"))
     } else {
-        spawn(py, op, abortable)
+        spawn(py, op, sending)
     }
 }
 
