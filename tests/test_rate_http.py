@@ -10,13 +10,14 @@ import http_sf
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, Request, WebSocket
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from fastapi_stream_lease import (
     RateLimit,
     RateLimited,
+    RateLimitHeaders,
     RateLimitMiddleware,
     StreamLeaseManager,
     client_ip,
@@ -164,6 +165,24 @@ async def test_legacy_headers_on_request(make_manager):
         assert response.headers["X-RateLimit-Limit"] == "3"
         assert response.headers["X-RateLimit-Remaining"] == "2"
         assert 0 < int(response.headers["X-RateLimit-Reset"]) <= 66
+
+
+async def test_rate_limit_headers_alone_write_what_the_response_did_not_set(make_manager):
+    """``RateLimitHeaders`` without ``install_exception_handler`` (an app that wires its own
+    middleware): the recorded headers are added, and one the response set itself is kept."""
+    manager = make_manager()
+    app = FastAPI()
+    app.add_middleware(RateLimitHeaders, legacy=True)
+
+    @app.get("/chat", dependencies=[Depends(manager.rate_limit(PER_MINUTE, key=by_user))])
+    async def chat() -> JSONResponse:
+        return JSONResponse({"ok": True}, headers={"RateLimit": '"own";r=7'})
+
+    async with client(app) as http:
+        response = await http.get("/chat", headers={"x-user": "alice"})
+        assert policies(response) == [("chat_per_minute", {"q": 3, "w": 60})]
+        assert response.headers.get_list("RateLimit") == ['"own";r=7']
+        assert response.headers["X-RateLimit-Remaining"] == "2"
 
 
 async def test_forwarded_addresses_count_only_from_trusted_proxies(make_manager):
