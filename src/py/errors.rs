@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use super::rate;
+use super::rate_decision;
 use crate::errors::{retry_after_seconds, CoreError};
 
 impl From<CoreError> for PyErr {
@@ -36,7 +36,7 @@ impl From<CoreError> for PyErr {
                 CoreError::RateLimited(outcome) => {
                     let (index, retry_ms) = outcome.refused.unwrap_or_default();
                     let policy = outcome.decisions.get(index).map_or("", |d| &*d.policy.name);
-                    rate::decisions(py, &outcome.decisions).and_then(|decisions| {
+                    rate_decision::decisions(py, &outcome.decisions).and_then(|decisions| {
                         classes.rate_limited.bind(py).call1((
                             error.to_string(),
                             policy,

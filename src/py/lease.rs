@@ -10,7 +10,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList};
 
 use super::bridge::Sending;
-use super::{bridge, budget, rate};
+use super::{bridge, budget, rate_decision};
 use crate::budget::{Meter, Usage};
 use crate::errors::{retry_after_seconds, CoreError};
 use crate::manager::{Granted, PoolUsage};
@@ -94,7 +94,7 @@ impl LeaseHandle {
     /// What each rate policy of the acquire said (`RateDecision`s), the start counted.
     #[getter]
     fn rate_decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        rate::decisions(py, &self.rates)
+        rate_decision::decisions(py, &self.rates)
     }
 
     /// The capped pools of the grant the client may be told about (the user's own always,

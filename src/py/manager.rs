@@ -15,7 +15,7 @@ use super::bridge::{self, Sending};
 use super::config::{LeaseConfig, PythonSide, SECRET_VARIABLE};
 use super::errors::ErrorClasses;
 use super::lease::LeaseHandle;
-use super::rate;
+use super::{rate, rate_decision};
 use crate::backend;
 use crate::manager;
 use crate::rate::{Thresholds, MAX_LIMIT};
@@ -168,7 +168,11 @@ impl Manager {
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
         let hit = self.core.hit(&identity, policies, cost, consume)?;
         let op = bridge::delivering(hit, |outcome| {
-            Box::new(move |py: Python<'_>| Ok(rate::decisions(py, &outcome.decisions)?.into_any().unbind()))
+            Box::new(move |py: Python<'_>| {
+                Ok(rate_decision::decisions(py, &outcome.decisions)?
+                    .into_any()
+                    .unbind())
+            })
         });
         bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
     }

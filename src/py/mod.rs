@@ -13,6 +13,7 @@ mod manager;
 mod prices;
 mod rate;
 mod rate_decision;
+mod rate_headers;
 mod script_calls;
 mod scripts;
 mod settle_call;
@@ -30,8 +31,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client_address::ProxyRule>()?;
     m.add_function(wrap_pyfunction!(rate::check_rate_limits, m)?)?;
     m.add_function(wrap_pyfunction!(rate::checked_thresholds, m)?)?;
-    m.add_function(wrap_pyfunction!(rate::rate_limit_header_fields, m)?)?;
-    m.add_function(wrap_pyfunction!(rate::rate_limit_header_values, m)?)?;
+    m.add_function(wrap_pyfunction!(rate_headers::rate_limit_header_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(rate_headers::rate_limit_header_values, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(sentinel_url, m)?)?;
     m.add_function(wrap_pyfunction!(monotonic, m)?)?;

@@ -4,7 +4,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyList, PyTuple};
 
 use super::rate::RateLimit;
 use crate::rate::{Decision, PolicyState, RatePolicy, Thresholds};
@@ -134,4 +134,13 @@ impl RateDecision {
             self.limit, self.remaining, self.reset, self.used
         ))
     }
+}
+
+/// The decisions as `RateDecision` values.
+pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound<'py, PyList>> {
+    let items = decisions
+        .iter()
+        .map(|d| RateDecision::of(py, d))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
 }
