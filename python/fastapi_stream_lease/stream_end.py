@@ -320,7 +320,7 @@ class StreamEndMiddleware:
             # The guard holds the scope, and the server's send, which an outer middleware's
             # closure may tie to it: out of the scope, the request's objects are freed when it
             # ends, without the cycle collector.
-            del scope[GUARD_KEY]
+            scope.pop(GUARD_KEY, None)
 
 
 def _final_chunk(media_type: str, error: StreamLeaseError) -> tuple[bytes, str]:
