@@ -35,6 +35,10 @@ requests/s, wrk's latency percentiles, and the server process's CPU per request
 (``/proc/<pid>/stat``). The table gives the medians and each limiter's cost against ``plain``:
 the throughput lost in %, and the server CPU it adds per request.
 
+``--freeze-heap`` has each server call ``gc.freeze()`` once its app is built, as an app can at
+the end of its start-up: the cycle collector's full collections then skip the objects made so
+far, which a request suspended in a dependency makes frequent (``docs/performance.md``).
+
 Run it from the repository root with ``bash benchmarks/run.sh`` (which installs wrk), or against
 a Redis of your own (keys under ``{ratehttp-*}:``, ``LIMITS:`` and ``pyrate-ratehttp-*``)::
 
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import http.client
 import json
 import shutil
@@ -211,8 +216,13 @@ async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
     return app
 
 
-async def serve(variant: str, url: str, port: int, prefix: str) -> None:
+async def serve(variant: str, url: str, port: int, prefix: str, freeze_heap: bool) -> None:
     app = await build_app(variant, url, prefix)  # in the loop the server runs on
+    if freeze_heap:
+        # What an app can do once its start-up is done: the collector stops walking the
+        # objects made so far (the app, the framework, the modules) in its full collections.
+        gc.collect()
+        gc.freeze()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -248,8 +258,10 @@ class HttpRun:
 class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
-    def __init__(self, variant: str, url: str, prefix: str) -> None:
+    def __init__(self, variant: str, url: str, prefix: str, freeze_heap: bool) -> None:
         argv = [sys.executable, str(SCRIPT), "--serve", variant, "--url", url, "--prefix", prefix]
+        if freeze_heap:
+            argv.append("--freeze-heap")
         super().__init__(variant, argv)
         self.variant = variant
         self.headers: dict[str, str] = {}
@@ -322,7 +334,12 @@ def one_run(
 
 
 def measure(
-    url: str, variants: Sequence[str], repeats: int, connections: int, window_s: float
+    url: str,
+    variants: Sequence[str],
+    repeats: int,
+    connections: int,
+    window_s: float,
+    freeze_heap: bool,
 ) -> tuple[list[HttpRun], dict[str, dict[str, str]]]:
     """The variants taking turns; returns the runs and each server's first answer's headers."""
     prefix = f"ratehttp-{uuid.uuid4().hex[:8]}"
@@ -332,7 +349,7 @@ def measure(
         script = Path(scratch) / "users.lua"
         script.write_text(WRK_SCRIPT, encoding="utf-8")
         try:
-            servers = [Server(variant, url, prefix) for variant in variants]
+            servers = [Server(variant, url, prefix, freeze_heap) for variant in variants]
             for server in servers:
                 server.wait_ready()
             for server in servers:
@@ -443,6 +460,11 @@ def main() -> None:
         default=",".join(VARIANTS),
         help=f"comma-separated endpoints to run (plain always runs; default: {','.join(VARIANTS)})",
     )
+    parser.add_argument(
+        "--freeze-heap",
+        action="store_true",
+        help="each server calls gc.freeze() once its app is built, before it serves",
+    )
     internal = parser.add_argument_group("internal mode (started by this script)")
     internal.add_argument("--serve", choices=VARIANTS, help="run a server for this variant")
     internal.add_argument("--port", type=int, help="--serve: port to listen on")
@@ -452,7 +474,7 @@ def main() -> None:
     if args.url is None:
         parser.error("--url is required")
     if args.serve:
-        asyncio.run(serve(args.serve, args.url, args.port, args.prefix))
+        asyncio.run(serve(args.serve, args.url, args.port, args.prefix, args.freeze_heap))
         return
     if args.duration <= 0 or args.repeats < 1 or args.connections < 1:
         parser.error("--duration must be > 0, --repeats and --connections >= 1")
@@ -466,8 +488,15 @@ def main() -> None:
     print(
         f"HTTP cost of rate limits against {args.url}: one uvicorn worker per endpoint, wrk -t1"
         f" -c{args.connections} -d{args.duration:g}s, {args.repeats} runs per endpoint"
+        + (
+            ", each server's heap frozen (gc.freeze()) once its app is built"
+            if args.freeze_heap
+            else ""
+        )
     )
-    runs, headers = measure(args.url, variants, args.repeats, args.connections, args.duration)
+    runs, headers = measure(
+        args.url, variants, args.repeats, args.connections, args.duration, args.freeze_heap
+    )
     summary = summarize(runs, variants)
     print_results(summary, args.connections)
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout
@@ -498,6 +527,7 @@ def main() -> None:
                 "repeats": args.repeats,
                 "window_s": args.duration,
                 "connections": args.connections,
+                "freeze_heap": args.freeze_heap,
                 "users": USERS,
                 "per_minute_limit": PER_MINUTE,
                 "per_day_limit": PER_DAY,
