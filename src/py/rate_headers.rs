@@ -14,7 +14,18 @@ pub fn rate_limit_header_values(
     decisions: &Bound<'_, PyAny>,
     pools: &Bound<'_, PyAny>,
 ) -> PyResult<Option<(String, String)>> {
-    header_values(decisions, pools)
+    let policies = decisions
+        .try_iter()?
+        .map(|decision| Ok(decision?.cast::<RateDecision>()?.get().header_state()))
+        .collect::<PyResult<Vec<_>>>()?;
+    let pools = pools
+        .try_iter()?
+        .map(|pool| {
+            let (name, capacity, used) = pool?.extract()?;
+            Ok(PoolState { name, capacity, used })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(rate_limit_headers(&policies, &pools))
 }
 
 /// The `ratelimit-policy` and `ratelimit` fields of `decisions` and `pools` as an ASGI
@@ -28,7 +39,7 @@ pub fn rate_limit_header_fields<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     let py = decisions.py();
     let fields = PyList::empty(py);
-    let Some((policy, state)) = header_values(decisions, pools)? else {
+    let Some((policy, state)) = rate_limit_header_values(decisions, pools)? else {
         return Ok(fields);
     };
     let (mut has_policy, mut has_state) = (false, false);
@@ -50,22 +61,4 @@ pub fn rate_limit_header_fields<'py>(
         }
     }
     Ok(fields)
-}
-
-fn header_values(
-    decisions: &Bound<'_, PyAny>,
-    pools: &Bound<'_, PyAny>,
-) -> PyResult<Option<(String, String)>> {
-    let policies = decisions
-        .try_iter()?
-        .map(|decision| Ok(decision?.cast::<RateDecision>()?.get().header_state()))
-        .collect::<PyResult<Vec<_>>>()?;
-    let pools = pools
-        .try_iter()?
-        .map(|pool| {
-            let (name, capacity, used) = pool?.extract()?;
-            Ok(PoolState { name, capacity, used })
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(rate_limit_headers(&policies, &pools))
 }
