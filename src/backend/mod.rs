@@ -189,12 +189,15 @@ pub trait Backend: Send + Sync {
     }
 
     /// One hit of `cost` against every policy (`keys[i]` counts `policies[i]`, all in one hash
-    /// tag), all or nothing; `consume: false` only looks.
+    /// tag), all or nothing; `consume: false` only looks. An allowed hit also takes up to
+    /// `aheads[i]` units of `policies[i]` for this process (`HitOutcome::ahead`; `aheads` empty:
+    /// none), where the store is shared: the embedded store takes none.
     fn hit<'a>(
         &'a self,
         keys: &'a [String],
         policies: &'a [RatePolicy],
         cost: u64,
+        aheads: &'a [u64],
         consume: bool,
     ) -> BoxFuture<'a, CoreResult<HitOutcome>>;
 

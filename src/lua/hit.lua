@@ -6,7 +6,8 @@
 -- ARGV[1]: '1' to consume when every policy allows, '0' to only look (peek); then per policy:
 -- algorithm ('s' sliding window, 'f' fixed window; 'd', 'w', 'm' a fixed window to the next
 -- UTC day, ISO week or month boundary), limit, window in ms, cost (units the hit
--- takes from it), enforce ('1'; '0': a dry run, which never refuses and, when the hit is
+-- takes from it; 'cost ahead' also asks for units ahead, which the process serves hits from
+-- itself: see the prelude's RATE_ARGS), enforce ('1'; '0': a dry run, which never refuses and, when the hit is
 -- counted, takes its cost whatever its room).
 -- Sliding window: the counter is a hash of SLICES + 1 slices (slice start / slice length ->
 -- units) and its epoch ('e', see the prelude's look_rate); every slice that overlaps the last
@@ -22,7 +23,9 @@
 -- when that policy has room for its cost again; used counts units in use after this hit (before it
 -- when refused or only looking), reset_ms is when the policy's next units free up (0: nothing
 -- in use), bucket and epoch where the cost went (see the prelude's look_rate; 0: nothing taken),
--- over 1 when the policy had no room for the cost (it refused, or would have if enforced).
+-- over 1 when the policy had no room for the cost (it refused, or would have if enforced);
+-- a policy asked for units ahead adds how many it took ahead and for how many ms they may be
+-- served (see the prelude's answer_rates).
 read_clock()
 return decide_each(KEYS, ARGV, function(keys, kb, kn, args, ab)
   local states, refused, retry = look_rates(keys, kb + 1, kb + kn, args, ab + 2, 1)

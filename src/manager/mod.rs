@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::answer_estimates::AnswerEstimates;
 pub use self::grant::{Granted, PoolUsage};
+pub use self::rate::HitCall;
 pub use self::request::{AcquireRequest, MAX_WEIGHT};
 use self::waiting::LocalLine;
 use crate::backend::{Backend, CallStats, Stores};
@@ -36,7 +37,7 @@ use crate::config::Config;
 use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, holders_key, KeySpace, LineKeys, Pool};
 use crate::lease::Store;
-use crate::rate::Thresholds;
+use crate::rate::{LeasedUnits, Thresholds};
 use crate::renewal::{Collected, Counters, Leases};
 use crate::runtime;
 use crate::sync::lock;
@@ -99,6 +100,8 @@ pub struct Manager {
     budgets: Arc<Budgets>,
     /// The answer sizes learned per model, as `reserve="auto"` uses them.
     answer_estimates: Arc<AnswerEstimates>,
+    /// Units of request rates this process holds ahead of its hits.
+    leased_units: LeasedUnits,
     /// The thresholds of every rate policy's limit at which hits and starts report their use
     /// (`alert_thresholds`); unset while nobody listens, so no call carries them.
     alert_at: OnceLock<Thresholds>,
@@ -140,6 +143,7 @@ impl Manager {
             leases,
             budgets,
             answer_estimates: Arc::default(),
+            leased_units: LeasedUnits::default(),
             alert_at: OnceLock::new(),
             used_in_pid: AtomicU32::new(0),
         }
@@ -251,7 +255,13 @@ impl Manager {
             Some(Box::pin(self.leases.close()))
         };
         let (budgets, wait) = (Arc::clone(&self.budgets), self.config.redis_timeout());
+        let units_given_back = if forked_copy {
+            Vec::new()
+        } else {
+            self.give_back_all_units()
+        };
         async move {
+            futures_util::future::join_all(units_given_back).await;
             let released = match closed {
                 Some(closed) => closed.await,
                 None => Ok(()),

@@ -1,9 +1,11 @@
 //! Request-rate hits: every policy of one identity decided in one call (Redis: `lua/hit.lua`),
-//! through the circuit breaker; while Redis is down, as `failure_mode` says: refused (503), or
+//! through the circuit breaker, or here from units this process holds ahead
+//! (`rate::LeasedUnits`); while Redis is down, as `failure_mode` says: refused (503), or
 //! counted in this process against its share of each limit.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Manager;
 use crate::budget::BudgetRequest;
@@ -12,21 +14,33 @@ use crate::errors::{CoreError, CoreResult};
 use crate::keys::{check_identity, check_policy_identity, hash_tag};
 use crate::lease::Store;
 use crate::rate::{
-    check_hit, local_shares, start_costs, HitOutcome, RateCheck, RatePolicy, Reservation, Thresholds, Unit,
+    check_hit, local_shares, start_costs, Adjustment, HitOutcome, RateCheck, RatePolicy, Reservation,
+    Settlement, Thresholds, Unit,
 };
+use crate::runtime;
+
+/// How often units held ahead are looked at, to give back those idle (`rate::LeasedUnits`).
+const LEASED_UNITS_SWEEP: Duration = Duration::from_millis(250);
+
+/// A hit: decided here already, or the call that decides it.
+pub enum HitCall<F> {
+    Served(HitOutcome),
+    Sent(F),
+}
 
 impl Manager {
     /// Checks the hit and returns the call to await: `cost` units from every policy if all of
     /// them allow it, none otherwise and `CoreError::RateLimited` (`consume: false` only looks,
     /// and never fails for rate). Each policy counts `identity`, or the identity paired with it
-    /// (a login's per-IP and per-user-and-IP pair).
+    /// (a login's per-IP and per-user-and-IP pair). A hit whose policies all lease units and
+    /// hold enough here is served at once.
     pub fn hit(
         self: &Arc<Self>,
         identity: &str,
         keyed: Vec<(RatePolicy, Option<String>)>,
         cost: u64,
         consume: bool,
-    ) -> CoreResult<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static> {
+    ) -> CoreResult<HitCall<impl Future<Output = CoreResult<HitOutcome>> + Send + 'static>> {
         let (policies, identities): (Vec<RatePolicy>, Vec<Option<String>>) = keyed.into_iter().unzip();
         let policies = self.as_configured(policies);
         check_hit(&policies, cost).map_err(CoreError::InvalidInput)?;
@@ -39,23 +53,99 @@ impl Manager {
         }
         let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
+        let leasing = consume && policies.iter().any(|policy| policy.lease_units);
+        let aheads = if leasing {
+            if let Some(served) = self.leased_units.serve(&keys, &policies, cost, Instant::now()) {
+                return Ok(HitCall::Served(served));
+            }
+            self.leased_units.aheads(&keys, &policies, Instant::now())
+        } else {
+            Vec::new()
+        };
         let manager = Arc::clone(self);
-        Ok(async move {
+        Ok(HitCall::Sent(async move {
+            let sent_at = Instant::now();
             let outcome = manager
                 .stores
-                .call(Store::Main, |main| main.hit(&keys, &policies, cost, consume))
+                .call(Store::Main, |main| {
+                    main.hit(&keys, &policies, cost, &aheads, consume)
+                })
                 .await;
             let outcome = match outcome {
                 Err(error) if error.is_unavailable() && manager.config.failure_mode == FailureMode::Open => {
                     manager.hit_locally(&keys, &policies, cost, consume).await
                 }
                 other => other,
-            }?;
+            };
+            let outcome = match outcome {
+                Ok(mut outcome) if leasing => {
+                    let given_back =
+                        manager
+                            .leased_units
+                            .keep(&keys, &policies, &aheads, &mut outcome, sent_at);
+                    manager.give_back_units(given_back);
+                    manager.sweep_leased_units();
+                    outcome
+                }
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    manager.leased_units.unasked(&keys, &aheads);
+                    return Err(error);
+                }
+            };
             match outcome.refused {
                 Some(_) if consume => Err(CoreError::RateLimited(outcome)),
                 _ => Ok(outcome),
             }
-        })
+        }))
+    }
+
+    /// Gives back units held ahead, each to its bucket, at most once (`settle.lua`); one that
+    /// fails stays counted until its bucket ends.
+    fn give_back_units(&self, given_back: Vec<Adjustment>) -> Vec<impl Future<Output = ()> + Send + 'static> {
+        given_back
+            .into_iter()
+            .map(|adjustment| {
+                let stores = Arc::clone(&self.stores);
+                let settlement = Settlement {
+                    id: format!("units:{}", uuid::Uuid::new_v4().simple()),
+                    adjustments: vec![adjustment],
+                    answer: None,
+                };
+                async move {
+                    let _ = stores.call(Store::Main, |main| main.settle(&settlement)).await;
+                }
+            })
+            .collect()
+    }
+
+    /// Looks at the units held ahead every `LEASED_UNITS_SWEEP` while there are any, giving back
+    /// the idle ones (one sweeper per manager, none while nothing is held).
+    fn sweep_leased_units(self: &Arc<Self>) {
+        if !self.leased_units.start_sweeping() {
+            return;
+        }
+        let manager = Arc::downgrade(self);
+        runtime::handle().spawn(async move {
+            loop {
+                tokio::time::sleep(LEASED_UNITS_SWEEP).await;
+                let Some(manager) = manager.upgrade() else {
+                    return;
+                };
+                let (given_back, left) = manager.leased_units.give_back_idle(Instant::now());
+                for giving in manager.give_back_units(given_back) {
+                    runtime::handle().spawn(giving);
+                }
+                if left == 0 && manager.leased_units.stop_sweeping() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Gives back every unit held ahead (the manager closes).
+    pub(super) fn give_back_all_units(&self) -> Vec<impl Future<Output = ()> + Send + 'static> {
+        self.give_back_units(self.leased_units.give_back_all(Instant::now()))
     }
 
     /// Forgets the counters of `keyed` policies, each of `identity` or of the identity paired
@@ -69,6 +159,7 @@ impl Manager {
         check_hit(&policies, 0).map_err(CoreError::InvalidInput)?;
         let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
+        self.leased_units.forget(&keys);
         let manager = Arc::clone(self);
         Ok(async move {
             manager
@@ -196,6 +287,6 @@ impl Manager {
     ) -> CoreResult<HitOutcome> {
         let shares = self.rate_shares(policies, &vec![cost; policies.len()])?;
         let fallback = self.stores.get(Store::Fallback);
-        fallback.hit(keys, &shares, cost, consume).await
+        fallback.hit(keys, &shares, cost, &[], consume).await
     }
 }

@@ -18,7 +18,8 @@ use super::lease::LeaseHandle;
 use super::{rate, rate_decision};
 use crate::backend;
 use crate::manager;
-use crate::rate::{Thresholds, MAX_LIMIT};
+use crate::manager::HitCall;
+use crate::rate::{HitOutcome, Thresholds, MAX_LIMIT};
 
 /// The longest ban `revoke` takes: a longer one is an account decision, not a stream's.
 const MAX_BAN_SECONDS: f64 = 30.0 * 86400.0;
@@ -166,15 +167,22 @@ impl Manager {
         let identity = required_identity(user_id)?;
         let policies = rate::keyed_policies_of(policies)?;
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
-        let hit = self.core.hit(&identity, policies, cost, consume)?;
-        let op = bridge::delivering(hit, |outcome| {
+        fn decisions_of(outcome: HitOutcome) -> bridge::Delivery {
             Box::new(move |py: Python<'_>| {
                 Ok(rate_decision::decisions(py, &outcome.decisions)?
                     .into_any()
                     .unbind())
             })
-        });
-        bridge::submit(py, op, self.core.is_embedded(), Sending::TurnEnd)
+        }
+        match self.core.hit(&identity, policies, cost, consume)? {
+            HitCall::Served(outcome) => bridge::ready(py, Ok(decisions_of(outcome))),
+            HitCall::Sent(hit) => bridge::submit(
+                py,
+                bridge::delivering(hit, decisions_of),
+                self.core.is_embedded(),
+                Sending::TurnEnd,
+            ),
+        }
     }
 
     /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).

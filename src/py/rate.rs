@@ -33,6 +33,10 @@ use crate::rate::{
 /// ``alert_at=(0.5, 0.9)`` (fractions of ``limit``, checked as the manager's are) makes this
 /// policy's threshold alerts come at those instead of the manager's ``alert_at``; ``()``
 /// silences them; None (the default) keeps the manager's.
+/// ``lease_units=True`` lets each process take units of a busy identity ahead of its hits and
+/// serve the hits that follow from them without a round trip to Redis: the limit still holds
+/// across every worker, and a hit may be refused while other processes hold units unused (see
+/// "Leased units" in the rate-limit docs). Request rates only.
 #[pyclass(frozen, eq, hash, module = "fastapi_stream_lease")]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateLimit {
@@ -42,7 +46,8 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per = None, algorithm = None, unit = None, *, enforce = true, alert_at = None))]
+    #[pyo3(signature = (name, limit, per = None, algorithm = None, unit = None, *, enforce = true, alert_at = None, lease_units = false))]
+    #[allow(clippy::too_many_arguments)]
     fn py_new(
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
@@ -51,6 +56,7 @@ impl RateLimit {
         unit: Option<&Bound<'_, PyAny>>,
         enforce: bool,
         alert_at: Option<&Bound<'_, PyAny>>,
+        lease_units: bool,
     ) -> PyResult<Self> {
         let Ok(name) = name.cast::<PyString>() else {
             return Err(PyTypeError::new_err(format!(
@@ -78,6 +84,7 @@ impl RateLimit {
         };
         policy
             .and_then(|policy| policy.enforcing(enforce))
+            .and_then(|policy| policy.leasing(lease_units))
             .map(|policy| RateLimit {
                 policy: RatePolicy {
                     own_alert_at,
@@ -130,6 +137,12 @@ impl RateLimit {
         self.policy.enforce
     }
 
+    /// True: each process takes units ahead of its hits and serves hits from them.
+    #[getter]
+    fn lease_units(&self) -> bool {
+        self.policy.lease_units
+    }
+
     /// The fractions of ``limit`` this policy alerts at, ascending (``()``: never); None: the
     /// manager's.
     #[getter]
@@ -165,9 +178,14 @@ impl RateLimit {
                 format!(", alert_at=({}{comma})", listed.join(", "))
             }
         };
+        let lease_units = if self.policy.lease_units {
+            ", lease_units=True"
+        } else {
+            ""
+        };
         format!(
             // Names are plain ASCII (checked), so quoting them is enough.
-            "RateLimit('{}', {}, per={per}, algorithm='{}'{unit}{enforce}{alert_at})",
+            "RateLimit('{}', {}, per={per}, algorithm='{}'{unit}{enforce}{alert_at}{lease_units})",
             &*self.policy.name,
             self.policy.limit,
             self.policy.algorithm.name()

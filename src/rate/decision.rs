@@ -109,6 +109,20 @@ pub struct HitOutcome {
     pub decisions: Vec<Decision>,
     /// Index (into `decisions`) of the first policy that refused, and when the cost fits again.
     pub refused: Option<(usize, u64)>,
+    /// What each policy took ahead for this process (`RatePolicy::lease_units`), in order;
+    /// empty when the hit asked none for any.
+    pub ahead: Vec<Ahead>,
+}
+
+/// Units a policy took beyond a hit's cost, for its process to serve hits from: counted in the
+/// store's `used` already, in the bucket of the hit's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ahead {
+    pub units: u64,
+    /// For how many ms, on the store's clock, their bucket stays the one units go to (a sliding
+    /// window's slice, a fixed window): served later, a unit would count in a bucket that the
+    /// window may have left.
+    pub fresh_ms: u64,
 }
 
 #[cfg(test)]

@@ -129,6 +129,9 @@ pub struct RatePolicy {
     /// The thresholds the app gave this policy (`RateLimit(alert_at=...)`), which it alerts at
     /// in place of the manager's (none: silent); None: the manager's.
     pub own_alert_at: Option<Thresholds>,
+    /// Each process takes units of this policy ahead of its hits, and serves hits from them
+    /// without a round trip (`leased_units.rs`); false: every hit is counted in the store.
+    pub lease_units: bool,
 }
 
 impl RatePolicy {
@@ -170,6 +173,7 @@ impl RatePolicy {
             enforce: true,
             alert_at: Thresholds::default(),
             own_alert_at: None,
+            lease_units: false,
         })
     }
 
@@ -211,6 +215,19 @@ impl RatePolicy {
             ));
         }
         Ok(RatePolicy { enforce, ..self })
+    }
+
+    /// The same policy, leasing its units to each process when `lease_units` is true. Only
+    /// request rates lease units: a token budget's units are reserved and settled per stream.
+    pub fn leasing(self, lease_units: bool) -> Result<Self, String> {
+        if lease_units && self.unit != Unit::Requests {
+            return Err(format!(
+                "rate limit {:?}: lease_units=True is for request rates only; a budget of {} reserves its tokens per stream",
+                &*self.name,
+                self.unit.name()
+            ));
+        }
+        Ok(RatePolicy { lease_units, ..self })
     }
 }
 

@@ -135,6 +135,7 @@ pub fn local_shares(
                 .map(|policy| Decision::new(policy, 0, 0, None))
                 .collect(),
             refused: Some((empty, retry_ms)),
+            ahead: Vec::new(),
         }),
     }
 }

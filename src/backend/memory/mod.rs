@@ -194,6 +194,7 @@ impl Backend for MemoryBackend {
         keys: &'a [String],
         policies: &'a [RatePolicy],
         cost: u64,
+        _aheads: &'a [u64],
         consume: bool,
     ) -> BoxFuture<'a, CoreResult<HitOutcome>> {
         let costs = vec![cost; policies.len()];

@@ -124,7 +124,11 @@ impl RateCounters {
                     .telling(told)
             })
             .collect();
-        HitOutcome { decisions, refused }
+        HitOutcome {
+            decisions,
+            refused,
+            ahead: Vec::new(),
+        }
     }
 
     /// A budget top-up (`lua/topup.lua`): gives back what it lists, takes the moved units

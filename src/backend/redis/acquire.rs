@@ -88,7 +88,7 @@ pub fn acquire_request(lease: &LeaseRecord, asked: &Asked<'_>) -> OneCall {
         .arg(shape.into_arg())
         .arg(lease_tally(lease, false));
     invocation.key(&rates.keys);
-    rate_args(&mut invocation, &rates.policies, &rates.costs);
+    rate_args(&mut invocation, &rates.policies, &rates.costs, &[]);
     OneCall::of(invocation, Some(head), &lease.holders, None)
 }
 
@@ -144,6 +144,7 @@ pub fn decode_acquire(
             Ok(AcquireOutcome::RateLimited(HitOutcome {
                 decisions: decisions(policies, states),
                 refused: Some((*index as usize - 1, *retry_ms)),
+                ahead: Vec::new(),
             }))
         }
         [WAIT, ticket, index, current, places @ ..]

@@ -6,18 +6,30 @@ use super::batched::OneCall;
 use super::layout::{unexpected_reply, Shape};
 use super::scripts::{self, Invocation};
 use crate::errors::CoreResult;
-use crate::rate::{Bucket, Decision, HitOutcome, RatePolicy};
+use crate::rate::{Ahead, Bucket, Decision, HitOutcome, RatePolicy};
 
 /// Each rate policy as the scripts take it (the prelude's RATE_ARGS): algorithm, limit, window
-/// in ms, its cost, enforce (1; 0: a dry run) followed, in the same argument, by the units at
-/// which its alert thresholds are reached (none while nobody listens: "1", else "1 8 10").
-pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64]) {
-    for (policy, cost) in policies.iter().zip(costs) {
+/// in ms, its cost (followed, in the same argument, by the units to take ahead, `aheads[i]`,
+/// when there are any: "1 40"), enforce (1; 0: a dry run) followed, in the same argument, by the
+/// units at which its alert thresholds are reached (none while nobody listens: "1", else "1 8
+/// 10"). `aheads`: empty, or one per policy.
+pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[u64], aheads: &[u64]) {
+    for (i, (policy, cost)) in policies.iter().zip(costs).enumerate() {
         invocation
             .arg(policy.algorithm.code())
             .arg(policy.limit)
-            .arg(policy.window_ms)
-            .arg(cost);
+            .arg(policy.window_ms);
+        match aheads.get(i) {
+            Some(&ahead) if ahead > 0 => {
+                let mut cost_and_ahead = Shape::default();
+                cost_and_ahead.push(*cost);
+                cost_and_ahead.push(ahead);
+                invocation.arg(cost_and_ahead.into_arg());
+            }
+            _ => {
+                invocation.arg(cost);
+            }
+        }
         if policy.alert_at.is_empty() {
             invocation.arg(u8::from(policy.enforce));
         } else {
@@ -35,41 +47,80 @@ pub fn rate_args(invocation: &mut Invocation, policies: &[RatePolicy], costs: &[
 /// cost; plus twice the bits of the alert thresholds the hit reached first in the window).
 pub const RATE_ANSWER_LEN: usize = 5;
 
+/// Numbers a policy asked for units ahead adds to its answer: how many it took, and for how
+/// many ms they may be served.
+const AHEAD_ANSWER_LEN: usize = 2;
+
 /// The policies' decisions from a reply's answers, `RATE_ANSWER_LEN` numbers each.
 pub fn decisions(policies: &[RatePolicy], answers: &[u64]) -> Vec<Decision> {
     policies
         .iter()
         .zip(answers.chunks(RATE_ANSWER_LEN))
-        .map(|(policy, a)| {
-            Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3]))
-                .refusing(a[4] & 1 == 1)
-                .telling(a[4] >> 1)
-        })
+        .map(|(policy, a)| decision(policy, a))
         .collect()
 }
 
+fn decision(policy: &RatePolicy, a: &[u64]) -> Decision {
+    Decision::new(policy.clone(), a[0], a[1], Bucket::of(a[2], a[3]))
+        .refusing(a[4] & 1 == 1)
+        .telling(a[4] >> 1)
+}
+
 /// hit.lua's request: the counters (`keys[i]` counts `policies[i]`), whether it counts or only
-/// looks, each policy with `cost`. None without a policy.
-pub fn hit_request(keys: &[String], policies: &[RatePolicy], cost: u64, consume: bool) -> Option<OneCall> {
+/// looks, each policy with `cost` and `aheads[i]` units to take ahead (`aheads` empty: none).
+/// None without a policy.
+pub fn hit_request(
+    keys: &[String],
+    policies: &[RatePolicy],
+    cost: u64,
+    aheads: &[u64],
+    consume: bool,
+) -> Option<OneCall> {
     let first_key = keys.first()?;
     let mut invocation = scripts::HIT.prepare_invoke();
     invocation.key(keys).arg(u8::from(consume));
-    rate_args(&mut invocation, policies, &vec![cost; policies.len()]);
+    rate_args(&mut invocation, policies, &vec![cost; policies.len()], aheads);
     Some(OneCall::of(invocation, None, first_key, None))
 }
 
 /// hit.lua's reply to one request: the 1-based index of the policy that refused (0: none) and
-/// when the cost fits again, then each policy's answer.
-pub fn decode_hit(reply: &[u64], policies: &[RatePolicy]) -> CoreResult<HitOutcome> {
-    let [refused, retry_ms, per_policy @ ..] = reply else {
+/// when the cost fits again, then each policy's answer, with what it took ahead when
+/// `aheads[i]` asked for any.
+pub fn decode_hit(reply: &[u64], policies: &[RatePolicy], aheads: &[u64]) -> CoreResult<HitOutcome> {
+    let [refused, retry_ms, answers @ ..] = reply else {
         return Err(unexpected_reply("hit", &reply));
     };
-    if per_policy.len() != RATE_ANSWER_LEN * policies.len() || *refused as usize > policies.len() {
+    let mut per_policy = answers;
+    let asked = |i: usize| aheads.get(i).is_some_and(|&ahead| ahead > 0);
+    let expected: usize = (0..policies.len())
+        .map(|i| RATE_ANSWER_LEN + if asked(i) { AHEAD_ANSWER_LEN } else { 0 })
+        .sum();
+    if per_policy.len() != expected || *refused as usize > policies.len() {
         return Err(unexpected_reply("hit", &reply));
     }
+    let mut decisions = Vec::with_capacity(policies.len());
+    let mut ahead = Vec::new();
+    for (i, policy) in policies.iter().enumerate() {
+        let (answer, rest) = per_policy.split_at(RATE_ANSWER_LEN);
+        decisions.push(decision(policy, answer));
+        per_policy = rest;
+        if asked(i) {
+            let (taken, rest) = per_policy.split_at(AHEAD_ANSWER_LEN);
+            ahead.resize(i, Ahead::default());
+            ahead.push(Ahead {
+                units: taken[0],
+                fresh_ms: taken[1],
+            });
+            per_policy = rest;
+        }
+    }
+    if !ahead.is_empty() {
+        ahead.resize(policies.len(), Ahead::default());
+    }
     Ok(HitOutcome {
-        decisions: decisions(policies, per_policy),
+        decisions,
         refused: (*refused > 0).then(|| (*refused as usize - 1, *retry_ms)),
+        ahead,
     })
 }
 
@@ -97,14 +148,14 @@ pub mod tests {
             policy("a", 10),
             policy("b", 20).enforcing(false).expect("a dry run"),
         ];
-        let request = hit_request(&keys, &policies, 3, true).expect("a request");
+        let request = hit_request(&keys, &policies, 3, &[], true).expect("a request");
         assert_eq!(request.tag, "u");
         let args: Vec<&str> = request.args.iter().map(|arg| read::text(arg)).collect();
         assert_eq!(
             args,
             ["1", "f", "10", "60000", "3", "1", "f", "20", "60000", "3", "0"]
         );
-        assert!(hit_request(&[], &[], 1, true).is_none());
+        assert!(hit_request(&[], &[], 1, &[], true).is_none());
     }
 
     #[test]
@@ -114,11 +165,12 @@ pub mod tests {
             ..policy("a", 9)
         };
         let keys = ["{u}:a".to_owned(), "{u}:b".to_owned()];
-        let request = hit_request(&keys, &[alerting.clone(), policy("b", 20)], 1, true).expect("a request");
+        let request =
+            hit_request(&keys, &[alerting.clone(), policy("b", 20)], 1, &[], true).expect("a request");
         assert_eq!(read::text(&request.args[5]), "1 8 9");
         assert_eq!(read::text(&request.args[10]), "1", "no thresholds: enforce alone");
         let reply = [0, 0, 9, 100, 7, 0, 0b100, 20, 500, 0, 0, 0];
-        let outcome = decode_hit(&reply, &[alerting, policy("b", 20)]).expect("decoded");
+        let outcome = decode_hit(&reply, &[alerting, policy("b", 20)], &[]).expect("decoded");
         assert_eq!(outcome.decisions[0].thresholds_reached, [1.0]);
         assert!(!outcome.decisions[0].would_refuse);
         assert!(outcome.decisions[1].thresholds_reached.is_empty());
@@ -127,13 +179,15 @@ pub mod tests {
     #[test]
     fn a_hit_reply_says_which_policy_refused_and_each_decision() {
         let policies = [policy("a", 10), policy("b", 20)];
-        let allowed = decode_hit(&[0, 0, 4, 100, 7, 1, 0, 20, 500, 0, 0, 0], &policies).expect("decoded");
+        let allowed =
+            decode_hit(&[0, 0, 4, 100, 7, 1, 0, 20, 500, 0, 0, 0], &policies, &[]).expect("decoded");
         assert_eq!(allowed.refused, None);
         assert_eq!(allowed.decisions[0].remaining, 6);
         assert_eq!(allowed.decisions[0].bucket, Bucket::of(7, 1));
         assert_eq!(allowed.decisions[1].bucket, None, "slot 0: nothing taken");
         assert!(!allowed.decisions[0].would_refuse);
-        let refused = decode_hit(&[2, 900, 4, 100, 7, 1, 0, 20, 500, 0, 0, 1], &policies).expect("decoded");
+        let refused =
+            decode_hit(&[2, 900, 4, 100, 7, 1, 0, 20, 500, 0, 0, 1], &policies, &[]).expect("decoded");
         assert_eq!(refused.refused, Some((1, 900)));
         assert!(refused.decisions[1].would_refuse);
     }
@@ -145,17 +199,44 @@ pub mod tests {
             policy("dry", 2).enforcing(false).expect("a dry run"),
         ];
         let reply = [0, 0, 4, 100, 7, 1, 0, 3, 500, 7, 1, 1];
-        let allowed = decode_hit(&reply, &policies).expect("decoded");
+        let allowed = decode_hit(&reply, &policies, &[]).expect("decoded");
         assert_eq!(allowed.refused, None);
         let dry = &allowed.decisions[1];
         assert_eq!((dry.used, dry.remaining, dry.would_refuse), (3, 0, true));
     }
 
     #[test]
+    fn a_policy_asked_for_units_ahead_sends_them_with_its_cost_and_reads_back_what_it_took() {
+        let keys = ["{u}:a".to_owned(), "{u}:b".to_owned()];
+        let policies = [policy("a", 100), policy("b", 1_000)];
+        let request = hit_request(&keys, &policies, 1, &[0, 40], true).expect("a request");
+        let args: Vec<&str> = request.args.iter().map(|arg| read::text(arg)).collect();
+        assert_eq!(args[4], "1", "none asked: the cost alone");
+        assert_eq!(args[9], "1 40");
+        let reply = [0, 0, 4, 100, 7, 1, 0, 21, 500, 7, 1, 0, 20, 350];
+        let outcome = decode_hit(&reply, &policies, &[0, 40]).expect("decoded");
+        assert_eq!(outcome.decisions[1].used, 21);
+        assert_eq!(
+            outcome.ahead,
+            [
+                Ahead::default(),
+                Ahead {
+                    units: 20,
+                    fresh_ms: 350
+                }
+            ]
+        );
+        assert!(
+            decode_hit(&reply[..12], &policies, &[0, 40]).is_err(),
+            "what it took is missing"
+        );
+    }
+
+    #[test]
     fn a_hit_reply_of_another_shape_is_an_error() {
         let policies = [policy("a", 10)];
         for reply in [&[][..], &[0, 0, 1, 2, 3, 4], &[2, 0, 1, 2, 3, 4, 0]] {
-            assert!(decode_hit(reply, &policies).is_err(), "{reply:?}");
+            assert!(decode_hit(reply, &policies, &[]).is_err(), "{reply:?}");
         }
     }
 }

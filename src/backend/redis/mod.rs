@@ -241,14 +241,15 @@ impl Backend for RedisBackend {
         keys: &'a [String],
         policies: &'a [RatePolicy],
         cost: u64,
+        aheads: &'a [u64],
         consume: bool,
     ) -> BoxFuture<'a, CoreResult<HitOutcome>> {
         Box::pin(async move {
-            let Some(request) = hit::hit_request(keys, policies, cost, consume) else {
+            let Some(request) = hit::hit_request(keys, policies, cost, aheads, consume) else {
                 return Err(CoreError::Panic("a hit without a policy".into()));
             };
             let Replied { reply, .. } = self.hits.submit(request).await?;
-            hit::decode_hit(&reply, policies)
+            hit::decode_hit(&reply, policies, aheads)
         })
     }
 

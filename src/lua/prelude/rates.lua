@@ -116,7 +116,8 @@ end
 -- take units (returning the bucket they went to and the counter's epoch, so a refund finds them
 -- and never lands in a counter rebuilt since, after a reset or a restart: a sliding window's
 -- slice and the time its hash was made, a fixed window's end in ms and 0; see settle.lua), tell
--- for how many more ms units taken now count in the window (`counts`, on this server's clock) or
+-- for how many more ms units taken now count in the window (`counts`, on this server's clock) and
+-- their bucket stays the one units go to (`current`: the slice, or the window), or
 -- repair a missing expiry (see hit.lua for the two algorithms). Every counter can be given
 -- back to: a token budget's unused reservation, and the units of a grant nobody took (an
 -- acquire cancelled while its call was in flight). The epoch comes with the slices, so keeping
@@ -149,6 +150,7 @@ local function look_rate(key, algorithm, window)
       end,
       -- slices_in_use keeps a slice while its index is at least floor((now - window) / slice)
       counts = function() return (math.floor(now / slice) + 1) * slice + window - now end,
+      current = function() return (math.floor(now / slice) + 1) * slice - now end,
       repair = function()
         if call('PTTL', key) == -1 then call('PEXPIRE', key, window + slice) end
       end,
@@ -176,6 +178,7 @@ local function look_rate(key, algorithm, window)
       return ends, 0
     end,
     counts = function() return left end,
+    current = function() return left end,
     -- a counter found without an expiry (an operator's PERSIST, a restore) gets its end back
     -- (one that has ended goes: PEXPIREAT in the past deletes)
     repair = function()
@@ -210,7 +213,9 @@ local function give_back(key, algorithm, slot, epoch, tokens)
   return 0
 end
 
--- Arguments per policy in a call: algorithm, limit, window in ms, cost, enforce ('1'; '0': a dry
+-- Arguments per policy in a call: algorithm, limit, window in ms, cost (or, in a hit that leases
+-- units to its process, 'cost ahead': the units to take beyond the cost when the hit is allowed,
+-- as many as fit in half of the room the cost leaves), enforce ('1'; '0': a dry
 -- run, counted and reported but never refusing), followed in the same argument, when the app
 -- listens for threshold alerts, by the policy's alert marks: the units of use at which each
 -- threshold is reached, ascending ("1 8 10": enforced, alerts at 8 and 10 units).
@@ -257,8 +262,12 @@ local function look_rates(keys, k0, k1, args, a0, scale)
     local at = a0 + (i - k0) * RATE_ARGS
     local state = look_rate(keys[i], args[at], num(args[at + 2]))
     local enforce = args[at + 4]
+    local asked = shape_of(args[at + 3])
     state.limit = num(args[at + 1])
-    state.cost = num(args[at + 3]) * scale
+    state.cost = asked[1] * scale
+    if asked[2] then
+      state.ahead = asked[2] * scale
+    end
     state.over = state.used + state.cost > state.limit
     if #enforce > 1 then
       state.key, state.marks = keys[i], shape_of(enforce)
@@ -274,13 +283,18 @@ end
 -- Takes each policy's cost (when `take`, a dry run's whatever its room) and appends each one's
 -- units in use, reset (ms), the bucket and epoch the cost went to (0, 0: none taken), and its
 -- flags to `reply`: 1 when it had no room for the cost, plus twice the bits of the alert marks
--- the units in use reached first in the window (told_first; only when `take`).
+-- the units in use reached first in the window (told_first; only when `take`). A policy asked
+-- for units ahead (see RATE_ARGS) takes them with the cost and appends two numbers more: how
+-- many it took ahead (counted in `used`), and for how many ms their bucket stays current.
 local function answer_rates(reply, states, take)
   for _, state in ipairs(states) do
-    local used, bucket, epoch = state.used, 0, 0
+    local used, bucket, epoch, ahead = state.used, 0, 0, 0
     if take and state.cost > 0 then
-      bucket, epoch = state.take(state.cost)
-      used = used + state.cost
+      if state.ahead then
+        ahead = math.max(0, math.min(state.ahead, math.floor((state.limit - used - state.cost) / 2)))
+      end
+      bucket, epoch = state.take(state.cost + ahead)
+      used = used + state.cost + ahead
     else
       state.repair()
     end
@@ -293,5 +307,9 @@ local function answer_rates(reply, states, take)
     reply[#reply + 1] = bucket
     reply[#reply + 1] = epoch
     reply[#reply + 1] = flags
+    if state.ahead then
+      reply[#reply + 1] = ahead
+      reply[#reply + 1] = ahead > 0 and state.current() or 0
+    end
   end
 end

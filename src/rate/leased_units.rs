@@ -1,0 +1,267 @@
+//! Units of a request rate leased to this process (`RatePolicy::lease_units`): a hit that goes to
+//! the store also takes units ahead for this process, and the hits that follow are served from
+//! them here, without a round trip, until they run out or their bucket stops being current.
+//!
+//! A unit is served only after the store counted it, so a limit holds across every process; the
+//! price is early refusal: units one process holds unused are refused to the others. That is
+//! bounded: a slab is sized to what its process served in the last `SERVE_FOR` (none for an
+//! identity seen once: the common case stays exact), at most a tenth of the limit, and the store
+//! gives at most half the room the hit leaves (`lua/prelude/rates.lua`); what is unused goes back
+//! after `IDLE` without a hit, when its bucket stops being current (a sliding window's slice: it
+//! still counts in the window), and when the manager closes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Adjustment, Algorithm, Bucket, Decision, HitOutcome, RatePolicy};
+use crate::sync::lock;
+
+/// How long a slab should last at its identity's rate in this process.
+const SERVE_FOR: Duration = Duration::from_millis(100);
+/// Unused units go back after this long without a hit.
+pub const IDLE: Duration = Duration::from_secs(1);
+/// A slab holds at most this fraction of its policy's limit.
+const MOST_OF_LIMIT: u64 = 10;
+
+/// The units this process holds ahead, per counter (a policy of an identity).
+#[derive(Default)]
+pub struct LeasedUnits {
+    slabs: Mutex<HashMap<String, Slab>>,
+    /// A sweeper looks at them (`give_back_idle`) while there are any.
+    sweeping: AtomicBool,
+}
+
+/// One counter's units held ahead, and what the next slab's size is learned from.
+struct Slab {
+    policy: RatePolicy,
+    /// Units taken ahead and not served yet.
+    units: u64,
+    /// Where they went (a refund finds them there).
+    bucket: Option<Bucket>,
+    /// They may be served until then: their bucket stays the current one.
+    fresh_until: Instant,
+    /// Units in use in the window as the last reply said (this slab's included), and when its
+    /// next units free up.
+    used: u64,
+    reset_at: Instant,
+    /// When the last call to the store was sent, and the hits served here since.
+    sent_at: Instant,
+    served_since: u64,
+    last_hit: Instant,
+    /// Units asked for ahead by calls not answered yet.
+    asked: u64,
+}
+
+impl Slab {
+    fn fresh(&self, now: Instant) -> bool {
+        now < self.fresh_until
+    }
+
+    /// The decision of a hit it served: in use, the units this process holds left out (they
+    /// are this identity's to use).
+    fn decision(&self, now: Instant) -> Decision {
+        let used = self.used.saturating_sub(self.units);
+        let reset_ms = self.reset_at.saturating_duration_since(now).as_millis() as u64;
+        Decision::new(self.policy.clone(), used, reset_ms, self.bucket)
+    }
+
+    /// Its units, given back to their bucket (none when there are none, or when the bucket, a
+    /// fixed window, has ended: nothing counts there any more).
+    fn give_back(&mut self, key: &str, now: Instant) -> Option<Adjustment> {
+        let units = std::mem::take(&mut self.units);
+        let counts = self.policy.algorithm == Algorithm::SlidingWindow || self.fresh(now);
+        (units > 0 && counts).then(|| Adjustment {
+            key: key.to_owned(),
+            policy: self.policy.clone(),
+            tokens: units,
+            refund_from: self.bucket,
+        })
+    }
+}
+
+impl LeasedUnits {
+    /// The hit served here when every policy leases units and holds `cost` of them, fresh, for
+    /// its counter (`keys[i]` counts `policies[i]`); None, with nothing taken, otherwise.
+    pub fn serve(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        cost: u64,
+        now: Instant,
+    ) -> Option<HitOutcome> {
+        if !policies.iter().all(|policy| policy.lease_units) {
+            return None;
+        }
+        let mut slabs = lock(&self.slabs);
+        let ready = keys.iter().all(|key| {
+            slabs
+                .get(key)
+                .is_some_and(|slab| slab.units >= cost && slab.fresh(now))
+        });
+        if !ready {
+            return None;
+        }
+        let decisions = keys
+            .iter()
+            .map(|key| {
+                let slab = slabs.get_mut(key).expect("checked above");
+                slab.units -= cost;
+                slab.served_since += 1;
+                slab.last_hit = now;
+                slab.decision(now)
+            })
+            .collect();
+        Some(HitOutcome {
+            decisions,
+            refused: None,
+            ahead: Vec::new(),
+        })
+    }
+
+    /// The units to ask each policy for ahead of a hit sent to the store now: none for a policy
+    /// that does not lease them or a counter not sent to within `IDLE`; else what this process
+    /// served of it per `SERVE_FOR` since the last call, less what it holds and has asked for
+    /// already, so that never exceeds a tenth of the limit. Empty when there are none to ask;
+    /// else `keep` or `unasked` must follow.
+    pub fn aheads(&self, keys: &[String], policies: &[RatePolicy], now: Instant) -> Vec<u64> {
+        if !policies.iter().any(|policy| policy.lease_units) {
+            return Vec::new();
+        }
+        let mut slabs = lock(&self.slabs);
+        let aheads: Vec<u64> = keys
+            .iter()
+            .zip(policies)
+            .map(|(key, policy)| match slabs.get_mut(key) {
+                Some(slab) if policy.lease_units && now.duration_since(slab.sent_at) < IDLE => {
+                    let elapsed = now.duration_since(slab.sent_at).as_micros().max(1);
+                    let hits = u128::from(slab.served_since + 1);
+                    let want = (hits * SERVE_FOR.as_micros() / elapsed) as u64;
+                    let ask = want
+                        .min(policy.limit / MOST_OF_LIMIT)
+                        .saturating_sub(slab.units + slab.asked);
+                    slab.asked += ask;
+                    ask
+                }
+                _ => 0,
+            })
+            .collect();
+        if aheads.iter().all(|&ahead| ahead == 0) {
+            return Vec::new();
+        }
+        aheads
+    }
+
+    /// Forgets the units `aheads` asked for (their call failed: nothing was taken).
+    pub fn unasked(&self, keys: &[String], aheads: &[u64]) {
+        let mut slabs = lock(&self.slabs);
+        for (key, ahead) in keys.iter().zip(aheads) {
+            if let Some(slab) = slabs.get_mut(key) {
+                slab.asked = slab.asked.saturating_sub(*ahead);
+            }
+        }
+    }
+
+    /// Keeps what a hit sent at `sent_at`, asking for `aheads` (`aheads()`), took ahead
+    /// (`outcome.ahead`) for the policies that lease units, and notes the call for the next
+    /// slab's size. Units still held in another bucket are given back (returned); the outcome's
+    /// decisions leave this process's units out of `used`, as a hit served here does.
+    pub fn keep(
+        &self,
+        keys: &[String],
+        policies: &[RatePolicy],
+        aheads: &[u64],
+        outcome: &mut HitOutcome,
+        sent_at: Instant,
+    ) -> Vec<Adjustment> {
+        let mut given_back = Vec::new();
+        let mut slabs = lock(&self.slabs);
+        for (i, (key, policy)) in keys.iter().zip(policies).enumerate() {
+            if !policy.lease_units {
+                continue;
+            }
+            let ahead = outcome.ahead.get(i).copied().unwrap_or_default();
+            let decision = &mut outcome.decisions[i];
+            let fresh_until = sent_at + Duration::from_millis(ahead.fresh_ms);
+            let slab = slabs.entry(key.clone()).or_insert_with(|| Slab {
+                policy: policy.clone(),
+                units: 0,
+                bucket: None,
+                fresh_until,
+                used: 0,
+                reset_at: sent_at,
+                sent_at,
+                served_since: 0,
+                last_hit: sent_at,
+                asked: 0,
+            });
+            slab.asked = slab.asked.saturating_sub(aheads.get(i).copied().unwrap_or(0));
+            if ahead.units > 0 {
+                if slab.bucket != decision.bucket || !slab.fresh(sent_at) {
+                    given_back.extend(slab.give_back(key, sent_at));
+                    slab.bucket = decision.bucket;
+                }
+                slab.units += ahead.units;
+                slab.fresh_until = fresh_until;
+            }
+            slab.policy = policy.clone();
+            slab.used = decision.used;
+            slab.reset_at = sent_at + Duration::from_millis(decision.reset_ms);
+            slab.sent_at = slab.sent_at.max(sent_at);
+            slab.served_since = 0;
+            slab.last_hit = slab.last_hit.max(sent_at);
+            decision.used = decision.used.saturating_sub(slab.units);
+            decision.remaining = policy.limit.saturating_sub(decision.used);
+        }
+        given_back
+    }
+
+    /// Gives back the units of every slab without a hit for `IDLE` or whose bucket is no longer
+    /// current, and forgets the counters idle that long with nothing held; with the number of
+    /// slabs left.
+    pub fn give_back_idle(&self, now: Instant) -> (Vec<Adjustment>, usize) {
+        let mut slabs = lock(&self.slabs);
+        let mut given_back = Vec::new();
+        slabs.retain(|key, slab| {
+            let idle = now.duration_since(slab.last_hit) >= IDLE;
+            if idle || !slab.fresh(now) {
+                given_back.extend(slab.give_back(key, now));
+            }
+            !idle
+        });
+        (given_back, slabs.len())
+    }
+
+    /// Gives back every unit held, and forgets them all (the manager closes).
+    pub fn give_back_all(&self, now: Instant) -> Vec<Adjustment> {
+        lock(&self.slabs)
+            .drain()
+            .filter_map(|(key, mut slab)| slab.give_back(&key, now))
+            .collect()
+    }
+
+    /// Whether the caller is to start the sweeper: none runs.
+    pub fn start_sweeping(&self) -> bool {
+        !self.sweeping.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether the sweeper, which found nothing held, stops: not when a slab came meanwhile and
+    /// no other sweeper was started for it.
+    pub fn stop_sweeping(&self) -> bool {
+        self.sweeping.store(false, Ordering::Release);
+        lock(&self.slabs).is_empty() || !self.start_sweeping()
+    }
+
+    /// Forgets what is held of these counters (they were reset: their units are gone).
+    pub fn forget(&self, keys: &[String]) {
+        let mut slabs = lock(&self.slabs);
+        for key in keys {
+            slabs.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "leased_units_tests.rs"]
+mod tests;
