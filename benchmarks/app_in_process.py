@@ -11,7 +11,8 @@ so what is left is the app's own work and the core's. Variants (``GET /`` answer
 * ``dependency``: two policies through ``Depends(manager.rate_limit(per_minute, per_day,
   key=user))`` and ``install_exception_handler(app)`` (its ``RateLimitHeaders`` and
   ``StreamEndMiddleware``), as ``rate_http.py`` serves it;
-* ``middleware``: the same two policies through ``RateLimitMiddleware``.
+* ``middleware``: the same two policies through ``RateLimitMiddleware``;
+* ``dependency-leased``, ``middleware-leased``: the same, both policies ``lease_units=True``.
 
 ``user`` is the ``X-User`` header, one user per coroutine. Each variant runs in a process of its
 own (a manager per process, as a worker has), warms up, then serves ``--requests`` requests split
@@ -65,7 +66,14 @@ from fastapi_stream_lease import (
 
 from common import RESULTS_DIR, in_turns, machine_info, print_table, write_json
 
-VARIANTS = ("plain", "empty-dependency", "dependency", "middleware")
+VARIANTS = (
+    "plain",
+    "empty-dependency",
+    "dependency",
+    "middleware",
+    "dependency-leased",
+    "middleware-leased",
+)
 DEFAULT_OUTPUT = RESULTS_DIR / "app_in_process.json"
 
 
@@ -78,14 +86,15 @@ def build_app(variant: str, url: str, prefix: str) -> FastAPI:
 
     app = FastAPI()
     dependencies = [Depends(nothing)] if variant == "empty-dependency" else []
-    if variant in ("dependency", "middleware"):
+    if variant.startswith(("dependency", "middleware")):
         config = LeaseConfig(key_prefix=prefix, identity_secret=b"app_in_process.py secret")
         manager = StreamLeaseManager(url=url, config=config)
+        lease_units = variant.endswith("-leased")
         policies = (
-            RateLimit("per_minute", 10**8, per=60),
-            RateLimit("per_day", 10**11, per=86_400),
+            RateLimit("per_minute", 10**8, per=60, lease_units=lease_units),
+            RateLimit("per_day", 10**11, per=86_400, lease_units=lease_units),
         )
-        if variant == "dependency":
+        if variant.startswith("dependency"):
             dependencies = [Depends(manager.rate_limit(*policies, key=user))]
         else:
             app.add_middleware(

@@ -6,7 +6,9 @@ Every implementation is set up as its README shows, with limits far above what a
 
 * ``fastapi_stream_lease``: ``await manager.hit(user, per_minute, per_day)``, two
   ``RateLimit`` policies (the default ``sliding_window``) decided in one script call, and
-  ``await manager.hit(user, per_minute)`` for the one-policy rows;
+  ``await manager.hit(user, per_minute)`` for the one-policy rows; ``fastapi_stream_lease
+  leased units``: the same two policies with ``lease_units=True``, hits served in the process
+  from units taken ahead of them;
 * ``limits`` with its async Redis storage, ``limits.aio.storage.RedisStorage("async+redis://...")``
   (coredis, its default and its ``async-redis`` extra), through ``MovingWindowRateLimiter``,
   ``SlidingWindowCounterRateLimiter`` and ``FixedWindowRateLimiter``: ``await
@@ -108,6 +110,7 @@ if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return n
 """
 
+LEASED = f"{PROJECT} leased units"
 LIMITS = f"limits {version('limits')}"
 PYRATE = f"fastapi-limiter {version('fastapi-limiter')} / pyrate {version('pyrate-limiter')}"
 FLOOR = f"redis-py {redis.__version__} EVALSHA floor"
@@ -161,10 +164,20 @@ class Run:
 def project_hitters(manager: StreamLeaseManager) -> list[Hitter]:
     per_minute = RateLimit("per_minute", PER_MINUTE, per=60)
     per_day = RateLimit("per_day", PER_DAY, per=86_400)
+    leased = [
+        RateLimit(p.name, p.limit, per=p.per, lease_units=True) for p in (per_minute, per_day)
+    ]
 
     async def two(identity: str) -> bool:
         try:
             await manager.hit(identity, per_minute, per_day)
+        except RateLimited:
+            return False
+        return True
+
+    async def two_leased(identity: str) -> bool:
+        try:
+            await manager.hit(identity, *leased)
         except RateLimited:
             return False
         return True
@@ -178,6 +191,12 @@ def project_hitters(manager: StreamLeaseManager) -> list[Hitter]:
 
     return [
         Hitter(PROJECT, 2, "manager.hit(user, per_minute, per_day): one script call", two),
+        Hitter(
+            LEASED,
+            2,
+            "the same two policies with lease_units=True: hits served from units held ahead",
+            two_leased,
+        ),
         Hitter(PROJECT, 1, "manager.hit(user, per_minute)", one),
     ]
 

@@ -1,7 +1,7 @@
 """What a rate limit costs an HTTP endpoint: one uvicorn worker under wrk, unprotected against
 the same endpoint behind this project's limits and behind two Python peers, in one run.
 
-Five uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log, as
+Uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access log, as
 ``end_to_end.py`` starts them) serve ``GET /`` answering ``{"msg": "Hello World"}``:
 
 * ``plain``: no limiter;
@@ -10,13 +10,16 @@ Five uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no a
   dependency form;
 * ``fastapi_stream_lease``: two policies (``per_minute``, ``per_day``) through
   ``dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))]``, and
-  ``install_exception_handler(app)``, which adds the ``RateLimitHeaders`` middleware: every
-  response carries ``RateLimit-Policy`` and ``RateLimit`` for both policies;
+  ``install_exception_handler(app)``, which adds ``StreamEndMiddleware`` with its rate-limit
+  headers: every response carries ``RateLimit-Policy`` and ``RateLimit`` for both policies;
 * ``fastapi_stream_lease-middleware``: the same two policies through the library's ASGI
   middleware instead of a FastAPI dependency, ``app.add_middleware(RateLimitMiddleware,
   manager=manager, routes={"/": (per_minute, per_day)}, key=user)``, then
-  ``install_exception_handler(app)`` (its ``RateLimitHeaders`` wraps it): the same Redis work
+  ``install_exception_handler(app)`` (its ``StreamEndMiddleware`` wraps it): the same Redis work
   without FastAPI's dependency solving;
+* ``fastapi_stream_lease-leased`` and ``fastapi_stream_lease-middleware-leased``: the two forms
+  above with both policies built ``lease_units=True`` (each process serves a busy user's hits
+  from units it took ahead, ``docs/guide/rate-limits.md``);
 * ``slowapi``: as its README shows, ``Limiter(key_func=user, storage_uri=<redis>,
   headers_enabled=True)``, ``app.state.limiter``, its exception handler, and
   ``@limiter.limit("<n>/minute;<n>/day")`` on the endpoint (which then takes ``request`` and
@@ -98,8 +101,19 @@ from support.urls import without_password
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUTPUT = RESULTS_DIR / "rate_http.json"
 MIDDLEWARE = f"{PROJECT}-middleware"
+LEASED = f"{PROJECT}-leased"
+MIDDLEWARE_LEASED = f"{MIDDLEWARE}-leased"
 EMPTY_DEPENDENCY = "empty-dependency"
-VARIANTS = ("plain", EMPTY_DEPENDENCY, PROJECT, MIDDLEWARE, "slowapi", "fastapi-limiter")
+VARIANTS = (
+    "plain",
+    EMPTY_DEPENDENCY,
+    PROJECT,
+    MIDDLEWARE,
+    LEASED,
+    MIDDLEWARE_LEASED,
+    "slowapi",
+    "fastapi-limiter",
+)
 USERS = 16
 PER_MINUTE = 10**8
 PER_DAY = 10**11
@@ -131,6 +145,36 @@ def user(request: Request) -> str:
     return request.headers.get("x-user", "anonymous")
 
 
+def add_project_limits(app: FastAPI, variant: str, url: str, prefix: str) -> None:
+    """``GET /`` behind this project's two policies: through a dependency, or through
+    ``RateLimitMiddleware`` (the ``-middleware`` variants); ``-leased``: each policy with
+    ``lease_units=True``."""
+    manager = StreamLeaseManager(
+        url=url,
+        config=LeaseConfig(
+            key_prefix=f"{prefix}-{variant}", identity_secret=b"rate_http.py bench secret"
+        ),
+    )
+    lease_units = variant in (LEASED, MIDDLEWARE_LEASED)
+    per_minute = RateLimit("per_minute", PER_MINUTE, per=60, lease_units=lease_units)
+    per_day = RateLimit("per_day", PER_DAY, per=86_400, lease_units=lease_units)
+    if variant in (MIDDLEWARE, MIDDLEWARE_LEASED):
+        routes = {"/": (per_minute, per_day)}
+        app.add_middleware(RateLimitMiddleware, manager=manager, routes=routes, key=user)
+        install_exception_handler(app)  # its StreamEndMiddleware, added last, wraps it
+
+        @app.get("/")
+        async def behind_middleware() -> dict[str, str]:
+            return {"msg": "Hello World"}
+
+        return
+    install_exception_handler(app)
+
+    @app.get("/", dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))])
+    async def limited() -> dict[str, str]:
+        return {"msg": "Hello World"}
+
+
 async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
     """The endpoint, unprotected (``plain``) or behind one library's limits."""
     app = FastAPI()
@@ -149,35 +193,8 @@ async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
         async def with_dependency() -> dict[str, str]:
             return {"msg": "Hello World"}
 
-    elif variant == PROJECT:
-        manager = StreamLeaseManager(
-            url=url,
-            config=LeaseConfig(key_prefix=prefix, identity_secret=b"rate_http.py bench secret"),
-        )
-        per_minute = RateLimit("per_minute", PER_MINUTE, per=60)
-        per_day = RateLimit("per_day", PER_DAY, per=86_400)
-        install_exception_handler(app)
-
-        @app.get("/", dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))])
-        async def limited() -> dict[str, str]:
-            return {"msg": "Hello World"}
-
-    elif variant == MIDDLEWARE:
-        manager = StreamLeaseManager(
-            url=url,
-            config=LeaseConfig(
-                key_prefix=f"{prefix}-mw", identity_secret=b"rate_http.py bench secret"
-            ),
-        )
-        per_minute = RateLimit("per_minute", PER_MINUTE, per=60)
-        per_day = RateLimit("per_day", PER_DAY, per=86_400)
-        routes = {"/": (per_minute, per_day)}
-        app.add_middleware(RateLimitMiddleware, manager=manager, routes=routes, key=user)
-        install_exception_handler(app)  # RateLimitHeaders, added last, wraps it
-
-        @app.get("/")
-        async def behind_middleware() -> dict[str, str]:
-            return {"msg": "Hello World"}
+    elif variant in (PROJECT, LEASED, MIDDLEWARE, MIDDLEWARE_LEASED):
+        add_project_limits(app, variant, url, prefix)
 
     elif variant == "slowapi":
         limiter = SlowLimiter(key_func=user, storage_uri=url, headers_enabled=True)
@@ -402,7 +419,7 @@ def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str
                     "throughput_cost_vs_empty_dependency_pct": 100.0
                     * (1.0 - medians[variant]["requests_per_s"] / empty["requests_per_s"])
                 }
-                if variant == PROJECT and empty is not None
+                if variant in (PROJECT, LEASED) and empty is not None
                 else {}
             ),
         }
@@ -415,6 +432,8 @@ ENDPOINTS = {
     EMPTY_DEPENDENCY: "plain endpoint, an empty dependency",
     PROJECT: f"{PROJECT}, 2 policies + headers",
     MIDDLEWARE: f"{PROJECT} RateLimitMiddleware, same",
+    LEASED: f"{PROJECT}, same, lease_units=True",
+    MIDDLEWARE_LEASED: f"{PROJECT} RateLimitMiddleware, lease_units=True",
     "slowapi": f"slowapi {version('slowapi')}, 2 limits + headers",
     "fastapi-limiter": f"fastapi-limiter {version('fastapi-limiter')}, 2 limiters",
 }

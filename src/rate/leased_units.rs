@@ -20,6 +20,9 @@ use crate::sync::lock;
 
 /// How long a slab should last at its identity's rate in this process.
 const SERVE_FOR: Duration = Duration::from_millis(100);
+/// A rate is counted over this long at least: a few hits in a few µs say little of the next
+/// 100 ms.
+const SHORTEST_COUNT: Duration = Duration::from_millis(10);
 /// Unused units go back after this long without a hit.
 pub const IDLE: Duration = Duration::from_secs(1);
 /// A slab holds at most this fraction of its policy's limit.
@@ -46,9 +49,10 @@ struct Slab {
     /// next units free up.
     used: u64,
     reset_at: Instant,
-    /// When the last call to the store was sent, and the hits served here since.
-    sent_at: Instant,
-    served_since: u64,
+    /// The identity's rate here: its hits (served here or sent) since `counted_from`, which
+    /// starts again with each call that asks for units ahead; and its last hit.
+    counted_from: Instant,
+    hits: u64,
     last_hit: Instant,
     /// Units asked for ahead by calls not answered yet.
     asked: u64,
@@ -108,7 +112,7 @@ impl LeasedUnits {
             .map(|key| {
                 let slab = slabs.get_mut(key).expect("checked above");
                 slab.units -= cost;
-                slab.served_since += 1;
+                slab.hits += 1;
                 slab.last_hit = now;
                 slab.decision(now)
             })
@@ -121,9 +125,10 @@ impl LeasedUnits {
     }
 
     /// The units to ask each policy for ahead of a hit sent to the store now: none for a policy
-    /// that does not lease them or a counter not sent to within `IDLE`; else what this process
-    /// served of it per `SERVE_FOR` since the last call, less what it holds and has asked for
-    /// already, so that never exceeds a tenth of the limit. Empty when there are none to ask;
+    /// that does not lease them or a counter without a hit within `IDLE`; else its hits here
+    /// per `SERVE_FOR` (counted since the last call that asked, over `SHORTEST_COUNT` at
+    /// least), less what it holds fresh and has asked for already, so that never exceeds a
+    /// tenth of the limit. Empty when there are none to ask;
     /// else `keep` or `unasked` must follow.
     pub fn aheads(&self, keys: &[String], policies: &[RatePolicy], now: Instant) -> Vec<u64> {
         if !policies.iter().any(|policy| policy.lease_units) {
@@ -134,14 +139,20 @@ impl LeasedUnits {
             .iter()
             .zip(policies)
             .map(|(key, policy)| match slabs.get_mut(key) {
-                Some(slab) if policy.lease_units && now.duration_since(slab.sent_at) < IDLE => {
-                    let elapsed = now.duration_since(slab.sent_at).as_micros().max(1);
-                    let hits = u128::from(slab.served_since + 1);
-                    let want = (hits * SERVE_FOR.as_micros() / elapsed) as u64;
+                Some(slab) if policy.lease_units && now.duration_since(slab.last_hit) < IDLE => {
+                    slab.hits += 1;
+                    slab.last_hit = now;
+                    let counted_for = now.duration_since(slab.counted_from);
+                    let elapsed = counted_for.max(SHORTEST_COUNT).as_micros();
+                    let want = (u128::from(slab.hits) * SERVE_FOR.as_micros() / elapsed) as u64;
+                    let held = if slab.fresh(now) { slab.units } else { 0 };
                     let ask = want
                         .min(policy.limit / MOST_OF_LIMIT)
-                        .saturating_sub(slab.units + slab.asked);
+                        .saturating_sub(held + slab.asked);
                     slab.asked += ask;
+                    if ask > 0 && counted_for >= SHORTEST_COUNT {
+                        (slab.counted_from, slab.hits) = (now, 0);
+                    }
                     ask
                 }
                 _ => 0,
@@ -164,8 +175,8 @@ impl LeasedUnits {
     }
 
     /// Keeps what a hit sent at `sent_at`, asking for `aheads` (`aheads()`), took ahead
-    /// (`outcome.ahead`) for the policies that lease units, and notes the call for the next
-    /// slab's size. Units still held in another bucket are given back (returned); the outcome's
+    /// (`outcome.ahead`) for the policies that lease units (a counter seen for the first time
+    /// starts its rate there). Units still held in another bucket are given back (returned); the outcome's
     /// decisions leave this process's units out of `used`, as a hit served here does.
     pub fn keep(
         &self,
@@ -191,8 +202,8 @@ impl LeasedUnits {
                 fresh_until,
                 used: 0,
                 reset_at: sent_at,
-                sent_at,
-                served_since: 0,
+                counted_from: sent_at,
+                hits: 1,
                 last_hit: sent_at,
                 asked: 0,
             });
@@ -208,8 +219,6 @@ impl LeasedUnits {
             slab.policy = policy.clone();
             slab.used = decision.used;
             slab.reset_at = sent_at + Duration::from_millis(decision.reset_ms);
-            slab.sent_at = slab.sent_at.max(sent_at);
-            slab.served_since = 0;
             slab.last_hit = slab.last_hit.max(sent_at);
             decision.used = decision.used.saturating_sub(slab.units);
             decision.remaining = policy.limit.saturating_sub(decision.used);

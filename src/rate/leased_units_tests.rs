@@ -50,20 +50,20 @@ fn a_busy_identity_takes_units_ahead_and_is_served_here_until_they_run_out() {
     let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
     let mut first = answered(&policy, 1, 0, 0, 7);
     assert!(leased.keep(&keys, &policies, &[], &mut first, t0).is_empty());
-    // Its next hit 10 ms later: one hit per 10 ms, so 10 for the next 100 ms.
+    // Its next hit 10 ms later: two hits in 10 ms, so 20 for the next 100 ms.
     let aheads = leased.aheads(&keys, &policies, t0 + ms(10));
-    assert_eq!(aheads, [10]);
+    assert_eq!(aheads, [20]);
     assert!(
         leased.aheads(&keys, &policies, t0 + ms(10)).is_empty(),
         "asked already"
     );
-    let mut second = answered(&policy, 12, 10, 500, 7);
+    let mut second = answered(&policy, 22, 20, 500, 7);
     leased.keep(&keys, &policies, &aheads, &mut second, t0 + ms(10));
     assert_eq!(
         second.decisions[0].used, 2,
         "the units held here are this identity's to use"
     );
-    for served in 1..=10 {
+    for served in 1..=20 {
         let outcome = leased
             .serve(&keys, &policies, 1, t0 + ms(20))
             .expect("served here");
@@ -280,7 +280,7 @@ fn randomized_hits_from_many_processes_never_serve_more_than_the_limit_in_a_wind
         }
         let allowed: u64 = served.values().sum();
         assert!(
-            served_here * 2 > allowed,
+            served_here * 3 > allowed * 2,
             "round {round}: {served_here} of {allowed} served here"
         );
         for (window, count) in &served {
