@@ -15,7 +15,7 @@ use crate::keys::{check_identity, check_policy_identity, hash_tag};
 use crate::lease::Store;
 use crate::rate::{
     check_hit, local_shares, start_costs, Adjustment, HitOutcome, RateCheck, RatePolicy, Reservation,
-    Settlement, Thresholds, Unit,
+    Serving, Settlement, Thresholds, Unit,
 };
 use crate::runtime;
 
@@ -54,16 +54,28 @@ impl Manager {
         let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
         let leasing = consume && policies.iter().any(|policy| policy.lease_units);
-        let aheads = if leasing {
-            if let Some(served) = self.leased_units.serve(&keys, &policies, cost, Instant::now()) {
-                return Ok(HitCall::Served(served));
+        let (mut refilling, mut aheads) = (None, Vec::new());
+        if leasing {
+            match self.leased_units.serve(&keys, &policies, cost, Instant::now()) {
+                Serving::Served(served) => return Ok(HitCall::Served(served)),
+                Serving::Refilling(refilled) => refilling = Some(refilled),
+                Serving::Send(asked) => aheads = asked,
             }
-            self.leased_units.aheads(&keys, &policies, Instant::now())
-        } else {
-            Vec::new()
-        };
+        }
         let manager = Arc::clone(self);
         Ok(HitCall::Sent(async move {
+            // Each answer to a call that asked for units ahead tells (an error: the units were
+            // forgotten); the hit is served then, or waits for the next such call, or is sent.
+            while let Some(mut refilled) = refilling.take() {
+                if refilled.changed().await.is_err() {
+                    break;
+                }
+                match manager.leased_units.serve(&keys, &policies, cost, Instant::now()) {
+                    Serving::Served(served) => return Ok(served),
+                    Serving::Refilling(next) => refilling = Some(next),
+                    Serving::Send(asked) => aheads = asked,
+                }
+            }
             let sent_at = Instant::now();
             let outcome = manager
                 .stores
@@ -83,7 +95,7 @@ impl Manager {
                         manager
                             .leased_units
                             .keep(&keys, &policies, &aheads, &mut outcome, sent_at);
-                    manager.give_back_units(given_back);
+                    manager.give_back_in_background(given_back);
                     manager.sweep_leased_units();
                     outcome
                 }
@@ -119,6 +131,13 @@ impl Manager {
             .collect()
     }
 
+    /// Gives units back without waiting for it.
+    fn give_back_in_background(&self, given_back: Vec<Adjustment>) {
+        for giving in self.give_back_units(given_back) {
+            runtime::handle().spawn(giving);
+        }
+    }
+
     /// Looks at the units held ahead every `LEASED_UNITS_SWEEP` while there are any, giving back
     /// the idle ones (one sweeper per manager, none while nothing is held).
     fn sweep_leased_units(self: &Arc<Self>) {
@@ -133,9 +152,7 @@ impl Manager {
                     return;
                 };
                 let (given_back, left) = manager.leased_units.give_back_idle(Instant::now());
-                for giving in manager.give_back_units(given_back) {
-                    runtime::handle().spawn(giving);
-                }
+                manager.give_back_in_background(given_back);
                 if left == 0 && manager.leased_units.stop_sweeping() {
                     return;
                 }

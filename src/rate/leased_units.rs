@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use super::{Adjustment, Algorithm, Bucket, Decision, HitOutcome, RatePolicy};
 use crate::sync::lock;
 
@@ -36,6 +38,16 @@ pub struct LeasedUnits {
     sweeping: AtomicBool,
 }
 
+/// What `LeasedUnits::serve` did with a hit.
+pub enum Serving {
+    Served(HitOutcome),
+    /// Not served: a call in flight asked for units that may serve it; it answers when this
+    /// changes.
+    Refilling(watch::Receiver<()>),
+    /// To the store, asking each policy for these units ahead (none: empty).
+    Send(Vec<u64>),
+}
+
 /// One counter's units held ahead, and what the next slab's size is learned from.
 struct Slab {
     policy: RatePolicy,
@@ -54,8 +66,9 @@ struct Slab {
     counted_from: Instant,
     hits: u64,
     last_hit: Instant,
-    /// Units asked for ahead by calls not answered yet.
+    /// Units asked for ahead by calls not answered yet; told when one answers.
     asked: u64,
+    refilled: watch::Sender<()>,
 }
 
 impl Slab {
@@ -87,81 +100,31 @@ impl Slab {
 
 impl LeasedUnits {
     /// The hit served here when every policy leases units and holds `cost` of them, fresh, for
-    /// its counter (`keys[i]` counts `policies[i]`); None, with nothing taken, otherwise.
-    pub fn serve(
-        &self,
-        keys: &[String],
-        policies: &[RatePolicy],
-        cost: u64,
-        now: Instant,
-    ) -> Option<HitOutcome> {
-        if !policies.iter().all(|policy| policy.lease_units) {
-            return None;
-        }
+    /// its counter (`keys[i]` counts `policies[i]`); else, when a call in flight asked units
+    /// ahead for a counter that lacks them, a watch that changes when it answers (serve again
+    /// then: a busy identity's hits wait for one round trip rather than each making one);
+    /// else `Send`, with the units to ask for ahead (`aheads`), asked in the same step, so the
+    /// hits that follow wait for them. Nothing is taken unless served.
+    pub fn serve(&self, keys: &[String], policies: &[RatePolicy], cost: u64, now: Instant) -> Serving {
         let mut slabs = lock(&self.slabs);
-        let ready = keys.iter().all(|key| {
-            slabs
-                .get(key)
-                .is_some_and(|slab| slab.units >= cost && slab.fresh(now))
-        });
-        if !ready {
-            return None;
-        }
-        let decisions = keys
-            .iter()
-            .map(|key| {
-                let slab = slabs.get_mut(key).expect("checked above");
-                slab.units -= cost;
-                slab.hits += 1;
-                slab.last_hit = now;
-                slab.decision(now)
-            })
-            .collect();
-        Some(HitOutcome {
-            decisions,
-            refused: None,
-            ahead: Vec::new(),
-        })
-    }
-
-    /// The units to ask each policy for ahead of a hit sent to the store now: none for a policy
-    /// that does not lease them or a counter without a hit within `IDLE`; else its hits here
-    /// per `SERVE_FOR` (counted since the last call that asked, over `SHORTEST_COUNT` at
-    /// least), less what it holds fresh and has asked for already, so that never exceeds a
-    /// tenth of the limit. Empty when there are none to ask;
-    /// else `keep` or `unasked` must follow.
-    pub fn aheads(&self, keys: &[String], policies: &[RatePolicy], now: Instant) -> Vec<u64> {
-        if !policies.iter().any(|policy| policy.lease_units) {
-            return Vec::new();
-        }
-        let mut slabs = lock(&self.slabs);
-        let aheads: Vec<u64> = keys
-            .iter()
-            .zip(policies)
-            .map(|(key, policy)| match slabs.get_mut(key) {
-                Some(slab) if policy.lease_units && now.duration_since(slab.last_hit) < IDLE => {
-                    slab.hits += 1;
-                    slab.last_hit = now;
-                    let counted_for = now.duration_since(slab.counted_from);
-                    let elapsed = counted_for.max(SHORTEST_COUNT).as_micros();
-                    let want = (u128::from(slab.hits) * SERVE_FOR.as_micros() / elapsed) as u64;
-                    let held = if slab.fresh(now) { slab.units } else { 0 };
-                    let ask = want
-                        .min(policy.limit / MOST_OF_LIMIT)
-                        .saturating_sub(held + slab.asked);
-                    slab.asked += ask;
-                    if ask > 0 && counted_for >= SHORTEST_COUNT {
-                        (slab.counted_from, slab.hits) = (now, 0);
-                    }
-                    ask
+        if policies.iter().all(|policy| policy.lease_units) {
+            let mut refilling = None;
+            let mut ready = true;
+            for key in keys {
+                match slabs.get(key) {
+                    Some(slab) if slab.units >= cost && slab.fresh(now) => {}
+                    Some(slab) if slab.asked > 0 => refilling = Some(slab.refilled.subscribe()),
+                    _ => ready = false,
                 }
-                _ => 0,
-            })
-            .collect();
-        if aheads.iter().all(|&ahead| ahead == 0) {
-            return Vec::new();
+            }
+            if ready {
+                return match refilling {
+                    Some(refilled) => Serving::Refilling(refilled),
+                    None => Serving::Served(served(&mut slabs, keys, cost, now)),
+                };
+            }
         }
-        aheads
+        Serving::Send(aheads(&mut slabs, keys, policies, now))
     }
 
     /// Forgets the units `aheads` asked for (their call failed: nothing was taken).
@@ -170,11 +133,12 @@ impl LeasedUnits {
         for (key, ahead) in keys.iter().zip(aheads) {
             if let Some(slab) = slabs.get_mut(key) {
                 slab.asked = slab.asked.saturating_sub(*ahead);
+                slab.refilled.send_replace(());
             }
         }
     }
 
-    /// Keeps what a hit sent at `sent_at`, asking for `aheads` (`aheads()`), took ahead
+    /// Keeps what a hit sent at `sent_at`, asking for `aheads` (`Serving::Send`), took ahead
     /// (`outcome.ahead`) for the policies that lease units (a counter seen for the first time
     /// starts its rate there). Units still held in another bucket are given back (returned); the outcome's
     /// decisions leave this process's units out of `used`, as a hit served here does.
@@ -206,6 +170,7 @@ impl LeasedUnits {
                 hits: 1,
                 last_hit: sent_at,
                 asked: 0,
+                refilled: watch::Sender::new(()),
             });
             slab.asked = slab.asked.saturating_sub(aheads.get(i).copied().unwrap_or(0));
             if ahead.units > 0 {
@@ -220,6 +185,7 @@ impl LeasedUnits {
             slab.used = decision.used;
             slab.reset_at = sent_at + Duration::from_millis(decision.reset_ms);
             slab.last_hit = slab.last_hit.max(sent_at);
+            slab.refilled.send_replace(());
             decision.used = decision.used.saturating_sub(slab.units);
             decision.remaining = policy.limit.saturating_sub(decision.used);
         }
@@ -269,6 +235,68 @@ impl LeasedUnits {
             slabs.remove(key);
         }
     }
+}
+
+/// Takes `cost` from each counter's slab (each holds it, fresh) and answers the hit.
+fn served(slabs: &mut HashMap<String, Slab>, keys: &[String], cost: u64, now: Instant) -> HitOutcome {
+    let decisions = keys
+        .iter()
+        .map(|key| {
+            let slab = slabs.get_mut(key).expect("checked by serve");
+            slab.units -= cost;
+            slab.hits += 1;
+            slab.last_hit = now;
+            slab.decision(now)
+        })
+        .collect();
+    HitOutcome {
+        decisions,
+        refused: None,
+        ahead: Vec::new(),
+    }
+}
+
+/// The units to ask each policy for ahead of a hit sent to the store now, noted as asked: none
+/// for a policy that does not lease them or a counter without a hit within `IDLE`; else its
+/// hits here per `SERVE_FOR` (counted since the last call that asked, over `SHORTEST_COUNT` at
+/// least), less what it holds fresh and has asked for already, so that never exceeds a tenth
+/// of the limit. Empty when there are none to ask; else `keep` or `unasked` must follow.
+fn aheads(
+    slabs: &mut HashMap<String, Slab>,
+    keys: &[String],
+    policies: &[RatePolicy],
+    now: Instant,
+) -> Vec<u64> {
+    if !policies.iter().any(|policy| policy.lease_units) {
+        return Vec::new();
+    }
+    let aheads: Vec<u64> = keys
+        .iter()
+        .zip(policies)
+        .map(|(key, policy)| match slabs.get_mut(key) {
+            Some(slab) if policy.lease_units && now.duration_since(slab.last_hit) < IDLE => {
+                slab.hits += 1;
+                slab.last_hit = now;
+                let counted_for = now.duration_since(slab.counted_from);
+                let elapsed = counted_for.max(SHORTEST_COUNT).as_micros();
+                let want = (u128::from(slab.hits) * SERVE_FOR.as_micros() / elapsed) as u64;
+                let held = if slab.fresh(now) { slab.units } else { 0 };
+                let ask = want
+                    .min(policy.limit / MOST_OF_LIMIT)
+                    .saturating_sub(held + slab.asked);
+                slab.asked += ask;
+                if ask > 0 && counted_for >= SHORTEST_COUNT {
+                    (slab.counted_from, slab.hits) = (now, 0);
+                }
+                ask
+            }
+            _ => 0,
+        })
+        .collect();
+    if aheads.iter().all(|&ahead| ahead == 0) {
+        return Vec::new();
+    }
+    aheads
 }
 
 #[cfg(test)]

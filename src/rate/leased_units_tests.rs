@@ -9,6 +9,29 @@ fn leasing(limit: u64, algorithm: Algorithm) -> RatePolicy {
         .expect("a policy")
 }
 
+/// The hit `serve` served, if it did.
+fn served_by(
+    leased: &LeasedUnits,
+    keys: &[String],
+    policies: &[RatePolicy],
+    cost: u64,
+    now: Instant,
+) -> Option<HitOutcome> {
+    match leased.serve(keys, policies, cost, now) {
+        Serving::Served(outcome) => Some(outcome),
+        Serving::Refilling(_) | Serving::Send(_) => None,
+    }
+}
+
+/// The units a hit `serve` sends to the store asks for ahead (none when it waits for another's).
+fn asked_by(leased: &LeasedUnits, keys: &[String], policies: &[RatePolicy], now: Instant) -> Vec<u64> {
+    match leased.serve(keys, policies, 1, now) {
+        Serving::Send(aheads) => aheads,
+        Serving::Refilling(_) => Vec::new(),
+        Serving::Served(_) => panic!("served: nothing to ask"),
+    }
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -33,14 +56,14 @@ fn an_identity_seen_once_is_counted_in_the_store_and_asks_nothing_ahead() {
         [leasing(1_000, Algorithm::FixedWindow)],
         Instant::now(),
     );
-    assert!(leased.serve(&keys, &policies, 1, t0).is_none());
-    assert!(leased.aheads(&keys, &policies, t0).is_empty(), "cold: none");
+    assert!(served_by(&leased, &keys, &policies, 1, t0).is_none());
+    assert!(asked_by(&leased, &keys, &policies, t0).is_empty(), "cold: none");
     let plain = [RatePolicy {
         lease_units: false,
         ..policies[0].clone()
     }];
-    assert!(leased.aheads(&keys, &plain, t0).is_empty());
-    assert!(leased.serve(&keys, &plain, 1, t0).is_none());
+    assert!(asked_by(&leased, &keys, &plain, t0).is_empty());
+    assert!(served_by(&leased, &keys, &plain, 1, t0).is_none());
 }
 
 #[test]
@@ -51,10 +74,10 @@ fn a_busy_identity_takes_units_ahead_and_is_served_here_until_they_run_out() {
     let mut first = answered(&policy, 1, 0, 0, 7);
     assert!(leased.keep(&keys, &policies, &[], &mut first, t0).is_empty());
     // Its next hit 10 ms later: two hits in 10 ms, so 20 for the next 100 ms.
-    let aheads = leased.aheads(&keys, &policies, t0 + ms(10));
+    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(10));
     assert_eq!(aheads, [20]);
     assert!(
-        leased.aheads(&keys, &policies, t0 + ms(10)).is_empty(),
+        asked_by(&leased, &keys, &policies, t0 + ms(10)).is_empty(),
         "asked already"
     );
     let mut second = answered(&policy, 22, 20, 500, 7);
@@ -64,15 +87,48 @@ fn a_busy_identity_takes_units_ahead_and_is_served_here_until_they_run_out() {
         "the units held here are this identity's to use"
     );
     for served in 1..=20 {
-        let outcome = leased
-            .serve(&keys, &policies, 1, t0 + ms(20))
-            .expect("served here");
+        let outcome = served_by(&leased, &keys, &policies, 1, t0 + ms(20)).expect("served here");
         assert_eq!(outcome.decisions[0].used, 2 + served);
         assert_eq!(outcome.decisions[0].remaining, 1_000 - 2 - served);
     }
     assert!(
-        leased.serve(&keys, &policies, 1, t0 + ms(20)).is_none(),
+        served_by(&leased, &keys, &policies, 1, t0 + ms(20)).is_none(),
         "none left"
+    );
+}
+
+#[test]
+fn a_hit_that_finds_units_asked_for_waits_for_that_answer_instead_of_a_round_trip() {
+    let leased = LeasedUnits::default();
+    let policy = leasing(1_000, Algorithm::FixedWindow);
+    let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
+    leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
+    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(10));
+    let Serving::Refilling(refilled) = leased.serve(&keys, &policies, 1, t0 + ms(11)) else {
+        panic!("a call in flight asked for units: wait for it");
+    };
+    assert!(!refilled.has_changed().expect("told"));
+    leased.keep(
+        &keys,
+        &policies,
+        &aheads,
+        &mut answered(&policy, 22, 20, 500, 7),
+        t0 + ms(10),
+    );
+    assert!(refilled.has_changed().expect("told"), "its answer is told");
+    assert!(served_by(&leased, &keys, &policies, 1, t0 + ms(12)).is_some());
+
+    let failing = LeasedUnits::default();
+    failing.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
+    let aheads = asked_by(&failing, &keys, &policies, t0 + ms(10));
+    let Serving::Refilling(refilled) = failing.serve(&keys, &policies, 1, t0 + ms(11)) else {
+        panic!("a call in flight asked for units: wait for it");
+    };
+    failing.unasked(&keys, &aheads);
+    assert!(refilled.has_changed().expect("told"), "a failed call is told too");
+    assert!(
+        matches!(failing.serve(&keys, &policies, 1, t0 + ms(12)), Serving::Send(_)),
+        "nothing asked any more: to the store"
     );
 }
 
@@ -82,7 +138,7 @@ fn units_are_served_only_while_their_bucket_is_current() {
     let policy = leasing(1_000, Algorithm::SlidingWindow);
     let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
     leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = leased.aheads(&keys, &policies, t0 + ms(1));
+    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(1));
     leased.keep(
         &keys,
         &policies,
@@ -90,9 +146,9 @@ fn units_are_served_only_while_their_bucket_is_current() {
         &mut answered(&policy, 51, 50, 30, 7),
         t0 + ms(1),
     );
-    assert!(leased.serve(&keys, &policies, 1, t0 + ms(30)).is_some());
+    assert!(served_by(&leased, &keys, &policies, 1, t0 + ms(30)).is_some());
     assert!(
-        leased.serve(&keys, &policies, 1, t0 + ms(31)).is_none(),
+        served_by(&leased, &keys, &policies, 1, t0 + ms(31)).is_none(),
         "its slice has ended"
     );
     let (given_back, left) = leased.give_back_idle(t0 + ms(31));
@@ -113,8 +169,7 @@ fn a_slab_never_holds_more_than_a_tenth_of_the_limit_however_many_calls_ask() {
     leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
     let asked: u64 = (0..64)
         .map(|_| {
-            leased
-                .aheads(&keys, &policies, t0 + ms(1))
+            asked_by(&leased, &keys, &policies, t0 + ms(1))
                 .first()
                 .copied()
                 .unwrap_or(0)
@@ -123,7 +178,7 @@ fn a_slab_never_holds_more_than_a_tenth_of_the_limit_however_many_calls_ask() {
     assert_eq!(asked, 10);
     leased.unasked(&keys, &[10]);
     assert_eq!(
-        leased.aheads(&keys, &policies, t0 + ms(1)),
+        asked_by(&leased, &keys, &policies, t0 + ms(1)),
         [10],
         "a failed call asked nothing"
     );
@@ -135,7 +190,7 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
     let policy = leasing(1_000, Algorithm::FixedWindow);
     let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
     leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = leased.aheads(&keys, &policies, t0 + ms(1));
+    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(1));
     leased.keep(
         &keys,
         &policies,
@@ -143,7 +198,7 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
         &mut answered(&policy, 51, 50, 5_000, 7),
         t0 + ms(1),
     );
-    leased.serve(&keys, &policies, 1, t0 + ms(2)).expect("served");
+    served_by(&leased, &keys, &policies, 1, t0 + ms(2)).expect("served");
     let (nothing, _) = leased.give_back_idle(t0 + ms(500));
     assert!(nothing.is_empty(), "not idle yet");
     let (given_back, left) = leased.give_back_idle(t0 + ms(2) + IDLE);
@@ -151,7 +206,7 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
 
     let closing = LeasedUnits::default();
     closing.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = closing.aheads(&keys, &policies, t0 + ms(1));
+    let aheads = asked_by(&closing, &keys, &policies, t0 + ms(1));
     closing.keep(
         &keys,
         &policies,
@@ -161,7 +216,7 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
     );
     assert_eq!(closing.give_back_all(t0 + ms(50))[0].tokens, 50);
     closing.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = closing.aheads(&keys, &policies, t0 + ms(1));
+    let aheads = asked_by(&closing, &keys, &policies, t0 + ms(1));
     closing.keep(
         &keys,
         &policies,
@@ -245,22 +300,24 @@ fn randomized_hits_from_many_processes_never_serve_more_than_the_limit_in_a_wind
         }
         let mut served: BTreeMap<u64, u64> = BTreeMap::new();
         let mut served_here = 0;
+        let mut waiting = vec![0; processes.len()];
         while let Some(((at, _), (p, step))) = events.pop_first() {
             let leased = &processes[p];
             order += 1;
             match step {
-                Step::Arrives => {
-                    if let Some(here) = leased.serve(&keys, &policies, 1, t0 + ms(at)) {
+                Step::Arrives => match leased.serve(&keys, &policies, 1, t0 + ms(at)) {
+                    Serving::Served(here) => {
                         let counted_in = here.decisions[0].bucket.expect("a bucket").slot - 1;
                         assert_eq!(counted_in, at / 1_000, "round {round}: served outside its window");
                         assert!(here.decisions[0].used <= limit);
                         *served.entry(at / 1_000).or_default() += 1;
                         served_here += 1;
-                        continue;
                     }
-                    let aheads = leased.aheads(&keys, &policies, t0 + ms(at));
-                    events.insert((at + random(3), order), (p, Step::Reaches { aheads, sent: at }));
-                }
+                    Serving::Refilling(_) => waiting[p] += 1,
+                    Serving::Send(aheads) => {
+                        events.insert((at + random(3), order), (p, Step::Reaches { aheads, sent: at }));
+                    }
+                },
                 Step::Reaches { aheads, sent } => {
                     let answer = store.hit(&policy, aheads.first().copied().unwrap_or(0), at);
                     if answer.refused.is_none() {
@@ -275,6 +332,11 @@ fn randomized_hits_from_many_processes_never_serve_more_than_the_limit_in_a_wind
                     sent,
                 } => {
                     leased.keep(&keys, &policies, &aheads, &mut answer, t0 + ms(sent));
+                    // The hits that waited for an answer try again.
+                    for _ in 0..std::mem::take(&mut waiting[p]) {
+                        order += 1;
+                        events.insert((at, order), (p, Step::Arrives));
+                    }
                 }
             }
         }

@@ -25,7 +25,7 @@ pub use self::adjustment::{Adjustment, AnswerKeys, AnswerSample, Settlement, Top
 pub use self::alerts::Thresholds;
 pub use self::decision::{Ahead, Bucket, Decision, HitOutcome, RateCheck};
 pub use self::headers::{rate_limit_headers, PolicyState, PoolState};
-pub use self::leased_units::LeasedUnits;
+pub use self::leased_units::{LeasedUnits, Serving};
 pub use self::notation::{parse_rate, parse_window, Window};
 pub use self::policy::{
     check_costs, check_hit, Algorithm, Period, RatePolicy, Unit, MAX_LIMIT, MAX_WINDOW_MS, SLICES,
