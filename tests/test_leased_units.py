@@ -138,3 +138,16 @@ async def test_reset_forgets_the_units_this_process_holds(make_redis_manager):
     assert (await manager.peek("gina", policy)).used == 0
     assert (await manager.hit("gina", policy))[0].remaining == 100_000 - 1
     assert (await manager.peek("gina", policy)).used == 1
+
+
+async def test_hits_that_come_together_wait_for_one_call_for_their_units(
+    make_own_redis_manager, own_redis
+):
+    manager = make_own_redis_manager()
+    policy = RateLimit("api", 100_000, per=60, lease_units=True)
+    for _ in range(2):
+        await manager.hit("hana", policy)  # seen before: the next call asks for units ahead
+    before = hit_calls(own_redis)
+    await asyncio.gather(*(manager.hit("hana", policy) for _ in range(200)))
+    assert hit_calls(own_redis) - before <= 20
+    assert (await manager.peek("hana", policy)).used >= 202
