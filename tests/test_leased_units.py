@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import redis as redis_py
 
-from fastapi_stream_lease import RateLimit, RateLimited
+from fastapi_stream_lease import RateLimit, RateLimited, StreamLeaseManager
 
 from support.redis_servers import RedisServer
 from support.waiting import eventually
@@ -151,3 +151,12 @@ async def test_hits_that_come_together_wait_for_one_call_for_their_units(
     await asyncio.gather(*(manager.hit("hana", policy) for _ in range(200)))
     assert hit_calls(own_redis) - before <= 20
     assert (await manager.peek("hana", policy)).used >= 202
+
+
+async def test_the_embedded_store_takes_nothing_ahead():
+    manager = StreamLeaseManager(url="memory://")
+    policy = RateLimit("api", 1_000, per=60, lease_units=True)
+    for _ in range(50):
+        await manager.hit("ida", policy)
+    assert (await manager.peek("ida", policy)).used == 50
+    await manager.aclose()

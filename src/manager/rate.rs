@@ -33,7 +33,8 @@ impl Manager {
     /// them allow it, none otherwise and `CoreError::RateLimited` (`consume: false` only looks,
     /// and never fails for rate). Each policy counts `identity`, or the identity paired with it
     /// (a login's per-IP and per-user-and-IP pair). A hit whose policies all lease units and
-    /// hold enough here is served at once.
+    /// hold enough here is served at once; one of a policy that does not lease them is counted
+    /// in the store as without the option.
     pub fn hit(
         self: &Arc<Self>,
         identity: &str,
@@ -53,7 +54,8 @@ impl Manager {
         }
         let keys = self.counter_keys(identity, &policies, &identities, None)?;
         self.start_here()?;
-        let leasing = consume && policies.iter().any(|policy| policy.lease_units);
+        // The embedded store is this process's: nothing to lease there.
+        let leasing = consume && !self.is_embedded() && policies.iter().all(|policy| policy.lease_units);
         let (mut refilling, mut aheads) = (None, Vec::new());
         if leasing {
             match self.leased_units.serve(&keys, &policies, cost, Instant::now()) {

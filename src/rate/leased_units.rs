@@ -106,25 +106,23 @@ impl LeasedUnits {
     /// else `Send`, with the units to ask for ahead (`aheads`), asked in the same step, so the
     /// hits that follow wait for them. Nothing is taken unless served.
     pub fn serve(&self, keys: &[String], policies: &[RatePolicy], cost: u64, now: Instant) -> Serving {
+        if !policies.iter().all(|policy| policy.lease_units) {
+            // Units ahead of such a hit would never serve one: it asks for none.
+            return Serving::Send(Vec::new());
+        }
         let mut slabs = lock(&self.slabs);
-        if policies.iter().all(|policy| policy.lease_units) {
-            let mut refilling = None;
-            let mut ready = true;
-            for key in keys {
-                match slabs.get(key) {
-                    Some(slab) if slab.units >= cost && slab.fresh(now) => {}
-                    Some(slab) if slab.asked > 0 => refilling = Some(slab.refilled.subscribe()),
-                    _ => ready = false,
-                }
-            }
-            if ready {
-                return match refilling {
-                    Some(refilled) => Serving::Refilling(refilled),
-                    None => Serving::Served(served(&mut slabs, keys, cost, now)),
-                };
+        let mut refilling = None;
+        for key in keys {
+            match slabs.get(key) {
+                Some(slab) if slab.units >= cost && slab.fresh(now) => {}
+                Some(slab) if slab.asked > 0 => refilling = Some(slab.refilled.subscribe()),
+                _ => return Serving::Send(aheads(&mut slabs, keys, policies, now)),
             }
         }
-        Serving::Send(aheads(&mut slabs, keys, policies, now))
+        match refilling {
+            Some(refilled) => Serving::Refilling(refilled),
+            None => Serving::Served(served(&mut slabs, keys, cost, now)),
+        }
     }
 
     /// Forgets the units `aheads` asked for (their call failed: nothing was taken).
@@ -256,8 +254,8 @@ fn served(slabs: &mut HashMap<String, Slab>, keys: &[String], cost: u64, now: In
     }
 }
 
-/// The units to ask each policy for ahead of a hit sent to the store now, noted as asked: none
-/// for a policy that does not lease them or a counter without a hit within `IDLE`; else its
+/// The units to ask each policy (every one leases units) for ahead of a hit sent to the store
+/// now, noted as asked: none for a counter without a hit within `IDLE`; else its
 /// hits here per `SERVE_FOR` (counted since the last call that asked, over `SHORTEST_COUNT` at
 /// least), less what it holds fresh and has asked for already, so that never exceeds a tenth
 /// of the limit. Empty when there are none to ask; else `keep` or `unasked` must follow.
@@ -267,14 +265,11 @@ fn aheads(
     policies: &[RatePolicy],
     now: Instant,
 ) -> Vec<u64> {
-    if !policies.iter().any(|policy| policy.lease_units) {
-        return Vec::new();
-    }
     let aheads: Vec<u64> = keys
         .iter()
         .zip(policies)
         .map(|(key, policy)| match slabs.get_mut(key) {
-            Some(slab) if policy.lease_units && now.duration_since(slab.last_hit) < IDLE => {
+            Some(slab) if now.duration_since(slab.last_hit) < IDLE => {
                 slab.hits += 1;
                 slab.last_hit = now;
                 let counted_for = now.duration_since(slab.counted_from);
