@@ -3,6 +3,9 @@ auditor checks broken. ``make chaos`` runs the long ones (tests/chaos/)."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+
 from fastapi_stream_lease import TOP_UP_INCREMENT
 
 from chaos.auditor import Audit, Bounds, Sample, WorkerLife
@@ -18,9 +21,24 @@ SECONDS = 40
 WORKERS = 3
 
 
+async def finished_within(run: ChaosRun, seconds: float) -> Audit:
+    """The run's audit; a run still going after ``seconds`` fails with the stack of every task,
+    which says what it waits for."""
+    task = asyncio.ensure_future(run.run())
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        stacks = io.StringIO()
+        for waiting in asyncio.all_tasks():
+            waiting.print_stack(file=stacks)
+        task.cancel()
+        raise AssertionError(
+            f"the chaos run went on past {seconds} s, waiting:\n{stacks.getvalue()}")
+    return task.result()
+
+
 async def test_a_short_chaos_run_breaks_no_invariant():
     run = ChaosRun(SEED, SECONDS, workers=WORKERS, say=lambda _: None, kinds=KINDS)
-    audit = await run.run()
+    audit = await finished_within(run, 5 * SECONDS)
     report = "\n".join(summary(audit, SEED, "redis", SECONDS, WORKERS))
     assert {fault.kind for fault in audit.faults} == set(KINDS), report
     long_stalls = {f.kind for f in audit.faults if f.t1 - f.t0 > audit.bounds.lease}
@@ -28,6 +46,8 @@ async def test_a_short_chaos_run_breaks_no_invariant():
     assert audit.outcomes["started"] > 100 and audit.checked["samples"] > 50, report
     # The teams' money is judged, and tight enough to refuse starts its users' budgets admit.
     assert audit.checked["budget windows (team_spend)"] > 100, report
+    # The hot users' hits are judged, and the leased rate refuses some of them.
+    assert audit.checked["hit windows"] > 100, report
     assert audit.outcomes["limited (team_spend)"] > 0, report
     assert not audit.violations, report
 
@@ -120,6 +140,32 @@ def test_the_auditor_counts_starts_known_to_fall_in_one_rate_window():
     spread = [("user0", 1.0 + per * i / limit, 1.01 + per * i / limit, 1.02 + per * i / limit,
                [], 0) for i in range(limit + 1)]
     assert invariants(audit_of_limited(spread)) == [], "limit starts per window, no more"
+
+
+def audit_of_hits(hits, faults=()):
+    """An audit of allowed hits of the leased rate: (user, t_req, t_done)."""
+    settings = Settings()
+    audit = Audit(settings, Bounds.of(settings), t_origin=0.0)
+    for user, t_req, t_done in hits:
+        audit.event("0.1", {"e": "hit", "user": user, "t_req": t_req, "t_done": t_done})
+    audit.faults = list(faults)
+    audit.judge(100.0)
+    return audit
+
+
+def test_the_auditor_counts_hits_known_to_fall_in_one_window_of_the_leased_rate():
+    limit, per = Settings().hit_limit, Settings().hit_per
+    packed = [("user0", 1.0 + 0.001 * i, 1.0005 + 0.001 * i) for i in range(limit + 1)]
+    assert invariants(audit_of_hits(packed)) == ["hits"]
+    assert invariants(audit_of_hits(packed[:limit])) == []
+    # One hit answered after the window: not known to be inside it.
+    late = [*packed[:limit], ("user0", 1.0 + 0.001 * limit, 1.0 + per)]
+    assert invariants(audit_of_hits(late)) == []
+    other_user = [*packed[:limit], ("user1", 1.0 + 0.001 * limit, 1.0005 + 0.001 * limit)]
+    assert invariants(audit_of_hits(other_user)) == []
+    # Redis lost its counts meanwhile: the window is not judged.
+    restart = Fault("redis_restart", 0.9, 0.2, t0=0.9, t1=1.1)
+    assert invariants(audit_of_hits(packed, [restart])) == []
 
 
 def test_the_auditor_holds_a_budget_window_to_the_guides_bound():

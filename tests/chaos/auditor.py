@@ -12,6 +12,9 @@ Invariants checked (each violation is listed with its time and the streams it in
 * ``rates``: no window of the start rate's ``per`` seconds holds more of one user's starts
   that counted the rate than its limit (a start counts it between its ``t_req`` and
   ``t_start``: only starts known to fall inside a window are counted in it).
+* ``hits``: no window of the leased hit rate's ``per`` seconds holds more of one hot user's
+  allowed hits than its limit (a hit is served between its ``t_req`` and ``t_done``, from units
+  its worker took ahead or by Redis: only hits known to fall inside a window are counted in it).
 * ``budgets``: at each budget level (a user's tokens, a team's money shared by its users), no
   window of ``budget_per`` seconds holds more of one identity's units, by the time the streams
   sent them, than the level's limit plus one top-up increment and one chunk per concurrent
@@ -199,6 +202,8 @@ class Audit:
         self.figures: dict[str, object] = {}
         self.checked: dict[str, int] = Counter()
         self.drain: dict[str, object] = {}
+        # The allowed hits of each hot user: (t_req, t_done).
+        self.hits: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
     # -- what the run feeds in --
 
@@ -232,6 +237,10 @@ class Audit:
         elif kind == "tok":
             self.streams[str(event["id"])].tokens.append(
                 (float(event["t"]), int(event["n"])))  # type: ignore[arg-type, call-overload]
+        elif kind == "hit":
+            self.hits[str(event["user"])].append(
+                (float(event["t_req"]), float(event["t_done"])))  # type: ignore[arg-type]
+            self.outcomes["hits allowed"] += 1
         elif kind == "limited":
             self.outcomes[f"limited ({event['policy']})"] += 1
         elif kind == "refused":
@@ -276,6 +285,7 @@ class Audit:
             stream.exempt = self.windows_of(stream)
         self.check_caps()
         self.check_rates()
+        self.check_hits()
         self.check_budgets()
         self.check_samples()
         self.check_workers()
@@ -496,6 +506,34 @@ class Audit:
                         + ", ".join(self.describe(s) for s in inside)))
         self.figures[f"most starts of one user counted by the start rate in one window (limit "
                      f"{settings.rate_limit})"] = most
+
+    def check_hits(self) -> None:
+        """Every window of ``hit_per`` seconds, anchored at each allowed hit's ``t_req``: the
+        hits wholly inside it (asked and answered) number at most ``hit_limit``, though the
+        workers served most of them from units they had taken ahead."""
+        settings = self.settings
+        most = 0
+        for user, hits in self.hits.items():
+            hits.sort()
+            reported = float("-inf")
+            for k, (lo, _) in enumerate(hits):
+                hi = lo + settings.hit_per - CLOCK_SLACK
+                inside = 0
+                for t_req, t_done in hits[k:]:
+                    if t_req > hi:
+                        break
+                    inside += t_done <= hi
+                if not self.judged(lo, hi):
+                    continue
+                self.checked["hit windows"] += 1
+                most = max(most, inside)
+                if inside > settings.hit_limit and lo > reported + settings.hit_per:
+                    reported = lo
+                    self.violations.append(Violation(
+                        "hits", lo, f"{user}: {inside} hits > limit {settings.hit_limit} within "
+                        f"{settings.hit_per} s; last fault {self.fault_before(lo)}"))
+        self.figures[f"most allowed hits of one user in one window of the leased rate (limit "
+                     f"{settings.hit_limit})"] = most
 
     def check_budgets(self) -> None:
         """Each budget level (its user's tokens, its team's money), in its unit: every window

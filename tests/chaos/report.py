@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 from chaos.auditor import Audit
 from chaos.faults import KINDS
 
-INVARIANTS = ["caps", "counted", "redis caps", "rates", "budgets", "leftovers", "drain", "ttl",
-              "errors", "memory"]
+INVARIANTS = ["caps", "counted", "redis caps", "rates", "hits", "budgets", "leftovers", "drain",
+              "ttl", "errors", "memory"]
 # Violations listed per invariant (the count is always complete).
 LISTED = 12
 

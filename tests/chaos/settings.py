@@ -49,6 +49,15 @@ class Settings:
     budget: int = 800
     budget_per: float = 4.0
     max_chunk: int = 60
+    # Besides the streams, ``hitters`` tasks per worker hit a request rate whose units each
+    # worker leases (``RateLimit(lease_units=True)``): one of ``hit_users`` hot users at a time,
+    # pausing up to ``hit_pause`` seconds between hits, against ``hit_limit`` per ``hit_per``
+    # seconds, so most hits are served from units a worker took ahead and many are refused.
+    hitters: int = 2
+    hit_users: int = 3
+    hit_limit: int = 40
+    hit_per: float = 1.0
+    hit_pause: float = 0.02
     # The budgeted streams also spend their team's budget in money (``unit="cost"``, one model
     # at ``answer_price`` units per million answer tokens), shared by the team's users: the users
     # are spread over ``teams`` teams, each with less than its users' budgets together, so the

@@ -15,6 +15,9 @@ acquire or while they stream. It tells the auditor, one JSON line on stdout per 
   this program), ``lost`` (``LeaseLost``: the library ended it), ``cut`` (``BudgetExhausted``).
 * ``{"e": "refused" | "limited" | "unavailable" | "cancelled_acquire" | "error", ...}``: an
   acquire that gave no stream (``limited``: the start rate or the budget refused it).
+* ``{"e": "hit", ...}``: a hit of a hot ``user`` against the leased request rate was allowed:
+  asked at ``t_req``, answered at ``t_done`` (served from units the worker held, or by Redis,
+  in between). Refused hits are counted in ``bye``'s ``hits_refused``.
 * ``{"e": "bye", "stats": ...}``: on SIGTERM, once every runner finished its stream and the
   manager is closed.
 
@@ -110,6 +113,9 @@ class Worker:
             name: Resource(capacity, name) for name, capacity in settings.resources.items()
         }
         self.start_rate = RateLimit("starts", settings.rate_limit, per=settings.rate_per)
+        self.hit_rate = RateLimit(
+            "hits", settings.hit_limit, per=settings.hit_per, lease_units=True)
+        self.hits_refused = 0
         self.budget_levels = [
             (level, RateLimit(level.name, level.limit, per=settings.budget_per, unit=level.unit))
             for level in settings.budget_levels()]
@@ -123,11 +129,32 @@ class Worker:
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         emit("hello", t=now())
         runners = [asyncio.create_task(self.runner(i)) for i in range(self.settings.concurrency)]
+        runners += [asyncio.create_task(self.hitter()) for _ in range(self.settings.hitters)]
         watch = asyncio.create_task(self.watch_stats())
         await asyncio.gather(*runners)
         watch.cancel()
         await self.manager.aclose()
-        emit("bye", t=now(), stats=dict(self.manager.stats()))
+        emit("bye", t=now(), stats={**self.manager.stats(), "hits_refused": self.hits_refused})
+
+    async def hitter(self) -> None:
+        """Hits of the hot users, one after another, against the rate whose units this worker
+        leases; each allowed hit is told."""
+        settings = self.settings
+        while not self.stop.is_set():
+            user = settings.user_name(self.rng.randrange(settings.hit_users))
+            t_req = now()
+            try:
+                await self.manager.hit(user, self.hit_rate)
+            except RateLimited:
+                self.hits_refused += 1
+            except BackendUnavailable:
+                pass
+            except Exception as error:  # anything else is for the auditor to report
+                emit("error", id=f"{self.name}.hits", error=f"{type(error).__name__}: {error}",
+                     t=now())
+            else:
+                emit("hit", user=user, t_req=t_req, t_done=now())
+            await asyncio.sleep(self.rng.uniform(0, settings.hit_pause))
 
     async def watch_stats(self) -> None:
         """Tells the auditor when the library finds leases lost or takes them back, or prunes
