@@ -32,6 +32,16 @@ fn asked_by(leased: &LeasedUnits, keys: &[String], policies: &[RatePolicy], now:
     }
 }
 
+/// A counter seen at `t0` (a first hit, sent to the store) and its second hit 1 ms later, sent
+/// asking for units ahead, answered with `ahead` of them fresh for `fresh_ms`.
+fn holding(leased: &LeasedUnits, policy: &RatePolicy, ahead: u64, fresh_ms: u64, t0: Instant) {
+    let (keys, policies) = (["k".to_owned()], [policy.clone()]);
+    leased.keep(&keys, &policies, &[], &mut answered(policy, 1, 0, 0, 7), t0);
+    let aheads = asked_by(leased, &keys, &policies, t0 + ms(1));
+    let mut second = answered(policy, 2 + ahead, ahead, fresh_ms, 7);
+    leased.keep(&keys, &policies, &aheads, &mut second, t0 + ms(1));
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -137,15 +147,7 @@ fn units_are_served_only_while_their_bucket_is_current() {
     let leased = LeasedUnits::default();
     let policy = leasing(1_000, Algorithm::SlidingWindow);
     let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
-    leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(1));
-    leased.keep(
-        &keys,
-        &policies,
-        &aheads,
-        &mut answered(&policy, 51, 50, 30, 7),
-        t0 + ms(1),
-    );
+    holding(&leased, &policy, 50, 30, t0);
     assert!(served_by(&leased, &keys, &policies, 1, t0 + ms(30)).is_some());
     assert!(
         served_by(&leased, &keys, &policies, 1, t0 + ms(31)).is_none(),
@@ -189,15 +191,7 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
     let leased = LeasedUnits::default();
     let policy = leasing(1_000, Algorithm::FixedWindow);
     let (keys, policies, t0) = (["k".to_owned()], [policy.clone()], Instant::now());
-    leased.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = asked_by(&leased, &keys, &policies, t0 + ms(1));
-    leased.keep(
-        &keys,
-        &policies,
-        &aheads,
-        &mut answered(&policy, 51, 50, 5_000, 7),
-        t0 + ms(1),
-    );
+    holding(&leased, &policy, 50, 5_000, t0);
     served_by(&leased, &keys, &policies, 1, t0 + ms(2)).expect("served");
     let (nothing, _) = leased.give_back_idle(t0 + ms(500));
     assert!(nothing.is_empty(), "not idle yet");
@@ -205,25 +199,9 @@ fn unused_units_go_back_when_idle_and_at_close_but_not_to_a_fixed_window_that_en
     assert_eq!((given_back.len(), given_back[0].tokens, left), (1, 49, 0));
 
     let closing = LeasedUnits::default();
-    closing.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = asked_by(&closing, &keys, &policies, t0 + ms(1));
-    closing.keep(
-        &keys,
-        &policies,
-        &aheads,
-        &mut answered(&policy, 51, 50, 100, 7),
-        t0 + ms(1),
-    );
+    holding(&closing, &policy, 50, 100, t0);
     assert_eq!(closing.give_back_all(t0 + ms(50))[0].tokens, 50);
-    closing.keep(&keys, &policies, &[], &mut answered(&policy, 1, 0, 0, 7), t0);
-    let aheads = asked_by(&closing, &keys, &policies, t0 + ms(1));
-    closing.keep(
-        &keys,
-        &policies,
-        &aheads,
-        &mut answered(&policy, 51, 50, 100, 7),
-        t0 + ms(1),
-    );
+    holding(&closing, &policy, 50, 100, t0);
     assert!(
         closing.give_back_all(t0 + ms(200)).is_empty(),
         "its window has ended"
