@@ -10,10 +10,12 @@
 //! step of a process between two awaits (`src/renewal/`, `src/manager/admit.rs`, in
 //! [`protocol`]), or a tick, or a fault. The properties are in [`properties`]; [`checked`] makes
 //! the stateright model of the two. docs/design.md
-//! ("The protocol model") says what is left out and what a run covers.
+//! ("The protocol model") says what is left out and what a run covers. [`leased_units`] is a
+//! model of its own: the units of a request rate a process takes ahead of its hits.
 
 pub mod checked;
 pub mod config;
+pub mod leased_units;
 pub mod process;
 pub mod properties;
 pub mod protocol;
