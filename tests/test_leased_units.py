@@ -10,7 +10,13 @@ import asyncio
 import pytest
 import redis as redis_py
 
-from fastapi_stream_lease import RateLimit, RateLimited, StreamLeaseManager
+from fastapi_stream_lease import (
+    LeaseConfig,
+    RateLimit,
+    RateLimited,
+    StreamLeaseManager,
+    ThresholdCrossed,
+)
 
 from support.redis_servers import RedisServer
 from support.waiting import eventually
@@ -159,4 +165,24 @@ async def test_the_embedded_store_takes_nothing_ahead():
     for _ in range(50):
         await manager.hit("ida", policy)
     assert (await manager.peek("ida", policy)).used == 50
+    await manager.aclose()
+
+
+async def test_each_threshold_is_told_once_when_units_are_leased(redis_server, key_prefix):
+    told: list[ThresholdCrossed] = []
+
+    async def on_threshold(alert: ThresholdCrossed) -> None:
+        told.append(alert)
+
+    manager = StreamLeaseManager(
+        url=redis_server.url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        on_threshold=on_threshold,
+    )
+    policy = RateLimit("api", 100, per=3600, algorithm="fixed_window", lease_units=True)
+    for _ in range(100):
+        await manager.hit("jo", policy)
+    await eventually(lambda: len(told) >= 2, what="both thresholds told")
+    assert sorted(a.threshold for a in told) == [0.8, 1.0]
+    assert all(a.used >= a.threshold * a.limit for a in told)
     await manager.aclose()

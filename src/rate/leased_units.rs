@@ -76,12 +76,19 @@ impl Slab {
         now < self.fresh_until
     }
 
-    /// The decision of a hit it served: in use, the units this process holds left out (they
-    /// are this identity's to use).
+    /// The decision of a hit it served: in use, the store's count as of its last answer.
     fn decision(&self, now: Instant) -> Decision {
-        let used = self.used.saturating_sub(self.units);
         let reset_ms = self.reset_at.saturating_duration_since(now).as_millis() as u64;
-        Decision::new(self.policy.clone(), used, reset_ms, self.bucket)
+        let mut decision = Decision::new(self.policy.clone(), self.used, reset_ms, self.bucket);
+        self.leave_available(&mut decision);
+        decision
+    }
+
+    /// `remaining` counts the units this process holds as the identity's to use; `used` stays
+    /// what the store counts (they are taken), as `peek()` and the threshold alerts see it.
+    fn leave_available(&self, decision: &mut Decision) {
+        let unavailable = decision.used.saturating_sub(self.units);
+        decision.remaining = self.policy.limit.saturating_sub(unavailable);
     }
 
     /// Its units, given back to their bucket (none when there are none, or when the bucket, a
@@ -138,8 +145,9 @@ impl LeasedUnits {
 
     /// Keeps what a hit sent at `sent_at`, asking for `aheads` (`Serving::Send`), took ahead
     /// (`outcome.ahead`) for the policies that lease units (a counter seen for the first time
-    /// starts its rate there). Units still held in another bucket are given back (returned); the outcome's
-    /// decisions leave this process's units out of `used`, as a hit served here does.
+    /// starts its rate there). Units still held in another bucket are given back (returned); the
+    /// outcome's decisions count this process's units as available in `remaining`, as a hit
+    /// served here does.
     pub fn keep(
         &self,
         keys: &[String],
@@ -184,8 +192,7 @@ impl LeasedUnits {
             slab.reset_at = sent_at + Duration::from_millis(decision.reset_ms);
             slab.last_hit = slab.last_hit.max(sent_at);
             slab.refilled.send_replace(());
-            decision.used = decision.used.saturating_sub(slab.units);
-            decision.remaining = policy.limit.saturating_sub(decision.used);
+            slab.leave_available(decision);
         }
         given_back
     }

@@ -92,13 +92,15 @@ fn a_busy_identity_takes_units_ahead_and_is_served_here_until_they_run_out() {
     );
     let mut second = answered(&policy, 22, 20, 500, 7);
     leased.keep(&keys, &policies, &aheads, &mut second, t0 + ms(10));
+    let decision = &second.decisions[0];
     assert_eq!(
-        second.decisions[0].used, 2,
-        "the units held here are this identity's to use"
+        (decision.used, decision.remaining),
+        (22, 1_000 - 2),
+        "taken, and the units held here this identity's to use"
     );
     for served in 1..=20 {
         let outcome = served_by(&leased, &keys, &policies, 1, t0 + ms(20)).expect("served here");
-        assert_eq!(outcome.decisions[0].used, 2 + served);
+        assert_eq!(outcome.decisions[0].used, 22, "counted already");
         assert_eq!(outcome.decisions[0].remaining, 1_000 - 2 - served);
     }
     assert!(
