@@ -104,7 +104,7 @@ def test_lease_units_is_a_request_rate_s_and_shows_in_its_repr():
     assert policy != RateLimit("api", "100/second")
     with pytest.raises(ValueError, match=r"lease_units=True is for request rates only"):
         RateLimit("tokens", 10_000, per=60, unit="tokens", lease_units=True)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"lease_units must be a boolean \(True or False\)"):
         RateLimit("api", "100/second", lease_units="yes")
 
 

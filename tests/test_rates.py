@@ -267,6 +267,7 @@ async def test_a_paused_redis_answers_within_the_timeout_under_each_mode(
             ValueError,
             "enforce=False is for request rates only",
         ),
+        (("a", 5), {"per": 60, "enforce": 0}, TypeError, "enforce must be a boolean"),
     ],
 )
 def test_bad_policies_are_refused_at_construction(args, kwargs, error, message):

@@ -46,7 +46,10 @@ pub struct RateLimit {
 #[pymethods]
 impl RateLimit {
     #[new]
-    #[pyo3(signature = (name, limit, per = None, algorithm = None, unit = None, *, enforce = true, alert_at = None, lease_units = false))]
+    #[pyo3(
+        signature = (name, limit, per = None, algorithm = None, unit = None, *, enforce = None, alert_at = None, lease_units = None),
+        text_signature = "(name, limit, per=None, algorithm=None, unit=None, *, enforce=True, alert_at=None, lease_units=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         name: &Bound<'_, PyAny>,
@@ -54,10 +57,12 @@ impl RateLimit {
         per: Option<&Bound<'_, PyAny>>,
         algorithm: Option<&Bound<'_, PyAny>>,
         unit: Option<&Bound<'_, PyAny>>,
-        enforce: bool,
+        enforce: Option<&Bound<'_, PyAny>>,
         alert_at: Option<&Bound<'_, PyAny>>,
-        lease_units: bool,
+        lease_units: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let enforce = args::flag("enforce", enforce, true)?;
+        let lease_units = args::flag("lease_units", lease_units, false)?;
         let Ok(name) = name.cast::<PyString>() else {
             return Err(PyTypeError::new_err(format!(
                 "name must be a str, got {}",
