@@ -13,14 +13,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+import tomllib
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from support.published import sdist_of
 from support.uvicorn_server import Uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What an index shows as the package's description (pyproject's ``readme``).
+DESCRIPTION = ROOT / "package-description.md"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Every Python block of every page, by "<page>:<n>" (its n-th block there).
 BLOCKS = {
@@ -153,10 +157,48 @@ def test_no_page_installs_the_other_package_from_the_index():
             assert not from_the_index.search(line), f"{source.relative_to(ROOT)}: {line}"
     index = (ROOT / "docs" / "index.md").read_text()
     assert "make wheel" in index and "pip install dist/fastapi_stream_lease-" in index
-    # The README is the package's description too: it says where the package comes from.
     readme = (ROOT / "README.md").read_text()
     assert "built from this repository; it is not on PyPI" in readme
     assert "holds the pure-Python 0.6 line" in readme
+    # The package's description says it too, as an index shows it.
+    description = DESCRIPTION.read_text()
+    assert "It is not on PyPI" in description and "holds the pure-Python 0.6 line" in description
+
+
+def test_the_package_description_has_no_link_or_image_an_index_would_break():
+    """An index shows the description alone, away from this tree: a relative link or image
+    there leads nowhere, so it has none, and names the files it points to as text."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["readme"] == DESCRIPTION.name
+    text = DESCRIPTION.read_text()
+    assert "![" not in text and "<img" not in text.lower()
+    targets = re.findall(r"\]\(([^)]*)\)", text) + re.findall(r"href=[\"']([^\"']*)", text)
+    assert all(target.startswith("https://") for target in targets), targets
+
+
+def test_the_package_description_shows_the_readmes_first_example_as_it_runs():
+    """Its one code block is the README's first example, which the tests above run."""
+    blocks = re.findall(r"```python\n(.*?)```", DESCRIPTION.read_text(), re.S)
+    assert blocks == [BLOCKS[FIRST_EXAMPLE]]
+
+
+def test_the_0_6_line_on_the_index_fails_the_first_example_with_the_error_the_pages_name():
+    """The README and the package description say what installing the name from PyPI gets:
+    0.6.3, on which the first example's import fails as they quote."""
+    sdist = sdist_of("fastapi-stream-lease", "0.6.3")
+    (package,) = {path.parent.parent for path in sdist.rglob("fastapi_stream_lease/__init__.py")}
+    imports = [line for line in BLOCKS[FIRST_EXAMPLE].splitlines() if "import Lease" in line]
+    done = subprocess.run(
+        [sys.executable, "-c", imports[0]],
+        env={**os.environ, "PYTHONPATH": str(package)},
+        cwd=package,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    quoted = "ImportError: cannot import name 'Lease'"
+    assert quoted in done.stderr
+    assert quoted in (ROOT / "README.md").read_text() and quoted in DESCRIPTION.read_text()
 
 
 def test_the_site_builds_without_warnings(tmp_path):

@@ -14,6 +14,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -126,3 +128,29 @@ def test_the_wheel_installs_without_rust_and_serves_the_quickstart(
         assert 'data: "streamed!"' in response.text  # native SSE sends each item as JSON
     finally:
         server.stop()
+
+
+def test_the_wheels_description_is_the_package_description(wheel):
+    """What an index shows: the package description (no relative link or image, the docs'
+    test says), as Markdown."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = archive.read(name).decode("utf-8")
+    headers, description = metadata.split("\n\n", 1)
+    kinds = [h for h in headers.splitlines() if h.startswith("Description-Content-Type:")]
+    assert kinds and "text/markdown" in kinds[0], kinds
+    assert description.strip() == (ROOT / "package-description.md").read_text().strip()
+
+
+def test_the_sdist_holds_the_documentation_the_description_names(tmp_path):
+    """The description sends its reader to ``README.md``, ``docs/`` and ``CHANGELOG.md`` in
+    the source distribution: they are there, every page of the site among them."""
+    run(Path(sys.executable).parent / "maturin", "sdist", "--out", tmp_path, cwd=ROOT)
+    (sdist,) = tmp_path.glob("fastapi_stream_lease-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        held = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    description = (ROOT / "package-description.md").read_text()
+    for named in ("README.md", "docs/", "CHANGELOG.md"):
+        assert f"`{named}`" in description
+    pages = {str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md")}
+    assert {"README.md", "CHANGELOG.md"} | pages <= held
