@@ -15,6 +15,7 @@
 
 pub mod checked;
 pub mod config;
+pub mod leased_slots;
 pub mod leased_units;
 pub mod process;
 pub mod properties;
