@@ -2,7 +2,9 @@
 
 The pools of one atomic acquire must share a slot. With the global pool (the default) every key
 of a manager shares the ``{key_prefix}`` hash tag, so one shard serves every acquire; with
-``global_pool=False`` each user's pool has a tag of its own and users spread across shards.
+``global_pool=False`` each user's pool has a tag of its own and users spread across shards; with
+``lease_global_slots=True`` the users spread too, and the global pool's shard serves only the
+slabs each process takes of its slots (the cap exact: 3 managers share it here).
 
 Starts its own 3-master cluster on free loopback ports (``support.redis_servers.RedisCluster``,
 as the tests do), runs the same acquire + release cycles for 300 users under each layout, and
@@ -28,6 +30,15 @@ from support.redis_servers import RedisCluster, RedisServer
 
 USERS = 300
 CYCLES_PER_USER = 20
+#: Managers (processes, as the workers of an app) sharing the cap.
+MANAGERS = 3
+#: The layouts compared: the default, no global pool, and the global pool's slots leased (a cap
+#: every user fits under, as the others' unlimited one).
+LAYOUTS = {
+    "global pool (default)": {"max_global": 0},
+    "global_pool=False": {"global_pool": False},
+    "lease_global_slots=True": {"max_global": 1000, "lease_global_slots": True},
+}
 HAND_OVERS = 20
 
 
@@ -35,15 +46,15 @@ async def count_keys(shard: aioredis.Redis, prefix: str) -> int:
     return len([key async for key in shard.scan_iter(match=f"{{{prefix}*", count=1000)])
 
 
-async def run_layout(cluster: RedisCluster, global_pool: bool) -> dict[str, list[int]]:
-    prefix = f"spread-{'global' if global_pool else 'users'}"
-    config = LeaseConfig(key_prefix=prefix, max_per_user=0, global_pool=global_pool,
-                         **({"max_global": 0} if global_pool else {}))
-    manager = StreamLeaseManager(url=cluster.url, config=config)
+async def run_layout(cluster: RedisCluster, layout: dict[str, object]) -> dict[str, list[int]]:
+    prefix = "spread-" + "-".join(f"{k}={v}" for k, v in layout.items())
+    config = LeaseConfig(key_prefix=prefix, max_per_user=0, **layout)
+    managers = [StreamLeaseManager(url=cluster.url, config=config) for _ in range(MANAGERS)]
     shards = [aioredis.Redis(port=node.port) for node in cluster.nodes]
     before = [(await command_calls(s))[0] for s in shards]
 
     async def cycles(user: int) -> list[object]:
+        manager = managers[user % MANAGERS]
         held = []
         for _ in range(CYCLES_PER_USER - 1):
             await (await manager.acquire(f"user{user}")).release()
@@ -54,7 +65,8 @@ async def run_layout(cluster: RedisCluster, global_pool: bool) -> dict[str, list
     keys = [await count_keys(shard, prefix) for shard in shards]
     after = [(await command_calls(s))[0] for s in shards]
     del held
-    await manager.aclose()
+    for manager in managers:
+        await manager.aclose()
     for shard in shards:
         await shard.aclose()
     return {"keys": keys, "commands": [a - b for a, b in zip(after, before, strict=True)]}
@@ -85,10 +97,7 @@ async def wake_ups(url: str) -> list[float]:
 async def main() -> None:
     cluster, server = RedisCluster().start(), RedisServer().start()
     try:
-        results = {
-            "global pool (default)": await run_layout(cluster, global_pool=True),
-            "global_pool=False": await run_layout(cluster, global_pool=False),
-        }
+        results = {name: await run_layout(cluster, layout) for name, layout in LAYOUTS.items()}
         wakes = {
             "cluster (SPUBLISH / SSUBSCRIBE)": await wake_ups(cluster.url),
             "standalone (PUBLISH / SUBSCRIBE)": await wake_ups(server.url),
@@ -97,11 +106,17 @@ async def main() -> None:
         cluster.cleanup()
         server.cleanup()
     rows = [
-        [layout, *(f"{k:,} / {c:,}" for k, c in zip(r["keys"], r["commands"], strict=True))]
+        [
+            layout,
+            *(f"{k:,} / {c:,}" for k, c in zip(r["keys"], r["commands"], strict=True)),
+            f"{max(r['commands']) / (sum(r['commands']) / len(r['commands'])):.2f}",
+        ]
         for layout, r in results.items()
     ]
-    print(f"\n{USERS} users x {CYCLES_PER_USER} acquire + release cycles, one lease each left held")
-    print_table(["layout", "shard 1 keys / commands", "shard 2", "shard 3"], rows, left=1)
+    print(f"\n{USERS} users x {CYCLES_PER_USER} acquire + release cycles over {MANAGERS} managers,"
+          " one lease each left held")
+    print_table(["layout", "shard 1 keys / commands", "shard 2", "shard 3", "busiest / mean"],
+                rows, left=1)
     print(f"\na waiter in one manager, a release in another, {HAND_OVERS} hand-overs")
     rows = [
         [name, f"{percentile_ms(delays, 0.5):.2f}", f"{delays[-1] * 1000:.2f}"]

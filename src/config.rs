@@ -67,6 +67,10 @@ pub struct Config {
     /// Keep a pool across every user (`max_global`, `get_active_count()`). Without it, each
     /// user's keys get a hash tag of their own and spread across Redis Cluster shards.
     pub global_pool: bool,
+    /// Each process takes the global pool's slots in slabs and starts its streams from them
+    /// (`manager/slabs.rs`); the users' own keys then get hash tags of their own, as without a
+    /// global pool. On Redis only: the embedded store serves one process, exactly already.
+    pub lease_global_slots: bool,
     pub key_prefix: String,
     pub renew_every: f64,
     pub redis_timeout: f64,

@@ -2,8 +2,8 @@
 //!
 //! The pools of one acquire share a hash tag, so they sit in one Redis Cluster slot and no script
 //! ever raises CROSSSLOT. With a global pool every key of a manager shares `{<key_prefix>}` (one
-//! shard serves them all); without one, each user's pool has a tag of its own
-//! (`{<key_prefix>:<digest>}`) and users spread across shards.
+//! shard serves them all); without one, or with its slots leased to processes in slabs, each
+//! user's pool has a tag of its own (`{<key_prefix>:<digest>}`) and users spread across shards.
 //! Identities are stored only as keyed digests, so `KEYS *` shows no user id.
 
 use std::sync::Arc;
@@ -83,6 +83,8 @@ pub struct KeySpace {
     per_user_name: Arc<str>,
     shared_holders: Arc<str>,
     global: Option<Pool>,
+    /// Each user's keys have a hash tag of their own: no global pool, or its slots leased.
+    users_tagged: bool,
 }
 
 impl KeySpace {
@@ -93,6 +95,20 @@ impl KeySpace {
             config.max_per_user,
             config.global_pool.then_some(config.max_global),
         )
+    }
+
+    /// The layout of a manager that leases the global pool's slots in slabs: each user's keys
+    /// in a tag of their own, the global pool out of a stream's pools.
+    pub fn with_global_slots_leased(self) -> Self {
+        KeySpace {
+            users_tagged: true,
+            ..self
+        }
+    }
+
+    /// Whether each user's keys have a hash tag of their own (no global pool there).
+    pub fn users_tagged(&self) -> bool {
+        self.users_tagged
     }
 
     /// `max_global`: the global pool's capacity, None for no global pool.
@@ -112,12 +128,9 @@ impl KeySpace {
             max_per_user,
             per_user_name: PER_USER.into(),
             shared_holders,
+            users_tagged: global.is_none(),
             global,
         }
-    }
-
-    fn has_global_pool(&self) -> bool {
-        self.global.is_some()
     }
 
     /// The hash tag shared by every key of a manager with a global pool.
@@ -134,7 +147,7 @@ impl KeySpace {
 
     pub fn user_pool(&self, identity: &str) -> Pool {
         let digest = self.identity_digest(identity);
-        let (key, holders) = if self.has_global_pool() {
+        let (key, holders) = if !self.users_tagged {
             let key = format!("{}:user:{digest}", self.shared_tag());
             (key, Arc::clone(&self.shared_holders))
         } else {
@@ -164,7 +177,7 @@ impl KeySpace {
             policy.algorithm.code(),
             policy.unit.code()
         );
-        if self.has_global_pool() {
+        if !self.users_tagged {
             format!("{}:{scope}:{digest}", self.shared_tag())
         } else {
             format!("{{{}:{digest}}}:{scope}", self.prefix)
@@ -225,11 +238,12 @@ impl KeySpace {
 
     /// The pools one acquire takes atomically, the user's own first: a stream of `identity`
     /// takes its user pool and the global pool (kept even when unlimited, so
-    /// `get_active_count()` can always answer); `resources` add theirs. Without an identity
+    /// `get_active_count()` can always answer; with its slots leased, a slot of its process's
+    /// slab instead, `manager/slabs.rs`); `resources` add theirs. Without an identity
     /// (resources only), neither user nor global pool is taken.
     pub fn pools_for(&self, identity: Option<&str>, resources: &[(String, u64)]) -> Vec<Pool> {
-        let stream =
-            identity.map(|identity| std::iter::once(self.user_pool(identity)).chain(self.global_pool()));
+        let global = self.global.clone().filter(|_| !self.users_tagged);
+        let stream = identity.map(|identity| std::iter::once(self.user_pool(identity)).chain(global));
         stream
             .into_iter()
             .flatten()

@@ -248,6 +248,14 @@ impl LeaseRecord {
         watcher();
     }
 
+    /// Keeps `held` until the lease is lost or released, or its record dropped, whichever
+    /// comes first: dropping `held` gives back what it holds for the lease (a slot of its
+    /// process's slab). Kept with the lost watchers, which every end empties: no field of its
+    /// own on every lease.
+    pub fn keep_until_ended(&self, held: impl Send + 'static) {
+        self.when_lost(Box::new(move || drop(held)));
+    }
+
     fn tell_lost(&self) {
         let watchers = std::mem::take(&mut *lock(&self.lost_watchers));
         watchers.into_iter().for_each(|watcher| watcher());

@@ -71,6 +71,7 @@ class LeaseConfig:
         key_prefix: str | None = None,
         *,
         global_pool: bool | None = None,
+        lease_global_slots: bool | None = None,
         renew_every: float | None = None,
         redis_timeout: float | None = None,
         wait_timeout: float | None = None,
@@ -108,6 +109,9 @@ class LeaseConfig:
             key_prefix: The Redis keys' prefix, without braces (default ``"stream_lease"``).
             global_pool: False: no ``max_global`` and no global count, so users spread over a
                 Redis Cluster's shards (default True).
+            lease_global_slots: True: each process takes the global pool's slots in slabs and
+                starts streams from them, and each user's keys spread over a Redis Cluster's
+                shards (default False; needs a ``max_global`` above 0).
             renew_every: The renewal period in seconds (default ``lease_seconds / 3``).
             redis_timeout: Bound on every Redis call, connecting included (default 1.0).
             wait_timeout: Seconds a request waits in line for shared capacity (default 0.0: refused
@@ -162,6 +166,8 @@ class LeaseConfig:
     def max_global(self) -> int: ...
     @property
     def global_pool(self) -> bool: ...
+    @property
+    def lease_global_slots(self) -> bool: ...
     @property
     def key_prefix(self) -> str: ...
     @property

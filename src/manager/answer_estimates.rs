@@ -205,12 +205,13 @@ impl Manager {
         if let Some(identity) = identity {
             check_identity(identity).map_err(CoreError::InvalidInput)?;
         }
-        let counter = match (identity, self.keys.global_pool()) {
+        let shared = self.keys.global_pool().filter(|_| !self.keys.users_tagged());
+        let counter = match (identity, shared) {
             (_, Some(global)) => global.key.to_string(),
             (Some(identity), None) => self.keys.user_pool(identity).key.to_string(),
             (None, None) => {
                 return Err(CoreError::InvalidInput(
-                    "without a global pool (global_pool=False) each user learns its own answer sizes: pass the user_id".into(),
+                    "each user learns its own answer sizes where users' keys have hash tags of their own (global_pool=False, lease_global_slots=True): pass the user_id".into(),
                 ))
             }
         };

@@ -13,6 +13,7 @@ mod grant;
 mod local_floor;
 mod rate;
 mod request;
+mod slabs;
 mod waiting;
 
 #[cfg(test)]
@@ -30,6 +31,7 @@ use self::answer_estimates::AnswerEstimates;
 pub use self::grant::{Granted, PoolUsage};
 pub use self::rate::HitCall;
 pub use self::request::{AcquireRequest, MAX_WEIGHT};
+use self::slabs::Slabs;
 use self::waiting::LocalLine;
 use crate::backend::{Backend, CallStats, Stores};
 use crate::budget::Budgets;
@@ -102,6 +104,8 @@ pub struct Manager {
     answer_estimates: Arc<AnswerEstimates>,
     /// Units of request rates this process holds ahead of its hits.
     leased_units: LeasedUnits,
+    /// The global pool's slots this process holds in slabs (`lease_global_slots`, on Redis).
+    slabs: Option<Arc<Slabs>>,
     /// The thresholds of every rate policy's limit at which hits and starts report their use
     /// (`alert_thresholds`); unset while nobody listens, so no call carries them.
     alert_at: OnceLock<Thresholds>,
@@ -119,7 +123,11 @@ impl Drop for Manager {
 impl Manager {
     /// A manager on `backend`; nothing is connected or started until first use.
     pub fn new(backend: Box<dyn Backend>, config: Config) -> Self {
-        let keys = KeySpace::new(&config);
+        let leases_slots = config.lease_global_slots && !backend.is_embedded();
+        let keys = match leases_slots {
+            true => KeySpace::new(&config).with_global_slots_leased(),
+            false => KeySpace::new(&config),
+        };
         let line = keys.line();
         let stores = Arc::new(Stores::new(backend));
         let budgets = Arc::new(Budgets::new(Arc::clone(&stores), config.failure_mode));
@@ -132,6 +140,10 @@ impl Manager {
             config.redis_timeout(),
             keys.revocations_channel(),
         ));
+        let slabs = keys
+            .global_pool()
+            .filter(|_| leases_slots)
+            .map(|global| Slabs::new(global, Arc::clone(&leases)));
         Manager {
             config,
             keys,
@@ -144,6 +156,7 @@ impl Manager {
             budgets,
             answer_estimates: Arc::default(),
             leased_units: LeasedUnits::default(),
+            slabs,
             alert_at: OnceLock::new(),
             used_in_pid: AtomicU32::new(0),
         }

@@ -242,7 +242,7 @@ impl Manager {
         let tag = hash_tag(along.unwrap_or(&keys[0]));
         if self.stores.main().is_cluster() && keys.iter().any(|k| hash_tag(k) != tag) {
             return Err(CoreError::InvalidInput(
-                "the policies of several identities in one call need one hash tag on a Redis Cluster: keep global_pool=True (every identity's counters in its tag), or count them in separate calls".into(),
+                "the policies of several identities in one call need one hash tag on a Redis Cluster: keep every identity's counters in the global pool's tag (global_pool=True, lease_global_slots=False), or count them in separate calls".into(),
             ));
         }
         Ok(keys)

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use futures_util::FutureExt;
 
 use super::grant::Granted;
@@ -74,14 +75,26 @@ impl Manager {
             self.read_answer_sizes(key);
         }
         let line_limits = self.line_limits(&record, &request.resource_lines);
-        let admitted = Arc::clone(self).admit(
-            record,
-            rates,
-            request.budget,
-            request.wait,
-            request.priority,
-            line_limits,
-        );
+        // A user's stream under `lease_global_slots` takes a slot of its slab first (boxed:
+        // the default path's future stays its own size).
+        let admitted = match self.slabs.as_ref().filter(|_| request.identity.is_some()) {
+            None => Either::Left(Arc::clone(self).admit(
+                record,
+                rates,
+                request.budget,
+                request.wait,
+                request.priority,
+                line_limits,
+            )),
+            Some(slabs) => Either::Right(Box::pin(Arc::clone(self).admit_on_a_slot(
+                Arc::clone(slabs),
+                record,
+                rates,
+                request.budget,
+                (request.wait, request.priority),
+                line_limits,
+            ))),
+        };
         let disclose = self.config.disclose_usage;
         // A combinator, not an async block that awaits `admitted`: see `bridge::delivering`.
         Ok(admitted
@@ -112,9 +125,9 @@ impl Manager {
         for (name, capacity) in &request.resources {
             check_resource(name, *capacity).map_err(invalid)?;
         }
-        if request.identity.is_some() && !request.resources.is_empty() && !self.config.global_pool {
+        if request.identity.is_some() && !request.resources.is_empty() && self.keys.users_tagged() {
             return Err(invalid(
-                "resources and a user_id in one acquire need the global pool's shared hash tag: drop global_pool=False".into(),
+                "resources and a user_id in one acquire need the users' pools in the global pool's hash tag: drop global_pool=False or lease_global_slots=True".into(),
             ));
         }
         let weight = request.weight;

@@ -17,6 +17,7 @@ fn manager() -> Arc<Manager> {
         max_per_user: 2,
         max_global: 10,
         global_pool: true,
+        lease_global_slots: false,
         key_prefix: "t".into(),
         renew_every: 10.0,
         redis_timeout: 1.0,

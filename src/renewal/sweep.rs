@@ -19,7 +19,7 @@ impl Leases {
 
     /// Marks a lease lost; `still_stored` when Redis may still have its members (a holder that
     /// comes back would keep them alive), so they are removed again.
-    pub(super) fn lose(&self, record: &Arc<LeaseRecord>, still_stored: bool) {
+    pub fn lose(&self, record: &Arc<LeaseRecord>, still_stored: bool) {
         if record.mark_lost(|| counters::add(&self.counts.lost, 1)) {
             lock(&self.held).remove(record);
             if still_stored {

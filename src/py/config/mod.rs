@@ -42,6 +42,7 @@ impl LeaseConfig {
         key_prefix = None,
         *,
         global_pool = None,
+        lease_global_slots = None,
         renew_every = None,
         redis_timeout = None,
         wait_timeout = None,
@@ -76,6 +77,7 @@ impl LeaseConfig {
         max_global: Option<&Bound<'_, PyAny>>,
         key_prefix: Option<&Bound<'_, PyAny>>,
         global_pool: Option<&Bound<'_, PyAny>>,
+        lease_global_slots: Option<&Bound<'_, PyAny>>,
         renew_every: Option<&Bound<'_, PyAny>>,
         redis_timeout: Option<&Bound<'_, PyAny>>,
         wait_timeout: Option<&Bound<'_, PyAny>>,
@@ -104,6 +106,12 @@ impl LeaseConfig {
         hook_queue_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let global_pool = args::flag("global_pool", global_pool, true)?;
+        let lease_global_slots = args::flag("lease_global_slots", lease_global_slots, false)?;
+        if lease_global_slots && !global_pool {
+            return Err(PyValueError::new_err(
+                "lease_global_slots leases the global pool's slots: drop global_pool=False, or lease_global_slots",
+            ));
+        }
         let wait_for_own_quota = args::flag("wait_for_own_quota", wait_for_own_quota, false)?;
         let disclose_usage = args::flag("disclose_usage", disclose_usage, true)?;
         let enforce_rate_limits = args::flag("enforce_rate_limits", enforce_rate_limits, true)?;
@@ -122,11 +130,17 @@ impl LeaseConfig {
             ("acquire_timeout", acquire_timeout),
         )?;
         let wait_timeout = args::wait_seconds(wait_name, wait, 0.0)?;
-        let wait_for_own_quota =
-            wait_for_own_quota || (wait_name == "acquire_timeout" && wait_timeout > 0.0 && global_pool);
+        let users_share_the_tag = global_pool && !lease_global_slots;
+        let wait_for_own_quota = wait_for_own_quota
+            || (wait_name == "acquire_timeout" && wait_timeout > 0.0 && users_share_the_tag);
         if wait_for_own_quota && !global_pool {
             return Err(PyValueError::new_err(
                 "wait_for_own_quota needs the global pool (the lines live in its hash tag): drop global_pool=False, or wait_for_own_quota",
+            ));
+        }
+        if wait_for_own_quota && lease_global_slots {
+            return Err(PyValueError::new_err(
+                "wait_for_own_quota needs the users' own pools in the global pool's hash tag, where the lines live; lease_global_slots=True gives each user a tag of its own: drop one of the two",
             ));
         }
         let python_side = PythonSide::of(
@@ -140,6 +154,11 @@ impl LeaseConfig {
             lease_seconds: timings.lease_seconds,
             max_per_user: args::capacity("max_per_user", max_per_user, 3)?,
             max_global: match (global_pool, args::capacity("max_global", max_global, 1000)?) {
+                (true, 0) if lease_global_slots => {
+                    return Err(PyValueError::new_err(
+                        "lease_global_slots=True leases the slots of a capped global pool, and max_global=0 caps nothing: give max_global a capacity, or drop lease_global_slots",
+                    ))
+                }
                 (true, limit) => limit,
                 (false, _) if args::given(max_global).is_none() => 0,
                 (false, 0) => 0,
@@ -150,6 +169,7 @@ impl LeaseConfig {
                 }
             },
             global_pool,
+            lease_global_slots,
             key_prefix: prefix_field(key_prefix)?,
             renew_every: timings.renew_every,
             redis_timeout: timings.redis_timeout,
@@ -208,6 +228,14 @@ impl LeaseConfig {
     #[getter]
     fn global_pool(&self) -> bool {
         self.config.global_pool
+    }
+
+    /// Whether each process takes the global pool's slots in slabs and starts its streams from
+    /// them, without a call to the global pool's shard; each user's keys then have a hash tag
+    /// of their own.
+    #[getter]
+    fn lease_global_slots(&self) -> bool {
+        self.config.lease_global_slots
     }
 
     #[getter]
@@ -390,11 +418,12 @@ impl LeaseConfig {
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, enforce_rate_limits={}, fencing_tokens={}, trusted_proxies={:?}, proxy_header={:?})",
+            "LeaseConfig(lease_seconds={:?}, max_per_user={}, max_global={}, global_pool={}, lease_global_slots={}, key_prefix={:?}, renew_every={:?}, redis_timeout={:?}, wait_timeout={:?}, line_order={:?}, max_waiting={}, wait_for_own_quota={}, retry_after={:?}, on_lost={:?}, failure_mode={:?}, fallback_workers={}, identity_secret={}, disclose_usage={}, enforce_rate_limits={}, fencing_tokens={}, trusted_proxies={:?}, proxy_header={:?})",
             c.lease_seconds,
             c.max_per_user,
             c.max_global,
             if c.global_pool { "True" } else { "False" },
+            if c.lease_global_slots { "True" } else { "False" },
             c.key_prefix,
             c.renew_every,
             c.redis_timeout,
