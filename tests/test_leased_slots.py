@@ -50,6 +50,11 @@ async def test_streams_start_from_slabs_and_users_keys_leave_the_global_pools_ta
     assert not any(b":user:" in key for key in shared_tag)
     own_pools = redis_client.keys(f"{{{key_prefix}:*}}:user")
     assert len(own_pools) == 40
+    # The global count is the slabs' slots, used or held free; the held leases, the streams'
+    # and the slabs'; the headers' pools, the user's own.
+    assert await manager.get_active_count() == sum(slabs.values())
+    assert manager.stats()["held"] == 40 + len(slabs)
+    assert leases[0].pool_usage == [("per_user", 1, 1)]
     for lease in leases:
         await lease.release()
 
