@@ -12,6 +12,9 @@ per coroutine:
 * ``hit``: ``await manager.hit(user, RateLimit("bench", 10**9, per="day"))``;
 * ``acquire + release``: ``lease = await manager.acquire(user); await lease.release()``,
   ``LeaseConfig(max_per_user=2, max_global=500)`` (the defaults);
+* ``slabs acquire + release``: the same with ``lease_global_slots=True`` (the global pool's
+  slots taken in slabs: after the first, each cycle starts on a slot of a slab held here, and
+  the user's pool is in a tag of its own);
 * ``peer acquire + release``: the same on the peer (PyPI ``fastapi-stream-lease==0.6.3``, same
   import name and caps), built as its README does (``redis.asyncio.from_url(url)``): this file
   run with ``--peer`` by ``benchmarks/.venv-peer/bin/python``;
@@ -84,8 +87,9 @@ from support.redis_servers import RedisServer
 from support.urls import without_password
 
 SCRIPT = Path(__file__).resolve()
-OPS = ("hop", "hit", "acquire + release", "peer acquire + release", "floor")
-HOP, HIT, CYCLE, PEER_CYCLE, FLOOR = OPS
+OPS = ("hop", "hit", "acquire + release", "slabs acquire + release", "peer acquire + release",
+       "floor")
+HOP, HIT, CYCLE, SLABS_CYCLE, PEER_CYCLE, FLOOR = OPS
 SETTINGS = ("bare", "app")
 HOP_FACTOR = 10
 MODEL = "bench-model"
@@ -127,8 +131,8 @@ async def build_ops(url: str, prefix: str, peer: bool) -> tuple[Any, Any]:
     """What this process answers the parent (``hello``; ``left``, the leases in its global
     pool; an operation's measurement), and its clean-up."""
 
-    async def cycle(user: str) -> None:
-        lease = await manager.acquire(user)
+    async def cycle(user: str, on: Any = None) -> None:
+        lease = await (on or manager).acquire(user)
         await lease.release()
 
     if peer:  # fastapi_stream_lease is the peer here, 0.6.3
@@ -145,6 +149,9 @@ async def build_ops(url: str, prefix: str, peer: bool) -> tuple[Any, Any]:
             max_per_user=2, max_global=500, key_prefix=prefix, identity_secret=SECRET
         )
         manager = StreamLeaseManager(url=url, config=config)
+        slabs = StreamLeaseManager(url=url, config=LeaseConfig(
+            max_per_user=2, max_global=500, key_prefix=f"{prefix}-slabs", identity_secret=SECRET,
+            lease_global_slots=True))
         rate = RateLimit("bench", 10**9, per="day")
         client = aioredis.from_url(url)
         sha = await client.script_load(FLOOR_SCRIPT)
@@ -153,6 +160,7 @@ async def build_ops(url: str, prefix: str, peer: bool) -> tuple[Any, Any]:
             HOP: lambda w: functools.partial(manager._core.answer_estimate, MODEL, None),
             HIT: lambda w: functools.partial(manager.hit, f"user-{w}", rate),
             CYCLE: lambda w: functools.partial(cycle, f"user-{w}"),
+            SLABS_CYCLE: lambda w: functools.partial(cycle, f"user-{w}", slabs),
             FLOOR: lambda w: functools.partial(client.evalsha, sha, 1, f"{{{prefix}}}:floor:{w}"),
         }
 
@@ -166,6 +174,8 @@ async def build_ops(url: str, prefix: str, peer: bool) -> tuple[Any, Any]:
 
     async def close() -> None:
         await (manager.close(drain=False) if peer else manager.aclose())
+        if not peer:
+            await slabs.aclose()
         await client.aclose()
 
     return answer, close
@@ -351,6 +361,7 @@ async def measure_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
         version = (await client.info("server"))["redis_version"]
         for m in measurers.values():
             await delete_keys(client, m.prefix)
+            await delete_keys(client, f"{m.prefix}-slabs")
     hellos = {f"{s} {'peer' if p else 'lib'}": m.hello for (s, p), m in measurers.items()}
     return {"runs": runs, "leases_left": left, "processes": hellos, "redis": version}
 

@@ -230,15 +230,17 @@ async def redis_counters(client: aioredis.Redis) -> tuple[int, int, float]:
 
 
 async def delete_keys(client: aioredis.Redis, key_prefix: str) -> None:
-    """Deletes the keys a run left under ``{key_prefix}:`` (the layout of ``global_pool=True``;
-    bounded: at most 10,000 SCAN steps)."""
-    cursor = 0
-    for _step in range(10_000):
-        cursor, keys = await client.scan(cursor, match=f"{{{key_prefix}}}:*", count=10_000)
-        if keys:
-            await client.unlink(*keys)
-        if cursor == 0:
-            return
+    """Deletes the keys a run left under ``{key_prefix}:`` and, where users have tags of their
+    own (``global_pool=False``, ``lease_global_slots=True``), ``{key_prefix:<digest>}:``
+    (bounded: at most 10,000 SCAN steps per pattern)."""
+    for pattern in (f"{{{key_prefix}}}:*", f"{{{key_prefix}:*"):
+        cursor = 0
+        for _step in range(10_000):
+            cursor, keys = await client.scan(cursor, match=pattern, count=10_000)
+            if keys:
+                await client.unlink(*keys)
+            if cursor == 0:
+                break
 
 
 def redis_py_client(url: str) -> aioredis.Redis:
