@@ -162,6 +162,39 @@ async def test_a_waiter_gets_a_slot_another_process_frees(make_redis_manager):
     await lease.release()
 
 
+async def test_the_local_floor_keeps_the_global_share_while_redis_is_down(
+    own_redis, make_own_redis_manager
+):
+    """Regression: a stream admitted by the local floor (``failure_mode="open"``, Redis down)
+    gave its slot back as soon as it started (the slot stayed with the request's record, not
+    the floor's lease), so the floor admitted every stream past the global share."""
+    manager = make_own_redis_manager(
+        max_per_user=0, max_global=4, redis_timeout=0.3, failure_mode="open", fallback_workers=2,
+        lease_global_slots=True,
+    )
+    assert await manager.get_active_count() == 0
+    own_redis.stop()
+    held = [await manager.acquire(f"user{i}") for i in range(2)]  # global floor: 4 / 2 = 2
+    with pytest.raises(StreamLeaseRejected, match="global"):
+        await manager.acquire("user2")
+    await held[0].release()  # the slot comes back with the floor's lease
+    held[0] = await manager.acquire("user2")
+    own_redis.start()
+    for lease in held:
+        await lease.release()
+
+
+async def test_a_waiter_over_its_own_quota_is_refused_for_the_global_pool_after_its_wait(
+    make_redis_manager,
+):
+    manager = make_redis_manager(max_per_user=1, max_global=1, lease_global_slots=True)
+    held = await manager.acquire("alice")
+    with pytest.raises(StreamLeaseRejected) as refused:
+        await manager.acquire("alice", wait_timeout=0.3)
+    assert refused.value.limit == "global"
+    await held.release()
+
+
 async def test_the_embedded_store_counts_streams_as_it_always_does():
     manager = StreamLeaseManager(
         url="memory://", config=LeaseConfig(max_global=3, lease_global_slots=True)

@@ -63,6 +63,12 @@ impl Granted {
         &self.usage
     }
 
+    /// The lease granted, until it is held: the request's record, or the local floor's when
+    /// Redis did not answer.
+    pub fn lease(&self) -> &Arc<LeaseRecord> {
+        self.record.as_ref().expect("a Granted is held once")
+    }
+
     /// The stream's token budgets (None without any).
     pub fn meter(&self) -> Option<&Arc<Meter>> {
         self.meter.as_ref()

@@ -13,6 +13,7 @@ mod grant;
 mod local_floor;
 mod rate;
 mod request;
+mod slab_admission;
 mod slabs;
 mod waiting;
 

@@ -1,7 +1,7 @@
 //! The global pool's slots this process leases in slabs (`LeaseConfig(lease_global_slots=True)`).
 //! A slab is a lease of the global pool of a few slots, held and renewed as every lease of this
 //! process is; a user's stream takes a free slot of one here, with no call to the global pool's
-//! shard, and then its own pool in its own tag (`admit`). A stream that finds no free slot takes
+//! shard, and then its own pool in its own tag (`slab_admission.rs`). A stream that finds no free slot takes
 //! a slab, its own slot among them, sized by the slots this process uses. A slab that serves no
 //! stream goes back: at once while another such slab is kept here or the pool was found full,
 //! else after `IDLE`. A slab found lost loses the streams it serves.
@@ -15,13 +15,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::grant::Granted;
-use super::Manager;
-use crate::budget::BudgetRequest;
-use crate::errors::{CoreError, CoreResult};
 use crate::keys::Pool;
-use crate::lease::{monotonic_ms, LeaseId, LeaseRecord, Store};
-use crate::rate::RateCheck;
+use crate::lease::{monotonic_ms, LeaseRecord, Store};
 use crate::renewal::{HeldLease, Leases};
 use crate::runtime;
 use crate::sync::lock;
@@ -38,7 +33,8 @@ const SHARE_OF_USED: u32 = 4;
 
 /// The slabs of one manager, and the state of its takes.
 pub struct Slabs {
-    global: Pool,
+    /// The global pool, whose slots the slabs take.
+    pub global: Pool,
     most: u32,
     state: Mutex<SlabsState>,
     /// Moved on when a take that others wait for ends.
@@ -49,6 +45,7 @@ pub struct Slabs {
 #[derive(Default)]
 struct SlabsState {
     slabs: Vec<Slab>,
+    /// The next slab's or seat's id.
     next_id: u64,
     /// A take of more slots than its stream's is in flight: the streams that find no free
     /// slot wait for it instead of each sending one.
@@ -66,12 +63,20 @@ struct Slab {
     lease: Option<HeldLease>,
     slots: u32,
     used: u32,
-    /// The streams it serves: their leases are lost with it.
-    serving: Vec<(LeaseId, Weak<LeaseRecord>, u32)>,
+    /// The streams it serves, by seat: their leases are lost with it.
+    serving: Vec<(u64, Weak<LeaseRecord>, u32)>,
     /// Since when it serves none (`monotonic_ms`).
     idle_since_ms: Option<u64>,
     /// Granted by the local floor while Redis was down: it serves its first stream only.
     servable: bool,
+}
+
+impl Slab {
+    /// Whether a new stream may start on it: a slab of the main store, not found lost (its
+    /// streams are lost from a task of their own, a moment later).
+    fn serves(&self) -> bool {
+        self.servable && self.lease.as_ref().is_some_and(|lease| !lease.record().is_lost())
+    }
 }
 
 /// What a stream of `weight` slots finds.
@@ -86,24 +91,24 @@ pub enum Serving {
     },
 }
 
-/// A stream's slots in a slab, given back when dropped.
+/// A stream's slots in a slab (its seat there), given back when dropped.
 pub struct Slot {
     slabs: Weak<Slabs>,
     slab: u64,
-    lease: LeaseId,
+    seat: u64,
     weight: u32,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(slabs) = self.slabs.upgrade() {
-            slabs.returned(self.slab, self.lease, self.weight);
+            slabs.returned(self.slab, self.seat, self.weight);
         }
     }
 }
 
 /// Ends a shared take however its acquire ends (cancelled included), so the others look again.
-struct TakeTurn<'a>(&'a Slabs, bool);
+pub(super) struct TakeTurn<'a>(pub &'a Slabs, pub bool);
 
 impl Drop for TakeTurn<'_> {
     fn drop(&mut self) {
@@ -132,13 +137,12 @@ impl Slabs {
     pub fn serve(self: &Arc<Self>, record: &Arc<LeaseRecord>, waits: bool) -> Serving {
         let weight = record.weight;
         let mut state = lock(&self.state);
-        let fullest = state
-            .slabs
-            .iter_mut()
-            .filter(|slab| slab.servable && slab.slots - slab.used >= weight)
-            .max_by_key(|slab| slab.used);
-        if let Some(slab) = fullest {
-            return Serving::Served(self.seat(slab, record));
+        let fullest = (state.slabs.iter().enumerate())
+            .filter(|(_, slab)| slab.serves() && slab.slots - slab.used >= weight)
+            .max_by_key(|(_, slab)| slab.used)
+            .map(|(at, _)| at);
+        if let Some(at) = fullest {
+            return Serving::Served(self.seat(&mut state, at, record));
         }
         if state.taking {
             return Serving::Wait(self.takes.subscribe());
@@ -163,7 +167,7 @@ impl Slabs {
     }
 
     /// A slab taken for `record`, whose slots it serves first.
-    fn add(self: &Arc<Self>, lease: HeldLease, record: &Arc<LeaseRecord>) -> Slot {
+    pub(super) fn add(self: &Arc<Self>, lease: HeldLease, record: &Arc<LeaseRecord>) -> Slot {
         let servable = lease.record().store == Store::Main;
         let slots = lease.record().weight;
         let mut state = lock(&self.state);
@@ -188,32 +192,49 @@ impl Slabs {
             idle_since_ms: None,
             servable,
         });
-        let slab = state.slabs.last_mut().expect("just pushed");
-        self.seat(slab, record)
+        let at = state.slabs.len() - 1;
+        self.seat(&mut state, at, record)
     }
 
-    fn seat(self: &Arc<Self>, slab: &mut Slab, record: &Arc<LeaseRecord>) -> Slot {
+    /// `record`'s slots in slab `at`: a seat there.
+    fn seat(self: &Arc<Self>, state: &mut SlabsState, at: usize, record: &Arc<LeaseRecord>) -> Slot {
+        let seat = state.next_id;
+        state.next_id += 1;
+        let slab = &mut state.slabs[at];
         slab.used += record.weight;
         slab.idle_since_ms = None;
-        slab.serving
-            .push((record.id, Arc::downgrade(record), record.weight));
+        slab.serving.push((seat, Arc::downgrade(record), record.weight));
         Slot {
             slabs: Arc::downgrade(self),
             slab: slab.id,
-            lease: record.id,
+            seat,
             weight: record.weight,
+        }
+    }
+
+    /// `slot` serves `record` (the lease granted on it) from now on: lost with its slab.
+    pub(super) fn serve_as(&self, slot: &Slot, record: &Arc<LeaseRecord>) {
+        let mut state = lock(&self.state);
+        let Some(slab) = state.slabs.iter_mut().find(|slab| slab.id == slot.slab) else {
+            drop(state);
+            // Lost meanwhile (its loss looked for the first record): so is this lease.
+            self.leases.lose(record, true);
+            return;
+        };
+        if let Some(served) = slab.serving.iter_mut().find(|(seat, _, _)| *seat == slot.seat) {
+            served.1 = Arc::downgrade(record);
         }
     }
 
     /// The global pool refused a take: for `IDLE`, takes ask for their stream's slots only, and
     /// empty slabs go back at once (the room is what others wait for).
-    fn refused(&self) {
+    pub(super) fn refused(&self) {
         lock(&self.state).refused_at_ms = Some(monotonic_ms());
     }
 
     /// A stream's slots come back; its slab, left serving none, goes back at once when another
     /// empty one is kept or the pool was found full, else once idle for `IDLE`.
-    fn returned(self: &Arc<Self>, id: u64, lease: LeaseId, weight: u32) {
+    fn returned(self: &Arc<Self>, id: u64, seat: u64, weight: u32) {
         let mut state = lock(&self.state);
         let now = monotonic_ms();
         let pool_was_full = state
@@ -229,7 +250,7 @@ impl Slabs {
         };
         let slab = &mut state.slabs[at];
         slab.used -= weight;
-        slab.serving.retain(|(served, _, _)| *served != lease);
+        slab.serving.retain(|(served, _, _)| *served != seat);
         if slab.used > 0 {
             return;
         }
@@ -293,82 +314,5 @@ impl Slabs {
 fn give_back(mut slab: Slab) {
     if let Some(lease) = slab.lease.take() {
         runtime::handle().spawn(async move { drop(lease) });
-    }
-}
-
-impl Manager {
-    /// Admits a user's stream on a slot of a slab (taken first: a stream refused by its own
-    /// pool gives it back to the slab, for the next stream here), then in its own tag.
-    pub(super) async fn admit_on_a_slot(
-        self: Arc<Self>,
-        slabs: Arc<Slabs>,
-        record: Arc<LeaseRecord>,
-        rates: RateCheck,
-        budget: Option<BudgetRequest>,
-        (wait, priority): (Duration, u8),
-        line_limits: Vec<u64>,
-    ) -> CoreResult<Granted> {
-        let slot = self.global_slot(&slabs, &record, wait, priority).await?;
-        record.keep_until_ended(slot);
-        self.admit(record, rates, budget, wait, priority, line_limits)
-            .await
-    }
-
-    /// A slot of the global pool for `record`, from a slab of this process: a free one, or one
-    /// of a slab taken now (waiting in the global pool's line up to `wait`).
-    pub(super) async fn global_slot(
-        self: &Arc<Self>,
-        slabs: &Arc<Slabs>,
-        record: &Arc<LeaseRecord>,
-        wait: Duration,
-        priority: u8,
-    ) -> CoreResult<Slot> {
-        loop {
-            let (mut slots, shared) = match slabs.serve(record, !wait.is_zero()) {
-                Serving::Served(slot) => return Ok(slot),
-                Serving::Wait(mut taken) => {
-                    let _ = taken.changed().await;
-                    continue;
-                }
-                Serving::Take { slots, shared } => (slots, shared),
-            };
-            let _turn = TakeTurn(slabs, shared);
-            loop {
-                match self.take_slab(slabs, slots, wait, priority).await {
-                    Ok(lease) => return Ok(slabs.add(lease, record)),
-                    Err(CoreError::Rejected(refusal)) => {
-                        slabs.refused();
-                        if slots == record.weight {
-                            return Err(CoreError::Rejected(refusal));
-                        }
-                        slots = record.weight; // room for its own slots, maybe
-                    }
-                    Err(other) => return Err(other),
-                }
-            }
-        }
-    }
-
-    /// A slab of `slots` slots: an acquire of the global pool alone, held here.
-    async fn take_slab(
-        self: &Arc<Self>,
-        slabs: &Slabs,
-        slots: u32,
-        wait: Duration,
-        priority: u8,
-    ) -> CoreResult<HeldLease> {
-        let record = Arc::new(LeaseRecord::new(vec![slabs.global.clone()], slots, Store::Main));
-        let admitted = Arc::clone(self).admit(
-            record,
-            RateCheck::default(),
-            None,
-            wait,
-            priority,
-            vec![self.config.max_waiting],
-        );
-        let mut granted: Granted = Box::pin(admitted).await?;
-        let lease = granted.hold()?;
-        granted.delivered();
-        Ok(lease)
     }
 }
