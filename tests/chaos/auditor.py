@@ -147,11 +147,14 @@ class Sample:
     r0: float  # monotonic, just before the call
     r1: float  # just after the reply
     now_ms: int  # Redis' TIME
-    holders: dict[int, int]  # holder id -> expiry (ms, Redis' clock)
+    holders: dict[int, int]  # holder id -> expiry (ms, Redis' clock), in the shared tag
     pools: dict[str, list[tuple[str, int]]]  # pool -> (member, holder id)
+    # A pool in a tag of its own (a user's, under lease_global_slots) -> that tag's holders.
+    own_holders: dict[str, dict[int, int]] = field(default_factory=dict)
 
-    def counted(self, holder: int) -> bool:
-        return self.holders.get(holder, 0) > self.now_ms
+    def counted(self, holder: int, pool: str = "") -> bool:
+        """Whether ``holder``'s members in ``pool`` count: its entry in the pool's tag is live."""
+        return self.own_holders.get(pool, self.holders).get(holder, 0) > self.now_ms
 
 
 @dataclass
@@ -646,6 +649,7 @@ class Audit:
         return allowed
 
     def check_samples(self) -> None:
+        slabs = self.settings.lease_global_slots
         owners = self.holder_workers()
         streams = sorted(self.streams.values(), key=lambda s: s.t_start)
         samples = sorted(self.samples, key=lambda s: s.r0)
@@ -666,17 +670,23 @@ class Audit:
                 open_ids.discard(heapq.heappop(ends)[1])
             index = {pool: dict(entries) for pool, entries in sample.pools.items()}
 
-            # Every open stream is counted in every pool it took.
+            # Every open stream is counted in every pool it took; under lease_global_slots its
+            # global slot is a slab's, so the global pool counts at least the open streams.
+            on_slabs = 0
             for sid in open_ids:
                 stream = self.streams[sid]
                 if any(lo <= sample.r1 and hi >= sample.r0 for lo, hi, _ in stream.exempt):
                     continue
                 self.checked["open streams checked in samples"] += 1
+                if slabs and stream.user is not None and not stream.lost:
+                    on_slabs += stream.weight
                 for pool in stream.pools:
+                    if slabs and pool == self.settings.global_key:
+                        continue
                     there = index.get(pool, {})
                     for member in _members(stream.lease, stream.weight):
                         holder = there.get(member)
-                        if holder is None or not sample.counted(holder):
+                        if holder is None or not sample.counted(holder, pool):
                             self.violations.append(Violation(
                                 "counted", sample.r0,
                                 f"open stream {self.describe(stream)} of worker {stream.worker}"
@@ -689,16 +699,26 @@ class Audit:
                         continue
                     break
 
-            # No pool holds more live members than its capacity; no slot outlives its bound.
+            global_pool = sample.pools.get(self.settings.global_key, [])
+            held = sum(sample.counted(h) for _, h in global_pool)
+            if slabs and on_slabs > held:
+                self.violations.append(Violation(
+                    "slabs", sample.r0,
+                    f"open streams take {on_slabs} global slots, the slabs counted hold {held}; "
+                    f"last fault {self.fault_before(sample.r0)}"))
+
+            # No pool holds more live members than its capacity; no slot outlives its bound
+            # (a slab's, under lease_global_slots, lives as long as its worker keeps it).
             for pool, entries in sample.pools.items():
-                counted = [(m, h) for m, h in entries if sample.counted(h)]
+                counted = [(m, h) for m, h in entries if sample.counted(h, pool)]
                 self.checked["pool samples"] += 1
                 if len(counted) > self.caps.get(pool, 1 << 60):
                     self.violations.append(Violation(
                         "redis caps", sample.r0,
                         f"{self.settings.pool_name(pool)} counts {len(counted)} live members "
                         f"> {self.caps[pool]}"))
-                for member, holder in counted:
+                judged = not (slabs and pool == self.settings.global_key)
+                for member, holder in counted if judged else []:
                     lease = member.split("#")[0]
                     known = self.by_lease.get(lease)
                     if known is not None and (known.t_end is None or known.t_end > sample.r0):

@@ -8,6 +8,7 @@ import time
 
 from chaos.report import overall, summary
 from chaos.run import ChaosRun
+from chaos.settings import Settings
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -21,12 +22,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="the share of each seed's time run on the cluster (default 0.25; "
                              "0: none, 1: the cluster only)")
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    parser.add_argument("--lease-global-slots", action="store_true",
+                        help="the workers take the global pool's slots in slabs "
+                             "(LeaseConfig(lease_global_slots=True)); on one Redis only")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     seeds = [args.seed] if args.seed is not None else args.seeds
+    if args.lease_global_slots:
+        args.cluster_share = 0.0  # the samples read every pool in one script
     per_seed = args.minutes * 60 / len(seeds)
     results = []
     began = time.monotonic()
@@ -37,8 +43,10 @@ def main(argv: list[str]) -> int:
                 continue
             target = "cluster" if cluster else "redis"
             print(f"== seed {seed} on {target}: {seconds:.0f} s", flush=True)
+            settings = Settings(key_prefix=f"chaos{seed}",
+                                lease_global_slots=args.lease_global_slots)
             run = ChaosRun(seed, seconds, cluster=cluster, workers=args.workers,
-                           say=lambda line: print(line, flush=True))
+                           settings=settings, say=lambda line: print(line, flush=True))
             audit = asyncio.run(run.run())
             for line in summary(audit, seed, target, seconds, args.workers):
                 print(line, flush=True)

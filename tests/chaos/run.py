@@ -242,7 +242,8 @@ class ChaosRun:
             await asyncio.sleep(SAMPLE_EVERY)
 
     async def sample(self) -> Sample | None:
-        keys = [self.settings.holders_key, *self.pool_keys()]
+        own = self.settings.own_holders_keys()
+        keys = [self.settings.holders_key, *self.pool_keys(), *own.values()]
         client = redis_asyncio.Redis(
             host="127.0.0.1", port=self.target.node.port, socket_timeout=1.0,
             socket_connect_timeout=1.0)
@@ -255,12 +256,14 @@ class ChaosRun:
         finally:
             await client.aclose()
         now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
-        holders = {int(float(h)): int(float(e)) for h, e in _pairs(reply[2])}
+        tables = [{int(float(h)): int(float(e)) for h, e in _pairs(entries)}
+                  for entries in (reply[2], *reply[3 + len(keys) - 1 - len(own):])]
         pools = {}
-        for key, entries in zip(keys[1:], reply[3:], strict=True):
+        for key, entries in zip(keys[1:len(keys) - len(own)], reply[3:], strict=False):
             if entries:
                 pools[key] = [(m.decode(), int(float(h))) for m, h in _pairs(entries)]
-        sample = Sample(r0, r1, now_ms, holders, pools)
+        sample = Sample(r0, r1, now_ms, tables[0], pools,
+                        dict(zip(own, tables[1:], strict=True)))
         self.audit.samples.append(sample)
         return sample
 
@@ -327,14 +330,17 @@ class ChaosRun:
                 if counting:
                     counting = await observer.get_active_count() > 0
                 await self.sample()
-                # Braces are plain characters in a KEYS pattern.
-                keys = [k for k in await client.keys(self.settings.tag + "*")
-                        if isinstance(k, bytes)]
+                # Braces are plain characters in a KEYS pattern; users' own tags are
+                # "{<prefix>:<digest>}" (lease_global_slots), each with a clock of its own.
+                keys = [k for pattern in (self.settings.tag, "{" + self.settings.key_prefix + ":")
+                        for k in await client.keys(pattern + "*") if isinstance(k, bytes)]
                 for key in keys:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
                     if not _is_pool(key, self.settings.tag) and await client.pttl(key) == -1:
                         no_ttl.add(key)
-                left = [key for key in keys if key != clock and _outlives_drain(key) is None]
+                left = [key for key in keys
+                        if key != clock and not key.endswith(b"}:holders:clock")
+                        and _outlives_drain(key) is None]
                 for key in keys:
                     lifetime = _outlives_drain(key)
                     if lifetime is not None and await client.pttl(key) > lifetime:
@@ -417,7 +423,11 @@ def _is_pool(key: bytes, tag: str) -> bool:
 
 
 def _kind_of_key(key: str, tag: str) -> str:
-    """A key's family: ``holders:*``, ``line``, ``user:*``..."""
+    """A key's family: ``holders:*``, ``line``, ``user:*``...; a key in a user's own tag
+    (``{<prefix>:<digest>}:user``, ...) as the same family."""
+    if not key.startswith(tag):
+        rest = key.split("}:", 1)[1]
+        key = f"{tag}:{'user:*' if rest == 'user' else rest}"
     parts = key[len(tag) + 1:].split(":")
     if parts[0] == "holders" and len(parts) > 1:
         if parts[1] in ("walked", "clock"):

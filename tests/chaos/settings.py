@@ -66,6 +66,10 @@ class Settings:
     team_budget: int = 4_000
     model: str = "chaos-model"
     answer_price: int = 2_000_000
+    # ``lease_global_slots``: each worker takes the global pool's slots in slabs, the users' keys
+    # have tags of their own (on one Redis: the samples read every pool in one script), and no
+    # stream takes resources with a user.
+    lease_global_slots: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -85,7 +89,7 @@ class Settings:
                         self.answer_price // 1_000_000, self.team_of),
         ]
 
-    # -- the key layout of docs/design.md, section 3 (global_pool=True) --
+    # -- the key layout of docs/design.md, section 3 (global_pool=True, and lease_global_slots) --
 
     @property
     def tag(self) -> str:
@@ -100,7 +104,17 @@ class Settings:
 
     def user_key(self, user: str) -> str:
         digest = hmac.new(self.identity_secret.encode(), user.encode(), hashlib.sha256)
+        if self.lease_global_slots:
+            return f"{{{self.key_prefix}:{digest.hexdigest()[:32]}}}:user"
         return f"{self.tag}:user:{digest.hexdigest()[:32]}"
+
+    def own_holders_keys(self) -> dict[str, str]:
+        """Under ``lease_global_slots``, each user's pool with the holders key of its own tag
+        (its members' holders live there); else none: every pool is in the shared tag."""
+        if not self.lease_global_slots:
+            return {}
+        return {key: key.removesuffix(":user") + ":holders"
+                for key in (self.user_key(self.user_name(i)) for i in range(self.users))}
 
     @property
     def global_key(self) -> str:

@@ -104,6 +104,7 @@ class Worker:
                 redis_timeout=settings.redis_timeout,
                 max_per_user=settings.max_per_user,
                 max_global=settings.max_global,
+                lease_global_slots=settings.lease_global_slots,
                 on_lost="cancel",
                 failure_mode="closed",
                 retry_after=1.0,
@@ -185,6 +186,8 @@ class Worker:
         user: str | None = self.settings.user_name(rng.randrange(self.settings.users))
         if resources and rng.random() < 0.2:
             user = None  # resources only: neither the user's pool nor the global one
+        elif self.settings.lease_global_slots:
+            resources = []  # a user's tag holds none (the option refuses them with a user)
         length = (rng.uniform(0.05, self.settings.short_stream) if rng.random() < 0.8
                   else rng.uniform(self.settings.short_stream, self.settings.long_stream))
         wait = rng.uniform(0.2, 2.0) if rng.random() < 0.35 else 0.0
