@@ -54,9 +54,9 @@ async def test_a_short_chaos_run_breaks_no_invariant():
 
 # -- the auditor itself, on made-up events: it sees what it must see, and allows only its windows
 
-def audit_of(streams, faults=(), samples=()):
+def audit_of(streams, faults=(), samples=(), settings=None):
     """An audit of ``streams`` (user, start, end, how, worker), all of weight 1."""
-    settings = Settings()
+    settings = settings or Settings()
     audit = Audit(settings, Bounds.of(settings), t_origin=0.0)
     for worker in ("0.1", "1.1"):
         audit.workers[worker] = WorkerLife(worker, 0, 0, 0.0, bye={}, exit_code=0)
@@ -107,6 +107,23 @@ def test_the_auditor_sees_a_slot_counted_too_long_and_a_stream_not_counted():
     assert invariants(audit_of(ended, samples=[sample(2.0 + leftover + 0.1)])) == ["leftovers"]
     still_open = [("user0", 1.0, 9.0, "ok", "0.1"), ("user0", 1.0, 9.0, "ok", "0.1")]
     assert invariants(audit_of(still_open, samples=[sample(5.0)])) == ["counted"]
+
+
+def test_under_leased_global_slots_the_auditor_wants_slabs_that_hold_the_open_streams():
+    """A stream's global slot is a slab's member there, not its own: the slabs counted must
+    hold the open streams' slots, and a slab is no leftover of an unknown lease."""
+    settings = Settings(lease_global_slots=True)
+    user_pool = settings.user_key("user0")
+    assert settings.own_holders_keys()[user_pool] == user_pool.removesuffix(":user") + ":holders"
+
+    def sample(at: float, slots: int) -> Sample:
+        slab = [("slab" if i == 0 else f"slab#{i + 1}", 7) for i in range(slots)]
+        pools = {settings.global_key: slab, user_pool: [("lease0", 7), ("lease1", 7)]}
+        return Sample(at, at + 0.001, 10_000, {7: 20_000}, pools, {user_pool: {7: 20_000}})
+
+    two_open = [("user0", 1.0, 9.0, "ok", "0.1")] * 2
+    assert invariants(audit_of(two_open, samples=[sample(5.0, 2)], settings=settings)) == []
+    assert invariants(audit_of(two_open, samples=[sample(5.0, 1)], settings=settings)) == ["slabs"]
 
 
 def audit_of_limited(streams, faults=()):
