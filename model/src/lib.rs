@@ -10,11 +10,14 @@
 //! step of a process between two awaits (`src/renewal/`, `src/manager/admit.rs`, in
 //! [`protocol`]), or a tick, or a fault. The properties are in [`properties`]; [`checked`] makes
 //! the stateright model of the two. docs/design.md
-//! ("The protocol model") says what is left out and what a run covers. [`leased_units`] is a
-//! model of its own: the units of a request rate a process takes ahead of its hits.
+//! ("The protocol model") says what is left out and what a run covers. [`leased_units`] and
+//! [`leased_slots`] are models of their own: the units of a request rate a process takes ahead
+//! of its hits, and the global pool's slots it takes in slabs ([`discoveries`] says what a
+//! check of one found).
 
 pub mod checked;
 pub mod config;
+pub mod discoveries;
 pub mod leased_slots;
 pub mod leased_units;
 pub mod process;

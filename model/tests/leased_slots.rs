@@ -2,24 +2,12 @@
 //! exhaustively: every property holds with the safeguards the code has, and turning one off
 //! breaks the property it guards.
 
-use protocol_model::leased_slots::{
-    LeasedSlotsConfig, LeasedSlotsModel, COUNTED_WITHIN_CAP, SERVED_AHEAD, SERVED_FROM_COUNTED,
-    SLOTS_SERVE_ONE_STREAM,
-};
-use stateright::{Checker, Model};
+use protocol_model::discoveries;
+use protocol_model::leased_slots::{LeasedSlotsConfig, LeasedSlotsModel, SERVED_AHEAD, SERVED_FROM_COUNTED};
 
 /// The properties that have a counterexample (or, for `sometimes`, an example) in `cfg`.
 fn discovered(cfg: LeasedSlotsConfig) -> Vec<&'static str> {
-    let checker = LeasedSlotsModel { cfg }.checker().threads(2).spawn_bfs().join();
-    [
-        COUNTED_WITHIN_CAP,
-        SERVED_FROM_COUNTED,
-        SLOTS_SERVE_ONE_STREAM,
-        SERVED_AHEAD,
-    ]
-    .into_iter()
-    .filter(|name| checker.discovery(name).is_some())
-    .collect()
+    discoveries::discovered(LeasedSlotsModel { cfg })
 }
 
 #[test]

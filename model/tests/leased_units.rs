@@ -2,24 +2,14 @@
 //! property holds with the safeguards the code has, and turning one off breaks the property it
 //! guards.
 
+use protocol_model::discoveries;
 use protocol_model::leased_units::{
     LeasedUnitsConfig, LeasedUnitsModel, COUNTED_WITHIN_LIMIT, SERVED_HERE, SERVED_IN_ITS_WINDOW,
-    SERVED_WITHIN_LIMIT,
 };
-use stateright::{Checker, Model};
 
 /// The properties that have a counterexample (or, for `sometimes`, an example) in `cfg`.
 fn discovered(cfg: LeasedUnitsConfig) -> Vec<&'static str> {
-    let checker = LeasedUnitsModel { cfg }.checker().threads(2).spawn_bfs().join();
-    [
-        SERVED_WITHIN_LIMIT,
-        SERVED_IN_ITS_WINDOW,
-        COUNTED_WITHIN_LIMIT,
-        SERVED_HERE,
-    ]
-    .into_iter()
-    .filter(|name| checker.discovery(name).is_some())
-    .collect()
+    discoveries::discovered(LeasedUnitsModel { cfg })
 }
 
 #[test]

@@ -46,15 +46,15 @@ impl Manager {
         priority: u8,
     ) -> CoreResult<Slot> {
         loop {
-            let (mut slots, shared) = match slabs.serve(record, !wait.is_zero()) {
+            let mut slots = match slabs.serve(record, !wait.is_zero()) {
                 Serving::Served(slot) => return Ok(slot),
                 Serving::Wait(mut taken) => {
                     let _ = taken.changed().await;
                     continue;
                 }
-                Serving::Take { slots, shared } => (slots, shared),
+                Serving::Take(slots) => slots,
             };
-            let _turn = TakeTurn(slabs, shared);
+            let _turn = TakeTurn(slabs, slots > record.weight);
             loop {
                 match self.take_slab(slabs, slots, wait, priority).await {
                     Ok(lease) => return Ok(slabs.add(lease, record)),

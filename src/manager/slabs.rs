@@ -71,6 +71,14 @@ struct Slab {
     servable: bool,
 }
 
+impl SlabsState {
+    /// Whether the global pool refused this process a take within `IDLE` of `now_ms`.
+    fn pool_was_full(&self, now_ms: u64) -> bool {
+        self.refused_at_ms
+            .is_some_and(|at| now_ms < at + IDLE.as_millis() as u64)
+    }
+}
+
 impl Slab {
     /// Whether a new stream may start on it: a slab of the main store, not found lost (its
     /// streams are lost from a task of their own, a moment later).
@@ -84,11 +92,8 @@ pub enum Serving {
     Served(Slot),
     /// A take is in flight: look again when it ends.
     Wait(watch::Receiver<u64>),
-    /// Take a slab of this many slots; `shared` when others wait for it.
-    Take {
-        slots: u32,
-        shared: bool,
-    },
+    /// Take a slab of this many slots (others wait for a take of more than the stream's).
+    Take(u32),
 }
 
 /// A stream's slots in a slab (its seat there), given back when dropped.
@@ -147,23 +152,13 @@ impl Slabs {
         if state.taking {
             return Serving::Wait(self.takes.subscribe());
         }
-        let now = monotonic_ms();
-        let pool_was_full = state
-            .refused_at_ms
-            .is_some_and(|at| now < at + IDLE.as_millis() as u64);
-        if waits || pool_was_full {
-            return Serving::Take {
-                slots: weight,
-                shared: false,
-            };
+        if waits || state.pool_was_full(monotonic_ms()) {
+            return Serving::Take(weight);
         }
         let used: u32 = state.slabs.iter().map(|slab| slab.used).sum();
         let slots = (used / SHARE_OF_USED).min(self.most).max(weight);
         state.taking = slots > weight;
-        Serving::Take {
-            slots,
-            shared: slots > weight,
-        }
+        Serving::Take(slots)
     }
 
     /// A slab taken for `record`, whose slots it serves first.
@@ -237,9 +232,7 @@ impl Slabs {
     fn returned(self: &Arc<Self>, id: u64, seat: u64, weight: u32) {
         let mut state = lock(&self.state);
         let now = monotonic_ms();
-        let pool_was_full = state
-            .refused_at_ms
-            .is_some_and(|at| now < at + IDLE.as_millis() as u64);
+        let pool_was_full = state.pool_was_full(now);
         let others_empty = state
             .slabs
             .iter()
