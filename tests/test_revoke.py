@@ -25,6 +25,7 @@ from fastapi_stream_lease import (
 )
 
 from support.apps import app_command
+from support.held_command import HeldCommand
 from support.waiting import count_is, eventually, renewals_ran
 
 SECRET = "revoke-tests-secret-0123456789"
@@ -164,6 +165,29 @@ async def test_bad_revokes_say_what_was_wrong(make_manager, user_id, ban_seconds
         await manager.revoke(user_id, ban_seconds=ban_seconds)
     assert not lease.lost, "a bad call ends nothing"
     await lease.release()
+
+
+async def test_a_revoke_made_while_the_first_subscription_is_on_its_way_still_ends_the_stream(
+    redis_server, key_prefix, make_redis_manager
+):
+    """Regression: a worker's first subscription to the revocations looked for nothing revoked
+    before it was up, so a revoke published while it was on its way (to no one in that worker)
+    waited for the keep-alive's stamp, a renewal period later."""
+    async with HeldCommand(redis_server.port, b"SUBSCRIBE") as proxy:
+        config = LeaseConfig(
+            key_prefix=key_prefix, identity_secret=SECRET, lease_seconds=60, renew_every=20
+        )
+        worker = StreamLeaseManager(url=proxy.url, config=config)
+        operator = make_redis_manager(identity_secret=SECRET, lease_seconds=60)
+        try:
+            run = streaming(await worker.acquire("alice"))
+            await asyncio.wait_for(proxy.held.wait(), timeout=10)
+            assert await operator.revoke("alice") == 1
+            proxy.release()
+            with pytest.raises(LeaseRevoked):
+                await asyncio.wait_for(run, timeout=5)
+        finally:
+            await worker.aclose()
 
 
 def deaf_url(redis_server, redis_client, name: str) -> str:

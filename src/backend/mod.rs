@@ -232,14 +232,12 @@ pub trait Backend: Send + Sync {
     ) -> BoxFuture<'a, CoreResult<u64>>;
 
     /// Calls `heard` with the tag (holders key) of every revoke any process publishes on
-    /// `channel`, or with None where messages may have been missed (and, when `again`, once
-    /// subscribed: a subscription made again may have missed some), until the subscription
-    /// breaks (the caller listens again). A store whose revocations end its leases at once
-    /// never returns.
+    /// `channel`, or with None where messages may have been missed (once subscribed: what was
+    /// published before reached no one here), until the subscription breaks (the caller listens
+    /// again). A store whose revocations end its leases at once never returns.
     fn listen_revocations<'a>(
         &'a self,
         _channel: &'a str,
-        _again: bool,
         _heard: Box<dyn Fn(Option<String>) + Send + Sync + 'a>,
     ) -> BoxFuture<'a, CoreResult<()>> {
         Box::pin(std::future::pending())

@@ -131,14 +131,13 @@ impl Leases {
         let stores = Arc::clone(&self.stores);
         let channel = watch.channel.clone();
         runtime::handle().spawn(async move {
-            // The first subscription follows the first lease: a revoke before it is found by
-            // the keep-alive's stamp; one made again looks at once for what it missed.
-            let mut again = false;
+            // Each subscription, the first included, looks once it is up for what was revoked
+            // before: the first follows the first lease, and a revoke made while it was on its
+            // way is published to no one here.
             while !stop.is_cancelled() {
                 let (heard, mut tags) = mpsc::unbounded_channel();
                 let heard = Box::new(move |tag| drop(heard.send(tag)));
-                let listening = stores.main().listen_revocations(&channel, again, heard);
-                again = true;
+                let listening = stores.main().listen_revocations(&channel, heard);
                 let ending = async {
                     while let Some(tag) = tags.recv().await {
                         let Some(leases) = weak.upgrade() else { return };

@@ -294,15 +294,12 @@ impl Backend for RedisBackend {
     fn listen_revocations<'a>(
         &'a self,
         channel: &'a str,
-        again: bool,
         heard: Box<dyn Fn(Option<String>) + Send + Sync + 'a>,
     ) -> BoxFuture<'a, CoreResult<()>> {
         Box::pin(async move {
             let mut subscription = self.link.subscribe(channel, Sharding::Plain).await?;
-            if again {
-                // Whatever was published while it was down is looked for now.
-                heard(None);
-            }
+            // Whatever was published before it was up is looked for now.
+            heard(None);
             while let Some(message) = subscription.next().await {
                 heard(message);
             }
