@@ -168,19 +168,24 @@ impl KeySpace {
     /// pool (so a hit's policies and the stream's pools share a slot). The policy's name,
     /// window and algorithm are in the key: two scopes never share a counter.
     pub fn rate_key(&self, identity: &str, policy: &RatePolicy) -> String {
-        let digest = self.identity_digest(identity);
+        self.rate_key_of_digest(&self.identity_digest(identity), policy)
+    }
+
+    /// `rate_key` of the identity whose `identity_digest` is `digest` (a hit's policies of one
+    /// identity take one digest).
+    pub fn rate_key_of_digest(&self, digest: &str, policy: &RatePolicy) -> String {
         // The unit too: a request rate and a budget of one name are two counters.
-        let scope = format!(
-            "rate:{}:{}{}{}",
-            policy.name,
+        let (name, window, algorithm, unit) = (
+            &policy.name,
             policy.window_ms,
             policy.algorithm.code(),
-            policy.unit.code()
+            policy.unit.code(),
         );
+        let prefix = &self.prefix;
         if !self.users_tagged {
-            format!("{}:{scope}:{digest}", self.shared_tag())
+            format!("{{{prefix}}}:rate:{name}:{window}{algorithm}{unit}:{digest}")
         } else {
-            format!("{{{}:{digest}}}:{scope}", self.prefix)
+            format!("{{{prefix}:{digest}}}:rate:{name}:{window}{algorithm}{unit}")
         }
     }
 

@@ -407,7 +407,7 @@ class StreamLeaseManager:
     ) -> Lease:
         """The lease of a grant, tracked (:attr:`active_leases`) and told to the 0.6 hooks;
         the thresholds its start brought the ``counted`` (user, policies) to are told too."""
-        if counted is not None:
+        if counted is not None and self._alerting:
             self._tell_thresholds(*counted, handle.rate_decisions)
         lease = Lease(
             handle,
@@ -431,9 +431,10 @@ class StreamLeaseManager:
     ) -> None:
         """Tells ``on_threshold`` and the metric of the thresholds that the decisions of a
         consuming hit or start reached first in their window (``policies`` pair some with
-        identities of their own)."""
-        if not self._alerting or not any(decision.thresholds_reached for decision in decisions):
-            return  # nobody listens, or none reached: no digest, on every hit
+        identities of their own). Its callers call it only while somebody listens
+        (``_alerting``)."""
+        if not any(decision.thresholds_reached for decision in decisions):
+            return  # none reached: no digest
         telemetry = self._instruments()
         identities = identities_of(identity, policies)
         for alert in crossed(identities, decisions, self._core.identity_digest):
@@ -667,12 +668,14 @@ class StreamLeaseManager:
         order given; raises :class:`RateLimited` (429, ``Retry-After``) when one refuses.
         ``cost`` is how many units the request takes (1 by default). A dry-run policy
         (``RateLimit(enforce=False)``) never refuses: its decision says ``would_refuse``."""
-        # Resolved first: with telemetry on, the hit reports the thresholds it reached.
-        telemetry = self._instruments()
+        # Resolved first: with telemetry on, the hit reports the thresholds it reached. What
+        # nobody listens to costs a hit no call.
+        telemetry = self._telemetry if self._telemetry_resolved else self._instruments()
         decisions: list[RateDecision] = await self._core.hit(identity, policies, cost, True)
         if telemetry is not None:
             telemetry.rated(decisions)
-        self._tell_thresholds(identity, policies, decisions)
+        if self._alerting:
+            self._tell_thresholds(identity, policies, decisions)
         return decisions
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:

@@ -66,7 +66,8 @@ def remember(
     the response's headers; several hits add up."""
     state = scope.setdefault("state", {})
     state.setdefault(_DECISIONS, []).extend(decisions)
-    state.setdefault(_POOLS, []).extend(pools)
+    if pools:
+        state.setdefault(_POOLS, []).extend(pools)
 
 
 def legacy_headers(decisions: Sequence[RateDecision]) -> dict[str, str]:
@@ -147,7 +148,8 @@ async def identity_of(
     if key is None:
         return manager.client_ip(connection)
     identity = key(connection)
-    if inspect.isawaitable(identity):
+    # A str first: most key functions are plain, and an awaitable's check costs more.
+    if not isinstance(identity, str) and inspect.isawaitable(identity):
         identity = await identity
     return identity
 

@@ -227,6 +227,8 @@ impl Manager {
         identities: &[Option<String>],
         along: Option<&str>,
     ) -> CoreResult<Vec<String>> {
+        // One digest per identity in a row: most hits count one identity in every policy.
+        let mut digested: Option<(&str, String)> = None;
         let keys = policies
             .iter()
             .enumerate()
@@ -236,7 +238,11 @@ impl Manager {
                     None => check_identity(identity).map(|()| identity),
                 };
                 let counted = counted.map_err(CoreError::InvalidInput)?;
-                Ok(self.keys.rate_key(counted, policy))
+                let digest = match &digested {
+                    Some((known, digest)) if *known == counted => digest,
+                    _ => &digested.insert((counted, self.keys.identity_digest(counted))).1,
+                };
+                Ok(self.keys.rate_key_of_digest(digest, policy))
             })
             .collect::<CoreResult<Vec<String>>>()?;
         let tag = hash_tag(along.unwrap_or(&keys[0]));

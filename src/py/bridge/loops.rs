@@ -122,7 +122,7 @@ impl LoopBridge {
 }
 
 /// Resolves `future` unless it was cancelled; a dropped completion cleans up after itself.
-pub(super) fn resolve(future: &Bound<'_, PyAny>, completion: Completion) {
+fn resolve(future: &Bound<'_, PyAny>, completion: Completion) {
     let py = future.py();
     let done = future
         .call_method0(intern!(py, "done"))

@@ -15,9 +15,13 @@
 //! batches. Only a call that may wait long (an acquire that waits in line) is aborted with its
 //! future, which takes a done callback per call; one round trip runs to its end. A release goes
 //! at once, so that no closing loop can keep it from the store (`Sending`).
+//!
+//! Work that never waits (the embedded store's, a hit served from units held here) is not sent
+//! at all: its outcome goes back in an awaitable already resolved (`ready.rs`).
 
 mod inbox;
 mod loops;
+mod ready;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -32,7 +36,8 @@ use pyo3::types::PyWeakrefReference;
 
 use self::inbox::{Inbox, NOTICE};
 pub use self::loops::LoopBridge;
-use self::loops::{bridge_for, resolve, running_loop, Call};
+use self::loops::{bridge_for, running_loop, Call};
+use self::ready::Ready;
 use crate::errors::CoreError;
 use crate::runtime;
 use crate::sync::lock;
@@ -222,11 +227,10 @@ where
     }
 }
 
-/// An asyncio future already resolved with `completion` (for work that never waits).
+/// An awaitable already resolved with `completion` (for work that never waits).
 pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
-    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
-    resolve(&future, completion);
-    Ok(future)
+    let outcome = completion.map_err(PyErr::from).and_then(|deliver| deliver(py));
+    Ok(Bound::new(py, Ready::new(outcome))?.into_any())
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
