@@ -47,6 +47,26 @@ async def test_a_hit_refused_by_one_policy_consumes_from_none(make_manager):
     assert (await manager.hit("alice", PER_MINUTE, cost=2))[0].remaining == 0
 
 
+async def test_a_hits_awaitable_serves_wherever_asyncio_takes_a_future(make_manager):
+    """A hit decided without waiting (the embedded store, units held here) returns an
+    awaitable already resolved, not a future of the loop: it must still be awaitable twice, with
+    the same outcome, and taken by ``gather``, ``wait_for`` and ``ensure_future``."""
+    manager = make_manager()
+    once = RateLimit("once", 1, per=60)
+    hit = manager._core.hit("alice", (once,), 1, True)
+    first, again = await hit, await hit
+    assert first == again and first[0].used == 1
+    refused = manager._core.hit("alice", (once,), 1, True)
+    for _ in range(2):
+        with pytest.raises(RateLimited):
+            await refused
+    per_minute = RateLimit("per_minute", 10, per=60)
+    (gathered,) = await asyncio.gather(manager._core.hit("bob", (per_minute,), 1, True))
+    waited = await asyncio.wait_for(manager._core.hit("bob", (per_minute,), 1, True), 5)
+    ensured = await asyncio.ensure_future(manager._core.hit("bob", (per_minute,), 1, True))
+    assert [d[0].used for d in (gathered, waited, ensured)] == [1, 2, 3]
+
+
 async def test_simultaneous_hits_admit_exactly_the_limit(make_manager):
     manager = make_manager()
     burst = RateLimit("burst", 10, per=60)
