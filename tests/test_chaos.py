@@ -126,6 +126,39 @@ def test_under_leased_global_slots_the_auditor_wants_slabs_that_hold_the_open_st
     assert invariants(audit_of(two_open, samples=[sample(5.0, 1)], settings=settings)) == ["slabs"]
 
 
+def test_on_a_cluster_the_auditor_judges_each_tags_read_by_the_streams_open_at_its_time():
+    """Under lease_global_slots on a cluster each tag is read on its own master, at its own
+    time: a read judges the pools it took in, against the streams open when it was taken."""
+    settings = Settings(lease_global_slots=True, cluster=True)
+    user_pool = settings.user_key("user0")
+    assert [pools for _, pools in settings.tag_reads()][:2] == [
+        [settings.global_key, *(settings.resource_key(name) for name in settings.resources)],
+        [user_pool]]
+    assert [level.name for level in settings.budget_levels()] == ["tokens"]
+
+    def global_read(at: float, slots: int) -> Sample:
+        slab = [("slab" if i == 0 else f"slab#{i + 1}", 7) for i in range(slots)]
+        return Sample(at, at + 0.001, 10_000, {7: 20_000}, {settings.global_key: slab},
+                      reads=frozenset({settings.global_key}))
+
+    def user_read(at: float, members: list[str]) -> Sample:
+        return Sample(at, at + 0.001, 10_000, {}, {user_pool: [(m, 7) for m in members]},
+                      {user_pool: {7: 20_000}}, reads=frozenset({user_pool}))
+
+    two_open = [("user0", 1.0, 5.0, "ok", "0.1")] * 2
+    counted = [global_read(4.0, 2), user_read(4.5, ["lease0", "lease1"])]
+    assert invariants(audit_of(two_open, samples=counted, settings=settings)) == []
+    # The user's tag read after the streams ended: nothing of them is wanted there.
+    after = [global_read(4.0, 2), user_read(5.5, [])]
+    assert invariants(audit_of(two_open, samples=after, settings=settings)) == []
+    # The global tag read after they ended: no slab is wanted; while they are open, two.
+    assert invariants(audit_of(two_open, samples=[global_read(5.5, 0)], settings=settings)) == []
+    assert invariants(audit_of(two_open, samples=[global_read(4.0, 1)],
+                               settings=settings)) == ["slabs"]
+    assert invariants(audit_of(two_open, samples=[user_read(4.5, ["lease0"])],
+                               settings=settings)) == ["counted"]
+
+
 def audit_of_limited(streams, faults=()):
     """An audit of budgeted, rate-counted streams: (user, t_req, t_start, t_end, tokens sent as
     (time, n), reserve)."""

@@ -7,7 +7,11 @@ Invariants checked (each violation is listed with its time and the streams it in
 * ``caps``: at every moment, the weight of the streams that are open, per user, per resource
   and in all, is at most the cap, except inside the windows below.
 * ``counted``: every open stream is counted in Redis in every pool it took (its members are
-  there, under a live holder) at every sample, except inside the same windows.
+  there, under a live holder) at every sample, except inside the same windows. A sample of one
+  tag (each tag read on its own: the cluster, under ``lease_global_slots``) judges its tag's
+  pools against the streams open at its own time.
+* ``slabs``: under ``lease_global_slots``, the slabs the global pool counts hold at least the
+  open streams' global slots at every sample of it, except inside the same windows.
 * ``redis caps``: no pool in Redis holds more live holders' members than its capacity.
 * ``rates``: no window of the start rate's ``per`` seconds holds more of one user's starts
   that counted the rate than its limit (a start counts it between its ``t_req`` and
@@ -49,143 +53,25 @@ Windows (``notice``, ``settle`` and ``leftover`` are :class:`Bounds`):
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from fastapi_stream_lease import TOP_UP_INCREMENT
 
 from chaos.faults import Fault
+from chaos.records import (
+    CLOCK_SLACK,
+    REDIS_WIDE,
+    STATE_LOSS,
+    Bounds,
+    Episode,
+    Overdue,
+    Sample,
+    Stream,
+    Violation,
+    WorkerLife,
+)
 from chaos.settings import BudgetLevel, Settings
-
-STATE_LOSS = ("redis_restart", "redis_restore")
-REDIS_WIDE = ("redis_pause", "redis_restart", "redis_restore")
-# Clock slack between this machine's monotonic clock and Redis' TIME (the same clock, read
-# by two processes), for the bounds measured from a kill.
-CLOCK_SLACK = 0.05
-# The circuit breaker's longest cool-down (src/breaker.rs).
-BREAKER_MAX = 5.0
-
-
-@dataclass(frozen=True)
-class Bounds:
-    lease: float
-    renew: float
-    timeout: float
-    # From the core reporting a lease lost to its stream ending (the event loop's latency).
-    notice: float = 0.5
-
-    @property
-    def settle(self) -> float:
-        """From Redis answering again after it lost writes (restarted empty, restored from a
-        snapshot) to every worker's leases checked (taken back or reported lost). The round
-        running then ends within two calls; rounds tick every ``renew``. The first keep-alive on
-        the connection Redis dropped may fail (it reconnects): a round. The next finds the
-        holder gone, or its count short, or above what it holds (a snapshot that brought back
-        more released members than it lost), and the reclaim checks its leases in the same
-        round. A grant still in flight during a keep-alive can hide a missing one until the
-        next: a round. Each call takes at most ``timeout``: ``3 x renew + 4 x timeout``, for
-        either kind. (A snapshot that brings back exactly as many members as it lost is found
-        by the sum of ids kept beside the count: docs/design.md, section 9.2.)"""
-        return 3 * self.renew + 4 * self.timeout
-
-    @property
-    def leftover(self) -> float:
-        """From a stream's end, or Redis (the link, the worker) answering again, to its slot no
-        longer counted: a release that failed is retried at every round once the circuit
-        breaker lets calls through. A process that holds leases has its keep-alive (which does
-        not wait for the breaker) close it; one that holds none waits for the breaker's next
-        probe, at most ``BREAKER_MAX`` after the last failure (a call may still fail within
-        ``timeout`` of Redis answering again); then the next round (``renew``) releases
-        (``timeout``)."""
-        return BREAKER_MAX + self.renew + 3 * self.timeout
-
-    @classmethod
-    def of(cls, settings: Settings) -> Bounds:
-        return cls(settings.lease_seconds, settings.renew_every, settings.redis_timeout)
-
-
-@dataclass
-class Stream:
-    id: str
-    worker: str
-    user: str | None
-    weight: int
-    resources: list[str]
-    lease: str
-    t_req: float
-    t_start: float
-    pools: list[str]
-    t_end: float | None = None
-    how: str = "open"
-    lost: bool = False  # its lease was lost by the time it ended (by LeaseLost or not)
-    exempt: list[tuple[float, float, str]] = field(default_factory=list)
-    rate: bool = False  # its acquire counted the user's start rate
-    budget: bool = False  # it spent the user's token budget
-    reserve: int = 0  # tokens it reserved at admission
-    tokens: list[tuple[float, int]] = field(default_factory=list)  # (sent at, tokens)
-
-
-@dataclass
-class WorkerLife:
-    name: str
-    slot: int
-    pid: int
-    t_spawn: float
-    t_dead: float | None = None  # killed by the schedule
-    bye: dict[str, object] | None = None
-    exit_code: int | None = None
-    rss: list[tuple[float, int]] = field(default_factory=list)
-    # When its manager's lost, reclaimed and pruned counters changed (polled every 0.1 s).
-    stats: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    # The last lines it wrote on stderr (shown when it failed).
-    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=20))
-
-
-@dataclass
-class Sample:
-    r0: float  # monotonic, just before the call
-    r1: float  # just after the reply
-    now_ms: int  # Redis' TIME
-    holders: dict[int, int]  # holder id -> expiry (ms, Redis' clock), in the shared tag
-    pools: dict[str, list[tuple[str, int]]]  # pool -> (member, holder id)
-    # A pool in a tag of its own (a user's, under lease_global_slots) -> that tag's holders.
-    own_holders: dict[str, dict[int, int]] = field(default_factory=dict)
-
-    def counted(self, holder: int, pool: str = "") -> bool:
-        """Whether ``holder``'s members in ``pool`` count: its entry in the pool's tag is live."""
-        return self.own_holders.get(pool, self.holders).get(holder, 0) > self.now_ms
-
-
-@dataclass
-class Violation:
-    invariant: str
-    at: float
-    detail: str
-
-
-@dataclass
-class Overdue:
-    """A slot counted past its bound: first and last seen so, since when it may be counted."""
-
-    first: float
-    last: float
-    since: float
-    worker: str | None
-    what: str
-
-
-@dataclass
-class Episode:
-    """A stretch of time one pool was over its cap (before any window is applied)."""
-
-    pool: str
-    start: float
-    end: float
-    excess: int
-    fault: str  # the last fault that began before it
-    after_fault: float  # from that fault's end (Redis, the worker, the link back) to its end
-    streams: str = ""  # those open at its start
 
 
 class Audit:
@@ -670,17 +556,22 @@ class Audit:
                 open_ids.discard(heapq.heappop(ends)[1])
             index = {pool: dict(entries) for pool, entries in sample.pools.items()}
 
-            # Every open stream is counted in every pool it took; under lease_global_slots its
-            # global slot is a slab's, so the global pool counts at least the open streams.
+            # Every open stream is counted in every pool it took (of those the sample read);
+            # under lease_global_slots its global slot is a slab's, so the global pool counts at
+            # least the open streams.
+            global_read = sample.covers(self.settings.global_key)
             on_slabs = 0
             for sid in open_ids:
                 stream = self.streams[sid]
                 if any(lo <= sample.r1 and hi >= sample.r0 for lo, hi, _ in stream.exempt):
                     continue
+                pools_read = [pool for pool in stream.pools if sample.covers(pool)]
+                if not pools_read:
+                    continue
                 self.checked["open streams checked in samples"] += 1
-                if slabs and stream.user is not None and not stream.lost:
+                if slabs and stream.user is not None and not stream.lost and global_read:
                     on_slabs += stream.weight
-                for pool in stream.pools:
+                for pool in pools_read:
                     if slabs and pool == self.settings.global_key:
                         continue
                     there = index.get(pool, {})
@@ -701,7 +592,7 @@ class Audit:
 
             global_pool = sample.pools.get(self.settings.global_key, [])
             held = sum(sample.counted(h) for _, h in global_pool)
-            if slabs and on_slabs > held:
+            if slabs and global_read and on_slabs > held:
                 self.violations.append(Violation(
                     "slabs", sample.r0,
                     f"open streams take {on_slabs} global slots, the slabs counted hold {held}; "

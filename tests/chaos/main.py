@@ -24,15 +24,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     parser.add_argument("--lease-global-slots", action="store_true",
                         help="the workers take the global pool's slots in slabs "
-                             "(LeaseConfig(lease_global_slots=True)); on one Redis only")
+                             "(LeaseConfig(lease_global_slots=True))")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     seeds = [args.seed] if args.seed is not None else args.seeds
-    if args.lease_global_slots:
-        args.cluster_share = 0.0  # the samples read every pool in one script
     per_seed = args.minutes * 60 / len(seeds)
     results = []
     began = time.monotonic()

@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import redis.asyncio as redis_asyncio
@@ -19,8 +20,9 @@ import redis.asyncio as redis_asyncio
 from fastapi_stream_lease import LeaseConfig, StreamLeaseManager
 
 from chaos import targets
-from chaos.auditor import Audit, Bounds, Sample, Violation, WorkerLife
+from chaos.auditor import Audit, Bounds, Violation, WorkerLife
 from chaos.faults import CLUSTER_KINDS, KINDS, Fault, draw_schedule
+from chaos.sampler import Sampler
 from chaos.settings import Settings
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -29,15 +31,6 @@ SAMPLE_EVERY = 0.3
 SETTLED_MS = 600_000
 ANSWERS_MS = 7 * 86_400_000
 RSS_EVERY = 2.0
-# Read by the auditor's own script: Redis' clock, the holders, every pool, in one atomic step.
-SAMPLE_SCRIPT = """
-local t = redis.call('TIME')
-local out = {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
-for i = 2, #KEYS do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES')
-end
-return out
-"""
 now = time.monotonic
 
 
@@ -59,7 +52,8 @@ class ChaosRun:
         self.seconds = seconds
         self.cluster = cluster
         self.worker_count = workers
-        self.settings = settings or Settings(key_prefix=f"chaos{seed}")
+        # The workers' settings say where they run (the budget levels one call can take).
+        self.settings = replace(settings or Settings(key_prefix=f"chaos{seed}"), cluster=cluster)
         self.bounds = bounds or Bounds.of(self.settings)
         self.say = say
         if kinds is None:
@@ -79,6 +73,7 @@ class ChaosRun:
             targets.Cluster(self.settings.tag) if self.cluster else targets.SingleRedis())
         self.target = target
         await asyncio.to_thread(target.start)
+        self.sampler = Sampler(self.settings, target)
         try:
             return await self._run()
         finally:
@@ -106,6 +101,9 @@ class ChaosRun:
         self.redis_memory_before = await asyncio.to_thread(targets.used_memory, self.target.node)
         self.t_origin = now()
         self.audit = Audit(self.settings, self.bounds, self.t_origin)
+        if self.sampler.per_tag:
+            self.audit.figures["tags on the master the Redis faults hit"] = (
+                self.sampler.faulted_tags())
         for slot in range(self.worker_count):
             await self.spawn(slot)
         sampler = asyncio.create_task(self.sample_forever())
@@ -216,9 +214,13 @@ class ChaosRun:
             await self.spawn(fault.slot)
         elif fault.kind == "worker_stop":
             assert worker is not None
-            os.kill(worker.process.pid, signal.SIGSTOP)
+            # A worker that died meanwhile is the auditor's to report (it exited unasked): the
+            # fault has no process left to stop or wake.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGSTOP)
             await asyncio.sleep(fault.duration)
-            os.kill(worker.process.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGCONT)
         elif fault.kind == "net_cut":
             await self.tell_proxy(f"cut {fault.slot} {fault.mode}")
             await asyncio.sleep(fault.duration)
@@ -233,39 +235,13 @@ class ChaosRun:
 
     # -- watching --
 
-    def pool_keys(self) -> list[str]:
-        return list(self.settings.pools())
-
     async def sample_forever(self) -> None:
         while True:
             await self.sample()
             await asyncio.sleep(SAMPLE_EVERY)
 
-    async def sample(self) -> Sample | None:
-        own = self.settings.own_holders_keys()
-        keys = [self.settings.holders_key, *self.pool_keys(), *own.values()]
-        client = redis_asyncio.Redis(
-            host="127.0.0.1", port=self.target.node.port, socket_timeout=1.0,
-            socket_connect_timeout=1.0)
-        try:
-            r0 = now()
-            reply = await client.eval(SAMPLE_SCRIPT, len(keys), *keys)
-            r1 = now()
-        except (redis_asyncio.RedisError, OSError):
-            return None
-        finally:
-            await client.aclose()
-        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
-        tables = [{int(float(h)): int(float(e)) for h, e in _pairs(entries)}
-                  for entries in (reply[2], *reply[3 + len(keys) - 1 - len(own):])]
-        pools = {}
-        for key, entries in zip(keys[1:len(keys) - len(own)], reply[3:], strict=False):
-            if entries:
-                pools[key] = [(m.decode(), int(float(h))) for m, h in _pairs(entries)]
-        sample = Sample(r0, r1, now_ms, tables[0], pools,
-                        dict(zip(own, tables[1:], strict=True)))
-        self.audit.samples.append(sample)
-        return sample
+    async def sample(self) -> None:
+        self.audit.samples += await self.sampler.read()
 
     async def watch_rss(self) -> None:
         while True:
@@ -319,7 +295,11 @@ class ChaosRun:
         observer = StreamLeaseManager(url=self.target.url, config=LeaseConfig(
             key_prefix=self.settings.key_prefix, identity_secret=self.settings.identity_secret,
             lease_seconds=self.settings.lease_seconds))
-        client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
+        # The nodes that hold the run's keys (under lease_global_slots on the cluster, every
+        # master: the users' own tags spread over them); a key lives on one of them.
+        clients = {port: redis_asyncio.Redis(host="127.0.0.1", port=port)
+                   for port in self.sampler.ports()}
+        port_of: dict[bytes, int] = {}
         left: list[bytes] = []
         no_ttl: set[bytes] = set()
         last_seen: dict[str, float] = {}
@@ -332,18 +312,24 @@ class ChaosRun:
                 await self.sample()
                 # Braces are plain characters in a KEYS pattern; users' own tags are
                 # "{<prefix>:<digest>}" (lease_global_slots), each with a clock of its own.
-                keys = [k for pattern in (self.settings.tag, "{" + self.settings.key_prefix + ":")
-                        for k in await client.keys(pattern + "*") if isinstance(k, bytes)]
+                keys = []
+                for port, client in clients.items():
+                    for pattern in (self.settings.tag, "{" + self.settings.key_prefix + ":"):
+                        for key in await client.keys(pattern + "*"):
+                            if isinstance(key, bytes):
+                                keys.append(key)
+                                port_of[key] = port
                 for key in keys:
                     last_seen[_kind_of_key(key.decode(), self.settings.tag)] = now()
-                    if not _is_pool(key, self.settings.tag) and await client.pttl(key) == -1:
+                    if (not _is_pool(key, self.settings.tag)
+                            and await clients[port_of[key]].pttl(key) == -1):
                         no_ttl.add(key)
                 left = [key for key in keys
                         if key != clock and not key.endswith(b"}:holders:clock")
                         and _outlives_drain(key) is None]
                 for key in keys:
                     lifetime = _outlives_drain(key)
-                    if lifetime is not None and await client.pttl(key) > lifetime:
+                    if lifetime is not None and await clients[port_of[key]].pttl(key) > lifetime:
                         no_ttl.add(key)
                 counting = counting or any(b":walked:" not in key for key in left)
                 if not left or now() > deadline:
@@ -351,7 +337,8 @@ class ChaosRun:
                 await asyncio.sleep(0.2)
         finally:
             await observer.aclose()
-            await client.aclose()
+            for client in clients.values():
+                await client.aclose()
         self.audit.drain = {
             "workers gone after told (s)": round(t_gone - t_told, 1),
             "keys gone after (s)": round(now() - t_gone, 2),
@@ -361,15 +348,25 @@ class ChaosRun:
         if left:
             self.audit.violations.append(Violation(
                 "drain", now(), f"{len(left)} keys left {now() - t_gone:.1f}s after the workers "
-                f"were gone: {await self.describe_keys(left[:10])}"))
+                f"were gone: {await self.describe_keys(left[:10], port_of)}"))
         for key in sorted(no_ttl):
             self.audit.violations.append(Violation(
                 "ttl", now(), f"key {key.decode()} had no expiry, or a longer one than its own"))
         self.redis_memory_after = await asyncio.to_thread(targets.used_memory, self.target.node)
 
-    async def describe_keys(self, keys: list[bytes]) -> str:
-        """Each key with its TTL and what it holds, and Redis' clock, for the report."""
-        client = redis_asyncio.Redis(host="127.0.0.1", port=self.target.node.port)
+    async def describe_keys(self, keys: list[bytes], port_of: dict[bytes, int]) -> str:
+        """Each key with its TTL and what it holds, and the clock of the node that holds it
+        (where it is not the run's node), for the report."""
+        parts = await self.describe_node_keys(
+            self.target.node.port, [key for key in keys if port_of[key] == self.target.node.port])
+        for port in sorted({port_of[key] for key in keys} - {self.target.node.port}):
+            parts.append(f"node {port}:")
+            parts += await self.describe_node_keys(
+                port, [key for key in keys if port_of[key] == port])
+        return "; ".join(parts)
+
+    async def describe_node_keys(self, port: int, keys: list[bytes]) -> list[str]:
+        client = redis_asyncio.Redis(host="127.0.0.1", port=port)
         try:
             seconds, micros = await client.time()
             parts = [f"TIME {seconds * 1000 + micros // 1000}"]
@@ -384,7 +381,7 @@ class ChaosRun:
                 else:
                     held = await client.get(key)
                 parts.append(f"{key.decode()} ({kind}, pttl {await client.pttl(key)}): {held}")
-            return "; ".join(parts)
+            return parts
         finally:
             await client.aclose()
 
@@ -438,10 +435,6 @@ def _kind_of_key(key: str, tag: str) -> str:
     if parts[0] in ("settled", "answers"):
         return f"{parts[0]}:<id>"
     return ":".join(parts)
-
-
-def _pairs(flat: list[bytes]) -> list[tuple[bytes, bytes]]:
-    return list(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _rss(pid: int) -> int | None:

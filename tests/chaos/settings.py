@@ -67,9 +67,10 @@ class Settings:
     model: str = "chaos-model"
     answer_price: int = 2_000_000
     # ``lease_global_slots``: each worker takes the global pool's slots in slabs, the users' keys
-    # have tags of their own (on one Redis: the samples read every pool in one script), and no
-    # stream takes resources with a user.
+    # have tags of their own, and no stream takes resources with a user.
     lease_global_slots: bool = False
+    # The workers run on the 3-master cluster (one script call takes keys of one hash tag only).
+    cluster: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -82,12 +83,21 @@ class Settings:
         return f"team{int(user.removeprefix('user')) % self.teams}"
 
     def budget_levels(self) -> list[BudgetLevel]:
-        """The levels of a budgeted stream's acquire: its user's tokens and its team's money."""
-        return [
-            BudgetLevel("tokens", "tokens", self.budget, 1, lambda user: user),
-            BudgetLevel("team_spend", "cost", self.team_budget,
-                        self.answer_price // 1_000_000, self.team_of),
-        ]
+        """The levels of a budgeted stream's acquire: its user's tokens and its team's money.
+        Under ``lease_global_slots`` on a cluster, the user's tokens only: the team's counter is
+        in the team's own tag, and the library refuses an acquire whose counters span tags
+        there."""
+        levels = [BudgetLevel("tokens", "tokens", self.budget, 1, lambda user: user)]
+        if not self.tags_per_user_on_cluster:
+            levels.append(BudgetLevel("team_spend", "cost", self.team_budget,
+                                      self.answer_price // 1_000_000, self.team_of))
+        return levels
+
+    @property
+    def tags_per_user_on_cluster(self) -> bool:
+        """Whether the run's keys spread over the cluster's nodes: each user's in a tag of its
+        own, which any master may hold, and no script reads two tags."""
+        return self.lease_global_slots and self.cluster
 
     # -- the key layout of docs/design.md, section 3 (global_pool=True, and lease_global_slots) --
 
@@ -115,6 +125,13 @@ class Settings:
             return {}
         return {key: key.removesuffix(":user") + ":holders"
                 for key in (self.user_key(self.user_name(i)) for i in range(self.users))}
+
+    def tag_reads(self) -> list[tuple[str, list[str]]]:
+        """Each hash tag's holders key with the pools the tag holds: the shared tag's (the
+        global pool, the resources), then each user's own (``lease_global_slots``)."""
+        own = self.own_holders_keys()
+        shared = [key for key in self.pools() if key not in own]
+        return [(self.holders_key, shared)] + [(holders, [pool]) for pool, holders in own.items()]
 
     @property
     def global_key(self) -> str:

@@ -1,10 +1,13 @@
 """The Redis deployments a chaos run breaks: one server (behind the proxy), or the 3-master
-cluster (the faults hit the master that holds the run's hash tag). Every method blocks: the run
-calls them in a thread."""
+cluster (the faults hit the master that holds the run's hash tag, the global pool's: under
+``lease_global_slots`` the users' own tags that hash to the same master go with it, the others
+do not). Every method blocks: the run calls them in a thread."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from redis.crc import key_slot
 
 from support.redis_servers import RedisCluster, RedisServer
 from support.waiting import wait_until
@@ -35,6 +38,9 @@ class SingleRedis:
     def nodes(self) -> list[RedisServer]:
         return [self.server]
 
+    def node_for(self, key: str) -> RedisServer:
+        return self.server
+
     def wait_ready(self) -> None:
         wait_until(self.server.ping, what="Redis to answer")
 
@@ -43,7 +49,9 @@ class SingleRedis:
 
 
 class Cluster:
-    """Three masters, no replicas; the run's keys share one hash tag, so one master holds them."""
+    """Three masters, no replicas. The run's keys share one hash tag, so one master holds them,
+    but under ``lease_global_slots``: each user's keys are in a tag of its own, on whichever
+    master serves its slot (``node_for``)."""
 
     name = "cluster"
 
@@ -51,17 +59,22 @@ class Cluster:
         self.cluster = RedisCluster()
         self.tag = tag
         self._node: RedisServer | None = None
+        # Each master's slot ranges (no replicas, no failover: they never move).
+        self._owned: list[tuple[RedisServer, list[tuple[int, int]]]] = []
 
     def start(self) -> Cluster:
         self.cluster.start()
-        any_node = self.cluster.nodes[0]
-        slot = int(any_node.cli("cluster", "keyslot", self.tag))
-        for node in self.cluster.nodes:
-            owned = _owned_slots(node)
-            if any(lo <= slot <= hi for lo, hi in owned):
-                self._node = node
-        assert self._node is not None, "no master owns the tag's slot"
+        self._owned = [(node, _owned_slots(node)) for node in self.cluster.nodes]
+        self._node = self.node_for(self.tag)
         return self
+
+    def node_for(self, key: str) -> RedisServer:
+        """The master that serves ``key``'s slot."""
+        slot = key_slot(key.encode())
+        for node, owned in self._owned:
+            if any(lo <= slot <= hi for lo, hi in owned):
+                return node
+        raise AssertionError(f"no master owns the slot of {key}")
 
     @property
     def url(self) -> str:
