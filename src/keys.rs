@@ -133,9 +133,10 @@ impl KeySpace {
         }
     }
 
-    /// The hash tag shared by every key of a manager with a global pool.
-    fn shared_tag(&self) -> String {
-        format!("{{{}}}", self.prefix)
+    /// The hash tag shared by every key of a manager with a global pool, `{<key_prefix>}`, as
+    /// the keys that hold it write it (no string of its own).
+    fn shared_tag(&self) -> SharedTag<'_> {
+        SharedTag(&self.prefix)
     }
 
     /// HMAC-SHA256 of the identity (keyed with `identity_secret`, empty key without one), 128 bits hex.
@@ -181,11 +182,14 @@ impl KeySpace {
             policy.algorithm.code(),
             policy.unit.code(),
         );
-        let prefix = &self.prefix;
         if !self.users_tagged {
-            format!("{{{prefix}}}:rate:{name}:{window}{algorithm}{unit}:{digest}")
+            let tag = self.shared_tag();
+            format!("{tag}:rate:{name}:{window}{algorithm}{unit}:{digest}")
         } else {
-            format!("{{{prefix}:{digest}}}:rate:{name}:{window}{algorithm}{unit}")
+            format!(
+                "{{{}:{digest}}}:rate:{name}:{window}{algorithm}{unit}",
+                self.prefix
+            )
         }
     }
 
@@ -334,6 +338,15 @@ pub fn check_resource(name: &str, capacity: u64) -> Result<(), String> {
         return Err(format!("resource {name:?} has capacity 0: give it at least 1"));
     }
     Ok(())
+}
+
+/// `KeySpace::shared_tag`: writes `{<key_prefix>}`.
+struct SharedTag<'a>(&'a str);
+
+impl std::fmt::Display for SharedTag<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{{{}}}", self.0)
+    }
 }
 
 #[cfg(test)]

@@ -89,3 +89,30 @@ fn identities_are_checked() {
     assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES + 1)).is_err());
     assert!(check_identity(&"x".repeat(MAX_IDENTITY_BYTES)).is_ok());
 }
+
+#[test]
+fn a_rate_counter_is_named_by_its_scope_and_digest_in_the_identitys_tag() {
+    use crate::rate::{Algorithm, Unit};
+    let minute = RatePolicy::new("per_minute", 5, 60_000, Algorithm::SlidingWindow, Unit::Requests).unwrap();
+    let tokens = RatePolicy::new("tokens", 800, 86_400_000, Algorithm::FixedWindow, Unit::Tokens).unwrap();
+    // The counters live in Redis across releases of the library: their names must not move.
+    let shared = space(b"k");
+    let digest = shared.identity_digest("alice");
+    assert_eq!(
+        shared.rate_key("alice", &minute),
+        format!("{{app}}:rate:per_minute:60000s:{digest}")
+    );
+    assert_eq!(
+        shared.rate_key("alice", &tokens),
+        format!("{{app}}:rate:tokens:86400000ft:{digest}")
+    );
+    let tagged = KeySpace::with("app", b"k", 2, None);
+    assert_eq!(
+        tagged.rate_key("alice", &minute),
+        format!("{{app:{digest}}}:rate:per_minute:60000s")
+    );
+    assert_eq!(
+        tagged.rate_key_of_digest(&digest, &tokens),
+        tagged.rate_key("alice", &tokens)
+    );
+}

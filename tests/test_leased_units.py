@@ -50,6 +50,22 @@ async def test_a_busy_identity_is_served_mostly_without_a_round_trip(
     assert 400 <= peeked <= 400 + 100_000 // 10, "units held ahead count as used"
 
 
+async def test_a_hit_served_here_is_awaited_as_a_future_of_the_store_would_be(
+    make_redis_manager,
+):
+    manager = make_redis_manager()
+    policy = RateLimit("api", 100_000, per=3600, lease_units=True)
+    for _ in range(50):
+        await manager.hit("alice", policy)  # busy: units held here from now on
+    served = manager._core.hit("alice", (policy,), 1, True)
+    assert not asyncio.isfuture(served), "decided here, with no call to wait for"
+    first, again = await served, await served
+    assert first == again and first[0].remaining == 100_000 - 51
+    (gathered,) = await asyncio.gather(manager._core.hit("alice", (policy,), 1, True))
+    waited = await asyncio.wait_for(manager._core.hit("alice", (policy,), 1, True), 5)
+    assert [gathered[0].remaining, waited[0].remaining] == [100_000 - 52, 100_000 - 53]
+
+
 async def test_an_identity_seen_once_asks_for_no_units_ahead(make_redis_manager):
     manager = make_redis_manager()
     policy = RateLimit("api", 1_000, per=60, lease_units=True)

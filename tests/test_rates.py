@@ -4,11 +4,13 @@ Each behavioural test runs on the embedded store and on a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import random
 import re
 import time
+from collections.abc import Awaitable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -65,6 +67,32 @@ async def test_a_hits_awaitable_serves_wherever_asyncio_takes_a_future(make_mana
     waited = await asyncio.wait_for(manager._core.hit("bob", (per_minute,), 1, True), 5)
     ensured = await asyncio.ensure_future(manager._core.hit("bob", (per_minute,), 1, True))
     assert [d[0].used for d in (gathered, waited, ensured)] == [1, 2, 3]
+
+
+async def test_refusals_caught_where_they_were_awaited_leave_nothing_alive(make_manager):
+    """Regression: an awaitable already resolved with a refusal held its error where the cycle
+    collector could not see it; the error's traceback holds the frames that awaited it, one of
+    them held the awaitable, and so every refusal an app caught stayed alive, with its request."""
+    manager = make_manager(max_per_user=1)
+    held = await manager.acquire("alice")
+    once = RateLimit("once", 1, per=60)
+    await manager.hit("bob", once)
+
+    async def refused(attempt: Awaitable[object]) -> None:
+        try:
+            await attempt
+        except StreamLeaseRejected:
+            pass
+
+    for _ in range(20):
+        await refused(manager.acquire("alice"))
+        await refused(manager.hit("bob", once))
+        await refused(manager._core.hit("bob", (once,), 1, True))
+    await asyncio.sleep(0)  # the loop lets go of the last future's callback
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, StreamLeaseRejected)]
+    assert not alive
+    await held.release()
 
 
 async def test_simultaneous_hits_admit_exactly_the_limit(make_manager):

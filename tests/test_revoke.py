@@ -174,11 +174,15 @@ async def test_a_revoke_made_while_the_first_subscription_is_on_its_way_still_en
     before it was up, so a revoke published while it was on its way (to no one in that worker)
     waited for the keep-alive's stamp, a renewal period later."""
     async with HeldCommand(redis_server.port, b"SUBSCRIBE") as proxy:
+        # A subscription that timed out would come back as one made again: held for as long
+        # as the revoke takes, it must stay the first.
         config = LeaseConfig(
-            key_prefix=key_prefix, identity_secret=SECRET, lease_seconds=60, renew_every=20
+            key_prefix=key_prefix, identity_secret=SECRET, lease_seconds=60, renew_every=20,
+            redis_timeout=30,
         )
         worker = StreamLeaseManager(url=proxy.url, config=config)
         operator = make_redis_manager(identity_secret=SECRET, lease_seconds=60)
+        await operator.get_active_count("alice")  # connected, its scripts loaded
         try:
             run = streaming(await worker.acquire("alice"))
             await asyncio.wait_for(proxy.held.wait(), timeout=10)
@@ -186,6 +190,7 @@ async def test_a_revoke_made_while_the_first_subscription_is_on_its_way_still_en
             proxy.release()
             with pytest.raises(LeaseRevoked):
                 await asyncio.wait_for(run, timeout=5)
+            assert proxy.holding == 1, "the first subscription, never made again"
         finally:
             await worker.aclose()
 

@@ -151,7 +151,7 @@ impl LeaseHandle {
             Box::new(move |py: Python<'_>| Ok(PyBool::new(py, removed).to_owned().into_any().unbind()))
         }
         match self.held.release() {
-            Releasing::Done(released) => bridge::ready(py, released.map(deliver)),
+            Releasing::Done(released) => bridge::resolved_future(py, released.map(deliver)),
             Releasing::Call(call) => bridge::spawn(py, bridge::delivering(call, deliver), Sending::AtOnce),
         }
     }

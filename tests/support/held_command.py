@@ -20,6 +20,8 @@ class HeldCommand:
         # in passing is not taken for it.
         self.command = b"$%d\r\n%s\r\n" % (len(command), command.upper())
         self.held = asyncio.Event()
+        #: Connections that sent the command before the release (each held back until then).
+        self.holding = 0
         self._released = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -49,10 +51,15 @@ class HeldCommand:
     async def _connect(
         self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
     ) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.redis_port)
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        except OSError:
+            self._tasks.discard(task)
+            client_w.transport.abort()
+            return
         try:
             await asyncio.gather(
                 self._pipe(client_r, server_w, holding=True),
@@ -66,11 +73,17 @@ class HeldCommand:
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, holding: bool
     ) -> None:
+        # The end of what came before, so a command split over two reads is still found.
+        tail = b""
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
-                if holding and self.command in data.upper():
-                    self.held.set()
-                    await self._released.wait()
+                if holding and not self._released.is_set():
+                    seen = tail + data.upper()
+                    if self.command in seen:
+                        self.holding += 1
+                        self.held.set()
+                        await self._released.wait()
+                    tail = seen[-len(self.command) :]
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()

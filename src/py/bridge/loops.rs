@@ -122,7 +122,7 @@ impl LoopBridge {
 }
 
 /// Resolves `future` unless it was cancelled; a dropped completion cleans up after itself.
-fn resolve(future: &Bound<'_, PyAny>, completion: Completion) {
+pub(super) fn resolve(future: &Bound<'_, PyAny>, completion: Completion) {
     let py = future.py();
     let done = future
         .call_method0(intern!(py, "done"))
@@ -131,7 +131,7 @@ fn resolve(future: &Bound<'_, PyAny>, completion: Completion) {
     if done {
         return;
     }
-    let outcome = match completion.map_err(PyErr::from).and_then(|deliver| deliver(py)) {
+    let outcome = match super::delivered(py, completion) {
         Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),
         Err(error) => future.call_method1(intern!(py, "set_exception"), (error.into_value(py),)),
     };

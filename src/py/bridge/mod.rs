@@ -36,7 +36,7 @@ use pyo3::types::PyWeakrefReference;
 
 use self::inbox::{Inbox, NOTICE};
 pub use self::loops::LoopBridge;
-use self::loops::{bridge_for, running_loop, Call};
+use self::loops::{bridge_for, resolve, running_loop, Call};
 use self::ready::Ready;
 use crate::errors::CoreError;
 use crate::runtime;
@@ -229,8 +229,22 @@ where
 
 /// An awaitable already resolved with `completion` (for work that never waits).
 pub fn ready(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
-    let outcome = completion.map_err(PyErr::from).and_then(|deliver| deliver(py));
-    Ok(Bound::new(py, Ready::new(outcome))?.into_any())
+    let outcome = delivered(py, completion);
+    Ok(Bound::new(py, Ready::new(py, outcome))?.into_any())
+}
+
+/// An asyncio future of the running loop already resolved with `completion`: for an
+/// awaitable the public API returns as it is (`Lease.release()`), which callers may hand to
+/// what takes futures only (`asyncio.wait`), whichever store made it.
+pub fn resolved_future(py: Python<'_>, completion: Completion) -> PyResult<Bound<'_, PyAny>> {
+    let future = running_loop(py)?.call_method0(intern!(py, "create_future"))?;
+    resolve(&future, completion);
+    Ok(future)
+}
+
+/// The Python value of a completion, or its error.
+fn delivered(py: Python<'_>, completion: Completion) -> PyResult<Py<PyAny>> {
+    completion.map_err(PyErr::from).and_then(|deliver| deliver(py))
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
