@@ -36,7 +36,9 @@ the benchmark). Each server gets a 1 s wrk warm-up, then the five take turns, ``
 times each: ``wrk -t1 -c64 -d<window>s`` (HTTP/1.1 keep-alive, 64 connections). Measured:
 requests/s, wrk's latency percentiles, and the server process's CPU per request
 (``/proc/<pid>/stat``). The table gives the medians and each limiter's cost against ``plain``:
-the throughput lost in %, and the server CPU it adds per request.
+the throughput lost in %, and the server CPU it adds per request. A run's throughput drifts
+with the shared machine: "by turn" is the median of each turn's cost against the plain
+endpoint's run of the same turn, seconds apart, with the least and the most.
 
 ``--freeze-heap`` has each server call ``gc.freeze()`` once its app is built, as an app can at
 the end of its start-up: the cycle collector's full collections then skip the objects made so
@@ -403,6 +405,17 @@ def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str
     plain = medians["plain"]
     # The dependency form against what any dependency costs (when both ran).
     empty = medians.get(EMPTY_DEPENDENCY)
+    # Each turn's cost against the plain endpoint's run of the same turn, seconds apart: the
+    # machine's slower drifts cancel out of these.
+    plain_in_turn = {r.repeat: r.requests_per_s for r in runs if r.variant == "plain"}
+    turn_costs = {
+        variant: sorted(
+            100.0 * (1.0 - r.requests_per_s / plain_in_turn[r.repeat])
+            for r in runs
+            if r.variant == variant and r.repeat in plain_in_turn
+        )
+        for variant in variants
+    }
     return [
         {
             "variant": variant,
@@ -411,6 +424,7 @@ def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str
             "errors": sum(r.errors for r in runs if r.variant == variant),
             "throughput_cost_pct": 100.0
             * (1.0 - medians[variant]["requests_per_s"] / plain["requests_per_s"]),
+            "turn_costs_pct": turn_costs[variant],
             "ratio_vs_plain": medians[variant]["requests_per_s"] / plain["requests_per_s"],
             "server_cpu_us_per_request_delta": medians[variant]["server_cpu_us_per_request"]
             - plain["server_cpu_us_per_request"],
@@ -449,12 +463,13 @@ def print_results(summary: Sequence[dict[str, Any]], connections: int) -> None:
             f"{s['p99_ms']:.2f}",
             f"{s['server_cpu_us_per_request']:.0f}",
             "" if s["variant"] == "plain" else f"{s['throughput_cost_pct']:.1f} %",
+            "" if s["variant"] == "plain" else turn_cost(s["turn_costs_pct"]),
             "" if s["variant"] == "plain" else f"{s['server_cpu_us_per_request_delta']:+.0f}",
         ]
         for s in summary
     ]
     header = ["endpoint", "runs", "requests/s", "p50 ms", "p99 ms", "CPU us/req"]
-    print_table([*header, "cost", "CPU delta us/req"], rows, left=1)
+    print_table([*header, "cost", "by turn", "CPU delta us/req"], rows, left=1)
     for s in summary:
         if "throughput_cost_vs_empty_dependency_pct" in s:
             cost = s["throughput_cost_vs_empty_dependency_pct"]
@@ -462,9 +477,18 @@ def print_results(summary: Sequence[dict[str, Any]], connections: int) -> None:
     errors = sum(s["errors"] for s in summary)
     print(
         f"one uvicorn worker (h11), wrk -t1 -c{connections}, keep-alive; medians of the runs;"
-        " cost = throughput lost\nagainst the plain endpoint in the same run; CPU us/req = the"
-        f" server process's CPU per request. Errors\n(non-2xx, socket): {errors}."
+        " cost = throughput lost\nagainst the plain endpoint in the same run; by turn = the"
+        " median of each turn's cost against the\nplain endpoint's run of that turn (the least"
+        " and the most in brackets); CPU us/req = the server\nprocess's CPU per request."
+        f" Errors (non-2xx, socket): {errors}."
     )
+
+
+def turn_cost(costs: Sequence[float]) -> str:
+    """The median of a variant's costs by turn, with the least and the most."""
+    if not costs:
+        return ""
+    return f"{statistics.median(costs):.1f} % ({costs[0]:.1f} to {costs[-1]:.1f})"
 
 
 def main() -> None:

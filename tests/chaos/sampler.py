@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import redis.asyncio as redis_asyncio
 
@@ -85,14 +86,12 @@ class Sampler:
         keys = [self.settings.holders_key, *self.settings.pools(), *own.values()]
         client = _client(self.target.node.port)
         try:
-            r0 = now()
-            reply = await client.eval(SAMPLE_SCRIPT, len(keys), *keys)  # type: ignore[misc]
-            r1 = now()
-        except (redis_asyncio.RedisError, OSError):
-            return None
+            read = await _read(client, keys)
         finally:
             await client.aclose()
-        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
+        if read is None:
+            return None
+        r0, r1, now_ms, reply = read
         tables = [_holders(entries)
                   for entries in (reply[2], *reply[3 + len(keys) - 1 - len(own):])]
         pools = _pools(keys[1:len(keys) - len(own)], reply[3:])
@@ -102,20 +101,30 @@ class Sampler:
                        pool_keys: list[str]) -> Sample | None:
         """One tag's holders and pools: the shared tag's as a sample's ``holders``, a user's
         own as its pool's ``own_holders``."""
-        keys = [holders, *pool_keys]
-        try:
-            r0 = now()
-            reply = await client.eval(SAMPLE_SCRIPT, len(keys), *keys)  # type: ignore[misc]
-            r1 = now()
-        except (redis_asyncio.RedisError, OSError):
+        read = await _read(client, [holders, *pool_keys])
+        if read is None:
             return None
-        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
+        r0, r1, now_ms, reply = read
         table = _holders(reply[2])
         pools = _pools(pool_keys, reply[3:])
         if holders == self.settings.holders_key:
             return Sample(r0, r1, now_ms, table, pools, reads=frozenset(pool_keys))
         return Sample(r0, r1, now_ms, {}, pools, {key: table for key in pool_keys},
                       reads=frozenset(pool_keys))
+
+
+async def _read(
+    client: redis_asyncio.Redis, keys: list[str]
+) -> tuple[float, float, int, list[Any]] | None:
+    """The script's reply for ``keys`` with the times just before it was sent and just after it
+    came, and Redis' clock in ms; None when the node did not answer."""
+    try:
+        r0 = now()
+        reply = await client.eval(SAMPLE_SCRIPT, len(keys), *keys)
+        r1 = now()
+    except (redis_asyncio.RedisError, OSError):
+        return None
+    return r0, r1, int(reply[0]) * 1000 + int(reply[1]) // 1000, reply
 
 
 def _client(port: int) -> redis_asyncio.Redis:
