@@ -60,7 +60,9 @@ async def count_is(manager, expected: int, user_id: str | None = None) -> None:
 async def renewals_ran(manager, calls: int = 2, timeout: float = 10.0) -> None:
     """Waits until ``manager`` has finished ``calls`` more Redis calls than it had: with nothing
     else going on, its renewal rounds' keep-alives (one per round, or one per hash tag on a
-    cluster). Tests wait on this, not on a sleep that a slow machine may outlast."""
+    cluster), but for one call right after its first lease, when its subscription to the
+    revocations looks for revokes it missed (so ``calls=2`` holds a keep-alive either way).
+    Tests wait on this, not on a sleep that a slow machine may outlast."""
     start = manager.stats()["redis_calls"]
     await eventually(
         lambda: manager.stats()["redis_calls"] >= start + calls, timeout,
