@@ -95,6 +95,17 @@ async def test_refusals_caught_where_they_were_awaited_leave_nothing_alive(make_
     await held.release()
 
 
+async def test_a_decision_shows_the_rate_limit_the_app_passed(make_manager):
+    manager = make_manager()
+    minute, team = RateLimit("per_minute", 5, per=60), RateLimit("team", 50, per=60)
+    decisions = await manager.hit("alice", minute, (team, "team-1"))
+    assert decisions[0].policy is minute and decisions[1].policy is team, "none made per hit"
+    dry = make_manager(enforce_rate_limits=False)
+    (decision,) = await dry.hit("alice", minute)
+    assert decision.policy == RateLimit("per_minute", 5, per=60, enforce=False), (
+        "the manager's dry run shows in it")
+
+
 async def test_simultaneous_hits_admit_exactly_the_limit(make_manager):
     manager = make_manager()
     burst = RateLimit("burst", 10, per=60)

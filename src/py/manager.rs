@@ -165,15 +165,15 @@ impl Manager {
         consume: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let identity = required_identity(user_id)?;
-        let policies = rate::keyed_policies_of(policies)?;
+        let (policies, built) = rate::keyed_policies_and_values(policies)?;
         let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
-        fn decisions_of(outcome: HitOutcome) -> bridge::Delivery {
+        let decisions_of = move |outcome: HitOutcome| -> bridge::Delivery {
             Box::new(move |py: Python<'_>| {
-                Ok(rate_decision::decisions(py, &outcome.decisions)?
+                Ok(rate_decision::decisions_showing(py, &outcome.decisions, &built)?
                     .into_any()
                     .unbind())
             })
-        }
+        };
         match self.core.hit(&identity, policies, cost, consume)? {
             HitCall::Served(outcome) => bridge::ready(py, Ok(decisions_of(outcome))),
             HitCall::Sent(hit) => bridge::submit(

@@ -289,13 +289,31 @@ pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
 
 /// The policies of one call, each a `RateLimit` (counting the call's identity) or a
 /// `(RateLimit, identity)` pair (counting that identity: a team, an API key).
-pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<(RatePolicy, Option<String>)>> {
-    value.try_iter()?.map(|item| keyed_policy_of(&item?)).collect()
+pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<KeyedPolicies> {
+    value
+        .try_iter()?
+        .map(|item| keyed_limit_of(&item?).map(|(limit, identity)| (limit.get().policy.clone(), identity)))
+        .collect()
 }
 
-fn keyed_policy_of(item: &Bound<'_, PyAny>) -> PyResult<(RatePolicy, Option<String>)> {
+/// Policies as the core takes them, each with the identity paired with it, if any.
+pub type KeyedPolicies = Vec<(RatePolicy, Option<String>)>;
+
+/// `keyed_policies_of`, with the `RateLimit` values themselves, in the same order (a hit's
+/// decisions show them).
+pub fn keyed_policies_and_values(value: &Bound<'_, PyAny>) -> PyResult<(KeyedPolicies, Vec<Py<RateLimit>>)> {
+    let (mut keyed, mut values) = (Vec::new(), Vec::new());
+    for item in value.try_iter()? {
+        let (limit, identity) = keyed_limit_of(&item?)?;
+        keyed.push((limit.get().policy.clone(), identity));
+        values.push(limit.unbind());
+    }
+    Ok((keyed, values))
+}
+
+fn keyed_limit_of<'py>(item: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, RateLimit>, Option<String>)> {
     let Ok(pair) = item.cast::<PyTuple>() else {
-        return Ok((policy_of(item)?, None));
+        return Ok((rate_limit_of(item)?, None));
     };
     if pair.len() != 2 {
         return Err(PyTypeError::new_err(format!(
@@ -303,28 +321,32 @@ fn keyed_policy_of(item: &Bound<'_, PyAny>) -> PyResult<(RatePolicy, Option<Stri
             pair.len()
         )));
     }
-    let policy = policy_of(&pair.get_item(0)?)?;
+    let limit = rate_limit_of(&pair.get_item(0)?)?;
+    let name = &limit.get().policy.name;
     let identity = pair.get_item(1)?;
     let Ok(text) = identity.cast::<PyString>() else {
         return Err(PyTypeError::new_err(format!(
             "the identity paired with rate limit {:?} must be a str, got {}: pass str(...) if your ids are numbers",
-            &*policy.name,
+            &**name,
             type_name(&identity)
         )));
     };
     let identity = args::utf8(
-        &format!("the identity paired with rate limit {:?}", &*policy.name),
+        &format!("the identity paired with rate limit {:?}", &**name),
         text,
     )?;
-    Ok((policy, Some(identity)))
+    Ok((limit, Some(identity)))
 }
 
 fn policy_of(item: &Bound<'_, PyAny>) -> PyResult<RatePolicy> {
-    match item.cast::<RateLimit>() {
-        Ok(limit) => Ok(limit.get().policy.clone()),
-        Err(_) => Err(PyTypeError::new_err(format!(
+    rate_limit_of(item).map(|limit| limit.get().policy.clone())
+}
+
+fn rate_limit_of<'py>(item: &Bound<'py, PyAny>) -> PyResult<Bound<'py, RateLimit>> {
+    item.cast::<RateLimit>().cloned().map_err(|_| {
+        PyTypeError::new_err(format!(
             "rate limits must be RateLimit values or (RateLimit, identity) pairs, got {}: build them with RateLimit(name, limit, per=seconds)",
             type_name(item)
-        ))),
-    }
+        ))
+    })
 }

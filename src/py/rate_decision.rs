@@ -40,12 +40,27 @@ impl RateDecision {
     /// The decision as Python sees it, its policy as the app built it (the thresholds applied
     /// are the manager's doing; the policy's own stay in `own_alert_at`).
     pub fn of(py: Python<'_>, decision: &Decision) -> PyResult<Py<RateDecision>> {
+        Self::showing(py, decision, None)
+    }
+
+    /// `of`, its policy `built` itself (the value the app passed) where that is what the
+    /// decision's policy shows, as it is unless the manager changed it (a dry run for every
+    /// policy, a share of the limit while Redis is down): a hit then makes no `RateLimit`.
+    fn showing(
+        py: Python<'_>,
+        decision: &Decision,
+        built: Option<&Py<RateLimit>>,
+    ) -> PyResult<Py<RateDecision>> {
         let policy = RatePolicy {
             alert_at: Thresholds::default(),
             ..decision.policy.clone()
         };
+        let policy = match built {
+            Some(built) if built.get().policy == policy => built.clone_ref(py),
+            _ => Py::new(py, RateLimit { policy })?,
+        };
         let made = RateDecision {
-            policy: Py::new(py, RateLimit { policy })?,
+            policy,
             limit: decision.policy.limit,
             remaining: decision.remaining,
             reset: decision.reset_ms as f64 / 1000.0,
@@ -138,9 +153,20 @@ impl RateDecision {
 
 /// The decisions as `RateDecision` values.
 pub fn decisions<'py>(py: Python<'py>, decisions: &[Decision]) -> PyResult<Bound<'py, PyList>> {
+    decisions_showing(py, decisions, &[])
+}
+
+/// The decisions of a call whose policies were `built` (the app's `RateLimit` values, in the
+/// decisions' order) as `RateDecision` values that show them.
+pub fn decisions_showing<'py>(
+    py: Python<'py>,
+    decisions: &[Decision],
+    built: &[Py<RateLimit>],
+) -> PyResult<Bound<'py, PyList>> {
     let items = decisions
         .iter()
-        .map(|d| RateDecision::of(py, d))
+        .enumerate()
+        .map(|(i, d)| RateDecision::showing(py, d, built.get(i)))
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
 }
