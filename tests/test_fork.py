@@ -1,6 +1,10 @@
 """Pre-forking servers (gunicorn --preload): a manager built before the fork works in each
 child; one already used before the fork gives a clear error instead of hanging, and the child
-never releases the parent's leases."""
+never releases the parent's leases.
+
+Regression: a script built lazily on a core's thread (the revocations' look for missed revokes,
+right after the parent's first lease) while the process forked stayed "being built" in the
+child, whose first call of that script then hung."""
 
 from __future__ import annotations
 

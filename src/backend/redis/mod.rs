@@ -70,6 +70,7 @@ pub struct RedisBackend {
 
 impl RedisBackend {
     pub fn new(url: &str, timeout: Duration, ca_pem: Option<Vec<u8>>) -> CoreResult<Self> {
+        scripts::prepare_all();
         let link = Arc::new(url::open(url, timeout, ca_pem)?);
         let holder =
             1 + u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes"))

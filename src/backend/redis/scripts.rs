@@ -126,6 +126,15 @@ fn script(name: &str) -> LuaScript {
 macro_rules! scripts {
     ($($name:ident = $file:literal;)*) => {
         $(pub static $name: LazyLock<LuaScript> = LazyLock::new(|| script($file));)*
+
+        /// Builds the library and every script now, on the thread that opens a store. One
+        /// built lazily on a core's thread while the process forks stays "being built" in the
+        /// child, whose first call of it then waits forever (a pre-forking server forks while
+        /// the parent's first lease looks for missed revokes, say).
+        pub fn prepare_all() {
+            LazyLock::force(&LIBRARY);
+            $(LazyLock::force(&$name);)*
+        }
     };
 }
 
