@@ -290,10 +290,7 @@ pub fn policies_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<RatePolicy>> {
 /// The policies of one call, each a `RateLimit` (counting the call's identity) or a
 /// `(RateLimit, identity)` pair (counting that identity: a team, an API key).
 pub fn keyed_policies_of(value: &Bound<'_, PyAny>) -> PyResult<KeyedPolicies> {
-    value
-        .try_iter()?
-        .map(|item| keyed_limit_of(&item?).map(|(limit, identity)| (limit.get().policy.clone(), identity)))
-        .collect()
+    keyed_policies_and_values(value).map(|(keyed, _)| keyed)
 }
 
 /// Policies as the core takes them, each with the identity paired with it, if any.
