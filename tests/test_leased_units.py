@@ -66,6 +66,20 @@ async def test_a_hit_served_here_is_awaited_as_a_future_of_the_store_would_be(
     assert [gathered[0].remaining, waited[0].remaining] == [100_000 - 52, 100_000 - 53]
 
 
+async def test_a_hit_served_here_reaches_the_forms_as_its_decisions(make_redis_manager):
+    """Units held here decide a hit with nothing to wait for: the forms take its decisions
+    as they are (no awaitable, no coroutine); a hit that needs the store, as an awaitable."""
+    manager = make_redis_manager()
+    policy = RateLimit("api", 100_000, per=3600, lease_units=True)
+    for _ in range(50):
+        await manager.hit("alice", policy)
+    served = manager._hit_now("alice", (policy,), 1)
+    assert isinstance(served, list) and served[0].remaining == 100_000 - 51
+    sent = manager._hit_now("someone-new", (policy,), 1)
+    assert not isinstance(sent, list)
+    assert (await sent)[0].remaining == 100_000 - 1
+
+
 async def test_an_identity_seen_once_asks_for_no_units_ahead(make_redis_manager):
     manager = make_redis_manager()
     policy = RateLimit("api", 1_000, per=60, lease_units=True)

@@ -203,7 +203,8 @@ async def test_forwarded_addresses_count_only_from_trusted_proxies(make_manager)
     assert (await manager.peek("198.51.100.7", PER_MINUTE)).remaining == 2
 
 
-async def test_the_middleware_limits_the_routes_it_names(make_manager):
+@pytest.mark.parametrize("key", [by_user, by_user_async])
+async def test_the_middleware_limits_the_routes_it_names(make_manager, key):
     manager = make_manager()
     app = FastAPI()
 
@@ -216,16 +217,58 @@ async def test_the_middleware_limits_the_routes_it_names(make_manager):
         return "ok"
 
     limit = RateLimit("api", 2, per=60)
-    app.add_middleware(RateLimitMiddleware, manager=manager, routes={"/api/chat": [limit]})
+    app.add_middleware(
+        RateLimitMiddleware, manager=manager, routes={"/api/chat": [limit]}, key=key
+    )
     install_exception_handler(app)
     async with client(app) as http:
-        assert (await http.get("/api/chat/a")).status_code == 200
-        response = await http.get("/api/chat/b")
+        alice = {"x-user": "alice"}
+        assert (await http.get("/api/chat/a", headers=alice)).status_code == 200
+        response = await http.get("/api/chat/b", headers=alice)
         assert states(response)["api"]["r"] == 0
-        refused = await http.get("/api/chat/c")
+        refused = await http.get("/api/chat/c", headers=alice)
         assert refused.status_code == 429 and "Retry-After" in refused.headers
+        assert states(refused)["api"]["r"] == 0
+        assert (await http.get("/api/chat/a", headers={"x-user": "bob"})).status_code == 200
         for _ in range(5):
-            assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/health", headers=alice)).status_code == 200
+
+
+def test_the_middleware_refuses_a_websocket_connect_over_its_limit(backend_url, key_prefix):
+    from fastapi_stream_lease import LeaseConfig
+
+    manager = StreamLeaseManager(url=backend_url, config=LeaseConfig(key_prefix=key_prefix))
+    app = FastAPI()
+
+    @app.websocket("/ws")
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    connects = RateLimit("ws_connects", 2, per=60)
+    app.add_middleware(RateLimitMiddleware, manager=manager, routes={"/ws": [connects]})
+    with TestClient(app) as test_client:
+        for _ in range(2):
+            with test_client.websocket_connect("/ws") as ws:
+                assert ws.receive_text() == "hello"
+        with pytest.raises(WebSocketDisconnect) as refused:
+            with test_client.websocket_connect("/ws"):
+                pass
+        assert refused.value.code == 1008
+
+
+def test_servers_take_the_middleware_for_an_asgi3_app():
+    """Its ``__call__`` hands a request on as the app's own awaitable instead of being a
+    coroutine function: uvicorn, which tells ASGI 2 from 3 by that, must still see ASGI 3."""
+    import uvicorn
+
+    limited = RateLimitMiddleware(
+        FastAPI(), manager=StreamLeaseManager(), routes={"/": [PER_MINUTE]}
+    )
+    config = uvicorn.Config(limited)
+    config.load()
+    assert config.interface == "asgi3"
 
 
 def test_websocket_connects_and_messages_are_limited(backend_url, key_prefix):

@@ -21,6 +21,7 @@ from fastapi_stream_lease import (
     RateLimit,
     RateLimited,
     Resource,
+    StreamLeaseManager,
     StreamLeaseRejected,
     _core,
     rate_limit_headers,
@@ -67,6 +68,22 @@ async def test_a_hits_awaitable_serves_wherever_asyncio_takes_a_future(make_mana
     waited = await asyncio.wait_for(manager._core.hit("bob", (per_minute,), 1, True), 5)
     ensured = await asyncio.ensure_future(manager._core.hit("bob", (per_minute,), 1, True))
     assert [d[0].used for d in (gathered, waited, ensured)] == [1, 2, 3]
+
+
+async def test_a_hit_allowed_without_waiting_reaches_the_forms_as_its_decisions():
+    """The forms take a hit that nothing waits for as its decisions, with no awaitable (so no
+    coroutine of theirs runs for it); a refused one as an awaitable that raises the refusal."""
+    manager = StreamLeaseManager(url="memory://")
+    once = RateLimit("once", 1, per=60)
+    await manager.hit("warm-up", once)  # telemetry looked for: none, so nothing to tell
+    decided = manager._hit_now("alice", (once,), 1)
+    assert isinstance(decided, list) and decided[0].used == 1
+    refused = manager._hit_now("alice", (once,), 1)
+    assert not isinstance(refused, list)
+    with pytest.raises(RateLimited) as raised:
+        await refused
+    assert raised.value.decisions[0].remaining == 0
+    await manager.aclose()
 
 
 async def test_refusals_caught_where_they_were_awaited_leave_nothing_alive(make_manager):

@@ -282,6 +282,12 @@ class Manager:
         cost: int,
         consume: bool,
     ) -> Awaitable[list[RateDecision]]: ...
+    def hit_now(
+        self,
+        user_id: str,
+        policies: Iterable[RateLimit | tuple[RateLimit, str]],
+        cost: int,
+    ) -> list[RateDecision] | Awaitable[list[RateDecision]]: ...
     def alert_thresholds(self, alert_at: Sequence[float]) -> None: ...
     def forget_rates(
         self, user_id: str, policies: Iterable[RateLimit | tuple[RateLimit, str]]

@@ -678,6 +678,17 @@ class StreamLeaseManager:
             self._tell_thresholds(identity, policies, decisions)
         return decisions
 
+    def _hit_now(
+        self, identity: str, policies: Sequence[PolicyEntry], cost: int
+    ) -> list[RateDecision] | Awaitable[list[RateDecision]]:
+        """:meth:`hit`, whose decisions come as a list when nothing waits for them (units leased
+        to this worker serve it, or the embedded store counts it) and nothing listens for them
+        (no telemetry, no ``on_threshold``): the forms serve such a hit with no coroutine.
+        Otherwise an awaitable of them, as :meth:`hit` is."""
+        if self._telemetry_resolved and self._telemetry is None and not self._alerting:
+            return self._core.hit_now(identity, policies, cost)
+        return self.hit(identity, *policies, cost=cost)
+
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
         """What ``policy`` has left for ``identity``, without consuming anything."""
         (decision,) = await self._core.hit(identity, (policy,), 0, False)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 from starlette.requests import HTTPConnection, Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ._asgi3 import asgi3
 from ._core import check_rate_limits, rate_limit_header_fields
 from .errors import RateLimited
 from .rates import (
@@ -47,6 +48,10 @@ class RateCounter(Protocol):
     async def hit(
         self, identity: str, *policies: PolicyEntry, cost: int = 1
     ) -> list[RateDecision]: ...
+
+    def _hit_now(
+        self, identity: str, policies: Sequence[PolicyEntry], cost: int
+    ) -> list[RateDecision] | Awaitable[list[RateDecision]]: ...
 
 
 #: Where a hit's decisions, and a stream's capped pools, wait in the scope for the headers.
@@ -154,21 +159,41 @@ async def identity_of(
     return identity
 
 
-async def hit_for(
+def hit_for(
     connection: HTTPConnection,
     manager: RateCounter,
     policies: Sequence[RateLimit],
     key: KeyFunction | None,
     cost: int,
+) -> list[RateDecision] | Awaitable[list[RateDecision]]:
+    """One hit for the connection; its decisions (or the refusal's) go to the headers. The
+    decisions themselves when the hit is allowed without waiting (a plain key function, units
+    leased to this worker), so the forms serve most hits with no coroutine; otherwise an
+    awaitable of them."""
+    identity = manager.client_ip(connection) if key is None else key(connection)
+    if not isinstance(identity, str) and inspect.isawaitable(identity):
+        return _recorded(connection.scope, _hit_of_awaited(manager, identity, policies, cost))
+    decided = manager._hit_now(identity, policies, cost)
+    if isinstance(decided, list):
+        remember(connection.scope, decided)
+        return decided
+    return _recorded(connection.scope, decided)
+
+
+async def _hit_of_awaited(
+    manager: RateCounter, identity: Awaitable[str], policies: Sequence[RateLimit], cost: int
 ) -> list[RateDecision]:
-    """One hit for the connection; its decisions (or the refusal's) go to the headers."""
-    identity = await identity_of(connection, key, manager)
+    return await manager.hit(await identity, *policies, cost=cost)
+
+
+async def _recorded(scope: Scope, decided: Awaitable[list[RateDecision]]) -> list[RateDecision]:
+    """The decisions of a hit that waits, recorded for the headers (a refusal's too)."""
     try:
-        decisions = await manager.hit(identity, *policies, cost=cost)
+        decisions = await decided
     except RateLimited as refused:
-        remember(connection.scope, refused.decisions)
+        remember(scope, refused.decisions)
         raise
-    remember(connection.scope, decisions)
+    remember(scope, decisions)
     return decisions
 
 
@@ -182,7 +207,8 @@ def rate_limit_dependency(
     _check(policies, cost)
 
     async def rate_limit(request: Request) -> list[RateDecision]:
-        return await hit_for(request, manager, policies, key, cost)
+        decided = hit_for(request, manager, policies, key, cost)
+        return decided if isinstance(decided, list) else await decided
 
     return rate_limit
 
@@ -220,7 +246,9 @@ def rate_limit_decorator(
         @functools.wraps(endpoint)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             request = kwargs[own] if own is not None else kwargs.pop(added)
-            await hit_for(request, manager, policies, key, cost)
+            decided = hit_for(request, manager, policies, key, cost)
+            if not isinstance(decided, list):
+                await decided
             if is_async:
                 return await endpoint(*args, **kwargs)
             from starlette.concurrency import run_in_threadpool
@@ -268,18 +296,33 @@ class RateLimitMiddleware:
                 return policies
         return ()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @asgi3
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine: a hit allowed without waiting hands the request on as the app's own
+        # awaitable, with no coroutine of this middleware's in between.
         policies = self._policies(scope.get("path", "")) if scope["type"] != "lifespan" else ()
         if policies:
-            connection = HTTPConnection(scope)
-            try:
-                await hit_for(connection, self.manager, policies, self.key, 1)
-            except RateLimited as refused:
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": POLICY_VIOLATION})
-                    return
-                await refused.as_response()(scope, receive, send)
+            decided = hit_for(HTTPConnection(scope), self.manager, policies, self.key, 1)
+            if not isinstance(decided, list):
+                return self._after_hit(decided, scope, receive, send)
+        return self.app(scope, receive, send)
+
+    async def _after_hit(
+        self,
+        decided: Awaitable[list[RateDecision]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """The request, once its hit that waits is decided: the app's, or the refusal."""
+        try:
+            await decided
+        except RateLimited as refused:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": POLICY_VIOLATION})
                 return
+            await refused.as_response()(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 

@@ -164,25 +164,20 @@ impl Manager {
         cost: &Bound<'py, PyAny>,
         consume: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let identity = required_identity(user_id)?;
-        let (policies, built) = rate::keyed_policies_and_values(policies)?;
-        let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
-        let decisions_of = move |outcome: HitOutcome| -> bridge::Delivery {
-            Box::new(move |py: Python<'_>| {
-                Ok(rate_decision::decisions_showing(py, &outcome.decisions, &built)?
-                    .into_any()
-                    .unbind())
-            })
-        };
-        match self.core.hit(&identity, policies, cost, consume)? {
-            HitCall::Served(outcome) => bridge::ready(py, Ok(decisions_of(outcome))),
-            HitCall::Sent(hit) => bridge::submit(
-                py,
-                bridge::delivering(hit, decisions_of),
-                self.core.is_embedded(),
-                Sending::TurnEnd,
-            ),
-        }
+        self.start_hit(py, user_id, policies, cost, consume, false)
+    }
+
+    /// `hit(..., consume=True)` whose decisions come as a list, not an awaitable, when the hit
+    /// is allowed without waiting (units leased to this process serve it, or the embedded store
+    /// counts it), so the caller needs no coroutine; otherwise what `hit` returns.
+    fn hit_now<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        policies: &Bound<'py, PyAny>,
+        cost: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.start_hit(py, user_id, policies, cost, true, true)
     }
 
     /// Forgets the counters of `policies` (each of `user_id`, or of the identity paired with it).
@@ -317,6 +312,49 @@ impl Manager {
         dict.set_item("unsettled", stats.unsettled)?;
         dict.set_item("settlements_dropped", stats.settlements_dropped)?;
         Ok(dict)
+    }
+}
+
+impl Manager {
+    /// A hit's call: decided here (units leased to this process, or the embedded store), as an
+    /// awaitable already resolved or, allowed and `served_as_list`, as the list itself; or sent
+    /// to the store (an awaitable).
+    fn start_hit<'py>(
+        &self,
+        py: Python<'py>,
+        user_id: &Bound<'py, PyAny>,
+        policies: &Bound<'py, PyAny>,
+        cost: &Bound<'py, PyAny>,
+        consume: bool,
+        served_as_list: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = required_identity(user_id)?;
+        let (policies, built) = rate::keyed_policies_and_values(policies)?;
+        let cost = args::int_in("cost", cost, 0..=MAX_LIMIT)?;
+        let decisions_of = move |outcome: HitOutcome| -> bridge::Delivery {
+            Box::new(move |py: Python<'_>| {
+                Ok(rate_decision::decisions_showing(py, &outcome.decisions, &built)?
+                    .into_any()
+                    .unbind())
+            })
+        };
+        match self.core.hit(&identity, policies, cost, consume)? {
+            HitCall::Served(outcome) if served_as_list => Ok(decisions_of(outcome)(py)?.into_bound(py)),
+            HitCall::Served(outcome) => bridge::ready(py, Ok(decisions_of(outcome))),
+            HitCall::Sent(hit) if served_as_list && self.core.is_embedded() => {
+                match bridge::delivering(hit, decisions_of).now_or_never() {
+                    Some(Ok(deliver)) => Ok(deliver(py)?.into_bound(py)),
+                    Some(refused) => bridge::ready(py, refused),
+                    None => unreachable!("the embedded store never waits"),
+                }
+            }
+            HitCall::Sent(hit) => bridge::submit(
+                py,
+                bridge::delivering(hit, decisions_of),
+                self.core.is_embedded(),
+                Sending::TurnEnd,
+            ),
+        }
     }
 }
 
