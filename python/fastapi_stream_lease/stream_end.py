@@ -20,7 +20,7 @@ from .lease import LostWatch
 from .web import with_rate_limit_headers
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Sequence
 
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -130,11 +130,6 @@ class StreamEndGuard:
             watch.lease._end_with_response(how)
         self._watches = fired
 
-    @property
-    def watching(self) -> bool:
-        """Whether some lease is watched."""
-        return bool(self._watches)
-
     def settle(self) -> StreamLeaseError | None:
         """Stops watching; the error of the first lease whose loss cancelled the request, or
         None (that cancellation taken back)."""
@@ -154,8 +149,9 @@ class StreamEndGuard:
                 return value.decode("latin-1").split(";")[0].strip().lower()
         return ""
 
-    async def send(self, message: Message) -> None:
-        """The app's ``send``: notes the response's start and end on the way."""
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``: notes the response's start and end on the way. Not a coroutine:
+        what it awaits is the server's ``send`` of the message, handed back as it is."""
         kind = message["type"]
         if kind == "http.response.body":
             if not message.get("more_body", False):
@@ -165,7 +161,7 @@ class StreamEndGuard:
                     and anyio.current_effective_deadline() == -math.inf
                 ):
                     self.held = message
-                    return
+                    return _nothing_to_send()
                 self._ended("completed")
         elif kind == "http.response.start":
             self.started = True
@@ -179,7 +175,7 @@ class StreamEndGuard:
             self.started = True
         elif kind in ("websocket.close", "websocket.http.response.start"):
             self._ended("completed")
-        await self._send(message)
+        return self._send(message)
 
     async def receive(self) -> Message:
         """The app's ``receive``: a disconnect ends the response."""
@@ -192,7 +188,8 @@ class StreamEndGuard:
         # The releases start before the last message goes, so a client that reads the end and
         # comes straight back finds its slot free.
         self.closed = True
-        self._response_ended(how)
+        if self._watches:
+            self._response_ended(how)
 
     async def finish(self) -> None:
         """Sends the held last message, if any."""
@@ -222,6 +219,10 @@ class StreamEndGuard:
         on_purpose = isinstance(error, (LeaseRevoked, ManagerClosed))
         level = logging.INFO if on_purpose else logging.WARNING
         log.log(level, "stream ended %s: %s: %s", how, name, error, extra={"stream_end": name})
+
+
+async def _nothing_to_send() -> None:
+    """What the app awaits for a last message held back."""
 
 
 def guard_of(scope: Scope) -> StreamEndGuard | None:
@@ -312,7 +313,7 @@ class StreamEndMiddleware:
             await guard.end(scope, receive, ended)
         else:
             # Most requests watched no lease and hold no message: nothing more to do.
-            if guard.watching:
+            if guard._watches:
                 guard.settle()
             if guard.held is not None:
                 await guard.finish()

@@ -4,7 +4,6 @@
 //! remaining and `t` seconds until units free up). Built once per response, before its first
 //! byte (never in trailers).
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 /// What one policy's decision shows in the headers.
@@ -26,45 +25,50 @@ pub struct PoolState {
 }
 
 /// The `RateLimit-Policy` and `RateLimit` values, or None when there is nothing to tell.
-/// Seconds are rounded up: a client that waits `t` finds the units back.
+/// Seconds are rounded up: a client that waits `t` finds the units back. Written piece by
+/// piece, not through `format!`: they are built for every limited response.
 pub fn rate_limit_headers(policies: &[PolicyState], pools: &[PoolState]) -> Option<(String, String)> {
     if policies.is_empty() && pools.is_empty() {
         return None;
     }
-    let (mut quotas, mut states) = (String::new(), String::new());
+    let room = 40 * (policies.len() + pools.len());
+    let (mut quotas, mut states) = (String::with_capacity(room), String::with_capacity(room));
+    let mut number = itoa::Buffer::new();
     for policy in policies {
-        let separator = if quotas.is_empty() { "" } else { ", " };
-        // Writing to a String cannot fail.
-        let _ = write!(
-            quotas,
-            "{separator}\"{}\";q={};w={}",
-            policy.name,
-            policy.limit,
-            whole_seconds(policy.window_s)
-        );
-        let _ = write!(
-            states,
-            "{separator}\"{}\";r={};t={}",
-            policy.name,
-            policy.remaining,
-            whole_seconds(policy.reset_s)
-        );
+        member(&mut quotas, &mut states, &policy.name);
+        parameter(&mut quotas, ";q=", number.format(policy.limit));
+        parameter(&mut quotas, ";w=", number.format(whole_seconds(policy.window_s)));
+        parameter(&mut states, ";r=", number.format(policy.remaining));
+        parameter(&mut states, ";t=", number.format(whole_seconds(policy.reset_s)));
     }
     for pool in pools {
-        let separator = if quotas.is_empty() { "" } else { ", " };
-        let _ = write!(
-            quotas,
-            "{separator}\"{}\";q={};qu=\"concurrent-requests\"",
-            pool.name, pool.capacity
-        );
-        let _ = write!(
-            states,
-            "{separator}\"{}\";r={}",
-            pool.name,
-            pool.capacity.saturating_sub(pool.used)
+        member(&mut quotas, &mut states, &pool.name);
+        parameter(&mut quotas, ";q=", number.format(pool.capacity));
+        quotas.push_str(";qu=\"concurrent-requests\"");
+        parameter(
+            &mut states,
+            ";r=",
+            number.format(pool.capacity.saturating_sub(pool.used)),
         );
     }
     Some((quotas, states))
+}
+
+/// Starts a list member named `name` in both values: `"name"`, after `, ` unless it is the first.
+fn member(quotas: &mut String, states: &mut String, name: &str) {
+    for value in [quotas, states] {
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.push('"');
+        value.push_str(name);
+        value.push('"');
+    }
+}
+
+fn parameter(value: &mut String, key: &str, number: &str) {
+    value.push_str(key);
+    value.push_str(number);
 }
 
 fn whole_seconds(seconds: f64) -> u64 {
