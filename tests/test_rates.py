@@ -23,6 +23,7 @@ from fastapi_stream_lease import (
     Resource,
     StreamLeaseManager,
     StreamLeaseRejected,
+    ThresholdCrossed,
     _core,
     rate_limit_headers,
 )
@@ -83,6 +84,25 @@ async def test_a_hit_allowed_without_waiting_reaches_the_forms_as_its_decisions(
     with pytest.raises(RateLimited) as raised:
         await refused
     assert raised.value.decisions[0].remaining == 0
+    await manager.aclose()
+
+
+async def test_the_forms_hits_are_told_to_a_listener():
+    """With ``on_threshold``, a form's hit goes through ``hit``, which tells the thresholds
+    it reached, even when nothing waits for its decisions."""
+    told: list[ThresholdCrossed] = []
+
+    async def on_threshold(alert: ThresholdCrossed) -> None:
+        told.append(alert)
+
+    manager = StreamLeaseManager(url="memory://", on_threshold=on_threshold)
+    twice = RateLimit("twice", 2, per=60, alert_at=(0.5,))
+    await manager.hit("warm-up", RateLimit("other", 1, per=60, alert_at=()))
+    decided = manager._hit_now("alice", (twice,), 1)
+    assert not isinstance(decided, list)
+    assert (await decided)[0].used == 1
+    await eventually(lambda: len(told) == 1)
+    assert told[0].policy == "twice" and told[0].threshold == 0.5
     await manager.aclose()
 
 

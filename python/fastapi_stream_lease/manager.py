@@ -252,6 +252,11 @@ class StreamLeaseManager:
         )
         self._telemetry: Telemetry | AdapterTelemetry | None = None
         self._telemetry_resolved = False
+        # The forms' hit: the core's own once telemetry is looked for and nothing listens, so a
+        # hit allowed without waiting costs no Python call of the manager's (_instruments).
+        self._hit_now: Callable[
+            [str, Sequence[PolicyEntry], int], list[RateDecision] | Awaitable[list[RateDecision]]
+        ] = self._hit_told
 
     @property
     def config(self) -> LeaseConfig:
@@ -461,6 +466,8 @@ class StreamLeaseManager:
                 # The metric counts threshold alerts, so hits and starts report them from now on.
                 self._alerting = True
                 self._core.alert_thresholds(self._alert_at)
+            if self._telemetry is None and not self._alerting:
+                self._hit_now = self._core.hit_now
         return self._telemetry
 
     def _start_acquire(
@@ -678,15 +685,13 @@ class StreamLeaseManager:
             self._tell_thresholds(identity, policies, decisions)
         return decisions
 
-    def _hit_now(
+    def _hit_told(
         self, identity: str, policies: Sequence[PolicyEntry], cost: int
-    ) -> list[RateDecision] | Awaitable[list[RateDecision]]:
-        """:meth:`hit`, whose decisions come as a list when nothing waits for them (units leased
-        to this worker serve it, or the embedded store counts it) and nothing listens for them
-        (no telemetry, no ``on_threshold``): the forms serve such a hit with no coroutine.
-        Otherwise an awaitable of them, as :meth:`hit` is."""
-        if self._telemetry_resolved and self._telemetry is None and not self._alerting:
-            return self._core.hit_now(identity, policies, cost)
+    ) -> Awaitable[list[RateDecision]]:
+        """The forms' hit (``_hit_now``) until telemetry is looked for, and for good when
+        something listens (telemetry, ``on_threshold``): :meth:`hit`, which tells them. Once
+        nothing listens, ``_hit_now`` is the core's: the decisions themselves when nothing
+        waits for them (units leased to this worker, the embedded store), else an awaitable."""
         return self.hit(identity, *policies, cost=cost)
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
