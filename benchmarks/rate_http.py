@@ -8,6 +8,10 @@ Uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access
 * ``empty-dependency``: no limiter, ``dependencies=[Depends(nothing)]`` with an async
   ``nothing(request)`` that returns at once: what any dependency costs, the baseline of the
   dependency form;
+* ``plain-headers``: no limiter; a pure ASGI middleware adds to every response's start the two
+  headers this project's forms send, ``RateLimit-Policy`` and ``RateLimit`` for both policies,
+  of the same length, fixed: what sending them costs the server (h11 checks each header), the
+  share of the forms' cost that any limiter sending them pays;
 * ``fastapi_stream_lease``: two policies (``per_minute``, ``per_day``) through
   ``dependencies=[Depends(manager.rate_limit(per_minute, per_day, key=user))]``, and
   ``install_exception_handler(app)``, which adds ``StreamEndMiddleware`` with its rate-limit
@@ -32,7 +36,7 @@ Uvicorn servers (one process each, ``loop="asyncio"``, ``http="h11"``, no access
 
 ``user`` is the ``X-User`` request header: wrk (a Lua ``request()``) spreads the requests over
 16 users. Limits are far above what a run reaches: nothing is refused (a non-2xx answer fails
-the benchmark). Each server gets a 1 s wrk warm-up, then the five take turns, ``--repeats``
+the benchmark). Each server gets a 1 s wrk warm-up, then the endpoints take turns, ``--repeats``
 times each: ``wrk -t1 -c64 -d<window>s`` (HTTP/1.1 keep-alive, 64 connections). Measured:
 requests/s, wrk's latency percentiles, and the server process's CPU per request
 (``/proc/<pid>/stat``). The table gives the medians and each limiter's cost against ``plain``:
@@ -106,9 +110,11 @@ MIDDLEWARE = f"{PROJECT}-middleware"
 LEASED = f"{PROJECT}-leased"
 MIDDLEWARE_LEASED = f"{MIDDLEWARE}-leased"
 EMPTY_DEPENDENCY = "empty-dependency"
+PLAIN_HEADERS = "plain-headers"
 VARIANTS = (
     "plain",
     EMPTY_DEPENDENCY,
+    PLAIN_HEADERS,
     PROJECT,
     MIDDLEWARE,
     LEASED,
@@ -145,6 +151,33 @@ end
 
 def user(request: Request) -> str:
     return request.headers.get("x-user", "anonymous")
+
+
+#: The two headers the forms send for ``per_minute`` and ``per_day`` with every unit left.
+FIXED_HEADERS = [
+    (
+        b"ratelimit-policy",
+        f'"per_minute";q={PER_MINUTE};w=60, "per_day";q={PER_DAY};w=86400'.encode(),
+    ),
+    (
+        b"ratelimit",
+        f'"per_minute";r={PER_MINUTE - 1};t=60, "per_day";r={PER_DAY - 1};t=86400'.encode(),
+    ),
+]
+
+
+def with_fixed_headers(app: Any) -> Any:
+    """``app`` whose responses start with :data:`FIXED_HEADERS` added."""
+
+    async def headed(scope: Any, receive: Any, send: Any) -> None:
+        async def send_headed(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *FIXED_HEADERS]}
+            await send(message)
+
+        await app(scope, receive, send_headed)
+
+    return headed
 
 
 def add_project_limits(app: FastAPI, variant: str, url: str, prefix: str) -> None:
@@ -185,6 +218,14 @@ async def build_app(variant: str, url: str, prefix: str) -> FastAPI:
         @app.get("/")
         async def plain() -> dict[str, str]:
             return {"msg": "Hello World"}
+
+    elif variant == PLAIN_HEADERS:
+
+        @app.get("/")
+        async def plain_headed() -> dict[str, str]:
+            return {"msg": "Hello World"}
+
+        app.add_middleware(with_fixed_headers)
 
     elif variant == EMPTY_DEPENDENCY:
 
@@ -444,6 +485,7 @@ def summarize(runs: Sequence[HttpRun], variants: Sequence[str]) -> list[dict[str
 ENDPOINTS = {
     "plain": "plain endpoint, no limiter",
     EMPTY_DEPENDENCY: "plain endpoint, an empty dependency",
+    PLAIN_HEADERS: "plain endpoint, the same 2 headers, fixed",
     PROJECT: f"{PROJECT}, 2 policies + headers",
     MIDDLEWARE: f"{PROJECT} RateLimitMiddleware, same",
     LEASED: f"{PROJECT}, same, lease_units=True",
