@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -38,25 +37,21 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from rate_http import SCRIPT, USERS, VARIANTS, Server
+from rate_http import USERS, VARIANTS, Server
 
-from common import RESULTS_DIR, ServerProcess, machine_info, print_table, write_json
+from common import RESULTS_DIR, machine_info, print_table, write_json
 
 DEFAULT_OUTPUT = RESULTS_DIR / "http_instructions.json"
-#: How long a server under callgrind may take to answer its first request.
-START_TIMEOUT_S = 180.0
+#: Tries at a first answer (about 0.2 s each) a server under callgrind has to start.
+START_TRIES = 900
 
 
 class CountedServer(Server):
     """A ``rate_http.py`` server under callgrind, its counters written to ``out``."""
 
     def __init__(self, variant: str, url: str, prefix: str, out: Path) -> None:
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--quiet"]
-        argv += [sys.executable, str(SCRIPT), "--serve", variant]
-        argv += ["--url", url, "--prefix", prefix]
-        ServerProcess.__init__(self, variant, argv)
-        self.variant = variant
-        self.headers: dict[str, str] = {}
+        callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--quiet"]
+        super().__init__(variant, url, prefix, freeze_heap=False, under=callgrind)
         self.out = out
 
     def command(self, what: str) -> None:
@@ -113,14 +108,7 @@ def count(args: argparse.Namespace, variant: str, scratch: Path) -> dict[str, An
     server = CountedServer(variant, args.url, prefix, out)
     client = redis.Redis.from_url(args.url)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                server.wait_ready()
-                break
-            except RuntimeError:
-                if not server.running() or time.monotonic() > deadline:
-                    raise
+        server.wait_ready(tries=START_TRIES)
         asyncio.run(_requests(server.port, args.warm_up, args.connections, args.users))
         server.command("-z")
         calls_before = script_calls(client)

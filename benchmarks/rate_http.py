@@ -318,17 +318,21 @@ class HttpRun:
 class Server(ServerProcess):
     """One uvicorn process serving one variant on a free port."""
 
-    def __init__(self, variant: str, url: str, prefix: str, freeze_heap: bool) -> None:
-        argv = [sys.executable, str(SCRIPT), "--serve", variant, "--url", url, "--prefix", prefix]
+    def __init__(
+        self, variant: str, url: str, prefix: str, freeze_heap: bool, under: Sequence[str] = ()
+    ) -> None:
+        """``under``: a command the server runs under (a profiler), with its arguments."""
+        argv = [*under, sys.executable, str(SCRIPT), "--serve", variant, "--url", url]
+        argv += ["--prefix", prefix]
         if freeze_heap:
             argv.append("--freeze-heap")
         super().__init__(variant, argv)
         self.variant = variant
         self.headers: dict[str, str] = {}
 
-    def wait_ready(self) -> None:
-        """Bounded: 100 tries over about 20 s; keeps the first answer's headers."""
-        for _try in range(100):
+    def wait_ready(self, tries: int = 100) -> None:
+        """Bounded: ``tries`` tries, 100 over about 20 s; keeps the first answer's headers."""
+        for _try in range(tries):
             if not self.running():
                 break
             connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10.0)

@@ -80,6 +80,37 @@ async def test_a_hit_served_here_reaches_the_forms_as_its_decisions(make_redis_m
     assert (await sent)[0].remaining == 100_000 - 1
 
 
+async def test_the_middleware_serves_leased_hits_with_their_headers(
+    make_own_redis_manager, own_redis
+):
+    """Through ``RateLimitMiddleware``, hits served from units held here answer as the others:
+    each response carries what is left of the limit, units held here counted as used."""
+    import httpx
+    from fastapi import FastAPI
+
+    from fastapi_stream_lease import RateLimitMiddleware, install_exception_handler
+
+    manager = make_own_redis_manager()
+    app = FastAPI()
+
+    @app.get("/")
+    async def root() -> str:
+        return "ok"
+
+    policy = RateLimit("api", 100_000, per=3600, algorithm="fixed_window", lease_units=True)
+    app.add_middleware(RateLimitMiddleware, manager=manager, routes={"/": [policy]})
+    install_exception_handler(app)
+    await manager.hit("warm-up", RateLimit("other", 10, per=60))
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.2", 40000))
+    before = hit_calls(own_redis)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        answers = [await http.get("/") for _ in range(200)]
+    assert hit_calls(own_redis) - before <= 20
+    assert [a.status_code for a in answers] == [200] * 200
+    remaining = [int(a.headers["RateLimit"].split(";r=")[1].split(";")[0]) for a in answers]
+    assert remaining == list(range(100_000 - 1, 100_000 - 201, -1))
+
+
 async def test_an_identity_seen_once_asks_for_no_units_ahead(make_redis_manager):
     manager = make_redis_manager()
     policy = RateLimit("api", 1_000, per=60, lease_units=True)

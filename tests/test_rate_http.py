@@ -258,17 +258,23 @@ def test_the_middleware_refuses_a_websocket_connect_over_its_limit(backend_url, 
         assert refused.value.code == 1008
 
 
-def test_servers_take_the_middleware_for_an_asgi3_app():
+async def test_servers_take_the_middleware_for_an_asgi3_app():
     """Its ``__call__`` hands a request on as the app's own awaitable instead of being a
-    coroutine function: uvicorn, which tells ASGI 2 from 3 by that, must still see ASGI 3."""
+    coroutine: servers that tell ASGI 3 from ASGI 2 or WSGI by whether ``__call__`` is a
+    coroutine function (uvicorn asks ``asyncio``, Hypercorn ``inspect``) must still see ASGI 3."""
+    import asyncio
+    import inspect
+
     import uvicorn
 
-    limited = RateLimitMiddleware(
-        FastAPI(), manager=StreamLeaseManager(), routes={"/": [PER_MINUTE]}
-    )
+    manager = StreamLeaseManager(url="memory://")
+    limited = RateLimitMiddleware(FastAPI(), manager=manager, routes={"/": [PER_MINUTE]})
+    assert inspect.iscoroutinefunction(limited.__call__)
+    assert asyncio.iscoroutinefunction(limited.__call__)
     config = uvicorn.Config(limited)
     config.load()
     assert config.interface == "asgi3"
+    await manager.aclose()
 
 
 def test_websocket_connects_and_messages_are_limited(backend_url, key_prefix):

@@ -371,6 +371,41 @@ async def test_a_dry_runs_would_be_refusals_are_counted_by_policy_and_marked_in_
     await manager.aclose()
 
 
+@pytest.mark.parametrize("lease_units", [False, True])
+async def test_the_forms_hits_are_counted_like_the_managers(
+    backend_url, key_prefix, telemetry, lease_units
+):
+    """A form's hit allowed with nothing to wait for skips the manager's ``hit`` only when
+    nothing listens: with telemetry on, every hit through the middleware is counted."""
+    import httpx
+    from fastapi import FastAPI
+
+    from fastapi_stream_lease import RateLimitMiddleware
+
+    meters, tracers, reader, _exporter = telemetry
+    manager = StreamLeaseManager(
+        url=backend_url,
+        config=LeaseConfig(key_prefix=key_prefix),
+        meter_provider=meters,
+        tracer_provider=tracers,
+    )
+    app = FastAPI()
+
+    @app.get("/")
+    async def root() -> str:
+        return "ok"
+
+    new_rule = RateLimit("new_rule", 1, per=60, enforce=False, lease_units=lease_units)
+    app.add_middleware(RateLimitMiddleware, manager=manager, routes={"/": [new_rule]})
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        for _ in range(30):
+            assert (await http.get("/")).status_code == 200
+    counted = {p.attributes["policy"]: p.value for p in points(reader, f"{NAME}.rate.would_refuse")}
+    assert counted == {"new_rule": 29}
+    await manager.aclose()
+
+
 async def test_a_trace_names_the_policies_of_every_level_and_no_identity_of_theirs(
     backend_url, key_prefix, telemetry
 ):

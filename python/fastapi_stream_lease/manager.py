@@ -252,11 +252,6 @@ class StreamLeaseManager:
         )
         self._telemetry: Telemetry | AdapterTelemetry | None = None
         self._telemetry_resolved = False
-        # The forms' hit: the core's own once telemetry is looked for and nothing listens, so a
-        # hit allowed without waiting costs no Python call of the manager's (_instruments).
-        self._hit_now: Callable[
-            [str, Sequence[PolicyEntry], int], list[RateDecision] | Awaitable[list[RateDecision]]
-        ] = self._hit_told
 
     @property
     def config(self) -> LeaseConfig:
@@ -466,7 +461,10 @@ class StreamLeaseManager:
                 # The metric counts threshold alerts, so hits and starts report them from now on.
                 self._alerting = True
                 self._core.alert_thresholds(self._alert_at)
-            if self._telemetry is None and not self._alerting:
+            # The forms' hit is the core's own from now on when nothing listens to hits (a 0.6
+            # adapter is told none): no Python call of the manager's per hit.
+            hits_heard = self._telemetry is not None and self._telemetry.hears_hits
+            if not hits_heard and not self._alerting:
                 self._hit_now = self._core.hit_now
         return self._telemetry
 
@@ -693,6 +691,11 @@ class StreamLeaseManager:
         nothing listens, ``_hit_now`` is the core's: the decisions themselves when nothing
         waits for them (units leased to this worker, the embedded store), else an awaitable."""
         return self.hit(identity, *policies, cost=cost)
+
+    # A class attribute, so a manager holds no bound method of its own (no cycle to collect).
+    _hit_now: Callable[
+        [str, Sequence[PolicyEntry], int], list[RateDecision] | Awaitable[list[RateDecision]]
+    ] = _hit_told  # type: ignore[assignment]
 
     async def peek(self, identity: str, policy: RateLimit) -> RateDecision:
         """What ``policy`` has left for ``identity``, without consuming anything."""

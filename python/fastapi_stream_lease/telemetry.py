@@ -308,6 +308,9 @@ class Telemetry:
     on the request's span (a span of the library's own is dearer: the SDK's span costs about
     three times the event), and one at its release; per release, with budgets, the tokens."""
 
+    #: Every hit is told (:meth:`rated`: the dry runs that would have refused).
+    hears_hits = True
+
     def __init__(
         self,
         core: Manager,

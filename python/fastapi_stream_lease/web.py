@@ -167,9 +167,10 @@ def hit_for(
     cost: int,
 ) -> list[RateDecision] | Awaitable[list[RateDecision]]:
     """One hit for the connection; its decisions (or the refusal's) go to the headers. The
-    decisions themselves when the hit is allowed without waiting (a plain key function, units
-    leased to this worker), so the forms serve most hits with no coroutine; otherwise an
-    awaitable of them."""
+    decisions themselves when the hit is allowed without waiting and nothing listens for it
+    (a plain key function; units leased to this worker, or the embedded store; no telemetry,
+    no ``on_threshold``): the forms then await nothing for it. Otherwise an awaitable of
+    them."""
     identity = manager.client_ip(connection) if key is None else key(connection)
     if not isinstance(identity, str) and inspect.isawaitable(identity):
         return _recorded(connection.scope, _hit_of_awaited(manager, identity, policies, cost))
@@ -183,6 +184,7 @@ def hit_for(
 async def _hit_of_awaited(
     manager: RateCounter, identity: Awaitable[str], policies: Sequence[RateLimit], cost: int
 ) -> list[RateDecision]:
+    """The hit of an async key function's identity."""
     return await manager.hit(await identity, *policies, cost=cost)
 
 
@@ -298,8 +300,8 @@ class RateLimitMiddleware:
 
     @asgi3
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # Not a coroutine: a hit allowed without waiting hands the request on as the app's own
-        # awaitable, with no coroutine of this middleware's in between.
+        # Not a coroutine (on Python 3.12 and later): a hit allowed without waiting hands the
+        # request on as the app's own awaitable, with no coroutine of this middleware's.
         policies = self._policies(scope.get("path", "")) if scope["type"] != "lifespan" else ()
         if policies:
             decided = hit_for(HTTPConnection(scope), self.manager, policies, self.key, 1)

@@ -342,10 +342,9 @@ impl Manager {
             HitCall::Served(outcome) if served_as_list => Ok(decisions_of(outcome)(py)?.into_bound(py)),
             HitCall::Served(outcome) => bridge::ready(py, Ok(decisions_of(outcome))),
             HitCall::Sent(hit) if served_as_list && self.core.is_embedded() => {
-                match bridge::delivering(hit, decisions_of).now_or_never() {
-                    Some(Ok(deliver)) => Ok(deliver(py)?.into_bound(py)),
-                    Some(refused) => bridge::ready(py, refused),
-                    None => unreachable!("the embedded store never waits"),
+                match bridge::at_once(bridge::delivering(hit, decisions_of)) {
+                    Ok(deliver) => Ok(deliver(py)?.into_bound(py)),
+                    failed => bridge::ready(py, failed),
                 }
             }
             HitCall::Sent(hit) => bridge::submit(

@@ -142,6 +142,10 @@ class AdapterTelemetry:
         if self._active is not None:
             self._tell(self._active, self._held())
 
+    #: Whether :meth:`rated` and :meth:`threshold_crossed` do anything (the forms' hits skip
+    #: the manager's ``hit`` when nothing listens).
+    hears_hits = False
+
     def rated(self, decisions: Sequence[RateDecision]) -> list[str]:
         """Rate decisions are not in 0.6's contract."""
         return []

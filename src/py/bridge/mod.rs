@@ -221,10 +221,15 @@ where
     F: Future<Output = Completion> + Send + 'static,
 {
     if embedded {
-        ready(py, op.now_or_never().expect("the embedded store never waits"))
+        ready(py, at_once(op))
     } else {
         spawn(py, op, sending)
     }
+}
+
+/// The completion of work on the embedded store, which never waits.
+pub fn at_once(op: impl Future<Output = Completion>) -> Completion {
+    op.now_or_never().expect("the embedded store never waits")
 }
 
 /// An awaitable already resolved with `completion` (for work that never waits).
